@@ -1,0 +1,90 @@
+"""Backends: the one small interface through which clusters are made.
+
+A backend turns options into a running (or attached) Dask cluster.  Backends
+are looked up by name: the built-in ones below, plus any registered by other
+packages under the ``jupyter_cluster.backends`` entry-point group.  Which one
+``%cluster start`` uses comes from ``jupyter-cluster.backend`` in dask.config,
+so the same notebook runs on a laptop and on Kubernetes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, ClassVar
+
+from ..errors import ClusterError
+
+_BUILTIN = {
+    "local": "jupyter_cluster.backends.local:LocalBackend",
+    "address": "jupyter_cluster.backends.address:AddressBackend",
+    "kubernetes": "jupyter_cluster.backends.kubernetes:KubernetesBackend",
+}
+
+
+@dataclass
+class StartedCluster:
+    """What a backend hands back.
+
+    Attributes
+    ----------
+    address : str
+        Scheduler address a ``distributed.Client`` connects to.
+    dashboard_link : str or None
+        URL of the Dask dashboard, if there is one.
+    cluster : object or None
+        The ``distributed`` cluster object (with ``scale``/``adapt``/``close``),
+        or None when the cluster is only attached to by address.
+    security : object or None
+        ``distributed.security.Security`` needed to connect (TLS clusters).
+    """
+
+    address: str
+    dashboard_link: str | None = None
+    cluster: Any = None
+    security: Any = None
+
+
+class Backend:
+    """Base class of backends.
+
+    Subclasses set :attr:`name` and implement :meth:`start`.  ``options`` are
+    the keyword arguments the backend accepts; unknown ones are refused before
+    anything is started.
+    """
+
+    name: ClassVar[str] = ""
+    options: ClassVar[tuple[str, ...]] = ()
+
+    def start(self, **options: Any) -> StartedCluster:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def check_options(self, options: dict[str, Any]) -> None:
+        unknown = sorted(k for k, v in options.items() if k not in self.options and v is not None)
+        if unknown:
+            allowed = ", ".join("--" + o.replace("_", "-") for o in self.options) or "none"
+            raise ClusterError(
+                f"the {self.name} backend does not take {', '.join('--' + u.replace('_', '-') for u in unknown)}; "
+                f"its options are: {allowed}."
+            )
+
+
+def available() -> dict[str, str]:
+    """Map of backend name to ``module:Class`` for every known backend."""
+    found = dict(_BUILTIN)
+    for ep in entry_points(group="jupyter_cluster.backends"):
+        found.setdefault(ep.name, ep.value)
+    return found
+
+
+def get_backend(name: str) -> Backend:
+    """Instantiate the backend called ``name``."""
+    spec = available().get(name)
+    if spec is None:
+        raise ClusterError(
+            f"unknown backend {name!r}; choose one of: {', '.join(sorted(available()))}."
+        )
+    module_name, _, class_name = spec.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, class_name)()

@@ -1,0 +1,454 @@
+"""The process's clusters: start, attach, pick the current one, stop.
+
+This module is the lifecycle core shared by the magics, ``Pool``, the map
+engine, the widgets and the server extension.  It knows nothing of IPython or
+HTTP.  A process can hold several clusters; one of them is *current* and is
+used by ``%%parallel`` and ``Pool`` unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import atexit
+import html
+import threading
+from typing import Any, Callable
+
+from . import config, registry
+from .backends import StartedCluster, get_backend
+from .errors import ClusterError
+
+_lock = threading.RLock()
+_handles: dict[str, "ClusterHandle"] = {}
+_current: str | None = None
+_owner_kind = "kernel"
+
+
+def set_owner_kind(kind: str) -> None:
+    """Say who owns clusters started by this process ("kernel", "panel", "process")."""
+    global _owner_kind
+    _owner_kind = kind
+
+
+class ClusterHandle:
+    """A cluster this process started or attached to.
+
+    Attributes
+    ----------
+    name : str
+        Unique name on this machine (the registry key).
+    backend : str
+        ``"local"``, ``"address"``, ``"kubernetes"`` or a plug-in backend.
+    address : str
+        Scheduler address.
+    dashboard_link : str or None
+        Dask dashboard URL.
+    """
+
+    def __init__(self, name: str, backend: str, started: StartedCluster, client: Any):
+        self.name = name
+        self.backend = backend
+        self.address = started.address
+        self.dashboard_link = started.dashboard_link
+        self.security = started.security
+        self.cluster = started.cluster
+        self.client = client
+        self.closed = False
+
+    # -- state -----------------------------------------------------------
+    @property
+    def owns_cluster(self) -> bool:
+        """Whether :meth:`close` shuts the cluster down (False when only attached)."""
+        return self.cluster is not None
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClusterError(f"cluster {self.name!r} is stopped; start a new one with %cluster start.")
+
+    def _workers(self) -> dict[str, Any]:
+        self._check_open()
+        try:
+            return self.client.scheduler_info(n_workers=-1)["workers"]
+        except TypeError:  # older distributed without n_workers
+            return self.client.scheduler_info()["workers"]
+
+    def model(self) -> dict[str, Any]:
+        """JSON-able description of the cluster and its workers.
+
+        The one place that shapes a cluster for display: the notebook repr,
+        the widgets and the server extension all use it.
+        """
+        workers = []
+        for addr, w in sorted(self._workers().items(), key=lambda kv: str(kv[1].get("name"))):
+            metrics = w.get("metrics", {})
+            workers.append(
+                {
+                    "name": str(w.get("name", addr)),
+                    "address": addr,
+                    "status": w.get("status", "running"),
+                    "nthreads": w.get("nthreads", 0),
+                    "memory": metrics.get("memory", 0),
+                    "memory_limit": w.get("memory_limit", 0),
+                    "cpu": metrics.get("cpu", 0.0),
+                    "executing": metrics.get("executing", 0),
+                    "resources": w.get("resources", {}),
+                }
+            )
+        return {
+            "name": self.name,
+            "backend": self.backend,
+            "address": self.address,
+            "dashboard_link": self.dashboard_link,
+            "owns_cluster": self.owns_cluster,
+            "workers": workers,
+            "n_workers": len(workers),
+            "cores": sum(w["nthreads"] for w in workers),
+            "memory_limit": sum(w["memory_limit"] or 0 for w in workers),
+            "memory": sum(w["memory"] or 0 for w in workers),
+        }
+
+    @property
+    def nthreads(self) -> int:
+        """Total worker threads (the cluster's parallelism right now)."""
+        return sum(self.client.nthreads().values())
+
+    # -- control -------------------------------------------------------------
+    def scale(self, n: int) -> None:
+        """Ask for ``n`` workers."""
+        self._check_open()
+        if n < 0:
+            raise ClusterError("the number of workers must be 0 or more.")
+        if self.cluster is None:
+            raise ClusterError(
+                f"cluster {self.name!r} was attached by address, so it cannot be scaled from here; scale it where it was started."
+            )
+        self.cluster.scale(n)
+
+    def adapt(self, minimum: int = 0, maximum: int | None = None) -> None:
+        """Let the number of workers follow the load, between ``minimum`` and ``maximum``."""
+        self._check_open()
+        if self.cluster is None:
+            raise ClusterError(
+                f"cluster {self.name!r} was attached by address, so it cannot adapt from here; configure adaptivity where it was started."
+            )
+        if minimum < 0 or (maximum is not None and maximum < minimum):
+            raise ClusterError("adapt needs 0 <= --minimum <= --maximum.")
+        self.cluster.adapt(minimum=minimum, maximum=maximum if maximum is not None else max(minimum, 1) * 4)
+
+    def restart(self) -> None:
+        """Restart every worker process (their memory and namespaces are cleared)."""
+        self._check_open()
+        self.client.restart()
+
+    def wait_for_workers(self, n: int = 1, timeout: float | None = None) -> None:
+        """Block until at least ``n`` workers are connected."""
+        self._check_open()
+        timeout = timeout if timeout is not None else config.timeout_seconds("connect-timeout")
+        try:
+            self.client.wait_for_workers(n, timeout=timeout)
+        except (TimeoutError, OSError) as exc:
+            raise ClusterError(f"cluster {self.name!r} has fewer than {n} workers after {timeout:g} s.") from exc
+
+    def close(self) -> None:
+        """Stop the cluster (or detach from it, if it was only attached)."""
+        global _current
+        with _lock:
+            if self.closed:
+                raise ClusterError(f"cluster {self.name!r} is already stopped.")
+            self.closed = True
+            _handles.pop(self.name, None)
+            if _current == self.name:
+                _current = next(reversed(_handles), None) if _handles else None
+        registry.remove(self.name)
+        try:
+            self.client.close(timeout=5)
+        except Exception:  # the scheduler may already be gone; closing must still finish
+            pass
+        if self.cluster is not None:
+            try:
+                self.cluster.close(timeout=10)
+            except Exception:
+                pass
+
+    # -- display -------------------------------------------------------------
+    def __repr__(self) -> str:
+        state = "stopped" if self.closed else self.address
+        return f"<ClusterHandle {self.name!r} backend={self.backend} {state}>"
+
+    def _repr_html_(self) -> str:
+        if self.closed:
+            return f"<p>Cluster <b>{html.escape(self.name)}</b> is stopped.</p>"
+        try:
+            m = self.model()
+        except Exception as exc:  # a vanished scheduler must not break display
+            return f"<p>Cluster <b>{html.escape(self.name)}</b> at {html.escape(self.address)}: unreachable ({html.escape(str(exc))})</p>"
+        return render_html(m)
+
+
+def _fmt_bytes(n: float) -> str:
+    from dask.utils import format_bytes
+
+    return format_bytes(n) if n else "-"
+
+
+def render_html(m: dict[str, Any]) -> str:
+    """A static HTML table of a cluster model (used where widgets are unavailable)."""
+    link = (
+        f'<a href="{html.escape(m["dashboard_link"])}" target="_blank">{html.escape(m["dashboard_link"])}</a>'
+        if m.get("dashboard_link")
+        else "-"
+    )
+    rows = "".join(
+        f"<tr><td>{html.escape(w['name'])}</td><td>{html.escape(w['status'])}</td><td>{w['nthreads']}</td>"
+        f"<td>{_fmt_bytes(w['memory'])} / {_fmt_bytes(w['memory_limit'])}</td><td>{w['cpu']:.0f} %</td>"
+        f"<td>{w['executing']}</td></tr>"
+        for w in m["workers"]
+    )
+    return (
+        f"<div class='jupyter-cluster'><b>{html.escape(m['name'])}</b> ({html.escape(m['backend'])}) "
+        f"<code>{html.escape(m['address'])}</code><br>Dashboard: {link}<br>"
+        f"{m['n_workers']} workers, {m['cores']} cores, {_fmt_bytes(m['memory_limit'])} memory"
+        "<table><tr><th>worker</th><th>status</th><th>threads</th><th>memory</th><th>CPU</th><th>tasks</th></tr>"
+        f"{rows}</table></div>"
+    )
+
+
+def text_status(m: dict[str, Any]) -> str:
+    """A few lines of plain text describing a cluster model."""
+    lines = [
+        f"{m['name']} ({m['backend']}) at {m['address']}",
+        f"dashboard: {m.get('dashboard_link') or '-'}",
+        f"{m['n_workers']} workers, {m['cores']} cores, memory {_fmt_bytes(m['memory'])} / {_fmt_bytes(m['memory_limit'])}",
+    ]
+    for w in m["workers"]:
+        lines.append(
+            f"  {w['name']:>10}  {w['status']:<8} threads={w['nthreads']} mem={_fmt_bytes(w['memory'])}/{_fmt_bytes(w['memory_limit'])} cpu={w['cpu']:.0f}% tasks={w['executing']}"
+        )
+    return "\n".join(lines)
+
+
+# -- naming ------------------------------------------------------------------
+def _taken_names() -> set[str]:
+    return set(_handles) | {r.name for r in registry.live_records()}
+
+
+def _unique_name(prefix: str) -> str:
+    taken = _taken_names()
+    i = 1
+    while f"{prefix}-{i}" in taken:
+        i += 1
+    return f"{prefix}-{i}"
+
+
+def _validate_name(name: str) -> None:
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name):
+        raise ClusterError(
+            f"{name!r} is not a valid cluster name; use letters, digits, '-', '_' or '.' (at most 63)."
+        )
+
+
+# -- public API ----------------------------------------------------------------
+def _connect_client(started: StartedCluster, name: str):
+    from distributed import Client
+
+    timeout = config.timeout_seconds("connect-timeout")
+    kwargs: dict[str, Any] = {"timeout": timeout, "set_as_default": False}
+    if started.security is not None:
+        kwargs["security"] = started.security
+    target = started.cluster if started.cluster is not None else started.address
+    try:
+        return Client(target, **kwargs)
+    except (OSError, TimeoutError) as exc:
+        raise ClusterError(
+            f"no scheduler answered at {started.address} within {timeout:g} s; check the address and that the scheduler runs."
+        ) from exc
+
+
+def _register(handle: ClusterHandle, attached: bool) -> None:
+    registry.write(
+        registry.ClusterRecord(
+            name=handle.name,
+            backend=handle.backend,
+            address=handle.address,
+            dashboard_link=handle.dashboard_link,
+            owner_kind=_owner_kind,
+            attached=attached,
+        )
+    )
+
+
+def _adopt(handle: ClusterHandle, attached: bool) -> ClusterHandle:
+    global _current
+    with _lock:
+        _handles[handle.name] = handle
+        _current = handle.name
+    _register(handle, attached)
+    return handle
+
+
+def start(name: str | None = None, backend: str | None = None, wait: bool = True, **options: Any) -> ClusterHandle:
+    """Start a cluster and make it the current one.
+
+    Parameters
+    ----------
+    name : str, optional
+        Unique name; defaults to ``<backend>-<n>``.
+    backend : str, optional
+        Backend name; defaults to ``jupyter-cluster.backend`` from dask.config.
+    wait : bool
+        Wait until the first worker has connected.
+    **options
+        Backend options, e.g. ``workers=8, threads=1, memory_limit="2GiB"``.
+
+    Returns
+    -------
+    ClusterHandle
+
+    Examples
+    --------
+    >>> import jupyter_cluster as jc
+    >>> cluster = jc.start(workers=2)          # doctest: +SKIP
+    >>> cluster.client.submit(sum, [1, 2]).result()  # doctest: +SKIP
+    3
+    """
+    backend = backend or config.get("backend")
+    impl = get_backend(backend)  # unknown backend: error before any name is taken
+    if name is not None:
+        _validate_name(name)
+        if name in _taken_names():
+            raise ClusterError(
+                f"a cluster named {name!r} already exists; choose another --name or attach with %cluster connect {name}."
+            )
+    else:
+        name = _unique_name(backend)
+    options = {k: v for k, v in options.items() if v is not None}
+    if "name" in impl.options:
+        options["name"] = name
+    started = impl.start(**options)
+    try:
+        client = _connect_client(started, name)
+    except BaseException:
+        if started.cluster is not None:
+            started.cluster.close()
+        raise
+    handle = ClusterHandle(name, backend, started, client)
+    if wait and started.cluster is not None and options.get("workers", 1) != 0:
+        try:
+            handle.wait_for_workers(1, timeout=max(config.timeout_seconds("connect-timeout"), 60))
+        except BaseException:
+            handle.closed = True
+            client.close()
+            started.cluster.close()
+            raise
+    return _adopt(handle, attached=False)
+
+
+def connect(target: str, security: Any = None) -> ClusterHandle:
+    """Attach to a running scheduler by address or by registry name; it becomes current.
+
+    Parameters
+    ----------
+    target : str
+        ``tcp://host:port`` (or ``tls://``), or the name of a cluster listed
+        by :func:`clusters`.
+    security : distributed.Security, optional
+        Credentials for a TLS scheduler.
+    """
+    if target in _handles:
+        global _current
+        _current = target
+        return _handles[target]
+    if "://" in target or (":" in target and target.rsplit(":", 1)[-1].isdigit()):
+        address, name = target, None
+    else:
+        record = registry.read(target)
+        if record is None:
+            known = ", ".join(r.name for r in registry.live_records()) or "none"
+            raise ClusterError(f"no cluster named {target!r} is running (known: {known}); see %cluster list.")
+        address, name = record.address, f"{record.name}"
+        name = _unique_name(f"{record.name}-attached") if name in _taken_names() else name
+    started = get_backend("address").start(address=address, security=security)
+    name = name or _unique_name("remote")
+    client = _connect_client(started, name)
+    handle = ClusterHandle(name, "address", started, client)
+    return _adopt(handle, attached=True)
+
+
+def current(start_default: bool = False, announce: Callable[[str], None] | None = None) -> ClusterHandle | None:
+    """The current cluster.
+
+    Parameters
+    ----------
+    start_default : bool
+        With no cluster, start the default one (and say so through ``announce``).
+    announce : callable, optional
+        Called with a one-line message when a default cluster is started.
+    """
+    with _lock:
+        handle = _handles.get(_current) if _current else None
+    if handle is None and start_default:
+        handle = start()
+        if announce is not None:
+            announce(
+                f"Started cluster {handle.name!r} ({handle.backend}, {handle.nthreads} worker threads) at {handle.address}; stop it with %cluster stop."
+            )
+    return handle
+
+
+def get(name: str | None = None) -> ClusterHandle:
+    """The cluster called ``name`` held by this process (the current one by default)."""
+    if name is None:
+        handle = current()
+        if handle is None:
+            raise ClusterError("no cluster is running in this kernel; start one with %cluster start.")
+        return handle
+    handle = _handles.get(name)
+    if handle is None:
+        mine = ", ".join(_handles) or "none"
+        raise ClusterError(f"no cluster named {name!r} is held by this kernel (held: {mine}).")
+    return handle
+
+
+def handles() -> list[ClusterHandle]:
+    """The clusters held by this process."""
+    return list(_handles.values())
+
+
+def clusters() -> list[dict[str, Any]]:
+    """Every live cluster on this machine, from the registry (dicts, oldest first)."""
+    out = []
+    for rec in registry.live_records():
+        d = rec.to_dict()
+        d["here"] = rec.name in _handles and rec.owner_pid == _pid()
+        d["current"] = d["here"] and rec.name == _current
+        out.append(d)
+    return out
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def stop(name: str | None = None) -> str:
+    """Stop (or detach from) a cluster held by this process; returns its name."""
+    if name is None and not _handles:
+        raise ClusterError("no cluster is running in this kernel, so there is nothing to stop.")
+    handle = get(name)
+    handle.close()
+    return handle.name
+
+
+def stop_all() -> None:
+    """Stop every cluster this process holds (run at exit)."""
+    for handle in list(_handles.values()):
+        try:
+            handle.close()
+        except ClusterError:
+            pass
+
+
+atexit.register(stop_all)
+

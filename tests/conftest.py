@@ -1,0 +1,70 @@
+"""Shared fixtures: an isolated cluster registry, real clusters, a real IPython shell.
+
+Area-specific fixtures belong in the test module that needs them (or a
+``tests/<area>/conftest.py``); this file holds only what every area uses.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_runtime_dir(tmp_path_factory):
+    """Every test session gets its own Jupyter runtime dir, so the registry is private.
+
+    Set through the environment so that kernels, Jupyter servers and worker
+    processes started by tests inherit it.
+    """
+    path = tmp_path_factory.mktemp("jupyter-runtime")
+    old = os.environ.get("JUPYTER_RUNTIME_DIR")
+    os.environ["JUPYTER_RUNTIME_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("JUPYTER_RUNTIME_DIR", None)
+    else:
+        os.environ["JUPYTER_RUNTIME_DIR"] = old
+
+
+@pytest.fixture(scope="session")
+def ip():
+    """The real IPython InteractiveShell, with ``%load_ext jupyter_cluster`` done."""
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "jupyter_cluster")
+    return shell
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A real 2-worker local cluster (processes), current for the module's tests."""
+    import jupyter_cluster as jc
+
+    handle = jc.start(workers=2, threads=1)
+    yield handle
+    if not handle.closed:
+        handle.close()
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):
+    """Poll ``predicate`` until it is truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {message}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def python_exe():
+    return sys.executable
