@@ -15,3 +15,7 @@ class CellError(ValueError):
 
 class SerializationError(TypeError):
     """A value the work needs cannot be sent to the workers."""
+
+
+class WorkerLostError(ClusterError):
+    """An item kept killing the workers that ran it (a "poison pill")."""
