@@ -16,11 +16,17 @@ from __future__ import annotations
 from . import config  # noqa: F401  (registers dask.config defaults)
 from .errors import CellError, ClusterError, SerializationError
 from .session import ClusterHandle, clusters, connect, current, start, stop
+from .pool import Pool
+from .dqueue import Queue
+from .actors import actor
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CellError",
+    "Pool",
+    "Queue",
+    "actor",
     "ClusterError",
     "ClusterHandle",
     "SerializationError",

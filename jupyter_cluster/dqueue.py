@@ -6,21 +6,20 @@ cloudpickle here and unpickled by the reader, so anything picklable goes in
 (tuples stay tuples), but every item travels through the scheduler: keep items
 small (a few MB at most).
 
-The scheduler side is a small scheduler plugin rather than Dask's own queue
-extension, because that one logs an error with a traceback on the scheduler
-every time a ``get`` or ``put`` times out, which is the normal way to poll.
+The scheduler side is a small scheduler plugin (:mod:`.dqueue_store`) rather
+than Dask's own queue extension, because that one logs an error with a
+traceback on the scheduler every time a ``get`` or ``put`` times out, which is
+the normal way to poll.
 """
 
 from __future__ import annotations
 
-import asyncio
 import queue as _stdqueue
 import time
 import uuid
 from typing import Any
 
 import cloudpickle
-from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .errors import ClusterError
 
@@ -28,76 +27,6 @@ from .errors import ClusterError
 # slice's worth of scheduler-side waiting is left behind (an item it takes then
 # is lost), instead of a wait that lasts forever.
 _SLICE = 2.0
-_PLUGIN = "jupyter-cluster-queues"
-
-
-class QueueStore(SchedulerPlugin):
-    """Scheduler plugin holding every ``jupyter_cluster.Queue`` of a cluster.
-
-    Its handlers answer timeouts with a status instead of an exception.
-    """
-
-    idempotent = True  # registering again from another client keeps the queues
-    name = _PLUGIN
-
-    def __init__(self) -> None:
-        self.queues: dict[str, asyncio.Queue] = {}
-
-    async def start(self, scheduler: Any) -> None:
-        scheduler.handlers.update(
-            {
-                "jc_queue_create": self.create,
-                "jc_queue_put": self.put,
-                "jc_queue_get": self.get,
-                "jc_queue_qsize": self.qsize,
-                "jc_queue_release": self.release,
-            }
-        )
-
-    def create(self, name: str, maxsize: int = 0, **_: Any) -> int:
-        q = self.queues.get(name)
-        if q is None:
-            q = self.queues[name] = asyncio.Queue(maxsize=maxsize)
-        return q.maxsize
-
-    async def put(self, name: str, data: bytes, timeout: float | None = None, **_: Any) -> str:
-        q = self.queues.get(name)
-        if q is None:
-            return "missing"
-        if timeout is not None and timeout <= 0:
-            try:
-                q.put_nowait(data)
-            except asyncio.QueueFull:
-                return "full"
-            return "ok"
-        try:
-            await asyncio.wait_for(q.put(data), timeout)
-        except asyncio.TimeoutError:
-            return "full"
-        return "ok"
-
-    async def get(self, name: str, timeout: float | None = None, **_: Any) -> dict[str, Any]:
-        q = self.queues.get(name)
-        if q is None:
-            return {"status": "missing"}
-        if timeout is not None and timeout <= 0:
-            try:
-                return {"status": "ok", "data": q.get_nowait()}
-            except asyncio.QueueEmpty:
-                return {"status": "empty"}
-        try:
-            return {"status": "ok", "data": await asyncio.wait_for(q.get(), timeout)}
-        except asyncio.TimeoutError:
-            return {"status": "empty"}
-
-    def qsize(self, name: str, **_: Any) -> int:
-        q = self.queues.get(name)
-        return -1 if q is None else q.qsize()
-
-    def release(self, name: str, **_: Any) -> None:
-        self.queues.pop(name, None)
-
-
 def _find_client(client: Any = None) -> Any:
     """The client to talk to the scheduler with: given, the task's, or the session's."""
     if client is not None:
@@ -162,7 +91,9 @@ class Queue:
         self._client = _find_client(client)
         self._closed = False
         self._owner = True
-        self._client.register_plugin(QueueStore(), name=_PLUGIN)
+        from .dqueue_store import PLUGIN, QueueStore
+
+        self._client.register_plugin(QueueStore(), name=PLUGIN)
         # An existing queue of that name keeps its own maxsize.
         self.maxsize = self._call("jc_queue_create", maxsize=max(maxsize, 0))
 

@@ -1,0 +1,82 @@
+"""The scheduler side of ``jupyter_cluster.Queue``: a scheduler plugin holding the queues.
+
+Kept apart from :mod:`.dqueue` so that importing ``jupyter_cluster`` does not
+import ``distributed``; the scheduler imports this module when the plugin is
+registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+PLUGIN = "jupyter-cluster-queues"
+
+
+class QueueStore(SchedulerPlugin):
+    """Scheduler plugin holding every ``jupyter_cluster.Queue`` of a cluster.
+
+    Its handlers answer timeouts with a status instead of an exception.
+    """
+
+    idempotent = True  # registering again from another client keeps the queues
+    name = PLUGIN
+
+    def __init__(self) -> None:
+        self.queues: dict[str, asyncio.Queue] = {}
+
+    async def start(self, scheduler: Any) -> None:
+        scheduler.handlers.update(
+            {
+                "jc_queue_create": self.create,
+                "jc_queue_put": self.put,
+                "jc_queue_get": self.get,
+                "jc_queue_qsize": self.qsize,
+                "jc_queue_release": self.release,
+            }
+        )
+
+    def create(self, name: str, maxsize: int = 0, **_: Any) -> int:
+        q = self.queues.get(name)
+        if q is None:
+            q = self.queues[name] = asyncio.Queue(maxsize=maxsize)
+        return q.maxsize
+
+    async def put(self, name: str, data: bytes, timeout: float | None = None, **_: Any) -> str:
+        q = self.queues.get(name)
+        if q is None:
+            return "missing"
+        if timeout is not None and timeout <= 0:
+            try:
+                q.put_nowait(data)
+            except asyncio.QueueFull:
+                return "full"
+            return "ok"
+        try:
+            await asyncio.wait_for(q.put(data), timeout)
+        except asyncio.TimeoutError:
+            return "full"
+        return "ok"
+
+    async def get(self, name: str, timeout: float | None = None, **_: Any) -> dict[str, Any]:
+        q = self.queues.get(name)
+        if q is None:
+            return {"status": "missing"}
+        if timeout is not None and timeout <= 0:
+            try:
+                return {"status": "ok", "data": q.get_nowait()}
+            except asyncio.QueueEmpty:
+                return {"status": "empty"}
+        try:
+            return {"status": "ok", "data": await asyncio.wait_for(q.get(), timeout)}
+        except asyncio.TimeoutError:
+            return {"status": "empty"}
+
+    def qsize(self, name: str, **_: Any) -> int:
+        q = self.queues.get(name)
+        return -1 if q is None else q.qsize()
+
+    def release(self, name: str, **_: Any) -> None:
+        self.queues.pop(name, None)

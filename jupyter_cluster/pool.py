@@ -1,0 +1,653 @@
+"""``jupyter_cluster.Pool``: the ``multiprocessing.Pool`` API on the current cluster.
+
+The pool owns no processes.  ``apply``/``apply_async`` are single Dask tasks;
+``map``/``imap``/``starmap`` and their async forms are front ends to the one map
+engine (:mod:`jupyter_cluster.mapping`), which brings chunking, backpressure
+and survival of lost workers.  What is left here is ``multiprocessing``'s
+contract: the states (running, closed, terminated) and their errors, result
+objects, callbacks run from a result thread in this process, ``processes`` as
+a cap on concurrency, and the per-process ``initializer``.
+
+Deliberate differences from ``multiprocessing.Pool`` are listed in the README
+("Pool: differences from multiprocessing").
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import sys
+import threading
+import traceback
+import types
+import uuid
+import weakref
+from multiprocessing import TimeoutError
+from typing import Any, Callable, Iterable
+
+from .errors import ClusterError, WorkerLostError
+
+__all__ = ["Pool", "AsyncResult", "ApplyResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"]
+
+RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"
+
+
+# -- what runs on the workers ------------------------------------------------------
+
+# Pools whose initializer already ran in this (worker) process.  Keyed by pool
+# id, so a worker shared by several pools runs each pool's initializer once.
+_initialized: set[str] = set()
+_init_lock = threading.Lock()
+
+
+def _run_initializer(pool_id: str, initializer: Callable, initargs: tuple) -> None:
+    with _init_lock:  # tasks on other threads of this worker wait for it, as in multiprocessing
+        if pool_id in _initialized:
+            return
+        try:
+            initializer(*initargs)
+        except BaseException as exc:
+            exc.add_note(f"(raised by the initializer of {pool_id}; it will be tried again by the next task in this worker)")
+            raise
+        _initialized.add(pool_id)
+
+
+class _PoolTask:
+    """The callable a pool ships: the pool's initializer once per process, then ``func``.
+
+    The user's function is kept in ``func`` so that Dask names tasks after it
+    (``dask.utils.funcname`` follows ``.func``).
+    """
+
+    __slots__ = ("func", "pool_id", "initializer", "initargs", "star")
+
+    def __init__(self, func: Callable, pool_id: str, initializer: Callable | None, initargs: tuple, star: bool):
+        self.func = func
+        self.pool_id = pool_id
+        self.initializer = initializer
+        self.initargs = initargs
+        self.star = star
+
+    def __reduce__(self):
+        return (_PoolTask, (self.func, self.pool_id, self.initializer, self.initargs, self.star))
+
+    @property
+    def __name__(self) -> str:
+        return getattr(self.func, "__name__", type(self.func).__name__)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.initializer is not None and self.pool_id not in _initialized:
+            _run_initializer(self.pool_id, self.initializer, self.initargs)
+        if self.star:
+            (args,) = args
+        return self.func(*args, **kwargs)
+
+
+def _apply(task: _PoolTask, args: tuple, kwds: dict) -> Any:
+    # args and kwds travel as two plain values, so a user's keyword such as
+    # ``key`` or ``workers`` never reaches Client.submit.
+    return task(*args, **kwds)
+
+
+# -- result objects -------------------------------------------------------------------
+
+
+class ApplyResult:
+    """The result of :meth:`Pool.apply_async` (``multiprocessing.pool.AsyncResult``)."""
+
+    __class_getitem__ = classmethod(types.GenericAlias)
+
+    def __init__(self, pool: "Pool", callback: Callable | None, error_callback: Callable | None):
+        self._pool = pool
+        self._event = threading.Event()
+        self._callback = callback
+        self._error_callback = error_callback
+        self._success: bool | None = None
+        self._value: Any = None
+        pool._cache_add(self)
+
+    def ready(self) -> bool:
+        """Whether the call has completed."""
+        return self._event.is_set()
+
+    def successful(self) -> bool:
+        """Whether the call completed without raising; ``ValueError`` if not ready."""
+        if not self.ready():
+            raise ValueError(f"{self!r} not ready")
+        return bool(self._success)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until the result is available or ``timeout`` seconds pass."""
+        self._event.wait(timeout)
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The result; re-raises the task's exception (same type).
+
+        Raises ``multiprocessing.TimeoutError`` if not ready after ``timeout`` seconds.
+        """
+        self.wait(timeout)
+        if not self.ready():
+            raise TimeoutError
+        if self._success:
+            return self._value
+        raise self._value
+
+    def _set(self, success: bool, value: Any) -> None:
+        self._success, self._value = success, value
+        callback = self._callback if success else self._error_callback
+        if callback is not None:
+            try:
+                callback(value)
+            except Exception:  # a failing callback must not stop the pool's result thread
+                print(f"Exception in {'callback' if success else 'error_callback'} of {self!r}:", file=sys.stderr)
+                traceback.print_exc()
+        self._event.set()
+        self._pool._cache_remove(self)
+
+
+AsyncResult = ApplyResult
+
+
+class MapResult(ApplyResult):
+    """The result of :meth:`Pool.map_async` / :meth:`Pool.starmap_async`; ``get()`` returns a list."""
+
+
+class IMapIterator:
+    """The iterator returned by :meth:`Pool.imap`; ``next(timeout)`` as in multiprocessing.
+
+    The input is consumed lazily: only a bounded number of items is in
+    flight, however long (or infinite) the iterable.
+    """
+
+    _ordered = True
+
+    def __init__(self, pool: "Pool", job: Any):
+        self._pool = pool
+        self._job = job
+        self._lock = threading.Lock()
+        self._buffer: queue.Queue | None = None  # set once a timed next() starts the feeder
+        self._stop = threading.Event()
+        self._done = False
+
+    def __iter__(self) -> "IMapIterator":
+        return self
+
+    def _check(self) -> None:
+        if self._pool._state == TERMINATE:
+            raise ValueError("Pool not running")
+
+    def next(self, timeout: float | None = None) -> Any:
+        """The next result; ``multiprocessing.TimeoutError`` after ``timeout`` seconds."""
+        self._check()
+        if self._done:
+            raise StopIteration
+        if timeout is None and self._buffer is None:
+            # The common `for x in pool.imap(...)` path: pull straight from the engine.
+            try:
+                return next(self._job)
+            except StopIteration:
+                self._done = True
+                raise
+            except BaseException:
+                self._check()
+                raise
+        self._start_feeder()
+        try:
+            kind, value = self._buffer.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError from None
+        if kind == "value":
+            return value
+        self._done = True
+        if kind == "error":
+            self._check()
+            raise value
+        raise StopIteration
+
+    __next__ = next
+
+    def _start_feeder(self) -> None:
+        with self._lock:
+            if self._buffer is not None:
+                return
+            self._buffer = queue.Queue(maxsize=1)
+        threading.Thread(target=_feed, args=(self._job, self._buffer, self._stop), daemon=True, name="jupyter-cluster-imap").start()
+
+    def _cancel(self) -> None:
+        self._stop.set()
+        try:
+            self._job.cancel()
+        except Exception:  # the cluster may already be gone; nothing left to cancel
+            pass
+
+
+def _feed(job: Any, buffer: queue.Queue, stop: threading.Event) -> None:
+    """Move results from a map job into a one-slot buffer, so a consumer can wait with a timeout.
+
+    The slot keeps the engine's backpressure: while the consumer does not take
+    a result, this thread does not ask the engine for the next one.
+    """
+
+    def put(entry: tuple) -> bool:
+        while not stop.is_set():
+            try:
+                buffer.put(entry, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        for value in job:
+            if not put(("value", value)):
+                return
+    except BaseException as exc:
+        put(("error", exc))
+        return
+    put(("done", None))
+
+
+class IMapUnorderedIterator(IMapIterator):
+    """The iterator returned by :meth:`Pool.imap_unordered` (results in completion order)."""
+
+    _ordered = False
+
+
+# -- the pool ------------------------------------------------------------------------------
+
+
+def _check_chunksize(chunksize: Any) -> Any:
+    """multiprocessing's chunksize rules, plus ``None``/``"auto"`` meaning the engine's auto-chunking."""
+    if chunksize is None or chunksize == "auto":
+        return "auto"
+    if isinstance(chunksize, bool) or not isinstance(chunksize, int):
+        raise TypeError(f"chunksize must be an int, None or 'auto', not {type(chunksize).__name__}")
+    if chunksize < 1:
+        raise ValueError("Chunksize must be 1+, not {0:n}".format(chunksize))
+    return chunksize
+
+
+def _funcname(func: Any) -> str:
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or type(func).__name__
+
+
+class Pool:
+    """A ``multiprocessing.Pool`` whose workers are the current cluster's.
+
+    Same constructor, methods, return types and exceptions as
+    :class:`multiprocessing.pool.Pool`; functions defined in the notebook and
+    lambdas work (they are pickled with cloudpickle).  Resilient by default:
+    if a worker process dies during a map, its items run again elsewhere and
+    every result still arrives exactly once (so an item may *run* more than
+    once: keep side effects idempotent).
+
+    Parameters
+    ----------
+    processes : int, optional
+        The most tasks of this pool that run at once.  ``None`` (default):
+        every worker thread of the cluster.
+    initializer : callable, optional
+        Called as ``initializer(*initargs)`` once in each worker process the
+        pool uses, before that process runs the pool's first task there.
+    initargs : tuple
+        Arguments for ``initializer``.
+    maxtasksperchild : int, optional
+        Accepted and checked, but worker processes are shared by the whole
+        cluster and are not recycled after a number of tasks; see the README.
+    context : object, optional
+        Accepted for compatibility and ignored (there is no start method to choose).
+    cluster : str or ClusterHandle, optional
+        Keyword only.  Which cluster held by this process to use; by default
+        the current one, and with none, the default local cluster is started.
+    progress : bool, optional
+        Keyword only.  Progress display for maps, as in
+        :func:`jupyter_cluster.map` (``None``: automatic).
+
+    Examples
+    --------
+    >>> import jupyter_cluster as jc
+    >>> with jc.Pool() as pool:                       # doctest: +SKIP
+    ...     pool.map(lambda x: x * x, range(5))
+    [0, 1, 4, 9, 16]
+    """
+
+    def __init__(
+        self,
+        processes: int | None = None,
+        initializer: Callable | None = None,
+        initargs: Iterable = (),
+        maxtasksperchild: int | None = None,
+        context: Any = None,
+        *,
+        cluster: Any = None,
+        progress: bool | None = None,
+    ):
+        self._state = RUN  # set first so that a failing __init__ leaves a sane object
+        if processes is not None:
+            if isinstance(processes, bool) or not isinstance(processes, int):
+                raise TypeError(f"processes must be an int or None, not {type(processes).__name__}")
+            if processes < 1:
+                raise ValueError("Number of processes must be at least 1")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        if maxtasksperchild is not None and (
+            isinstance(maxtasksperchild, bool) or not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0
+        ):
+            raise ValueError("maxtasksperchild must be a positive int or None")
+
+        from . import session
+
+        if cluster is None:
+            handle = session.current(start_default=True, announce=print)
+        elif isinstance(cluster, str):
+            handle = session.get(cluster)
+        else:
+            handle = cluster
+        self._handle = handle
+        self._client = handle.client
+        self._limit = processes
+        self._processes = processes if processes is not None else max(handle.nthreads, 1)
+        self._initializer = initializer
+        self._initargs = tuple(initargs)
+        self._maxtasksperchild = maxtasksperchild
+        self._progress = progress
+        self._id = f"pool-{uuid.uuid4().hex[:12]}"
+
+        self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)
+        self._cache: set[ApplyResult] = set()
+        self._pending: collections.deque = collections.deque()  # applies waiting for a slot
+        self._running: dict[str, tuple[Any, ApplyResult]] = {}  # key -> (future, result)
+        self._iterators: weakref.WeakSet[IMapIterator] = weakref.WeakSet()
+        self._map_jobs: set[Any] = set()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._result_thread = threading.Thread(
+            target=_handle_results, args=(self._outbox,), daemon=True, name=f"jupyter-cluster-{self._id}-results"
+        )
+        self._result_thread.start()
+
+    # -- state ---------------------------------------------------------------
+    def _check_running(self) -> None:
+        if self._state != RUN:
+            raise ValueError("Pool not running")
+
+    def __repr__(self) -> str:
+        return f"<jupyter_cluster.Pool state={self._state} processes={self._processes} cluster={self._handle.name!r}>"
+
+    def __reduce__(self):
+        raise NotImplementedError("pool objects cannot be passed between processes or pickled")
+
+    def __enter__(self) -> "Pool":
+        self._check_running()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.terminate()
+
+    def _cache_add(self, result: ApplyResult) -> None:
+        with self._lock:
+            self._cache.add(result)
+
+    def _cache_remove(self, result: ApplyResult) -> None:
+        with self._lock:
+            self._cache.discard(result)
+            if not self._cache:
+                self._idle.notify_all()
+
+    def _task(self, func: Callable, star: bool = False) -> _PoolTask:
+        return _PoolTask(func, self._id, self._initializer, self._initargs, star)
+
+    # -- apply ----------------------------------------------------------------
+    def apply(self, func: Callable, args: tuple = (), kwds: dict = {}) -> Any:  # noqa: B006 (multiprocessing's signature)
+        """Call ``func(*args, **kwds)`` on a worker and return its result."""
+        return self.apply_async(func, args, kwds).get()
+
+    def apply_async(
+        self,
+        func: Callable,
+        args: tuple = (),
+        kwds: dict = {},  # noqa: B006 (multiprocessing's signature)
+        callback: Callable | None = None,
+        error_callback: Callable | None = None,
+    ) -> ApplyResult:
+        """Start ``func(*args, **kwds)`` on a worker; returns an :class:`AsyncResult`.
+
+        ``callback(result)`` or ``error_callback(exception)`` is called in this
+        process, from the pool's result thread, when the call completes.
+        """
+        self._check_running()
+        result = ApplyResult(self, callback, error_callback)
+        call = (result, self._task(func), tuple(args), dict(kwds), _funcname(func))
+        with self._lock:
+            if self._limit is None or len(self._running) < self._limit:
+                self._submit(*call)
+            else:
+                self._pending.append(call)
+        return result
+
+    def _submit(self, result: ApplyResult, task: _PoolTask, args: tuple, kwds: dict, name: str) -> None:
+        # called with self._lock held
+        key = f"{name.replace('<', '').replace('>', '')}-{uuid.uuid4().hex}"
+        try:
+            future = self._client.submit(_apply, task, args, kwds, key=key, pure=False)
+        except Exception as exc:  # e.g. an argument that cannot be pickled
+            self._outbox.put((result._set, False, exc))
+            return
+        self._running[key] = (future, result)
+        future.add_done_callback(lambda fut, name=name: self._on_done(fut, name))
+
+    def _on_done(self, future: Any, name: str) -> None:
+        # Runs on Dask's callback thread: hand the result to our own result
+        # thread (where user callbacks run), then fill the freed slot.
+        with self._lock:
+            entry = self._running.pop(future.key, None)
+            if entry is None or self._state == TERMINATE:
+                return
+            self._outbox.put((self._finish_apply, future, entry[1], name))
+            while self._pending and (self._limit is None or len(self._running) < self._limit):
+                self._submit(*self._pending.popleft())
+
+    def _finish_apply(self, future: Any, result: ApplyResult, name: str) -> None:
+        if self._state == TERMINATE:
+            return
+        try:
+            value = future.result()
+        except BaseException as exc:
+            result._set(False, self._translate(exc, future, name))
+        else:
+            result._set(True, value)
+        finally:
+            future.release()
+
+    def _translate(self, exc: BaseException, future: Any, name: str) -> BaseException:
+        """Dask's ways of saying "the cluster failed" in our words; task errors pass unchanged."""
+        from distributed import KilledWorker
+        from distributed.client import FutureCancelledError
+
+        if isinstance(exc, KilledWorker):
+            lost = WorkerLostError(
+                f"apply_async({name}) killed the worker process running it every time it was tried, so it was given up; "
+                "look for what in the call crashes the process (memory, a native library, os._exit)."
+            )
+            lost.__cause__ = exc
+            return lost
+        if isinstance(exc, (FutureCancelledError, OSError)) and not isinstance(exc, TimeoutError):
+            gone = ClusterError(
+                f"apply_async({name}) was lost because the connection to cluster {self._handle.name!r} "
+                "broke (was the cluster stopped?); start or connect a cluster and a new Pool."
+            )
+            gone.__cause__ = exc
+            return gone
+        return exc
+
+    # -- map family ----------------------------------------------------------
+    def _engine_options(self, label: str) -> dict[str, Any]:
+        return {"client": self._client, "label": label, "progress": self._progress}
+
+    def map(self, func: Callable, iterable: Iterable, chunksize: int | None = None) -> list:
+        """``list(map(func, iterable))`` on the cluster, in input order.
+
+        ``chunksize`` groups items into tasks as in multiprocessing; ``None``
+        lets the engine choose.  A failing item re-raises its exception (same
+        type) with a note naming the item.
+        """
+        self._check_running()
+        return self._map(self._task(func), iterable, chunksize, f"Pool.map({_funcname(func)})")
+
+    def starmap(self, func: Callable, iterable: Iterable, chunksize: int | None = None) -> list:
+        """Like :meth:`map`, but each item is a tuple of arguments: ``func(*item)``."""
+        self._check_running()
+        return self._map(self._task(func, star=True), iterable, chunksize, f"Pool.starmap({_funcname(func)})")
+
+    def _map(self, task: _PoolTask, iterable: Iterable, chunksize: Any, label: str) -> list:
+        from . import mapping
+
+        chunk = _check_chunksize(chunksize)
+        return mapping.map(task, iterable, chunksize=chunk, ordered=True, errors="raise", **self._engine_options(label))
+
+    def map_async(
+        self,
+        func: Callable,
+        iterable: Iterable,
+        chunksize: int | None = None,
+        callback: Callable | None = None,
+        error_callback: Callable | None = None,
+    ) -> MapResult:
+        """Start :meth:`map`; returns a :class:`MapResult` whose ``get()`` is the list."""
+        self._check_running()
+        return self._map_async(self._task(func), iterable, chunksize, callback, error_callback, f"Pool.map_async({_funcname(func)})")
+
+    def starmap_async(
+        self,
+        func: Callable,
+        iterable: Iterable,
+        chunksize: int | None = None,
+        callback: Callable | None = None,
+        error_callback: Callable | None = None,
+    ) -> MapResult:
+        """Start :meth:`starmap`; returns a :class:`MapResult`."""
+        self._check_running()
+        return self._map_async(
+            self._task(func, star=True), iterable, chunksize, callback, error_callback, f"Pool.starmap_async({_funcname(func)})"
+        )
+
+    def _map_async(
+        self, task: _PoolTask, iterable: Iterable, chunksize: Any, callback: Any, error_callback: Any, label: str
+    ) -> MapResult:
+        from . import mapping
+
+        chunk = _check_chunksize(chunksize)
+        if not hasattr(iterable, "__len__"):
+            iterable = list(iterable)  # as multiprocessing: a failing generator raises here, in the caller
+        result = MapResult(self, callback, error_callback)
+        job = mapping.imap(task, iterable, chunksize=chunk, ordered=True, errors="raise", **self._engine_options(label))
+        with self._lock:
+            self._map_jobs.add(job)
+
+        def run() -> None:
+            try:
+                values = list(job)
+            except BaseException as exc:
+                if self._state != TERMINATE:
+                    result._set(False, exc)
+            else:
+                if self._state != TERMINATE:
+                    result._set(True, values)
+            finally:
+                with self._lock:
+                    self._map_jobs.discard(job)
+
+        threading.Thread(target=run, daemon=True, name=f"jupyter-cluster-{self._id}-map").start()
+        return result
+
+    def imap(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
+        """A lazy ``map``: an iterator of results in input order.
+
+        The input is consumed as results are taken, with a bounded number of
+        items in flight, so ``iterable`` may be long or infinite.
+        """
+        self._check_running()
+        return self._imap(func, iterable, chunksize, IMapIterator, "imap")
+
+    def imap_unordered(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapUnorderedIterator:
+        """Like :meth:`imap`, but results come in completion order."""
+        self._check_running()
+        return self._imap(func, iterable, chunksize, IMapUnorderedIterator, "imap_unordered")
+
+    def _imap(self, func: Callable, iterable: Iterable, chunksize: Any, cls: type, method: str) -> IMapIterator:
+        from . import mapping
+
+        chunk = _check_chunksize(chunksize)
+        job = mapping.imap(
+            self._task(func),
+            iterable,
+            chunksize=chunk,
+            ordered=cls._ordered,
+            errors="raise",
+            **self._engine_options(f"Pool.{method}({_funcname(func)})"),
+        )
+        it = cls(self, job)
+        self._iterators.add(it)
+        return it
+
+    # -- lifecycle ------------------------------------------------------------
+    def close(self) -> None:
+        """Accept no more work; what was submitted still runs."""
+        with self._lock:
+            if self._state == RUN:
+                self._state = CLOSE
+
+    def terminate(self) -> None:
+        """Stop now: cancel queued and running work.  Results not yet ready stay unready."""
+        with self._lock:
+            if self._state == TERMINATE:
+                return
+            self._state = TERMINATE
+            self._pending.clear()
+            futures = [f for f, _ in self._running.values()]
+            self._running.clear()
+            jobs = list(self._map_jobs)
+            iterators = list(self._iterators)
+            self._idle.notify_all()
+        if futures:
+            try:
+                self._client.cancel(futures)
+            except Exception:  # the cluster may be gone already; then nothing runs anyway
+                pass
+        for job in jobs:
+            try:
+                job.cancel()
+            except Exception:
+                pass
+        for it in iterators:
+            it._cancel()
+        self._outbox.put(None)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the submitted work to finish; call :meth:`close` or :meth:`terminate` first.
+
+        ``timeout`` (not in multiprocessing) bounds the wait, in seconds.
+        """
+        with self._lock:
+            if self._state == RUN:
+                raise ValueError("Pool is still running")
+            if self._state == CLOSE:
+                self._idle.wait_for(lambda: not self._cache or self._state == TERMINATE, timeout)
+        if self._state == CLOSE and not self._cache:
+            self._outbox.put(None)
+        if threading.current_thread() is not self._result_thread:
+            self._result_thread.join(timeout)
+
+
+def _handle_results(outbox: queue.SimpleQueue) -> None:
+    """The pool's result thread: finishes results and runs user callbacks, in order."""
+    while True:
+        entry = outbox.get()
+        if entry is None:
+            return
+        fn, *args = entry
+        try:
+            fn(*args)
+        except Exception:  # keep serving the other results
+            traceback.print_exc()
+
