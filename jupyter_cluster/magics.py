@@ -20,7 +20,9 @@ from .errors import CellError, ClusterError, SerializationError
 CLUSTER_USAGE = """\
 %cluster                         status of the current cluster
 %cluster start [--backend B] [--name N] [--workers W] [--threads T] [--memory-limit M]
-               [--port P] [--host H] [--tls]
+               [--port P] [--host H] [--tls] [--gpus [DEVICES]]
+               kubernetes: [--image I] [--namespace NS] [--worker-cpu C] [--worker-memory M]
+               [--worker-gpu G] [--env KEY=VALUE ...] [--adapt-min A] [--adapt-max B] [--dry-run]
 %cluster connect ADDRESS|NAME    attach to a running scheduler (tcp://host:port) or a listed cluster
 %cluster list                    every live cluster on this machine
 %cluster use NAME                make a cluster held by this kernel the current one
@@ -54,6 +56,16 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--host")
     s.add_argument("--tls", action="store_true", default=None)
     s.add_argument("--no-wait", action="store_true")
+    s.add_argument("--gpus", nargs="?", const=True, default=None)
+    s.add_argument("--image")
+    s.add_argument("--namespace")
+    s.add_argument("--worker-cpu")
+    s.add_argument("--worker-memory")
+    s.add_argument("--worker-gpu", type=int)
+    s.add_argument("--env", nargs="+", action="extend", metavar="KEY=VALUE")
+    s.add_argument("--adapt-min", type=int)
+    s.add_argument("--adapt-max", type=int)
+    s.add_argument("--dry-run", action="store_true", default=None)
     c = sub.add_parser("connect", add_help=False)
     c.add_argument("target")
     sub.add_parser("list", add_help=False)
@@ -71,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("status", add_help=False)
     return p
 
+
+# Backend-specific `start` flags, passed through as options; a backend that
+# does not take one refuses it (Backend.check_options).
+_BACKEND_FLAGS = ("gpus", "image", "namespace", "worker_cpu", "worker_memory", "worker_gpu", "env",
+                  "adapt_min", "adapt_max", "dry_run")
 
 # Extra sub-commands other modules add (e.g. "metrics"): name -> callable(shell, args list)
 EXTRA_COMMANDS: dict[str, Any] = {}
@@ -118,7 +135,11 @@ class ClusterMagics(Magics):
                 port=args.port,
                 host=args.host,
                 tls=args.tls,
+                **{k: getattr(args, k) for k in _BACKEND_FLAGS},
             )
+            if isinstance(handle, str):  # --dry-run: the resources, nothing started
+                print(handle, end="")
+                return None
             print(f"Started cluster {handle.name!r} ({handle.backend}) at {handle.address}")
             return _display_handle(handle)
         if cmd == "connect":

@@ -284,6 +284,10 @@ def _adopt(handle: ClusterHandle, attached: bool) -> ClusterHandle:
         _handles[handle.name] = handle
         _current = handle.name
     _register(handle, attached)
+    if handle.backend != "local":  # other machines may run other package versions
+        from .versions import warn_on_mismatch
+
+        warn_on_mismatch(handle.client, handle.name)
     return handle
 
 
@@ -300,6 +304,8 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
         Wait until the first worker has connected.
     **options
         Backend options, e.g. ``workers=8, threads=1, memory_limit="2GiB"``.
+        ``dry_run=True`` (kubernetes) starts nothing and returns the YAML of
+        the resources instead.
 
     Returns
     -------
@@ -325,6 +331,10 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
     options = {k: v for k, v in options.items() if v is not None}
     if "name" in impl.options:
         options["name"] = name
+    if options.pop("dry_run", False):  # returns the resources as text and starts nothing
+        if not hasattr(impl, "dry_run"):
+            raise ClusterError(f"the {backend} backend has no --dry-run; it creates no resources to show.")
+        return impl.dry_run(**options)
     started = impl.start(**options)
     try:
         client = _connect_client(started, name)
