@@ -14,6 +14,7 @@ Deliberate differences from ``multiprocessing.Pool`` are listed in the README
 
 from __future__ import annotations
 
+import builtins
 import collections
 import queue
 import sys
@@ -38,17 +39,65 @@ RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"
 # id, so a worker shared by several pools runs each pool's initializer once.
 _initialized: set[str] = set()
 _init_lock = threading.Lock()
+# Globals shared by a pool's notebook-defined functions in this process, and
+# the names its initializer set there (see _adopt).
+_namespaces: dict[str, dict] = {}
+_init_names: dict[str, frozenset] = {}
+
+
+def _by_value(func: Any) -> bool:
+    """Whether ``func`` was pickled by value (defined in a notebook or ``__main__``)."""
+    if not isinstance(func, types.FunctionType):
+        return False
+    module = sys.modules.get(func.__module__ or "")
+    return module is None or module.__dict__ is not func.__globals__
+
+
+def _rebind(func: types.FunctionType, namespace: dict) -> types.FunctionType:
+    new = types.FunctionType(func.__code__, namespace, func.__name__, func.__defaults__, func.__closure__)
+    new.__kwdefaults__ = func.__kwdefaults__
+    new.__qualname__ = func.__qualname__
+    new.__module__ = func.__module__
+    new.__dict__.update(func.__dict__)
+    return new
+
+
+def _adopt(func: Any, pool_id: str, protected: Iterable[str]) -> Any:
+    """``func`` rebound to its pool's per-process globals.
+
+    cloudpickle gives every unpickled notebook function a private globals
+    dict, so ``global model`` set by an initializer would be invisible to the
+    tasks.  Under ``fork`` they share ``__main__``; here they share one dict per
+    pool per worker process.  The values captured with each task win (they
+    are the notebook's current ones), except names the initializer set.
+    """
+    if not _by_value(func):
+        return func
+    namespace = _namespaces.setdefault(pool_id, {"__builtins__": builtins})
+    source = func.__globals__
+    protected = set(protected)
+    for name, value in source.items():
+        if name in protected or name == "__builtins__":
+            continue
+        if isinstance(value, types.FunctionType) and value.__globals__ is source:
+            value = _rebind(value, namespace)  # helpers defined next to func see the same globals
+        namespace[name] = value
+    return _rebind(func, namespace)
 
 
 def _run_initializer(pool_id: str, initializer: Callable, initargs: tuple) -> None:
     with _init_lock:  # tasks on other threads of this worker wait for it, as in multiprocessing
         if pool_id in _initialized:
             return
+        init = _adopt(initializer, pool_id, ())
+        namespace = _namespaces.get(pool_id, {})
+        before = dict(namespace)
         try:
-            initializer(*initargs)
+            init(*initargs)
         except BaseException as exc:
-            exc.add_note(f"(raised by the initializer of {pool_id}; it will be tried again by the next task in this worker)")
+            exc.add_note(f"(raised by the initializer of {pool_id}; the next task in this worker process tries it again)")
             raise
+        _init_names[pool_id] = frozenset(k for k, v in namespace.items() if k not in before or before[k] is not v)
         _initialized.add(pool_id)
 
 
@@ -59,7 +108,7 @@ class _PoolTask:
     (``dask.utils.funcname`` follows ``.func``).
     """
 
-    __slots__ = ("func", "pool_id", "initializer", "initargs", "star")
+    __slots__ = ("func", "pool_id", "initializer", "initargs", "star", "_bound")
 
     def __init__(self, func: Callable, pool_id: str, initializer: Callable | None, initargs: tuple, star: bool):
         self.func = func
@@ -67,6 +116,7 @@ class _PoolTask:
         self.initializer = initializer
         self.initargs = initargs
         self.star = star
+        self._bound = None
 
     def __reduce__(self):
         return (_PoolTask, (self.func, self.pool_id, self.initializer, self.initargs, self.star))
@@ -76,11 +126,16 @@ class _PoolTask:
         return getattr(self.func, "__name__", type(self.func).__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.initializer is not None and self.pool_id not in _initialized:
-            _run_initializer(self.pool_id, self.initializer, self.initargs)
+        func = self.func
+        if self.initializer is not None:
+            if self.pool_id not in _initialized:
+                _run_initializer(self.pool_id, self.initializer, self.initargs)
+            if self._bound is None:
+                self._bound = _adopt(func, self.pool_id, _init_names.get(self.pool_id, ()))
+            func = self._bound
         if self.star:
             (args,) = args
-        return self.func(*args, **kwargs)
+        return func(*args, **kwargs)
 
 
 def _apply(task: _PoolTask, args: tuple, kwds: dict) -> Any:
