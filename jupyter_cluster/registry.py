@@ -50,7 +50,10 @@ class ClusterRecord:
 
 def _process_start_time(pid: int) -> float:
     try:
-        return round(psutil.Process(pid).create_time(), 2)
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped by its parent
+            return 0.0
+        return round(process.create_time(), 2)
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
         return 0.0
 

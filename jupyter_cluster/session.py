@@ -174,6 +174,14 @@ class ClusterHandle:
         state = "stopped" if self.closed else self.address
         return f"<ClusterHandle {self.name!r} backend={self.backend} {state}>"
 
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        # live widget in a kernel, status text in a terminal; _repr_html_ stays the static fallback
+        try:
+            from .widgets.cluster import mimebundle
+        except ImportError:  # no ipywidgets
+            return None
+        return mimebundle(self, include, exclude)
+
     def _repr_html_(self) -> str:
         if self.closed:
             return f"<p>Cluster <b>{html.escape(self.name)}</b> is stopped.</p>"
@@ -249,6 +257,41 @@ def _validate_name(name: str) -> None:
 
 
 # -- public API ----------------------------------------------------------------
+async def _identity(address: str, timeout: float, security: Any) -> dict:
+    import asyncio
+
+    from distributed.core import rpc
+
+    connection_args = security.get_connection_args("client") if security is not None else {}
+    async with rpc(address, timeout=timeout, connection_args=connection_args) as scheduler:
+        return await asyncio.wait_for(scheduler.identity(), timeout)
+
+
+def _probe_scheduler(address: str, timeout: float, security: Any) -> None:
+    """Fail fast unless a Dask scheduler answers at ``address``.
+
+    ``distributed.Client`` can wait forever on a socket that accepts but never
+    speaks Dask, so ask for the scheduler's identity under a hard deadline
+    first, on a private event loop (the kernel's own loop may be running).
+    """
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as FuturesTimeout
+
+    message = f"no scheduler answered at {address} within {timeout:g} s; check the address and that the scheduler runs."
+    pool = ThreadPoolExecutor(1, thread_name_prefix="jupyter-cluster-probe")
+    try:
+        identity = pool.submit(asyncio.run, _identity(address, timeout, security)).result(timeout + 1)
+    except (OSError, TimeoutError, FuturesTimeout, asyncio.TimeoutError) as exc:
+        raise ClusterError(message) from exc
+    except Exception as exc:  # e.g. a TLS handshake refused, a non-Dask peer
+        raise ClusterError(f"{address} did not answer as a Dask scheduler ({type(exc).__name__}: {exc}); check the address and credentials.") from exc
+    finally:
+        pool.shutdown(wait=False)
+    if identity.get("type") != "Scheduler":
+        raise ClusterError(f"{address} is a Dask {identity.get('type', 'server')}, not a scheduler; give the scheduler's address.")
+
+
 def _connect_client(started: StartedCluster, name: str):
     from distributed import Client
 
@@ -256,6 +299,8 @@ def _connect_client(started: StartedCluster, name: str):
     kwargs: dict[str, Any] = {"timeout": timeout, "set_as_default": False}
     if started.security is not None:
         kwargs["security"] = started.security
+    if started.cluster is None:
+        _probe_scheduler(started.address, timeout, started.security)
     target = started.cluster if started.cluster is not None else started.address
     try:
         return Client(target, **kwargs)
@@ -284,6 +329,10 @@ def _adopt(handle: ClusterHandle, attached: bool) -> ClusterHandle:
         _handles[handle.name] = handle
         _current = handle.name
     _register(handle, attached)
+    if not attached:  # the owner answers scale/stop requests from the panel and other kernels
+        from .server.control import listen
+
+        listen(handle)
     if handle.backend != "local":  # other machines may run other package versions
         from .versions import warn_on_mismatch
 
@@ -377,6 +426,10 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
             known = ", ".join(r.name for r in registry.live_records()) or "none"
             raise ClusterError(f"no cluster named {target!r} is running (known: {known}); see %cluster list.")
         address, name = record.address, f"{record.name}"
+        if security is None and address.startswith("tls://"):  # a TLS cluster started on this machine
+            from .backends.local import saved_security
+
+            security = saved_security(record.name)
         name = _unique_name(f"{record.name}-attached") if name in _taken_names() else name
     started = get_backend("address").start(address=address, security=security)
     name = name or _unique_name("remote")
@@ -443,7 +496,15 @@ def _pid() -> int:
 
 
 def stop(name: str | None = None) -> str:
-    """Stop (or detach from) a cluster held by this process; returns its name."""
+    """Stop (or detach from) a cluster held by this process; returns its name.
+
+    A cluster started from the JupyterLab panel (held by no kernel) is stopped
+    by asking its owner process, see :func:`jupyter_cluster.server.control.stop_remote`.
+    """
+    if name is not None and name not in _handles and registry.read(name) is not None:
+        from .server.control import stop_remote
+
+        return stop_remote(name)
     if name is None and not _handles:
         raise ClusterError("no cluster is running in this kernel, so there is nothing to stop.")
     handle = get(name)

@@ -1,0 +1,167 @@
+"""%cluster and the Python lifecycle API on real local clusters and a real IPython shell."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from IPython.core.error import UsageError
+
+import jupyter_cluster as jc
+from jupyter_cluster import registry, session
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_clusters():
+    yield
+    session.stop_all()
+
+
+def run(ip, line):
+    return ip.run_line_magic("cluster", line)
+
+
+def test_start_status_list_stop(ip, capsys):
+    handle = run(ip, "start --workers 2 --threads 1 --memory-limit 1GiB --name sweep")
+    assert handle.name == "sweep" and handle.backend == "local"
+    assert handle.address.startswith("tcp://127.0.0.1:")
+    assert handle.dashboard_link and "127.0.0.1" in handle.dashboard_link
+    model = handle.model()
+    assert model["n_workers"] == 2 and model["cores"] == 2
+    assert all(w["memory_limit"] == 2**30 for w in model["workers"])
+    assert jc.current() is handle
+    assert run(ip, "") is handle  # bare %cluster shows the current cluster
+    assert "sweep" in handle._repr_html_()
+
+    run(ip, "list")
+    out = capsys.readouterr().out
+    assert "sweep" in out and handle.address in out
+
+    [record] = [r for r in jc.clusters() if r["name"] == "sweep"]
+    assert record["backend"] == "local" and record["current"] and record["owner_kind"] == "kernel"
+
+    run(ip, "stop")
+    assert "Stopped cluster 'sweep'" in capsys.readouterr().out
+    assert registry.read("sweep") is None
+    assert jc.current() is None
+    with pytest.raises(UsageError, match="nothing to stop"):
+        run(ip, "stop")
+
+
+def test_two_local_clusters_get_unique_names_and_connect_by_name(ip):
+    a = jc.start(workers=1)
+    b = jc.start(workers=1)
+    assert a.name != b.name and a.address != b.address
+    assert jc.current() is b
+    # Attaching by registry name to a cluster this kernel holds just makes it current.
+    assert run(ip, f"connect {a.name}") is a
+    assert jc.current() is a
+    with pytest.raises(UsageError, match="already exists"):
+        jc_start_line = f"start --workers 1 --name {a.name}"
+        run(ip, jc_start_line)
+    assert a.client.submit(lambda x: x + 1, 1).result() == 2
+    assert b.client.submit(lambda x: x * 3, 2).result() == 6
+
+
+def test_connect_by_address_detaches_without_shutting_down(ip):
+    owner = jc.start(workers=1, name="owner")
+    attached = run(ip, f"connect {owner.address}")
+    assert attached.backend == "address" and attached is not owner
+    assert attached.client.submit(pow, 2, 5).result() == 32
+    with pytest.raises(UsageError, match="attached by address"):
+        run(ip, "scale 3")
+    run(ip, f"stop {attached.name}")
+    # The scheduler we only attached to keeps running.
+    assert owner.client.submit(pow, 3, 2).result() == 9
+
+
+def test_scale_adapt_restart(ip):
+    handle = run(ip, "start --workers 1")
+    run(ip, "scale 2")
+    handle.wait_for_workers(2, timeout=60)
+    assert handle.model()["n_workers"] == 2
+    pid_before = set(handle.client.run(lambda: __import__("os").getpid()).values())
+    run(ip, "restart")
+    pid_after = set(handle.client.run(lambda: __import__("os").getpid()).values())
+    assert pid_before.isdisjoint(pid_after)
+    run(ip, "adapt --minimum 1 --maximum 3")
+    with pytest.raises(UsageError, match="minimum"):
+        run(ip, "adapt --minimum 3 --maximum 1")
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("start --bogus", "unrecognized arguments: --bogus"),
+        ("frobnicate", "invalid choice"),
+        ("scale many", "invalid int value"),
+        ("start --backend nosuch", "unknown backend 'nosuch'"),
+        ("start --name 'bad name'", "not a valid cluster name"),
+        ("connect nothere", "no cluster named 'nothere' is running"),
+        ("stop nothere", "no cluster named 'nothere' is held"),
+        ("start --backend address --workers 2", "does not take --workers"),
+        ("restart", "no cluster is running in this kernel"),
+    ],
+)
+def test_bad_input_is_one_clear_sentence(ip, line, message):
+    with pytest.raises(UsageError, match=message):
+        run(ip, line)
+
+
+def test_unanswering_scheduler_times_out_quickly(ip, monkeypatch):
+    import dask
+
+    # A listening socket that never speaks Dask: connecting must give up, not hang.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        with dask.config.set({"jupyter-cluster.connect-timeout": "2s"}):
+            with pytest.raises(UsageError, match="no scheduler answered .* within 2 s"):
+                run(ip, f"connect tcp://127.0.0.1:{port}")
+    finally:
+        server.close()
+    assert jc.current() is None
+
+
+def test_port_already_taken(ip):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        with pytest.raises(UsageError, match=f"port {port} is already taken"):
+            run(ip, f"start --workers 1 --port {port}")
+    finally:
+        server.close()
+    assert jc.current() is None and not session.handles()
+
+
+def test_kubernetes_backend_without_extra_says_how_to_install(ip, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_dask_kubernetes(name, *args, **kwargs):
+        if name.startswith("dask_kubernetes"):
+            raise ImportError("No module named 'dask_kubernetes'")
+        return real_import(name, *args, **kwargs)
+
+    # Simulates the extra not being installed (it is installed in the test env).
+    monkeypatch.setattr(builtins, "__import__", no_dask_kubernetes)
+    with pytest.raises(UsageError, match=r"pip install 'jupyter-cluster\[kubernetes\]'"):
+        run(ip, "start --backend kubernetes")
+
+
+def test_usage_is_the_docstring(ip):
+    doc = ip.find_line_magic("cluster").__doc__
+    assert "%cluster connect ADDRESS|NAME" in doc and "%cluster adapt" in doc
+
+
+def test_default_backend_comes_from_dask_config():
+    import dask
+
+    with dask.config.set({"jupyter-cluster.backend": "nosuch"}):
+        with pytest.raises(jc.ClusterError, match="unknown backend 'nosuch'"):
+            jc.start()

@@ -1,0 +1,95 @@
+"""%cluster through real Jupyter kernels: a notebook run by nbclient, and kill -9 of a kernel."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import nbformat
+import psutil
+import pytest
+from jupyter_client import KernelManager
+from nbclient import NotebookClient
+
+from jupyter_cluster import registry
+
+from .conftest import wait_for
+
+
+def _notebook(*sources: str) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+def test_cluster_magic_in_a_real_notebook():
+    nb = _notebook(
+        "%load_ext jupyter_cluster",
+        "%cluster start --workers 2 --name nb-cluster",
+        "import jupyter_cluster as jc\n"
+        "h = jc.current()\n"
+        "assert h.name == 'nb-cluster' and h.model()['n_workers'] == 2\n"
+        "assert h.client.submit(sum, [1, 2, 3]).result() == 6",
+        "%cluster list",
+        "%cluster stop",
+        "assert jc.current() is None",
+    )
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    listing = "".join(o.get("text", "") for o in nb.cells[3].outputs)
+    assert "nb-cluster" in listing and "kernel" in listing
+    assert "Stopped cluster 'nb-cluster'" in "".join(o.get("text", "") for o in nb.cells[4].outputs)
+
+
+def _execute(kc, code: str, timeout: float = 120) -> str:
+    """Run ``code`` in the kernel and return its stdout; fail on an error reply."""
+    out: list[str] = []
+
+    def hook(msg):
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append("\n".join(msg["content"]["traceback"]))
+
+    reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+    assert reply["content"]["status"] == "ok", "".join(out)
+    return "".join(out)
+
+
+def test_kill_9_of_the_kernel_leaves_no_worker_and_no_live_record():
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        _execute(kc, "%load_ext jupyter_cluster\n%cluster start --workers 2 --name doomed")
+        out = _execute(
+            kc,
+            "import os, json, jupyter_cluster as jc\n"
+            "print(json.dumps(sorted(jc.current().client.run(os.getpid).values())))",
+        )
+        worker_pids = json.loads(out.strip().splitlines()[-1])
+        assert len(worker_pids) == 2 and all(psutil.pid_exists(p) for p in worker_pids)
+        assert registry.read("doomed") is not None
+
+        kernel_pid = km.provisioner.process.pid
+        os.kill(kernel_pid, signal.SIGKILL)
+
+        def workers_gone():
+            alive = []
+            for pid in worker_pids:
+                try:
+                    if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                        alive.append(pid)
+                except psutil.NoSuchProcess:
+                    pass
+            return not alive
+
+        wait_for(workers_gone, timeout=30, message="worker processes to exit after kill -9 of their kernel")
+        assert registry.read("doomed") is None
+        assert "doomed" not in {r.name for r in registry.live_records()}
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
