@@ -1,13 +1,34 @@
-"""Local clusters: ``distributed.LocalCluster`` with worker processes on loopback."""
+"""Local clusters: ``distributed.LocalCluster`` with worker processes on loopback.
+
+Two variants beyond the plain one:
+
+* ``gpus=True`` (``%cluster start --gpus``): one worker per visible GPU, each
+  pinned to its device with ``CUDA_VISIBLE_DEVICES`` and advertising the Dask
+  resource ``GPU=1`` — through dask-cuda's ``LocalCUDACluster`` when it is
+  installed, else a ``SpecCluster`` of nannies with per-worker environments.
+* ``tls=True`` (``--tls``): Dask's temporary TLS credentials.  With the default
+  ``jupyter-cluster.local.tls: auto`` a scheduler bound to anything but
+  loopback uses TLS.  The credentials are saved (mode 0600) beside the
+  cluster's registry record so other processes of the same user — another
+  kernel's ``%cluster connect NAME``, the Jupyter server's panel — can attach
+  (:func:`saved_security`).
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
+import shutil
+import subprocess
+import weakref
 from typing import Any
 
 from .. import config
 from ..errors import ClusterError
 from . import Backend, StartedCluster
+
+GPU_RESOURCE = "GPU"
 
 
 def _default_workers() -> int:
@@ -17,11 +38,157 @@ def _default_workers() -> int:
         return os.cpu_count() or 1
 
 
+# -- GPUs ----------------------------------------------------------------------
+def _split_devices(value: Any) -> list[str]:
+    if isinstance(value, (list, tuple)):
+        items = [str(v) for v in value]
+    else:
+        items = str(value).split(",")
+    return [d.strip() for d in items if d.strip()]
+
+
+def visible_gpus() -> list[str]:
+    """Device ids of the GPUs this process may use, in order.
+
+    ``jupyter-cluster.local.gpu-devices`` (a list, or "0,1") wins when set — it
+    lets tests and administrators name devices without probing hardware.  Then
+    ``CUDA_VISIBLE_DEVICES`` (which CUDA itself honours; "" or "-1" means none),
+    then ``nvidia-smi``.
+    """
+    configured = config.get("local.gpu-devices")
+    if configured is not None:
+        return _split_devices(configured)
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        devices = _split_devices(env)
+        return [] if devices in ([], ["-1"]) else devices
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return _split_devices(out.stdout.replace("\n", ",")) if out.returncode == 0 else []
+
+
+def select_gpus(gpus: Any) -> list[str]:
+    """The devices ``--gpus`` asks for: all visible ones (True/"all") or a listed subset."""
+    visible = visible_gpus()
+    if not visible:
+        raise ClusterError(
+            "this machine has no visible GPUs (nvidia-smi found none and CUDA_VISIBLE_DEVICES names none), "
+            "so --gpus cannot start GPU workers; leave out --gpus to use CPU workers."
+        )
+    if gpus is True or str(gpus).lower() in ("all", "true"):
+        return visible
+    wanted = _split_devices(gpus)
+    unknown = [d for d in wanted if d not in visible]
+    if unknown or not wanted or len(set(wanted)) != len(wanted):
+        raise ClusterError(
+            f"--gpus {gpus} does not name distinct visible GPUs; the visible ones are {', '.join(visible)}."
+        )
+    return wanted
+
+
+def gpu_worker_specs(devices: list[str], threads: int, memory_limit: Any, host: str, security: Any) -> dict[str, dict]:
+    """``SpecCluster`` worker specs: one nanny per device, pinned and advertising ``GPU=1``.
+
+    The pin is an environment variable of the worker process, so it is in
+    place before anything in the worker can initialise CUDA.
+    """
+    from distributed import Nanny
+
+    specs = {}
+    for device in devices:
+        options: dict[str, Any] = {
+            "nthreads": threads,
+            "memory_limit": memory_limit,
+            "host": host,
+            "env": {"CUDA_VISIBLE_DEVICES": device},
+            "resources": {GPU_RESOURCE: 1},
+            "name": f"gpu-{device}",
+        }
+        if security is not None:
+            options["security"] = security
+        specs[f"gpu-{device}"] = {"cls": Nanny, "options": options}
+    return specs
+
+
+def _cuda_cluster_class():
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError:
+        return None
+    return LocalCUDACluster
+
+
+# -- TLS -------------------------------------------------------------------------
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def wants_tls(tls: Any, host: str) -> bool:
+    """Resolve ``tls`` (True, False or "auto") for a scheduler bound to ``host``."""
+    if isinstance(tls, str):
+        if tls.lower() == "auto":
+            return not _is_loopback(host)
+        return tls.lower() in ("true", "yes", "1")
+    return bool(tls)
+
+
+def _credentials_path(name: str) -> str:
+    from .. import registry
+
+    return os.path.join(registry.registry_dir(), f"{name}.tls")
+
+
+def save_security(name: str, security: Any) -> str:
+    """Write ``security``'s in-memory credentials where :func:`saved_security` finds them (0600)."""
+    path = _credentials_path(name)
+    fields = {k: getattr(security, k) for k in security.__slots__ if k != "extra_conn_args"}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(fields, f)
+    return path
+
+
+def saved_security(name: str):
+    """Credentials of the TLS cluster called ``name`` started on this machine, or None.
+
+    For attaching from another process of the same user (a second kernel, the
+    Jupyter server): the file is readable only by that user.
+    """
+    from distributed.security import Security
+
+    try:
+        with open(_credentials_path(name)) as f:
+            fields = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return Security(**fields)
+
+
+def _forget_security(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+# -- backend -----------------------------------------------------------------------
 class LocalBackend(Backend):
     """One single-threaded worker process per core, bound to 127.0.0.1 by default."""
 
     name = "local"
-    options = ("name", "workers", "threads", "memory_limit", "port", "host", "tls", "processes")
+    options = ("name", "workers", "threads", "memory_limit", "port", "host", "tls", "processes", "gpus")
 
     def start(
         self,
@@ -31,18 +198,29 @@ class LocalBackend(Backend):
         memory_limit: str | int | None = None,
         port: int | None = None,
         host: str | None = None,
-        tls: bool | None = None,
+        tls: bool | str | None = None,
         processes: bool | None = None,
+        gpus: Any = None,
         **options: Any,
     ) -> StartedCluster:
         self.check_options(options)
         from distributed import LocalCluster
 
-        workers = workers if workers is not None else (config.get("local.workers") or _default_workers())
+        devices = select_gpus(gpus) if gpus not in (None, False) else None
+        if devices is not None and workers is not None and workers != len(devices):
+            raise ClusterError(
+                f"--gpus starts one worker per GPU ({len(devices)} here), so it cannot be combined with --workers {workers}; "
+                "pick devices with --gpus 0,1 instead."
+            )
+        if devices is not None and processes is False:
+            raise ClusterError("--gpus needs worker processes (each pinned to its GPU); leave out processes=False.")
+        workers = workers if workers is not None else (
+            len(devices) if devices is not None else (config.get("local.workers") or _default_workers())
+        )
         threads = threads if threads is not None else config.get("local.threads")
         memory_limit = memory_limit if memory_limit is not None else config.get("local.memory-limit")
         host = host or config.get("local.host")
-        tls = config.get("local.tls") if tls is None else tls
+        tls = wants_tls(config.get("local.tls") if tls is None else tls, host)
         if workers < 0 or threads < 1:
             raise ClusterError("--workers must be 0 or more and --threads 1 or more.")
         kwargs: dict[str, Any] = dict(
@@ -63,7 +241,10 @@ class LocalBackend(Backend):
             kwargs["security"] = security
             kwargs["protocol"] = "tls://"
         try:
-            cluster = LocalCluster(**kwargs)
+            if devices is None:
+                cluster = LocalCluster(**kwargs)
+            else:
+                cluster = self._start_gpu_cluster(devices, kwargs, security)
         except OSError as exc:
             if port and ("address already in use" in str(exc).lower() or getattr(exc, "errno", None) == 98):
                 raise ClusterError(
@@ -72,9 +253,41 @@ class LocalBackend(Backend):
             raise ClusterError(f"the local cluster could not start: {exc}.") from exc
         except ValueError as exc:
             raise ClusterError(f"the local cluster could not start: {exc}.") from None
+        if security is not None and name:
+            path = save_security(name, security)
+            weakref.finalize(cluster, _forget_security, path)
         return StartedCluster(
             address=cluster.scheduler_address,
             dashboard_link=cluster.dashboard_link,
             cluster=cluster,
             security=security,
+        )
+
+    @staticmethod
+    def _start_gpu_cluster(devices: list[str], kwargs: dict[str, Any], security: Any):
+        CUDACluster = _cuda_cluster_class()
+        if CUDACluster is not None:
+            # dask-cuda also sets up device memory limits and UCX where present;
+            # it orders CUDA_VISIBLE_DEVICES per worker so each worker's first
+            # device is its own.
+            kwargs = {k: v for k, v in kwargs.items() if k != "processes"}
+            return CUDACluster(CUDA_VISIBLE_DEVICES=",".join(devices), resources={GPU_RESOURCE: 1}, **kwargs)
+        from distributed import Scheduler, SpecCluster
+        from distributed.system import MEMORY_LIMIT
+
+        memory_limit = kwargs["memory_limit"]
+        if memory_limit == "auto":  # as LocalCluster does: split the machine between the workers
+            memory_limit = MEMORY_LIMIT // max(1, len(devices))
+        scheduler_options: dict[str, Any] = {
+            "host": kwargs["host"],
+            "port": kwargs["scheduler_port"],
+            "dashboard_address": kwargs["dashboard_address"],
+        }
+        if security is not None:
+            scheduler_options.update(security=security, protocol="tls://")
+        return SpecCluster(
+            scheduler={"cls": Scheduler, "options": scheduler_options},
+            workers=gpu_worker_specs(devices, kwargs["threads_per_worker"], memory_limit, kwargs["host"], security),
+            security=security,
+            name=kwargs["name"],
         )

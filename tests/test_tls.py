@@ -1,0 +1,155 @@
+"""TLS clusters (``%cluster start --tls``): outsiders are refused, we keep working.
+
+One TLS cluster for the module.  Clients without its credentials (none, plain
+TCP, someone else's certificate) cannot get in; the owning kernel, another
+process of the same user attaching by name, the map engine, ``Pool`` and
+telemetry all work over it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+import jupyter_cluster as jc
+from jupyter_cluster.backends import local
+
+
+@pytest.fixture(scope="module")
+def tls_cluster():
+    handle = jc.start(workers=2, threads=1, tls=True, name="tls-test")
+    yield handle
+    if not handle.closed:
+        handle.close()
+
+
+def test_tls_cluster_works_for_its_owner(tls_cluster):
+    assert tls_cluster.address.startswith("tls://127.0.0.1:")
+    assert tls_cluster.security is not None and tls_cluster.security.require_encryption
+    assert tls_cluster.client.submit(sum, [1, 2, 3]).result() == 6
+    assert tls_cluster.model()["n_workers"] == 2
+
+
+async def _identity(address, security):
+    import asyncio
+
+    from distributed.comm import connect
+
+    args = security.get_connection_args("client") if security is not None else {}
+    comm = await connect(address, timeout=2, **args)
+    try:
+        await comm.write({"op": "identity"})
+        return await asyncio.wait_for(comm.read(), 2)
+    finally:
+        comm.abort()
+
+
+def _refused(address, security=None) -> bool:
+    """Whether the scheduler at ``address`` refuses a client holding ``security``."""
+    import asyncio
+
+    try:
+        reply = asyncio.run(_identity(address, security))
+    except (OSError, TimeoutError, asyncio.TimeoutError, TypeError):
+        # OSError covers failed handshakes and closed comms; TypeError is a
+        # client with no TLS settings at all, which cannot even try.
+        return True
+    assert reply.get("type") == "Scheduler"
+    return False
+
+
+def test_clients_without_the_credentials_are_refused(tls_cluster):
+    from distributed.security import Security
+
+    t0 = time.monotonic()
+    assert not _refused(tls_cluster.address, tls_cluster.security)  # the real credentials get in
+    assert _refused(tls_cluster.address)  # no TLS settings at all
+    assert _refused(tls_cluster.address.replace("tls://", "tcp://"))  # plain TCP
+    # Trusting the cluster's CA but presenting no certificate of our own: Dask requires mutual TLS.
+    assert _refused(tls_cluster.address, Security(tls_ca_file=tls_cluster.security.tls_ca_file, require_encryption=True))
+    assert _refused(tls_cluster.address, Security.temporary())  # a certificate the cluster does not trust
+    assert time.monotonic() - t0 < 30
+    # And through the notebook API: one sentence, no traceback.
+    with pytest.raises(jc.ClusterError, match="did not answer|no scheduler answered"):
+        jc.connect(tls_cluster.address.replace("tls://", "tcp://"))
+
+
+def test_credentials_are_private_and_let_the_same_user_attach(tls_cluster, tmp_path):
+    path = local._credentials_path(tls_cluster.name)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    # Another process (another kernel, the Jupyter server) attaches by name.
+    code = (
+        "import jupyter_cluster as jc\n"
+        f"h = jc.connect({tls_cluster.name!r})\n"
+        "print('RESULT', h.client.submit(pow, 2, 10).result(), h.address.split(':')[0])\n"
+        "h.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, env=os.environ.copy())
+    assert "RESULT 1024 tls" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_tls_default_follows_the_bind_address():
+    assert local.wants_tls("auto", "127.0.0.1") is False
+    assert local.wants_tls("auto", "localhost") is False
+    assert local.wants_tls("auto", "10.123.0.1") is True
+    assert local.wants_tls("auto", "0.0.0.0") is True
+    assert local.wants_tls(False, "10.123.0.1") is False
+    assert local.wants_tls(True, "127.0.0.1") is True
+
+
+def _square(x):
+    return x * x
+
+
+def test_map_engine_pool_and_telemetry_over_tls(tls_cluster):
+    """The front ends other modules provide keep working over TLS."""
+    jc.session.connect(tls_cluster.name)  # make it current
+    try:
+        from jupyter_cluster import mapping
+    except ImportError:
+        pytest.skip("jupyter_cluster.mapping is not built yet")
+    assert mapping.map(_square, range(20), client=tls_cluster.client, progress=False) == [i * i for i in range(20)]
+
+    try:
+        from jupyter_cluster.pool import Pool
+    except ImportError:
+        Pool = None
+    if Pool is not None:
+        with Pool() as pool:
+            assert pool.map(_square, range(10)) == [i * i for i in range(10)]
+
+    try:
+        from jupyter_cluster import events
+    except ImportError:
+        events = None
+    if events is not None and hasattr(events, "report"):
+        received = []
+        client = tls_cluster.client
+        topic = events.topic_name("tls-check")
+        client.subscribe_topic(topic, lambda event: received.append(event))
+
+        def work(i):
+            from jupyter_cluster import report
+
+            report(step=i, topic="tls-check", value=float(i))
+            return i
+
+        assert mapping.map(work, range(5), client=client, progress=False) == list(range(5))
+        deadline = time.monotonic() + 20
+        while len(received) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client.unsubscribe_topic(topic)
+        assert len(received) >= 5, received
+
+
+def test_parallel_cell_over_tls(ip, tls_cluster):
+    if "parallel" not in ip.magics_manager.magics["cell"]:
+        pytest.skip("%%parallel is not built yet")
+    jc.session.connect(tls_cluster.name)
+    ip.run_cell_magic("parallel", "x in range(6) --out tls_squares", "x * x\n")
+    assert ip.user_ns["tls_squares"] == [x * x for x in range(6)]
