@@ -1,0 +1,839 @@
+"""The one map engine: ``%%parallel``, ``Pool`` and :func:`map` are front ends to it.
+
+How work flows
+--------------
+Items are read lazily from the input and grouped into *chunks*; one chunk is
+one Dask task (``client.submit(run_chunk, ...)``, ``pure=False``), so Dask's
+per-task cost (a few ms) is paid per chunk, not per item.  At most
+``4 × threads + 4`` chunks are in flight, so a generator of 10^6 items never
+becomes 10^6 futures, and every worker always has a next task queued.
+
+``chunksize="auto"`` sizes chunks from measured item durations: the first
+chunks are small probes (one item per thread, then 2, 4, 8 … items), then chunks aim at
+:data:`TARGET_TASK_SECONDS` of work, but never more than the remaining work
+divided by ``2 × threads`` once the end of the input is known (guided
+self-scheduling), so the tail is balanced, and never less than
+:data:`MIN_TASK_SECONDS` of work.  The end of a generator is known early
+because the engine reads a bounded distance ahead of what it has submitted.
+
+The function (or the cell) is pickled once per map and cached per worker
+process; values of 1 MB or more are scattered once per worker
+(``broadcast=True``) and reach every chunk as Dask dependencies.
+
+Resilience
+----------
+A worker that dies mid-map (SIGKILL, memory limit) costs nothing but time:
+Dask re-runs its chunks elsewhere and every chunk's result arrives exactly
+once.  A chunk that keeps killing workers ends with Dask's ``KilledWorker``;
+its items are then re-run one at a time (never two suspects at once) and the
+item that still kills its worker fails with
+:class:`~jupyter_cluster.errors.WorkerLostError` naming it.  A scheduler that
+goes away raises :class:`~jupyter_cluster.errors.ClusterError` within
+seconds.  ``KeyboardInterrupt`` while waiting cancels outstanding work
+(workers stop between items) and keeps the results computed so far in the
+:class:`MapJob` (``job.results``), also reachable as :func:`last_job`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import reprlib
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Any, Callable, Iterable, Iterator
+
+import cloudpickle
+
+from . import cellfunc
+from .capture import LARGE_VALUE_BYTES
+from .errors import ClusterError, WorkerLostError
+
+logger = logging.getLogger(__name__)
+
+#: Work per chunk the auto chunker aims for, in seconds.
+TARGET_TASK_SECONDS = 0.2
+#: Smallest work per chunk once item durations are known (tail chunks), in seconds.
+MIN_TASK_SECONDS = 0.01
+#: Largest number of items in one chunk.
+MAX_CHUNK_ITEMS = 10_000
+#: How long the client may be disconnected from the scheduler before a map fails.
+DISCONNECT_GRACE_SECONDS = 2.0
+#: Observers hear about progress at most this often, in seconds.
+PROGRESS_INTERVAL = 0.1
+
+_observer_factories: list[Callable] = []
+_last_job: "MapJob | None" = None
+
+
+def add_observer_factory(factory: Callable) -> None:
+    """Register ``factory(job, progress) -> observer | None``, called for every new map.
+
+    The observer may define ``job_started(job)``, ``job_progress(job)`` (called
+    at most every :data:`PROGRESS_INTERVAL` seconds) and ``job_finished(job)``.
+    ``progress`` is the user's ``progress`` argument (None = automatic).
+    """
+    if factory not in _observer_factories:
+        _observer_factories.append(factory)
+
+
+def remove_observer_factory(factory: Callable) -> None:
+    """Undo :func:`add_observer_factory`."""
+    if factory in _observer_factories:
+        _observer_factories.remove(factory)
+
+
+def last_job() -> "MapJob | None":
+    """The most recently started map in this process (keeps its results after an interrupt)."""
+    return _last_job
+
+
+class RemoteItemError(Exception):
+    """Stands for an exception raised on a worker that could not be sent back as itself."""
+
+
+_abbrev = reprlib.Repr()
+_abbrev.maxstring = 60
+_abbrev.maxother = 60
+_abbrev.maxlist = _abbrev.maxtuple = _abbrev.maxdict = _abbrev.maxset = 6
+
+
+def abbreviate(value: Any) -> str:
+    """A short repr of an item for messages."""
+    try:
+        return _abbrev.repr(value)
+    except Exception:
+        return f"<{type(value).__qualname__}>"
+
+
+class _Chunk:
+    __slots__ = ("start", "items", "suspect", "resubmits", "pin")
+
+    def __init__(self, start: int, items: list, suspect: bool = False, pin: str | None = None):
+        self.start = start
+        self.items = items
+        self.suspect = suspect
+        self.resubmits = 0
+        self.pin = pin
+
+
+def _resolve_client(client: Any):
+    """A ``distributed.Client`` from a Client, a ClusterHandle or the current cluster."""
+    if client is None:
+        from . import session
+
+        handle = session.current(start_default=True, announce=print)
+        return handle.client, handle.name
+    if hasattr(client, "client") and hasattr(client, "address"):  # ClusterHandle
+        return client.client, client.name
+    return client, getattr(client, "scheduler", None) and str(client.scheduler.address)
+
+
+def _total_threads(client) -> int:
+    ident = getattr(client, "_scheduler_identity", None) or {}
+    n = ident.get("total_threads")
+    if not n:
+        try:
+            n = sum(client.nthreads().values())
+        except Exception:
+            n = 0
+    return max(int(n or 0), 1)
+
+
+class MapJob:
+    """One map over a cluster: a lazy iterator over results plus its live record.
+
+    Iterate it to get results (input order, or completion order when
+    ``ordered=False``); work advances while you iterate.  Created by
+    :func:`imap` and :func:`map`.
+
+    Attributes
+    ----------
+    id : str
+        Unique id (also in the Dask task keys and the progress events).
+    label : str
+        What the map is called in progress displays.
+    total : int or None
+        Number of items, None while the input's length is unknown.
+    done, failed : int
+        Items finished successfully / with an error so far.
+    started : float
+        ``time.time()`` when the map started.
+    finished : bool
+        True once every item has a result, or the map failed or was cancelled.
+    state : str
+        ``"running"``, ``"finished"``, ``"failed"`` or ``"cancelled"``.
+    results : dict
+        Input index -> result for every result received so far (with
+        ``retain=False``, only those not yet yielded).  After an interrupt the
+        finished items' results stay here.
+    outputs : dict
+        Input index -> text the item printed.
+    errors : dict
+        Input index -> exception, for items that failed.
+    tracebacks : dict
+        Input index -> ``(text, frames)`` of the remote traceback (frames:
+        a ``tblib`` dict, or None).
+    failed_items : dict
+        Input index -> ``(item, worker address)`` for failed items.
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        iterables: tuple,
+        *,
+        chunksize: int | str = "auto",
+        ordered: bool = True,
+        retries: int = 0,
+        timeout: float | None = None,
+        errors: str = "raise",
+        resources: dict | None = None,
+        progress: Any = None,
+        client: Any = None,
+        label: str | None = None,
+        shared: dict | None = None,
+        retain: bool = True,
+        capture_output: bool = True,
+        on_output: Callable[[int, str, bool], None] | None = None,
+        pin_workers: list[str] | None = None,
+    ):
+        global _last_job
+        if errors not in ("raise", "collect"):
+            raise ValueError(f"errors must be 'raise' or 'collect', not {errors!r}.")
+        if chunksize != "auto" and (not isinstance(chunksize, int) or chunksize < 1):
+            raise ValueError(f"chunksize must be a positive integer or 'auto', not {chunksize!r}.")
+        if retries < 0:
+            raise ValueError("retries must be 0 or more.")
+        if timeout is not None and timeout <= 0:
+            raise ValueError("timeout must be a positive number of seconds.")
+        if not iterables:
+            raise TypeError("map() needs at least one iterable.")
+        self.client, self.cluster = _resolve_client(client)
+        self.id = uuid.uuid4().hex[:12]
+        self.label = label or getattr(fn, "__name__", None) or type(fn).__name__
+        self.fn = fn
+        self.chunksize = chunksize
+        self.ordered = ordered
+        self.retries = retries
+        self.timeout = timeout
+        self.errors_mode = errors
+        self.resources = dict(resources) if resources else None
+        self.progress = progress
+        self.retain = retain
+        self.on_output = on_output
+        self.options = {"retries": retries, "timeout": timeout, "capture": capture_output}
+
+        self.total = _known_length(iterables)
+        self.done = 0
+        self.failed = 0
+        self.started = time.time()
+        self.finished = False
+        self.state = "running"
+        self.results: dict[int, Any] = {}
+        self.outputs: dict[int, str] = {}
+        self.errors: dict[int, BaseException] = {}
+        self.tracebacks: dict[int, tuple] = {}
+        self.failed_items: dict[int, tuple] = {}  # index -> (item, worker address or None)
+        self.workers_used: dict[str, int] = {}
+        self.chunks_submitted = 0
+        self.chunk_log: list[tuple] = []  # (first index, items, worker, start time, busy seconds)
+        self.peak_in_flight = 0
+        self.items_read = 0
+        self.ended: float | None = None
+
+        self._star = len(iterables) > 1
+        self._source: Iterator = iter(iterables[0]) if len(iterables) == 1 else zip(*iterables)
+        self._pin = list(pin_workers) if pin_workers else None
+        self._buffer: deque = deque()
+        self._exhausted = False
+        self._next_index = 0  # index of the first buffered (unsubmitted) item
+        self._inflight: dict[Any, _Chunk] = {}
+        self._suspects: deque[_Chunk] = deque()
+        self._suspect_running = False
+        self._resubmit: deque[_Chunk] = deque()
+        self._durations: list[tuple[int, list]] = []
+        self._time_sum = 0.0
+        self._time_n = 0
+        self._probes = 0
+        self._order: deque[int] = deque()  # completion order (unordered iteration / list)
+        self._completion: list[int] = []
+        self._yield_next = 0
+        self._cancelled_by_us: set = set()
+        self._disconnected_since: float | None = None
+        self._last_progress = 0.0
+        self._threads = _total_threads(self.client)
+        self._threads_checked = time.monotonic()
+
+        from distributed import as_completed
+
+        self._ac = as_completed(with_results=True, raise_errors=False, loop=self.client.loop)
+        if self.resources:
+            self._check_resources()
+        self._token = self.id
+        self._shared_values = dict(shared or {})
+        self._blob: bytes | None = cloudpickle.dumps(fn)
+        if len(self._blob) >= LARGE_VALUE_BYTES:
+            self._shared_values["__fn__"] = fn
+            self._blob = None
+        self._shared: dict[str, Any] | None = None
+        self._scatter()
+        self._observers = []
+        for factory in list(_observer_factories):
+            try:
+                obs = factory(self, progress)
+            except Exception:  # a broken display must never break a map
+                logger.exception("jupyter_cluster: progress observer factory failed")
+                continue
+            if obs is not None:
+                self._observers.append(obs)
+        _last_job = self
+        self._notify("job_started")
+
+    # -- public --------------------------------------------------------------------
+    def __repr__(self) -> str:
+        total = "?" if self.total is None else self.total
+        return f"<MapJob {self.label!r} {self.state}: {self.done}/{total} done, {self.failed} failed, {self.elapsed:.2f} s>"
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the map started (until it ended)."""
+        return (self.ended or time.time()) - self.started
+
+    @property
+    def in_flight(self) -> int:
+        """Chunks submitted and not yet returned."""
+        return len(self._inflight)
+
+    @property
+    def max_in_flight(self) -> int:
+        """The bound on chunks in flight (``4 × threads + 4``)."""
+        return 4 * self._threads + 4
+
+    @property
+    def durations(self) -> dict[int, float]:
+        """Input index -> seconds the item took on its worker."""
+        out: dict[int, float] = {}
+        for start, ds in self._durations:
+            out.update(zip(range(start, start + len(ds)), ds))
+        return out
+
+    def result_list(self) -> list:
+        """All results as a list: input order, or completion order for ``ordered=False``."""
+        if not self.ordered:
+            return [self.results[i] for i in self._completion]
+        n = self.total if self.total is not None else len(self.results)
+        return [self.results[i] for i in range(n)]
+
+    def cancel(self) -> None:
+        """Stop the map: outstanding chunks are cancelled; results so far stay in ``results``."""
+        if not self.finished:
+            self._stop("cancelled")
+
+    close = cancel
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while True:
+            if self.ordered:
+                i = self._yield_next
+                if i in self.results:
+                    self._yield_next += 1
+                    return self.results[i] if self.retain else self.results.pop(i)
+                if self.total is not None and i >= self.total and self._exhausted_all():
+                    raise StopIteration
+            else:
+                if self._order:
+                    i = self._order.popleft()
+                    return self.results[i] if self.retain else self.results.pop(i)
+            if self.finished:
+                raise StopIteration
+            self._step()
+
+    def run(self) -> "MapJob":
+        """Drive the map to its end without yielding (what :func:`map` does)."""
+        while not self.finished:
+            self._step()
+        return self
+
+    # -- driving ---------------------------------------------------------------------
+    def _exhausted_all(self) -> bool:
+        return self._exhausted and not self._buffer and not self._inflight and not self._suspects and not self._resubmit
+
+    def _step(self) -> None:
+        """Submit what may be submitted, then wait for and handle one batch of results."""
+        try:
+            self._fill()
+            if not self._inflight:
+                self._finish()
+                return
+            for fut, result in self._wait_batch():
+                self._handle(fut, result)
+            self._maybe_progress()
+        except KeyboardInterrupt:
+            self._stop("cancelled")
+            raise
+        except BaseException:
+            if not self.finished:
+                self._stop("failed")
+            raise
+
+    def _refresh_threads(self) -> None:
+        now = time.monotonic()
+        if now - self._threads_checked > 2.0:
+            self._threads_checked = now
+            self._threads = _total_threads(self.client)
+
+    def _fill(self) -> None:
+        self._refresh_threads()
+        limit = self.max_in_flight
+        while len(self._inflight) < limit:
+            if self._resubmit:
+                self._submit(self._resubmit.popleft())
+                continue
+            if self._suspects:
+                if self._suspect_running:
+                    pass
+                else:
+                    self._suspect_running = True
+                    self._submit(self._suspects.popleft())
+                    continue
+            if self._pin is not None:
+                if self._next_index >= len(self._pin):
+                    self._exhausted = True
+                    return
+                i = self._next_index
+                self._next_index += 1
+                self.items_read += 1
+                self._submit(_Chunk(i, [self._pin[i]], pin=self._pin[i]))
+                continue
+            size = self._next_size()
+            items = self._take(size)
+            if not items:
+                return
+            self._submit(_Chunk(self._next_index - len(items), items))
+
+    def _remaining(self) -> int | None:
+        if self.total is not None:
+            return self.total - self._next_index
+        if self._exhausted:
+            return len(self._buffer)
+        return None
+
+    def _next_size(self) -> int:
+        if self.chunksize != "auto":
+            return self.chunksize
+        w = self._threads
+        remaining = self._remaining()
+        if self._time_n == 0:
+            # Probes: one item per thread, then doubling, so workers have work
+            # queued while the first measurements travel back.
+            size = 1 << min(max(self._probes - w + 1, 0), 5)
+            self._probes += 1
+            if remaining is not None:
+                size = min(size, max(math.ceil(remaining / (2 * w)), 1))
+        else:
+            per_item = max(self._time_sum / self._time_n, 1e-7)
+            size = TARGET_TASK_SECONDS / per_item
+            floor = math.ceil(MIN_TASK_SECONDS / per_item)
+            if remaining is not None:
+                size = min(size, max(math.ceil(remaining / (2 * w)), floor))
+        if remaining is not None:
+            size = min(size, remaining)
+        return int(max(1, min(size, MAX_CHUNK_ITEMS)))
+
+    def _take(self, size: int) -> list:
+        # Read ahead of what is submitted, so the end of a generator is seen
+        # while there is still time to shrink chunks for a balanced tail.
+        want = size * (2 * self._threads + 1) if self.chunksize == "auto" else size
+        src = self._source
+        buf = self._buffer
+        while not self._exhausted and len(buf) < want:
+            try:
+                buf.append(next(src))
+            except StopIteration:
+                self._exhausted = True
+                if self.total is None:
+                    self.total = self._next_index + len(buf)
+        n = min(size, len(buf))
+        items = [buf.popleft() for _ in range(n)]
+        self._next_index += n
+        self.items_read = self._next_index + len(buf)
+        return items
+
+    def _scatter(self) -> None:
+        if not self._shared_values:
+            self._shared = None
+            return
+        names = list(self._shared_values)
+        try:
+            futures = self.client.scatter([self._shared_values[n] for n in names], broadcast=True, hash=False)
+        except Exception as exc:
+            raise ClusterError(f"sending the large values {', '.join(names)} to the workers failed: {exc}.") from exc
+        self._shared = dict(zip(names, futures))
+
+    def _shared_lost(self) -> bool:
+        return bool(self._shared) and any(f.status != "finished" for f in self._shared.values())
+
+    def _submit(self, chunk: _Chunk) -> None:
+        if self._shared_lost():
+            self._scatter()
+        kwargs: dict[str, Any] = {"pure": False, "key": f"jc-{self.id}-{self.chunks_submitted}"}
+        if self.resources:
+            kwargs["resources"] = self.resources
+        if chunk.pin is not None:
+            kwargs["workers"] = [chunk.pin]
+            kwargs["allow_other_workers"] = False
+        fut = self.client.submit(
+            cellfunc.run_chunk, self._token, self._blob, self._shared, chunk.items, self._star, self.options, **kwargs
+        )
+        self.chunks_submitted += 1
+        self._inflight[fut] = chunk
+        self._ac.add(fut)
+        if len(self._inflight) > self.peak_in_flight:
+            self.peak_in_flight = len(self._inflight)
+
+    def _wait_batch(self) -> list:
+        ac = self._ac
+        cond = ac.thread_condition
+        last_pin_check = time.monotonic()
+        with cond:
+            while ac.queue.empty():
+                cond.wait(0.2)
+                self._check_connection()
+                if self._pin is not None and time.monotonic() - last_pin_check > 1.0:
+                    last_pin_check = time.monotonic()
+                    self._check_pinned_workers()
+        batch = []
+        while not ac.queue.empty():
+            batch.append(ac.queue.get_nowait())
+        return batch
+
+    def _check_connection(self) -> None:
+        status = getattr(self.client, "status", "running")
+        if status == "running":
+            self._disconnected_since = None
+            return
+        now = time.monotonic()
+        if self._disconnected_since is None:
+            self._disconnected_since = now
+        elif now - self._disconnected_since > DISCONNECT_GRACE_SECONDS or status in ("closed", "closing"):
+            raise self._lost_scheduler()
+
+    def _lost_scheduler(self) -> ClusterError:
+        address = getattr(getattr(self.client, "scheduler", None), "address", "?")
+        return ClusterError(
+            f"the scheduler at {address} stopped answering while {self.done} of "
+            f"{self.total if self.total is not None else '?'} items were done; their results are in "
+            "jupyter_cluster.last_job().results. Start or reconnect a cluster (%cluster start / %cluster connect) and run the map again."
+        )
+
+    def _check_pinned_workers(self) -> None:
+        try:
+            alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        except Exception:
+            return
+        for fut, chunk in list(self._inflight.items()):
+            if chunk.pin not in alive:
+                self._inflight.pop(fut)
+                self._cancelled_by_us.add(fut.key)
+                fut.cancel()
+                err = WorkerLostError(f"worker {chunk.pin} left the cluster before the cell ran there.")
+                self._record_failure(chunk.start, err)
+
+    # -- results -------------------------------------------------------------------------
+    def _handle(self, fut, result) -> None:
+        chunk = self._inflight.pop(fut, None)
+        if chunk is None:  # cancelled by us, or already handled
+            return
+        if chunk.suspect:
+            self._suspect_running = False
+        status = fut.status
+        if status == "finished":
+            self._record(chunk, result)
+        elif status == "error":
+            exc = result[1] if isinstance(result, tuple) else result
+            self._task_error(chunk, exc)
+        else:  # cancelled without us asking
+            if getattr(self.client, "status", "running") != "running":
+                raise self._lost_scheduler()
+            chunk.resubmits += 1
+            if chunk.resubmits > 3:
+                raise ClusterError(
+                    f"the cluster cancelled the chunk with items {chunk.start}..{chunk.start + len(chunk.items) - 1} {chunk.resubmits} times; check the workers' logs."
+                )
+            self._resubmit.append(chunk)
+
+    def _task_error(self, chunk: _Chunk, exc: BaseException) -> None:
+        from distributed.scheduler import KilledWorker
+
+        if isinstance(exc, KilledWorker):
+            if len(chunk.items) > 1:
+                # Isolate the item that kills workers: re-run every item of the
+                # chunk alone, one suspect at a time.
+                for k, item in enumerate(chunk.items):
+                    self._suspects.append(_Chunk(chunk.start + k, [item], suspect=True, pin=chunk.pin))
+                return
+            attempts = getattr(exc, "allowed_failures", 0) + 1
+            err = WorkerLostError(
+                f"item {chunk.start} ({abbreviate(chunk.items[0])}) killed {attempts} worker processes that ran it "
+                "(it crashed its process or ran out of memory), so it was not tried again; the cluster is still usable."
+            )
+            self.failed_items[chunk.start] = (chunk.items[0], None)
+            self._record_failure(chunk.start, err)
+            return
+        # A failure of the task itself (not of an item): arguments or result
+        # that could not be (de)serialised, and the like.
+        last = chunk.start + len(chunk.items) - 1
+        span = f"item {chunk.start}" if last == chunk.start else f"items {chunk.start}..{last}"
+        _add_note(exc, f"jupyter_cluster: the task running {span} failed as a whole.")
+        for k in range(len(chunk.items)):
+            self._record_failure(chunk.start + k, exc)
+
+    def _record(self, chunk: _Chunk, result: tuple) -> None:
+        values, durations, outputs, errors, worker, t_start = result
+        n = len(values)
+        self.chunk_log.append((chunk.start, n, worker, t_start, sum(durations)))
+        start = chunk.start
+        if n < len(chunk.items):  # the worker stopped early; run the rest again
+            rest = _Chunk(start + n, chunk.items[n:], suspect=chunk.suspect, pin=chunk.pin)
+            self._resubmit.append(rest)
+        if worker:
+            self.workers_used[worker] = self.workers_used.get(worker, 0) + n
+        self._durations.append((start, durations))
+        self._time_sum += sum(durations)
+        self._time_n += n
+        idx = range(start, start + n)
+        self.results.update(zip(idx, values))
+        self._completion.extend(idx)
+        if not self.ordered:
+            self._order.extend(idx)
+        if outputs:
+            for pos, text in outputs.items():
+                self.outputs[start + pos] = text
+        n_failed = len(errors) if errors else 0
+        self.done += n - n_failed
+        if outputs and self.on_output is not None:
+            for pos in sorted(outputs):
+                if not errors or pos not in errors:
+                    self._call_output(start + pos, outputs[pos], False)
+        if errors:
+            for pos in sorted(errors):
+                self._item_failed(start + pos, chunk.items[pos], errors[pos], worker, outputs)
+                if self.finished:
+                    return
+
+    def _call_output(self, index: int, text: str, failed: bool) -> None:
+        try:
+            self.on_output(index, text, failed)
+        except Exception:
+            logger.exception("jupyter_cluster: output callback failed")
+
+    def _item_failed(self, index: int, item: Any, info: tuple, worker: str | None, outputs: dict | None) -> None:
+        exc, tname, msg, text, frames = info
+        if exc is None:
+            exc = RemoteItemError(f"{tname}: {msg}")
+        where = f" on worker {worker}" if worker else ""
+        _add_note(exc, f"jupyter_cluster: item {index} ({abbreviate(item)}) failed{where}.\nRemote traceback:\n{text.rstrip()}")
+        self.tracebacks[index] = (text, frames)
+        self.failed_items[index] = (item, worker)
+        self._record_failure(index, exc, in_results=True)
+
+    def _record_failure(self, index: int, exc: BaseException, in_results: bool = False) -> None:
+        """Count a failed item; with errors="raise" stop the map and raise ``exc``."""
+        self.results[index] = exc
+        if not in_results:
+            self._completion.append(index)
+            if not self.ordered:
+                self._order.append(index)
+        self.failed += 1
+        self.errors[index] = exc
+        if self.on_output is not None:
+            self._call_output(index, self.outputs.get(index, ""), True)
+        if self.errors_mode == "raise":
+            self._stop("failed")
+            raise exc
+
+    def _check_resources(self) -> None:
+        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        need = self.resources or {}
+        if not any(all(w.get("resources", {}).get(k, 0) >= v for k, v in need.items()) for w in workers.values()):
+            wanted = ",".join(f"{k}={v}" for k, v in need.items())
+            raise ClusterError(
+                f"no worker of this cluster has the resources {wanted}; start workers that have them "
+                f"(e.g. `dask worker ADDRESS --resources {wanted}`) or drop --resources."
+            )
+
+    # -- ending ------------------------------------------------------------------------------
+    def _cancel_outstanding(self) -> None:
+        futures = list(self._inflight)
+        self._inflight.clear()
+        self._suspects.clear()
+        self._resubmit.clear()
+        if futures and getattr(self.client, "status", None) == "running":
+            try:
+                self.client.cancel(futures, reason="jupyter-cluster map stopped")
+            except TypeError:  # older distributed without reason=
+                self.client.cancel(futures)
+            except Exception:
+                logger.debug("cancelling futures failed", exc_info=True)
+        self._release_shared()
+
+    def _release_shared(self) -> None:
+        if self._shared:
+            for f in self._shared.values():
+                try:
+                    f.release()
+                except Exception:
+                    pass
+            self._shared = None
+
+    def _stop(self, state: str) -> None:
+        if self.finished:
+            return
+        self._cancel_outstanding()
+        self._end(state)
+
+    def _finish(self) -> None:
+        self._release_shared()
+        if self.total is None:
+            self.total = self._next_index
+        self._end("finished")
+
+    def _end(self, state: str) -> None:
+        self.finished = True
+        self.state = state
+        self.ended = time.time()
+        self._notify("job_progress")
+        self._notify("job_finished")
+
+    def _maybe_progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_progress >= PROGRESS_INTERVAL:
+            self._last_progress = now
+            self._notify("job_progress")
+
+    def _notify(self, method: str) -> None:
+        for obs in self._observers:
+            fn = getattr(obs, method, None)
+            if fn is None:
+                continue
+            try:
+                fn(self)
+            except Exception:
+                logger.exception("jupyter_cluster: progress observer %s failed", method)
+
+    def __del__(self):
+        # An abandoned lazy iterator must not leave work running on the cluster.
+        try:
+            if not self.finished and self._inflight:
+                self._cancel_outstanding()
+        except Exception:
+            pass
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+
+
+def _known_length(iterables: tuple) -> int | None:
+    lengths = []
+    for it in iterables:
+        try:
+            lengths.append(len(it))
+        except TypeError:
+            return None
+    return min(lengths) if lengths else None
+
+
+def imap(fn: Callable, *iterables: Iterable, **options: Any) -> MapJob:
+    """Map ``fn`` over ``iterables`` on the cluster, lazily.
+
+    Parameters
+    ----------
+    fn : callable
+        Called as ``fn(item)`` (or ``fn(*items)`` with several iterables, like
+        the builtin ``map``) on the workers.
+    *iterables : iterable
+        Inputs; read lazily with a bounded distance ahead of the results.
+    chunksize : int or "auto"
+        Items per Dask task; "auto" adapts to measured item durations.
+    ordered : bool
+        Yield in input order (True) or in completion order (False).
+    retries : int
+        Re-run an item that raised up to this many times (on the same worker).
+    timeout : float, optional
+        Seconds an item may run; a slower item fails with ``TimeoutError``.
+    errors : {"raise", "collect"}
+        Raise the first failure (cancelling the rest), or put exception
+        objects in place of results.
+    resources : dict, optional
+        Dask worker resources each chunk needs, e.g. ``{"GPU": 1}``.
+    progress : bool, optional
+        Show progress (None: automatic); passed to the observer factories.
+    client : distributed.Client or ClusterHandle, optional
+        Where to run; default: the current cluster (started if there is none).
+    label : str, optional
+        Name shown in progress displays.
+    retain : bool
+        Keep yielded results in ``job.results`` (default False for imap).
+
+    Returns
+    -------
+    MapJob
+
+    Examples
+    --------
+    >>> import jupyter_cluster as jc
+    >>> for y in jc.imap(abs, [-1, -2, 3]):  # doctest: +SKIP
+    ...     print(y)
+    1
+    2
+    3
+    """
+    options.setdefault("retain", False)
+    return MapJob(fn, iterables, **options)
+
+
+def map(fn: Callable, *iterables: Iterable, **options: Any) -> list:
+    """Map ``fn`` over ``iterables`` on the cluster and return the list of results.
+
+    Same options as :func:`imap`.  Results come in input order (completion
+    order with ``ordered=False``).  On ``KeyboardInterrupt`` the results
+    finished so far stay in :func:`last_job` ``().results``.
+
+    Examples
+    --------
+    >>> import jupyter_cluster as jc
+    >>> jc.map(lambda x: x * x, range(5))  # doctest: +SKIP
+    [0, 1, 4, 9, 16]
+    """
+    options.setdefault("retain", True)
+    job = MapJob(fn, iterables, **options)
+    job.run()
+    return job.result_list()
+
+
+def run_on_workers(fn: Callable, **options: Any) -> MapJob:
+    """Run ``fn(worker_address)`` once on every worker connected now; returns the finished job.
+
+    ``job.results`` maps the position in ``job.pinned`` (the worker addresses) to
+    the result.
+    """
+    client, _ = _resolve_client(options.get("client"))
+    options["client"] = client
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    if not workers:
+        raise ClusterError("the cluster has no workers yet; wait for them or scale it up (%cluster scale N).")
+    options.setdefault("retain", True)
+    options["chunksize"] = 1
+    job = MapJob(fn, (workers,), pin_workers=workers, **options)
+    job.pinned = workers
+    job.run()
+    return job

@@ -1,0 +1,378 @@
+"""``%%parallel``: run a notebook cell once per item of an iterable on the cluster.
+
+::
+
+    %%parallel seed in range(1000) --out rewards
+    env = make_env(seed)
+    run_episode(env, policy)        # the last expression's value is the item's result
+
+The magic only translates: it parses the header and options, finds the cell's
+free names (:mod:`~jupyter_cluster.capture`), builds a
+:class:`~jupyter_cluster.cellfunc.CellFunction` and hands it to the one map
+engine (:mod:`~jupyter_cluster.mapping`).  Results land in ``--out NAME``
+(default ``_parallel``) in input order; the run's record (results, outputs,
+errors, timings) is stored as ``_parallel_job``.  Nothing else in the notebook
+namespace changes: names assigned in the cell stay on the worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+
+from . import capture, mapping, session
+from .cellfunc import CellFunction
+from .errors import CellError, ClusterError, SerializationError
+
+DEFAULT_OUT = "_parallel"
+JOB_NAME = "_parallel_job"
+#: How many items' printed output is shown under the cell (failing items' always are).
+SHOW_OUTPUTS = 5
+
+PARALLEL_USAGE = """\
+%%parallel TARGETS in ITERABLE [options]     run the cell once per item, on the cluster
+%%parallel --all-workers [options]           run the cell once on every worker (setup)
+
+  --out NAME            list of results, in input order (default: _parallel)
+  --chunksize N|auto    items per task (default: auto, from measured item durations)
+  --unordered           results in completion order
+  --retries N           re-run an item that raised, up to N times
+  --timeout S           an item running longer than S seconds fails with TimeoutError
+  --errors raise|collect  stop at the first failure (default) or collect exceptions in the results
+  --resources GPU=1     run items only on workers with these Dask resources
+  --all-workers         run once per worker; names it assigns stay there for later cells
+  --no-progress         no progress display
+
+The run's record (results, outputs, errors, timings) is stored as _parallel_job.
+"""
+
+_VALUE_OPTIONS = {"--out", "--chunksize", "--retries", "--timeout", "--errors", "--resources"}
+_FLAG_OPTIONS = {"--unordered", "--all-workers", "--no-progress"}
+
+# Scheduler address -> names assigned by --all-workers cells on that cluster.
+_worker_names: dict[str, set[str]] = {}
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"%%parallel: {message}.\n\n{PARALLEL_USAGE}")
+
+    def exit(self, status: int = 0, message: str | None = None):  # type: ignore[override]
+        raise UsageError(message or PARALLEL_USAGE)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _ArgumentParser(prog="%%parallel", add_help=False)
+    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--chunksize", default="auto")
+    p.add_argument("--unordered", action="store_true")
+    p.add_argument("--retries", type=int, default=0)
+    p.add_argument("--timeout", type=float)
+    p.add_argument("--errors", choices=("raise", "collect"), default="raise")
+    p.add_argument("--resources")
+    p.add_argument("--all-workers", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _option_start(line: str) -> int:
+    """Index of the first ``--name`` outside brackets and strings (len(line) if none)."""
+    depth, quote, i = 0, None, 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == "\\":
+                i += 2
+                continue
+            if line.startswith(quote, i):
+                i += len(quote)
+                quote = None
+                continue
+        elif c in "'\"":
+            quote = line[i : i + 3] if line[i : i + 3] in ("'''", '"""') else c
+            i += len(quote)
+            continue
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif (
+            c == "-"
+            and depth == 0
+            and line.startswith("--", i)
+            and (i == 0 or line[i - 1].isspace())
+            and i + 2 < len(line)
+            and line[i + 2].isalpha()
+        ):
+            return i
+        i += 1
+    return len(line)
+
+
+def split_line(line: str) -> tuple[str, list[str]]:
+    """Split the magic line into the ``TARGETS in ITERABLE`` header and option words.
+
+    Options may come before the header, after it, or both.
+    """
+    rest = line.strip()
+    words: list[str] = []
+    # Leading options: consume --flag and --option value words.
+    while rest.startswith("--"):
+        word, _, tail = rest.partition(" ")
+        name = word.split("=", 1)[0]
+        words.append(word)
+        rest = tail.lstrip()
+        if name in _VALUE_OPTIONS and "=" not in word:
+            value, _, tail = rest.partition(" ")
+            words.append(value)
+            rest = tail.lstrip()
+        elif name not in _FLAG_OPTIONS:
+            break
+    cut = _option_start(rest)
+    header = rest[:cut].strip()
+    try:
+        words += shlex.split(rest[cut:])
+    except ValueError as exc:
+        raise UsageError(f"%%parallel: {exc} in the options.") from None
+    return header, words
+
+
+def parse_header(header: str) -> tuple[str, str, set[str]]:
+    """``TARGETS in ITERABLE`` -> (targets source, iterable source, bound names).
+
+    Raises
+    ------
+    CellError
+        The header is not a valid ``for`` header.
+    """
+    try:
+        node = ast.parse(f"for {header}: pass").body[0]
+    except SyntaxError:
+        node = None
+    if not isinstance(node, ast.For):
+        raise CellError(
+            f"the %%parallel header `{header}` is not `TARGETS in ITERABLE` as in a for statement; "
+            "write e.g. `%%parallel seed in range(100)` or `%%parallel lr, depth in grid`."
+        )
+    src = f"for {header}: pass"
+    for sub in ast.walk(node.target):
+        if isinstance(sub, (ast.Attribute, ast.Subscript)):
+            raise CellError(
+                f"the %%parallel targets `{ast.get_source_segment(src, node.target)}` must be plain names "
+                "(tuple unpacking is fine), because they are bound on the workers."
+            )
+    return ast.get_source_segment(src, node.target), ast.get_source_segment(src, node.iter), capture.target_names(node.target)
+
+
+def _parse_resources(text: str | None) -> dict[str, float] | None:
+    if not text:
+        return None
+    out = {}
+    for part in text.replace(",", " ").split():
+        name, sep, value = part.partition("=")
+        try:
+            out[name] = float(value) if sep else 1.0
+        except ValueError:
+            raise UsageError(f"%%parallel: --resources takes NAME=NUMBER pairs like GPU=1, not {part!r}.") from None
+    return out
+
+
+def _chunksize(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise UsageError(f"%%parallel: --chunksize takes a positive integer or 'auto', not {text!r}.")
+    return n
+
+
+class _OutputPrinter:
+    """Prints the first few items' output and every failing item's output, labelled."""
+
+    def __init__(self, labels: list[str] | None = None):
+        self.shown = 0
+        self.hidden = 0
+        self.labels = labels
+
+    def _label(self, index: int) -> str:
+        return self.labels[index] if self.labels is not None else f"item {index}"
+
+    def __call__(self, index: int, text: str, failed: bool) -> None:
+        if not text:
+            return
+        if not failed and self.shown >= SHOW_OUTPUTS:
+            self.hidden += 1
+            return
+        if not failed:
+            self.shown += 1
+        tag = f"[{self._label(index)}{', failed' if failed else ''}] "
+        lines = text.rstrip("\n").split("\n")
+        print(tag + lines[0])
+        for ln in lines[1:]:
+            print(" " * len(tag) + ln)
+
+
+def _remote_renderer(shell, exc: BaseException, index: int, item: Any, frames: dict, where: str):
+    """A ``_render_traceback_`` showing the remote frames with the cell's own lines."""
+
+    def render():
+        from tblib import Traceback
+
+        tb = Traceback.from_dict(frames).as_traceback()
+        notes = getattr(exc, "__notes__", None)
+        try:
+            exc.__notes__ = [f"%%parallel: item {index} ({mapping.abbreviate(item)}) failed{where}; details in {JOB_NAME}."]
+            return shell.InteractiveTB.structured_traceback(type(exc), exc, tb)
+        finally:
+            if notes is None:
+                del exc.__notes__
+            else:
+                exc.__notes__ = notes
+
+    return render
+
+
+@magics_class
+class ParallelMagics(Magics):
+    """The ``%%parallel`` cell magic."""
+
+    @cell_magic
+    def parallel(self, line: str = "", cell: str = ""):
+        try:
+            return self._parallel(line, cell)
+        except (ClusterError, CellError, SerializationError) as exc:
+            raise UsageError(str(exc)) from None
+
+    parallel.__doc__ = "Run a cell once per item of an iterable on the cluster.\n\n" + PARALLEL_USAGE
+
+    def _cell_filename(self, line: str, cell: str) -> tuple[str, str]:
+        """Register the cell's text under a name IPython shows as ``Cell In[N]``."""
+        text = f"%%parallel {line}\n{cell}"
+        compiler = getattr(self.shell, "compile", None)
+        if compiler is None or not hasattr(compiler, "cache"):
+            return "<cell>", text
+        try:
+            name = compiler.cache(text, self.shell.execution_count, raw_code=text + "\n# %%parallel body\n")
+        except TypeError:  # older IPython without raw_code
+            name = compiler.cache(text, self.shell.execution_count)
+        return name, text
+
+    def _parallel(self, line: str, cell: str):
+        header, words = split_line(line)
+        args = _parser().parse_args(words)
+        if not args.out.isidentifier():
+            raise UsageError(f"%%parallel: --out needs a variable name, not {args.out!r}.")
+        if args.retries < 0 or (args.timeout is not None and args.timeout <= 0):
+            raise UsageError("%%parallel: --retries must be 0 or more and --timeout a positive number of seconds.")
+        chunksize = _chunksize(args.chunksize)
+        resources = _parse_resources(args.resources)
+        if args.all_workers:
+            if header:
+                raise CellError("--all-workers runs the cell once on every worker, so it takes no `TARGETS in ITERABLE`; drop the header.")
+            targets, bound = None, set()
+        else:
+            if not header:
+                raise CellError("%%parallel needs `TARGETS in ITERABLE`, e.g. `%%parallel seed in range(100)` (or --all-workers).")
+            targets, iter_src, bound = parse_header(header)
+
+        filename, text = self._cell_filename(line, cell)
+        tree = capture.parse_body(cell, filename, first_line=2)
+        analysis = capture.analyse(tree, bound=bound, filename=filename)
+        user_ns = self.shell.user_ns
+
+        if not args.all_workers:
+            try:
+                iterable = eval(compile(iter_src, "<%%parallel header>", "eval"), user_ns)
+            except SyntaxError as exc:
+                raise CellError(f"the iterable `{iter_src}` is not valid Python: {exc.msg}.") from None
+
+        handle = session.current(start_default=True, announce=print)
+        defined_on_workers = _worker_names.get(handle.address, set())
+        captured = capture.capture(analysis.free, user_ns, maybe=analysis.maybe, exclude=defined_on_workers)
+        func = CellFunction(
+            cell,
+            targets=targets,
+            filename=filename,
+            first_line=2,
+            cell_text=text,
+            modules=captured.modules,
+            small=captured.small,
+            persistent=args.all_workers,
+        )
+        options = dict(
+            chunksize=chunksize,
+            ordered=not args.unordered,
+            retries=args.retries,
+            timeout=args.timeout,
+            errors=args.errors,
+            resources=resources,
+            progress=False if args.no_progress else None,
+            client=handle,
+            shared=captured.large,
+        )
+        if args.all_workers:
+            return self._run_all_workers(func, handle, analysis, args, options)
+        printer = _OutputPrinter()
+        job = mapping.MapJob(func, (iterable,), label=f"%%parallel {header}", on_output=printer, retain=True, **options)
+        user_ns[JOB_NAME] = job
+        self._drive(job, printer)
+        user_ns[args.out] = job.result_list()
+        self._summary(job, printer, args.out)
+        return None
+
+    def _run_all_workers(self, func, handle, analysis, args, options):
+        workers = sorted(handle.client.scheduler_info(n_workers=-1)["workers"])
+        if not workers:
+            raise ClusterError("the cluster has no workers yet; wait for them or scale it up (%cluster scale N).")
+        options["chunksize"] = 1
+        printer = _OutputPrinter(labels=[f"worker {w}" for w in workers])
+        job = mapping.MapJob(
+            func, (workers,), label="%%parallel --all-workers", on_output=printer, retain=True, pin_workers=workers, **options
+        )
+        job.pinned = workers
+        self.shell.user_ns[JOB_NAME] = job
+        self._drive(job, printer)
+        _worker_names.setdefault(handle.address, set()).update(analysis.assigned)
+        self.shell.user_ns[args.out] = {w: job.results.get(i) for i, w in enumerate(workers)}
+        self._summary(job, printer, args.out)
+        return None
+
+    def _drive(self, job: mapping.MapJob, printer: _OutputPrinter) -> None:
+        try:
+            job.run()
+        except KeyboardInterrupt:
+            total = "?" if job.total is None else job.total
+            print(
+                f"Interrupted: {job.done} of {total} items had finished and the rest were cancelled; "
+                f"their results are in {JOB_NAME}.results (a dict index -> result)."
+            )
+            raise
+        except (ClusterError, CellError, SerializationError):
+            raise
+        except Exception as exc:
+            index = next((i for i, e in job.errors.items() if e is exc), None)
+            if index is not None and index in job.tracebacks and job.tracebacks[index][1]:
+                item, worker = job.failed_items.get(index, ("?", None))
+                where = f" on worker {worker}" if worker else ""
+                exc._render_traceback_ = _remote_renderer(self.shell, exc, index, item, job.tracebacks[index][1], where)
+            raise
+
+    @staticmethod
+    def _summary(job: mapping.MapJob, printer: _OutputPrinter, out: str) -> None:
+        if printer.hidden:
+            print(f"({printer.hidden} more items printed output; see {JOB_NAME}.outputs)")
+        if job.failed:
+            shown = ", ".join(str(i) for i in sorted(job.errors)[:10])
+            more = ", ..." if job.failed > 10 else ""
+            print(
+                f"{job.failed} of {job.total} items failed (items {shown}{more}); their exceptions are in {out} "
+                f"and {JOB_NAME}.errors."
+            )
