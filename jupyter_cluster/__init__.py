@@ -19,14 +19,24 @@ from .session import ClusterHandle, clusters, connect, current, start, stop
 from .pool import Pool
 from .dqueue import Queue
 from .actors import actor
+from .events import metrics, report
+from .widgets import launcher, show_metrics
 
 __version__ = "0.1.0"
+
+from .progress import install as _install_progress  # noqa: E402
+
+_install_progress()  # progress bars for every map, once the map engine is importable
 
 __all__ = [
     "CellError",
     "Pool",
     "Queue",
     "actor",
+    "launcher",
+    "metrics",
+    "report",
+    "show_metrics",
     "ClusterError",
     "ClusterHandle",
     "SerializationError",

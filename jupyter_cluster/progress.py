@@ -1,0 +1,461 @@
+"""Progress of map jobs: one model, renderers picked by context, a job topic.
+
+Like distributed's ``ProgressBar`` the *model* (:class:`JobProgress`: counts,
+rate, elapsed, ETA) is separate from the renderers: a one-line
+:class:`TextRenderer` (terminal IPython, or a kernel without ipywidgets) and a
+:class:`WidgetRenderer` (ipywidgets in a kernel).  A renderer appears only
+once a job has lasted ``jupyter-cluster.progress.delay`` (1 s), so quick maps
+print nothing.
+
+Every job is also published on the Dask topic :data:`events.JOBS_TOPIC`
+through the submitting client, so the JupyterLab sidebar can show maps
+started in any kernel.
+
+The map engine calls :func:`observer_factory` for each job (registered with
+``mapping.add_observer_factory`` by :func:`install`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+from . import config
+
+logger = logging.getLogger(__name__)
+
+#: seconds between renders while a job runs (widgets / text)
+WIDGET_INTERVAL = 0.1
+TEXT_INTERVAL = 0.25
+#: seconds between job messages on the jobs topic
+PUBLISH_INTERVAL = 0.5
+
+#: the most recent observers (newest last), for inspection and tests
+recent: deque["ProgressObserver"] = deque(maxlen=16)
+
+# None = choose by context; "widget", "text" or "none" forces one (tests, benchmarks)
+_forced_renderer: str | None = None
+
+
+def set_renderer(kind: str | None) -> None:
+    """Force the renderer: ``"widget"``, ``"text"``, ``"none"``, or None to choose by context."""
+    global _forced_renderer
+    if kind not in (None, "widget", "text", "none"):
+        raise ValueError(f"renderer must be 'widget', 'text', 'none' or None, not {kind!r}.")
+    _forced_renderer = kind
+
+
+def _delay() -> float:
+    from dask.utils import parse_timedelta
+
+    value = config.get("progress.delay")
+    return 1.0 if value is None else float(parse_timedelta(value))
+
+
+def _publish_enabled() -> bool:
+    value = config.get("progress.publish")
+    return True if value is None else bool(value)
+
+
+# -- the model ----------------------------------------------------------------------
+def job_state(job: Any) -> str:
+    """``"running"``, ``"finished"``, ``"failed"`` or ``"cancelled"`` for a map job."""
+    state = getattr(job, "state", None)
+    if isinstance(state, str) and state in ("running", "finished", "failed", "cancelled"):
+        return state
+    if not getattr(job, "finished", False):
+        return "running"
+    if getattr(job, "cancelled", False):
+        return "cancelled"
+    if getattr(job, "error", None) is not None or getattr(job, "exception", None) is not None:
+        return "failed"
+    return "finished"
+
+
+class JobProgress:
+    """Counts, rate, elapsed time and ETA of one map job.
+
+    Parameters
+    ----------
+    job : MapJob
+        Anything with ``id``, ``label``, ``total``, ``done``, ``failed``,
+        ``started`` and ``finished``.
+    """
+
+    def __init__(self, job: Any) -> None:
+        self.job = job
+        self.started = float(getattr(job, "started", None) or time.time())
+        self.ended: float | None = None
+
+    def snapshot(self) -> dict[str, Any]:
+        """The job's progress now, as a plain dict."""
+        job = self.job
+        total = getattr(job, "total", None)
+        done = int(getattr(job, "done", 0) or 0)
+        failed = int(getattr(job, "failed", 0) or 0)
+        state = job_state(job)
+        now = self.ended if self.ended is not None else time.time()
+        if state != "running" and self.ended is None:
+            self.ended = now
+        elapsed = max(0.0, now - self.started)
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = None
+        if total is not None and state == "running" and rate > 0:
+            eta = max(0.0, (total - done) / rate)
+        return {
+            "job": str(getattr(job, "id", "")),
+            "label": str(getattr(job, "label", None) or "map"),
+            "total": total,
+            "done": done,
+            "failed": failed,
+            "state": state,
+            "started": self.started,
+            "elapsed": elapsed,
+            "rate": rate,
+            "eta": eta,
+        }
+
+
+def _fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def format_line(snap: dict[str, Any], width: int = 20) -> str:
+    """One line of text: bar, done/total, failed, rate, elapsed, ETA."""
+    total, done = snap["total"], snap["done"]
+    if total:
+        filled = int(width * min(done, total) / total)
+        head = f"[{'#' * filled}{' ' * (width - filled)}] {done:,}/{total:,} ({100 * done / total:.0f} %)"
+    else:
+        head = f"{done:,} done" if total is None else f"{done:,}/0"
+    parts = [f"{snap['label']}: {head}"]
+    if snap["failed"]:
+        parts.append(f"{snap['failed']:,} failed")
+    parts.append(f"{snap['rate']:.1f}/s")
+    parts.append(f"elapsed {_fmt_time(snap['elapsed'])}")
+    if snap["state"] == "running":
+        if snap["eta"] is not None:
+            parts.append(f"ETA {_fmt_time(snap['eta'])}")
+    else:
+        parts.append(snap["state"])
+    return " | ".join(parts)
+
+
+# -- renderers -----------------------------------------------------------------------
+class TextRenderer:
+    """One line of text, rewritten in place with a carriage return."""
+
+    interval = TEXT_INTERVAL
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream
+        self._width = 0
+        self.last_line = ""
+
+    def _out(self):
+        return self.stream if self.stream is not None else sys.stdout
+
+    def update(self, snap: dict[str, Any]) -> None:
+        line = format_line(snap)
+        pad = max(0, self._width - len(line))
+        self._width = len(line)
+        self.last_line = line
+        out = self._out()
+        out.write("\r" + line + " " * pad)
+        out.flush()
+
+    def close(self, snap: dict[str, Any]) -> None:
+        self.update(snap)
+        self._out().write("\n")
+        self._out().flush()
+
+
+class WidgetRenderer:
+    """An ipywidgets progress bar with a label; displayed on the first update."""
+
+    interval = WIDGET_INTERVAL
+
+    def __init__(self) -> None:
+        import ipywidgets as w
+
+        self.bar = w.IntProgress(min=0, max=1, value=0, layout=w.Layout(width="260px"))
+        self.label = w.HTML()
+        self.box = w.HBox([self.bar, self.label])
+        self._displayed = False
+
+    def update(self, snap: dict[str, Any]) -> None:
+        total = snap["total"]
+        self.bar.layout.display = None if total else "none"
+        if total:
+            self.bar.max = max(1, total)
+            self.bar.value = min(snap["done"], total)
+        style = {"running": "", "finished": "success", "failed": "danger", "cancelled": "warning"}[snap["state"]]
+        if snap["state"] == "finished" and snap["failed"]:
+            style = "warning"
+        self.bar.bar_style = style
+        import html
+
+        self.label.value = f"<span style='font-family: monospace'>{html.escape(format_line(snap, width=0).replace('[] ', ''))}</span>"
+        if not self._displayed:
+            self._displayed = True
+            from IPython.display import display
+
+            display(self.box)
+
+    def close(self, snap: dict[str, Any]) -> None:
+        self.update(snap)
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    return ip is not None and getattr(ip, "kernel", None) is not None
+
+
+def _widgets_available() -> bool:
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def make_renderer() -> TextRenderer | WidgetRenderer | None:
+    """The renderer for this context (widget in a kernel with ipywidgets, else text)."""
+    kind = _forced_renderer
+    if kind is None:
+        kind = "widget" if _in_kernel() and _widgets_available() else "text"
+    if kind == "none":
+        return None
+    if kind == "widget":
+        return WidgetRenderer()
+    return TextRenderer()
+
+
+# -- the observer the map engine drives ----------------------------------------------
+def _cluster_name(client: Any) -> str | None:
+    try:
+        from . import session
+
+        for h in session.handles():
+            if h.client is client:
+                return h.name
+    except Exception:
+        pass
+    return None
+
+
+def _job_client(job: Any) -> Any:
+    client = getattr(job, "client", None)
+    if client is not None:
+        return client
+    try:
+        from . import session
+
+        h = session.current()
+        return None if h is None or h.closed else h.client
+    except Exception:
+        return None
+
+
+class ProgressObserver:
+    """Follows one map job: renders it (after a delay) and publishes it.
+
+    Parameters
+    ----------
+    job : MapJob
+    show : bool
+        Render at all (False for ``progress=False``).
+    delay : float
+        Seconds a job must last before its renderer appears.
+    renderer_factory : callable
+        Makes the renderer when it is first needed.
+    publish : bool
+        Log job messages on the jobs topic through the job's client.
+    """
+
+    def __init__(
+        self,
+        job: Any,
+        show: bool = True,
+        delay: float = 1.0,
+        renderer_factory: Callable[[], Any] = make_renderer,
+        publish: bool = True,
+    ) -> None:
+        self.job = job
+        self.model = JobProgress(job)
+        self.show = show
+        self.delay = delay
+        self._factory = renderer_factory
+        self.renderer: Any = None
+        self.client = _job_client(job) if publish else None
+        self.cluster = _cluster_name(self.client) if self.client is not None else None
+        self._lock = threading.Lock()
+        self._last_render = 0.0
+        self._last_publish = 0.0
+        self._published_done = -1
+        self._closed = False
+        self.published: list[dict] = []  # what this observer sent on the jobs topic (kept small)
+        recent.append(self)
+
+    # -- rendering -------------------------------------------------------------------
+    def _render(self, final: bool = False) -> None:
+        snap = self.model.snapshot()
+        if self.renderer is None:
+            if not self.show or (not final and snap["elapsed"] < self.delay) or (final and snap["elapsed"] < self.delay):
+                return
+            self.renderer = self._factory()
+            if self.renderer is None:
+                self.show = False
+                return
+        if final:
+            self.renderer.close(snap)
+        else:
+            self.renderer.update(snap)
+        self._last_render = time.monotonic()
+
+    def _publish(self, force: bool = False) -> None:
+        if self.client is None:
+            return
+        now = time.monotonic()
+        job = self.job
+        done = int(getattr(job, "done", 0) or 0) + int(getattr(job, "failed", 0) or 0)
+        if not force and (now - self._last_publish < PUBLISH_INTERVAL or done == self._published_done):
+            return
+        self._last_publish = now
+        self._published_done = done
+        snap = self.model.snapshot()
+        msg = {
+            "job": snap["job"],
+            "label": snap["label"],
+            "kernel": os.getpid(),
+            "cluster": self.cluster,
+            "total": snap["total"],
+            "done": snap["done"],
+            "failed": snap["failed"],
+            "state": snap["state"],
+            "started": snap["started"],
+            "updated": time.time(),
+        }
+        if len(self.published) < 64 or force:
+            self.published.append(msg)
+        from . import events
+
+        events.publish(self.client, events.JOBS_TOPIC, msg)
+
+    def _tick(self) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            if self.renderer is not None or self.show:
+                self._render()
+            self._publish()
+        return True
+
+    # -- the observer interface of mapping -------------------------------------------
+    def job_started(self, job: Any) -> None:
+        from . import ticker
+
+        with self._lock:
+            self._publish(force=True)
+        if self.show and self.delay <= 0:
+            with self._lock:
+                self._render()
+        ticker.every(0.25, self._tick)
+
+    def job_progress(self, job: Any) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self.renderer is not None and time.monotonic() - self._last_render >= self.renderer.interval:
+                self._render()
+            self._publish()
+
+    def job_finished(self, job: Any) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._render(final=True)
+            self._publish(force=True)
+
+    @property
+    def shown(self) -> bool:
+        """Whether a renderer appeared (the job outlasted the delay)."""
+        return self.renderer is not None
+
+
+def observer_factory(job: Any, progress: Any = None) -> ProgressObserver | None:
+    """The map engine's hook: an observer for ``job``.
+
+    ``progress`` is the user's argument: None (auto: appears after the delay),
+    True (appears at once) or False (nothing shown; the job is still
+    published for the sidebar unless ``jupyter-cluster.progress.publish`` is
+    false).
+    """
+    publish = _publish_enabled()
+    if progress is False and not publish:
+        return None
+    client = _job_client(job) if publish else None
+    if client is not None:
+        _attach_metrics(client)
+    return ProgressObserver(
+        job,
+        show=progress is not False,
+        delay=0.0 if progress is True else _delay(),
+        publish=publish,
+    )
+
+
+def _attach_metrics(client: Any) -> None:
+    """Collect metrics from the job's cluster without delaying the job."""
+    from . import events
+
+    if events.attached(client):
+        return
+    threading.Thread(target=_attach_quietly, args=(client,), name="jupyter-cluster-attach", daemon=True).start()
+
+
+def _attach_quietly(client: Any) -> None:
+    from . import events
+
+    try:
+        events.attach(client)
+    except Exception:
+        logger.debug("metrics subscription failed", exc_info=True)
+
+
+_installed = False
+
+
+def install() -> bool:
+    """Register :func:`observer_factory` with the map engine (idempotent).
+
+    Returns False when the map engine is not available.
+    """
+    global _installed
+    if _installed:
+        return True
+    try:
+        from . import mapping
+    except ImportError:
+        return False
+    add = getattr(mapping, "add_observer_factory", None)
+    if add is None:
+        return False
+    add(observer_factory)
+    _installed = True
+    return True

@@ -1,0 +1,238 @@
+"""The cluster widget: a live view of one cluster with scale and adapt controls.
+
+It is what a :class:`~jupyter_cluster.session.ClusterHandle` (and ``%cluster``)
+shows in a kernel with ipywidgets.  Everything it draws comes from
+``ClusterHandle.model()``, refreshed every couple of seconds from the ticker
+thread (one scheduler query per cluster per refresh, however many widgets
+show it), so the kernel stays free.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import weakref
+from typing import Any
+
+import ipywidgets as w
+
+from .. import ticker
+from ..errors import ClusterError
+
+REFRESH_SECONDS = 2.0
+
+_live_lock = threading.Lock()
+_live: dict[int, "weakref.WeakSet[ClusterWidget]"] = {}
+
+
+def _fmt_bytes(n: float | None) -> str:
+    from dask.utils import format_bytes
+
+    return format_bytes(n) if n else "-"
+
+
+def _bar(fraction: float, text: str) -> str:
+    pct = max(0.0, min(1.0, fraction)) * 100
+    colour = "#d9534f" if pct > 85 else ("#f0ad4e" if pct > 60 else "#5cb85c")
+    return (
+        "<div style='position:relative;width:140px;height:1.2em;background:var(--jp-layout-color2,#eee);border-radius:2px'>"
+        f"<div style='width:{pct:.0f}%;height:100%;background:{colour};border-radius:2px'></div>"
+        f"<span style='position:absolute;left:4px;top:0;font-size:0.85em'>{html.escape(text)}</span></div>"
+    )
+
+
+def workers_table(m: dict[str, Any]) -> str:
+    """HTML: one row per worker (name, status, threads, memory, CPU, tasks) and a totals row."""
+    rows = []
+    for wk in m["workers"]:
+        mem, lim = wk.get("memory") or 0, wk.get("memory_limit") or 0
+        rows.append(
+            "<tr>"
+            f"<td>{html.escape(str(wk['name']))}</td><td>{html.escape(str(wk['status']))}</td>"
+            f"<td style='text-align:right'>{wk['nthreads']}</td>"
+            f"<td>{_bar(mem / lim if lim else 0.0, f'{_fmt_bytes(mem)} / {_fmt_bytes(lim)}')}</td>"
+            f"<td style='text-align:right'>{wk.get('cpu') or 0:.0f} %</td>"
+            f"<td style='text-align:right'>{wk.get('executing') or 0}</td>"
+            "</tr>"
+        )
+    cpu = sum(wk.get("cpu") or 0 for wk in m["workers"])
+    tasks = sum(wk.get("executing") or 0 for wk in m["workers"])
+    rows.append(
+        "<tr style='font-weight:bold'>"
+        f"<td>total</td><td>{m['n_workers']} workers</td><td style='text-align:right'>{m['cores']}</td>"
+        f"<td>{html.escape(_fmt_bytes(m.get('memory')))} / {html.escape(_fmt_bytes(m.get('memory_limit')))}</td>"
+        f"<td style='text-align:right'>{cpu:.0f} %</td><td style='text-align:right'>{tasks}</td>"
+        "</tr>"
+    )
+    return (
+        "<table class='jupyter-cluster-workers' style='border-collapse:collapse'>"
+        "<thead><tr><th>worker</th><th>status</th><th>threads</th><th>memory (used / limit)</th><th>CPU</th><th>tasks running</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def header_html(m: dict[str, Any]) -> str:
+    link = m.get("dashboard_link")
+    dash = f"<a href='{html.escape(link)}' target='_blank'>{html.escape(link)}</a>" if link else "-"
+    return (
+        f"<b>{html.escape(m['name'])}</b> ({html.escape(m['backend'])}) "
+        f"<code>{html.escape(m['address'])}</code> &nbsp; Dashboard: {dash}"
+    )
+
+
+class ClusterWidget(w.VBox):
+    """Live status of a cluster: workers table, totals, dashboard link, scale and adapt.
+
+    Parameters
+    ----------
+    handle : ClusterHandle
+    live : bool
+        Refresh every couple of seconds while the cluster runs and the widget
+        is open.
+
+    Attributes
+    ----------
+    model_data : dict
+        The last ``handle.model()`` shown (``{}`` if it could not be read).
+    """
+
+    def __init__(self, handle: Any, live: bool = True, **kwargs: Any) -> None:
+        self.handle = handle
+        self.model_data: dict[str, Any] = {}
+        self.header = w.HTML()
+        self.table = w.HTML()
+        self.message = w.HTML()
+        self.scale_n = w.BoundedIntText(value=0, min=0, max=100_000, description="workers", layout=w.Layout(width="170px"))
+        self.scale_button = w.Button(description="Scale", tooltip="ask for this many workers")
+        self.adapt_min = w.BoundedIntText(value=0, min=0, max=100_000, description="min", layout=w.Layout(width="130px"))
+        self.adapt_max = w.BoundedIntText(value=4, min=0, max=100_000, description="max", layout=w.Layout(width="130px"))
+        self.adapt_button = w.Button(description="Adapt", tooltip="let the number of workers follow the load")
+        self.scale_button.on_click(lambda _: self.scale(self.scale_n.value))
+        self.adapt_button.on_click(lambda _: self.adapt(self.adapt_min.value, self.adapt_max.value))
+        controls = w.HBox([self.scale_n, self.scale_button, self.adapt_min, self.adapt_max, self.adapt_button])
+        if not getattr(handle, "owns_cluster", True):
+            for c in (self.scale_n, self.scale_button, self.adapt_min, self.adapt_max, self.adapt_button):
+                c.disabled = True
+            self.scale_button.tooltip = self.adapt_button.tooltip = "attached by address: scale it where it was started"
+        super().__init__([self.header, self.table, controls, self.message], **kwargs)
+        # count views where the front-end supports it, so a cleared output stops the refresh
+        self._view_count = 0
+        self._ever_viewed = False
+        self.refresh()
+        self.scale_n.value = self.model_data.get("n_workers", 0)
+        if live:
+            _follow(self)
+
+    # -- state --------------------------------------------------------------------
+    def refresh(self, model: dict[str, Any] | None = None) -> None:
+        """Redraw from ``model`` (or a fresh ``handle.model()``)."""
+        if model is None:
+            model = _read_model(self.handle)
+        if model is None:
+            self.model_data = {}
+            self.header.value = f"<b>{html.escape(self.handle.name)}</b> is stopped."
+            self.table.value = ""
+            return
+        if "error" in model:
+            self.message.value = f"<span style='color:#d9534f'>{html.escape(model['error'])}</span>"
+            return
+        self.model_data = model
+        self.header.value = header_html(model)
+        self.table.value = workers_table(model)
+
+    @property
+    def wanted(self) -> bool:
+        """Whether live refreshes are still useful (open widget, running cluster, on screen)."""
+        if self.comm is None or self.handle.closed:
+            return False
+        count = self._view_count
+        if count:
+            self._ever_viewed = True
+        return not (self._ever_viewed and count == 0)
+
+    # -- controls -------------------------------------------------------------------
+    def _say(self, text: str, error: bool = False) -> None:
+        colour = "#d9534f" if error else "inherit"
+        self.message.value = f"<span style='color:{colour}'>{html.escape(text)}</span>"
+
+    def scale(self, n: int) -> None:
+        """Ask for ``n`` workers (what the Scale button does)."""
+        try:
+            self.handle.scale(int(n))
+        except ClusterError as exc:
+            self._say(str(exc), error=True)
+            return
+        self._say(f"scaling to {n} workers")
+
+    def adapt(self, minimum: int, maximum: int) -> None:
+        """Adapt between ``minimum`` and ``maximum`` workers (what the Adapt button does)."""
+        try:
+            self.handle.adapt(int(minimum), int(maximum))
+        except ClusterError as exc:
+            self._say(str(exc), error=True)
+            return
+        self._say(f"adapting between {minimum} and {maximum} workers")
+
+
+def _read_model(handle: Any) -> dict[str, Any] | None:
+    if handle.closed:
+        return None
+    try:
+        return handle.model()
+    except ClusterError:
+        return None
+    except Exception as exc:  # a vanished scheduler must not kill the refresh loop
+        return {"error": f"cluster unreachable: {exc}"}
+
+
+def _follow(widget: ClusterWidget) -> None:
+    key = id(widget.handle)
+    with _live_lock:
+        group = _live.get(key)
+        new = group is None
+        if new:
+            group = _live[key] = weakref.WeakSet()
+        group.add(widget)
+    if new:
+        handle = widget.handle
+        ticker.every(REFRESH_SECONDS, lambda: _refresh_group(key, handle))
+
+
+def _refresh_group(key: int, handle: Any) -> bool:
+    with _live_lock:
+        group = _live.get(key)
+        widgets = [x for x in (group or ()) if x.wanted]
+        if not widgets:
+            _live.pop(key, None)
+    if not widgets:
+        for x in list(group or ()):
+            if handle.closed and x.comm is not None:
+                x.refresh(None)
+        return False
+    model = _read_model(handle)
+    for x in widgets:
+        x.refresh(model)
+    return True
+
+
+def mimebundle(handle: Any, include: Any = None, exclude: Any = None) -> dict | None:
+    """What a :class:`ClusterHandle` shows: the live widget in a kernel, text in a terminal.
+
+    Returns None (IPython then falls back to the handle's static HTML) when
+    the cluster is stopped.
+    """
+    if handle.closed:
+        return None
+    from ..progress import _in_kernel
+
+    if not _in_kernel():
+        from ..session import text_status
+
+        model = _read_model(handle)
+        if model is None or "error" in model:
+            return None
+        return {"text/plain": text_status(model)}
+    bundle = ClusterWidget(handle)._repr_mimebundle_(include=include, exclude=exclude)
+    if isinstance(bundle, tuple):  # (data, metadata) form
+        bundle = bundle[0]
+    return bundle

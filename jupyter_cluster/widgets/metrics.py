@@ -1,0 +1,191 @@
+"""Live metric charts in the notebook (and a text summary where charts can't go).
+
+The charts are drawn by the ES module ``static/metrics.js``, bundled from the
+same TypeScript chart code the JupyterLab sidebar uses
+(``labextension/src/charts``).  The Python side only keeps the ``data`` trait
+up to date with :meth:`TopicStore.model` (the shared metrics data model,
+downsampled so 100 series x 10,000 points stay light in the browser), pushed
+from the ticker thread at most every ``jupyter-cluster.metrics.refresh``
+(400 ms) and only when something changed, so the kernel is never blocked.
+"""
+
+from __future__ import annotations
+
+import html
+import pathlib
+import threading
+from typing import Any, Callable
+
+from .. import config, events, ticker
+
+STATIC = pathlib.Path(__file__).parent / "static"
+BUNDLE = STATIC / "metrics.js"
+
+MISSING_BUNDLE = (
+    "Live charts need the widget bundle jupyter_cluster/widgets/static/metrics.js, which is not built; "
+    "build it with `jlpm build:widget` (or `npm run build:widget`) in the source tree, or reinstall jupyter-cluster. "
+    "Showing a text summary instead."
+)
+
+
+def _refresh_seconds() -> float:
+    from dask.utils import parse_timedelta
+
+    value = config.get("metrics.refresh")
+    return 0.4 if value is None else float(parse_timedelta(value))
+
+
+class _Follower:
+    """Pushes a store's changes into ``sink`` from the ticker, throttled; stops when ``alive()`` is False."""
+
+    def __init__(self, st: events.TopicStore, sink: Callable[[events.TopicStore], None], alive: Callable[[], bool]) -> None:
+        self.store = st
+        self.sink = sink
+        self.alive = alive
+        self.version = -1
+        self.pushes = 0
+        self._lock = threading.Lock()
+
+    def push(self, force: bool = False) -> None:
+        with self._lock:
+            version = self.store.version
+            if not force and version == self.version:
+                return
+            self.version = version
+            self.sink(self.store)
+            self.pushes += 1
+
+    def tick(self) -> bool:
+        if not self.alive():
+            return False
+        self.push()
+        return True
+
+    def start(self) -> "_Follower":
+        self.push(force=True)
+        ticker.every(_refresh_seconds(), self.tick)
+        return self
+
+
+_widget_class: Any = None
+
+
+def widget_class():
+    """The anywidget class of the chart (built on first use; needs the JS bundle)."""
+    global _widget_class
+    if _widget_class is not None:
+        return _widget_class
+    if not BUNDLE.is_file():
+        raise FileNotFoundError(MISSING_BUNDLE)
+    import anywidget
+    import traitlets as t
+
+    class MetricsWidget(anywidget.AnyWidget):
+        """Live charts of one metrics topic: a line chart per scalar, a heatmap per vector."""
+
+        _esm = BUNDLE
+        topic = t.Unicode("").tag(sync=True)
+        data = t.Dict().tag(sync=True)
+        chart_height = t.Int(260).tag(sync=True)
+
+        def __init__(self, topic: str, **kwargs: Any) -> None:
+            super().__init__(topic=topic, data={"topic": topic, "scalars": {}, "vectors": {}, "dropped": 0, "received": 0}, **kwargs)
+            self.follower = _Follower(events.store(topic), self._push, lambda: self.comm is not None).start()
+
+        def _push(self, st: events.TopicStore) -> None:
+            self.data = st.model()
+
+    MetricsWidget.__module__ = __name__
+    _widget_class = MetricsWidget
+    return MetricsWidget
+
+
+class MetricsText:
+    """A plain-text view of a topic: the latest value of each series.
+
+    What :func:`show_metrics` gives in a terminal (or where charts are not
+    available).  ``repr()`` is the summary at the time it is asked for.
+    """
+
+    def __init__(self, topic: str, note: str | None = None) -> None:
+        self.topic = topic
+        self.note = note
+
+    def summary(self) -> str:
+        text = events.store(self.topic).summary()
+        return f"{self.note}\n{text}" if self.note else text
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(self.summary())
+
+
+def _text_widget(topic: str, note: str | None):
+    """An ipywidgets HTML box with the live text summary (kernel without the chart bundle)."""
+    import ipywidgets as w
+
+    box = w.HTML()
+
+    def sink(st: events.TopicStore) -> None:
+        text = st.summary()
+        prefix = f"<p>{html.escape(note)}</p>" if note else ""
+        box.value = f"{prefix}<pre>{html.escape(text)}</pre>"
+
+    box.follower = _Follower(events.store(topic), sink, lambda: box.comm is not None).start()
+    return box
+
+
+def show_metrics(topic: str = "default", cluster: Any = None):
+    """Live charts of what tasks report on ``topic``.
+
+    One line chart per scalar value with one line per series (e.g. reward per
+    population member) and a heatmap per vector value over steps (e.g. tokens
+    per expert).  The charts update a few times a second while reports
+    arrive, without blocking the kernel.
+
+    Parameters
+    ----------
+    topic : str
+        As given to :func:`jupyter_cluster.report`.
+    cluster : ClusterHandle, optional
+        Where the reports come from; defaults to the current cluster (reports
+        made in the notebook are shown without a cluster).
+
+    Returns
+    -------
+    MetricsWidget, ipywidgets.HTML or MetricsText
+        The chart widget in a kernel; a live text summary when the chart
+        bundle is not built (with one message saying so); a text summary
+        in a terminal.
+    """
+    if not isinstance(topic, str) or not topic:
+        raise TypeError(f"show_metrics(): topic must be a non-empty string, not {topic!r}.")
+    handle = cluster if cluster is not None else events._current_handle()
+    if handle is not None and not handle.closed:
+        events.attach(handle.client)
+    events.store(topic)
+    from ..progress import _in_kernel, _widgets_available
+
+    if not (_in_kernel() and _widgets_available()):
+        return MetricsText(topic)
+    try:
+        cls = widget_class()
+    except FileNotFoundError:
+        return _text_widget(topic, MISSING_BUNDLE)
+    return cls(topic)
+
+
+def metrics_command(shell: Any, argv: list[str]):
+    """``%cluster metrics [TOPIC]``: show live charts of a topic (``default`` if omitted)."""
+    from ..errors import CellError
+
+    if len(argv) > 1:
+        raise CellError("usage: %cluster metrics [TOPIC]  (one topic name, e.g. %cluster metrics es)")
+    topic = argv[0] if argv else "default"
+    if topic in ("-h", "--help"):
+        known = ", ".join(events.topics()) or "none yet"
+        print(f"%cluster metrics [TOPIC]   live charts of a metrics topic (known: {known})")
+        return None
+    return show_metrics(topic)

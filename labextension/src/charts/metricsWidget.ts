@@ -1,0 +1,44 @@
+/**
+ * The anywidget ES module of jupyter_cluster.show_metrics(): draws the `data`
+ * trait (the shared metrics data model) with the chart code in charts.ts.
+ * Bundled by `jlpm build:widget` into jupyter_cluster/widgets/static/metrics.js.
+ */
+import { IMetricsModel, MetricsCharts, emptyModel } from './charts';
+
+/** The part of anywidget's model API this module uses. */
+interface IWidgetModel {
+  get(name: string): unknown;
+  on(event: string, callback: () => void): void;
+  off(event: string, callback: () => void): void;
+}
+
+interface IRenderProps {
+  model: IWidgetModel;
+  el: HTMLElement;
+}
+
+function render({ model, el }: IRenderProps): () => void {
+  const height = Number(model.get('chart_height')) || 260;
+  const charts = new MetricsCharts(el, { height });
+  let pending = false;
+  // several trait changes within one frame are drawn once
+  const redraw = (): void => {
+    if (pending) {
+      return;
+    }
+    pending = true;
+    requestAnimationFrame(() => {
+      pending = false;
+      const data = model.get('data') as IMetricsModel | undefined;
+      charts.update(data && data.scalars ? data : emptyModel(String(model.get('topic') ?? '')));
+    });
+  };
+  redraw();
+  model.on('change:data', redraw);
+  return () => {
+    model.off('change:data', redraw);
+    charts.dispose();
+  };
+}
+
+export default { render };

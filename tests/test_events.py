@@ -1,0 +1,240 @@
+"""report() from real workers and the notebook, arrival in the kernel, metrics(), bursts, drops."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from .conftest import wait_for
+from jupyter_cluster import events
+
+
+def _topic(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:6]}"
+
+
+# -- validation (at the call, in the caller's process) ------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"reward": {"a": 1}}, "value 'reward' is a dict"),
+        ({"reward": "high", "run": "x"}, "give at least one value"),
+        ({"loss": [[1, 2], [3, 4]]}, "flat"),
+        ({"loss": [1, "x"]}, "must hold only numbers"),
+        ({"loss": 1.0, "step": 1.5}, "step must be an integer"),
+        ({"loss": 1.0, "step": "3"}, "step must be an integer"),
+        ({"loss": 1.0, "topic": ""}, "topic must be a non-empty string"),
+        ({"loss": 1.0, "topic": 3}, "topic must be a non-empty string"),
+        ({"loss": 1.0, "series": ["member", 3]}, "series= must be a dict"),
+        ({"loss": 1.0, "series": {"member": 1.5}}, "series field 'member' must be a string or an integer"),
+        ({"loss": object()}, "value 'loss' is a object"),
+    ],
+)
+def test_report_rejects_bad_values_with_one_clear_type_error(kwargs, fragment):
+    with pytest.raises(TypeError, match=fragment.replace("[", r"\[")):
+        events.report(**kwargs)
+
+
+def test_report_accepts_numpy_scalars_arrays_and_identity_fields():
+    np = pytest.importorskip("numpy")
+    step, series, values = events.validate(
+        np.int64(4), "t", None, {"member": 3, "run": "lr=0.1", "reward": np.float32(1.5), "load": np.arange(3), "ok": True}
+    )
+    assert step == 4 and type(step) is int
+    assert series == {"member": 3, "run": "lr=0.1"}
+    assert values == {"reward": 1.5, "load": [0.0, 1.0, 2.0], "ok": 1}
+    with pytest.raises(TypeError, match=r"shape \(2, 2\)"):
+        events.validate(None, "t", None, {"m": np.zeros((2, 2))})
+    assert events.series_key({"run": "a", "member": 3}) == "member=3, run=a"
+    assert events.series_key({}) == "all"
+
+
+def test_report_in_the_notebook_without_a_cluster_is_kept_locally():
+    topic = _topic("nb")
+    for step in range(3):
+        events.report(step=step, topic=topic, member=1, reward=step * 2.0)
+    events.report(topic=topic, load=[1, 2, 3])
+    df = events.metrics(topic)
+    assert list(df.columns[:3]) == ["step", "time", "worker"]
+    assert df["reward"].tolist()[:3] == [0.0, 2.0, 4.0]
+    assert df["member"].tolist()[:3] == [1, 1, 1]
+    assert df["load"].iloc[3] == [1.0, 2.0, 3.0]
+    assert set(df["worker"]) == {"kernel"}
+    assert df.attrs["dropped"] == 0
+
+
+# -- the store: duplicates, gaps, order, downsampling ---------------------------------------
+def _recs(steps, member=0, **extra):
+    return [{"step": s, "time": 0.0, "series": {"member": member}, "values": {"v": float(s), **extra}} for s in steps]
+
+
+def test_store_drops_duplicates_and_counts_gaps_exactly():
+    st = events.TopicStore("t")
+    assert st.add("a", 0, _recs(range(0, 10))) == 10
+    assert st.add("a", 5, _recs(range(5, 15))) == 5  # overlap: only 10..14 are new
+    assert st.add("a", 20, _recs(range(20, 25))) == 5  # 15..19 never arrive
+    assert st.add("b", 3, _recs(range(3, 4), member=1)) == 1  # b's 0..2 never arrive
+    assert st.received == 21
+    assert st.dropped == 5 + 3
+    assert st.add("a", 15, _recs(range(15, 20))) == 5  # late arrival fills the gap
+    assert st.dropped == 3
+
+
+def test_store_keeps_each_series_sorted_by_step_even_when_workers_interleave():
+    st = events.TopicStore("t")
+    st.add("w1", 0, _recs([0, 2, 4]))
+    st.add("w2", 0, _recs([1, 3, 5]))
+    pts = st.model()["scalars"]["v"]["member=0"]
+    assert [p[0] for p in pts] == [0, 1, 2, 3, 4, 5]
+
+
+def test_model_of_100_series_is_downsampled_but_keeps_peaks():
+    st = events.TopicStore("big")
+    n = 1000
+    for member in range(100):
+        recs = [{"step": s, "time": 0.0, "series": {"member": member}, "values": {"v": float(s % 97)}} for s in range(n)]
+        recs[567]["values"]["v"] = 1e6  # a spike must survive downsampling
+        st.add(f"p{member}", 0, recs)
+    t0 = time.perf_counter()
+    model = st.model(max_points=20_000)
+    elapsed = time.perf_counter() - t0
+    series = model["scalars"]["v"]
+    assert len(series) == 100
+    total = sum(len(p) for p in series.values())
+    assert total <= 20_000 + 100 * 2
+    assert all(max(v for _, v in pts) == 1e6 for pts in series.values())
+    assert all(pts[0][0] == 0 and pts[-1][0] == n - 1 for pts in series.values())
+    assert elapsed < 2.0, f"downsampling 100 x {n} points took {elapsed:.2f} s"
+    # unchanged columns are served from the cache
+    t0 = time.perf_counter()
+    st.model(max_points=20_000)
+    assert time.perf_counter() - t0 < elapsed
+
+
+def test_store_model_heatmap_rows_and_json_safe_values():
+    st = events.TopicStore("moe")
+    recs = [{"step": s, "time": 0.0, "series": {}, "values": {"tokens": [s, 2 * s, float("nan")], "loss": float("inf")}} for s in range(5)]
+    st.add("x", 0, recs)
+    m = st.model()
+    assert m["vectors"]["tokens"]["all"]["steps"] == [0, 1, 2, 3, 4]
+    assert m["vectors"]["tokens"]["all"]["rows"][2] == [2.0, 4.0, None]
+    assert m["scalars"]["loss"]["all"][0] == [0, None]
+    import json
+
+    json.dumps(m, allow_nan=False)
+
+
+def test_records_expands_a_batch_into_shared_interface_records():
+    msg = {"topic": "t", "source": "s", "seq": 7, "records": _recs([1, 2]), "worker": "tcp://w"}
+    out = events.records("t", msg)
+    assert [r["seq"] for r in out] == [7, 8]
+    assert out[0]["topic"] == "t" and out[0]["worker"] == "tcp://w" and out[0]["series"] == {"member": 0}
+
+
+# -- real workers -----------------------------------------------------------------------------
+def _work(member: int, topic: str, n: int, pause: float = 0.0):
+    import time
+
+    from jupyter_cluster import events
+
+    t0 = time.perf_counter()
+    for step in range(n):
+        events.report(step=step, topic=topic, member=member, loss=float(step), load=[member, step])
+        if pause:
+            time.sleep(pause)
+    return time.perf_counter() - t0
+
+
+def test_reports_from_workers_arrive_in_order_per_series(cluster):
+    client = cluster.client
+    events.attach(client)
+    topic = _topic("order")
+    futures = client.map(_work, [0, 1, 2, 3], topic=topic, n=50, pause=0.001, pure=False)
+    client.gather(futures)
+    st = events.store(topic)
+    # a task's reports are flushed before its result, so they are here already
+    assert st.received == 200
+    df = events.metrics(topic)
+    assert len(df) == 200
+    assert set(df["worker"]) <= set(client.scheduler_info()["workers"])
+    for member, group in df.groupby("member"):
+        assert group["step"].tolist() == list(range(50)), f"series member={member} out of order"
+        assert group["loss"].tolist() == [float(s) for s in range(50)]
+        assert group["load"].iloc[-1] == [float(member), 49.0]
+    assert df.attrs["dropped"] == 0
+
+
+def test_burst_of_10000_reports_from_two_workers_all_arrive(cluster):
+    client = cluster.client
+    events.attach(client)
+    topic = _topic("burst")
+    workers = list(client.scheduler_info()["workers"])
+    assert len(workers) == 2
+    futures = [client.submit(_work, i, topic, 5000, pure=False, workers=[w]) for i, w in enumerate(workers)]
+    durations = client.gather(futures)
+    st = events.store(topic)
+    wait_for(lambda: st.received + st.dropped >= 10_000, timeout=20, message="10,000 reports")
+    assert (st.received, st.dropped) == (10_000, 0)
+    assert max(durations) < 10, durations
+    for member, group in events.metrics(topic).groupby("member"):
+        assert group["step"].tolist() == list(range(5000)), f"series member={member} incomplete or out of order"
+
+
+def _one_batch_per_report(topic: str, n: int) -> int:
+    import time
+
+    from jupyter_cluster import events
+
+    for step in range(n):
+        events.report(step=step, topic=topic, x=float(step))
+        events.flush()
+        deadline = time.monotonic() + 5
+        while events._producer.pending and time.monotonic() < deadline:
+            time.sleep(0.0002)
+    return n
+
+
+def test_late_subscriber_gets_the_schedulers_backlog_and_an_exact_dropped_count():
+    import dask
+    from distributed import Client, LocalCluster
+
+    keep = 100  # events the scheduler keeps per topic (1,000 by default)
+    with dask.config.set({"distributed.admin.low-level-log-length": keep}):
+        small = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://", host="127.0.0.1", dashboard_address=None)
+    try:
+        n = keep + 37
+        topic = _topic("late")
+        with Client(small, set_as_default=False) as producer_client:
+            producer_client.submit(_one_batch_per_report, topic, n, pure=False).result()
+        # a client (like the server extension's) subscribes only now
+        with Client(small.scheduler_address, set_as_default=False) as other:
+            stores: dict = {}
+            seen: list = []
+            hub = events.Hub(other, stores=stores)
+            hub.callbacks.append(seen.append)
+            hub.attach()
+            st = stores[topic]
+            assert (st.received, st.dropped) == (keep, n - keep)
+            assert [r["step"] for r in st.rows()] == list(range(n - keep, n))
+            assert seen == [topic]
+            hub.detach()
+    finally:
+        small.close()
+
+
+def test_reports_made_in_the_notebook_reach_other_subscribers(cluster):
+    from distributed import Client
+
+    with Client(cluster.address, set_as_default=False) as other:
+        stores: dict = {}
+        hub = events.Hub(other, stores=stores)
+        hub.attach()
+        topic = _topic("from-kernel")
+        events.report(step=1, topic=topic, member=5, acc=0.5)
+        assert events.store(topic).received == 1  # at once in this kernel
+        wait_for(lambda: topic in stores and stores[topic].received == 1, timeout=10, message="the kernel's report at another client")
+        row = stores[topic].rows()[0]
+        assert (row["step"], row["member"], row["acc"]) == (1, 5, 0.5)
+        hub.detach()
