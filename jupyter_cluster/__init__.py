@@ -54,3 +54,20 @@ def load_ipython_extension(ipython):
     from .magics import register_magics
 
     register_magics(ipython)
+
+
+# -- Jupyter server and JupyterLab extension hooks (the extension template's names) --
+def _jupyter_labextension_paths():
+    """Where the prebuilt JupyterLab extension lives (``jupyter labextension develop``)."""
+    return [{"src": "labextension", "dest": "jupyter-cluster"}]
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "jupyter_cluster"}]
+
+
+def _load_jupyter_server_extension(serverapp):
+    """Start the cluster manager and its routes under ``<base_url>/jupyter-cluster/api/``."""
+    from .server import load
+
+    load(serverapp)

@@ -1,0 +1,37 @@
+"""The Jupyter server extension: cluster list, control, jobs and metrics for the sidebar panel.
+
+Kept import-light: kernels import :mod:`.control` (to answer scale/stop
+requests), so tornado and jupyter_server are imported only by :func:`load`.
+
+* :mod:`.manager` - the server's view of every cluster (no HTTP)
+* :mod:`.store` - bounded job and metric history in the panel's JSON shapes
+* :mod:`.control` - scale/adapt/stop requests to a cluster's owner over Dask events
+* :mod:`.host` - the process that owns clusters started from the panel
+* :mod:`.handlers` - REST and websocket routes under ``<base_url>/jupyter-cluster/api/``
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def load(serverapp: Any) -> None:
+    """Register the handlers and start the manager on the server's event loop."""
+    import asyncio
+
+    from .handlers import setup_handlers
+    from .manager import ClusterManager
+
+    manager = ClusterManager()
+    setup_handlers(serverapp.web_app, manager)
+
+    def start() -> None:
+        manager.start()
+
+    # The server's loop may not run yet while extensions load.
+    try:
+        asyncio.get_running_loop()
+        start()
+    except RuntimeError:
+        serverapp.io_loop.add_callback(start)
+    serverapp.log.info("jupyter_cluster server extension loaded at %sjupyter-cluster/api/", serverapp.base_url)

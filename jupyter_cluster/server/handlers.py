@@ -1,0 +1,344 @@
+"""Thin HTTP and websocket handlers under ``<base_url>/jupyter-cluster/api/``.
+
+Every route needs Jupyter authentication; writes (POST, DELETE) go through
+Jupyter's XSRF check.  Handlers validate and translate; the work is done by
+:class:`~jupyter_cluster.server.manager.ClusterManager`.  Errors are JSON
+``{"message": "..."}`` with a 4xx status.
+
+Routes::
+
+    GET    clusters                         live clusters
+    POST   clusters                         start one {name?, workers?, threads?, memory_limit?, backend?}
+    GET    clusters/NAME                    details and workers
+    DELETE clusters/NAME                    stop it
+    POST   clusters/NAME/scale              {workers: N}
+    POST   clusters/NAME/adapt              {minimum: A, maximum: B}
+    GET    clusters/NAME/metrics            its metric topics
+    GET    clusters/NAME/metrics/TOPIC      its points (shared metrics model, downsampled)
+    GET    jobs                             running and recent maps (?cluster=NAME)
+    GET    config                           defaults the panel offers
+    WS     events                           pushed updates (see EventsSocket)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from urllib.parse import unquote
+
+import tornado.web
+import tornado.websocket
+from jupyter_server.auth.decorator import ws_authenticated
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.utils import url_path_join
+
+from .. import config
+from ..errors import ClusterError
+from .manager import ClusterManager, NotFound, validate_count, validate_name
+
+API = "jupyter-cluster/api"
+NAME = r"(?P<name>[^/]+)"
+SETTINGS_KEY = "jupyter_cluster_manager"
+
+
+class BaseHandler(APIHandler):
+    """JSON in, JSON out, one-sentence errors."""
+
+    @property
+    def manager(self) -> ClusterManager:
+        return self.settings[SETTINGS_KEY]
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = getattr(exc, "log_message", None) or self._reason
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"message": message}))
+
+    def fail(self, status: int, message: str) -> None:
+        raise tornado.web.HTTPError(status, message, reason=message)
+
+    def body(self) -> dict[str, Any]:
+        if not self.request.body:
+            return {}
+        try:
+            data = json.loads(self.request.body)
+        except ValueError:
+            self.fail(400, "the request body is not valid JSON.")
+        if not isinstance(data, dict):
+            self.fail(400, "the request body must be a JSON object.")
+        return data
+
+    def name_arg(self, name: str) -> str:
+        name = unquote(name)
+        try:
+            return validate_name(name)
+        except ClusterError as exc:
+            self.fail(400, str(exc))
+            raise  # unreachable: fail raises
+
+    async def run(self, coro: Any) -> Any:
+        """Await a manager call, turning its errors into JSON responses."""
+        try:
+            return await coro
+        except NotFound as exc:
+            self.fail(404, str(exc))
+        except ClusterError as exc:
+            self.fail(400, str(exc))
+
+    def reply(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+
+def _optional_count(data: dict[str, Any], key: str, what: str, minimum: int = 0) -> int | None:
+    value = data.get(key)
+    return None if value is None else validate_count(value, what, minimum)
+
+
+class ClustersHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        self.reply({"clusters": self.manager.clusters()})
+
+    @tornado.web.authenticated
+    async def post(self) -> None:
+        data = self.body()
+        unknown = sorted(set(data) - {"name", "workers", "threads", "memory_limit", "backend"})
+        if unknown:
+            self.fail(400, f"unknown field(s) {', '.join(unknown)}; a new cluster takes name, workers, threads, memory_limit and backend.")
+        try:
+            workers = _optional_count(data, "workers", "workers")
+            threads = _optional_count(data, "threads", "threads", minimum=1)
+            name = validate_name(data["name"]) if data.get("name") not in (None, "") else None
+        except ClusterError as exc:
+            self.fail(400, str(exc))
+        memory_limit = data.get("memory_limit") or None
+        if memory_limit is not None and not isinstance(memory_limit, (str, int)):
+            self.fail(400, "memory_limit must be a size such as \"2GiB\" or a number of bytes.")
+        backend = data.get("backend") or None
+        if backend is not None and not isinstance(backend, str):
+            self.fail(400, "backend must be the name of a backend.")
+        summary = await self.run(
+            self.manager.start_cluster(name=name, workers=workers, threads=threads, memory_limit=memory_limit, backend=backend)
+        )
+        self.reply({"cluster": summary}, status=201)
+
+
+class ClusterHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self, name: str) -> None:
+        self.reply(await self.run(self.manager.cluster(self.name_arg(name))))
+
+    @tornado.web.authenticated
+    async def delete(self, name: str) -> None:
+        name = self.name_arg(name)
+        await self.run(self.manager.stop(name))
+        self.reply({"stopped": name})
+
+
+class ScaleHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def post(self, name: str) -> None:
+        name = self.name_arg(name)
+        data = self.body()
+        if "workers" not in data:
+            self.fail(400, "give the number of workers as {\"workers\": N}.")
+        await self.run(self.manager.scale(name, data["workers"]))
+        self.reply({"cluster": name, "workers": data["workers"]})
+
+
+class AdaptHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def post(self, name: str) -> None:
+        name = self.name_arg(name)
+        data = self.body()
+        minimum = data.get("minimum", 0)
+        maximum = data.get("maximum")
+        await self.run(self.manager.adapt(name, minimum, maximum))
+        self.reply({"cluster": name, "minimum": minimum, "maximum": maximum})
+
+
+class TopicsHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self, name: str) -> None:
+        name = self.name_arg(name)
+        try:
+            self.reply({"cluster": name, "topics": self.manager.topics(name)})
+        except NotFound as exc:
+            self.fail(404, str(exc))
+
+
+class MetricsHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self, name: str, topic: str) -> None:
+        name = self.name_arg(name)
+        try:
+            self.reply(self.manager.metrics(name, unquote(topic)))
+        except NotFound as exc:
+            self.fail(404, str(exc))
+
+
+class JobsHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        cluster = self.get_query_argument("cluster", None)
+        try:
+            self.reply(self.manager.jobs(self.name_arg(cluster) if cluster else None))
+        except NotFound as exc:
+            self.fail(404, str(exc))
+
+
+class ConfigHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        from ..backends import available
+
+        self.reply(
+            {
+                "backend": config.get("backend"),
+                "backends": sorted(available()),
+                "local_workers": config.get("local.workers"),
+            }
+        )
+
+
+class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
+    """Pushes what changed, at most once per interval.
+
+    Messages from the server::
+
+        {"type": "clusters", "clusters": [...]}
+        {"type": "jobs", "running": [...], "recent": [...]}
+        {"type": "cluster", "name": N, "model": {...}}          the watched cluster, with workers
+        {"type": "topics", "cluster": N, "topics": [...]}
+        {"type": "metrics", "cluster": N, "topic": T, "data": {...}}  a watched topic, when it changed
+        {"type": "error", "message": "..."}
+
+    Messages from the panel::
+
+        {"type": "watch", "cluster": N | null, "topics": [T, ...]}
+        {"type": "interval", "ms": 1000}
+    """
+
+    @property
+    def manager(self) -> ClusterManager:
+        return self.settings[SETTINGS_KEY]
+
+    @ws_authenticated
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        res = super().get(*args, **kwargs)
+        if res is not None:
+            await res
+
+    def open(self, *args: Any, **kwargs: Any) -> None:
+        self.interval = 1.0
+        self.cluster: str | None = None
+        self.topics: list[str] = []
+        self.sent: dict[str, Any] = {}
+        self.versions: dict[str, int] = {}
+        self.wake = asyncio.Event()
+        self.task = asyncio.get_running_loop().create_task(self._pump())
+
+    def on_message(self, message: str | bytes) -> None:
+        try:
+            msg = json.loads(message)
+            kind = msg["type"]
+            if kind == "watch":
+                cluster = msg.get("cluster")
+                self.cluster = validate_name(cluster) if cluster else None
+                topics = msg.get("topics") or []
+                if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+                    raise ValueError("topics must be a list of names")
+                self.topics = topics[:20]
+                self.sent.pop("cluster", None)
+                self.sent.pop("topics", None)
+                self.versions = {}
+            elif kind == "interval":
+                ms = msg["ms"]
+                if isinstance(ms, bool) or not isinstance(ms, (int, float)):
+                    raise ValueError("ms must be a number")
+                self.interval = min(max(float(ms) / 1000, 0.2), 60.0)
+            else:
+                raise ValueError(f"unknown message type {kind!r}")
+        except (ValueError, KeyError, TypeError, ClusterError) as exc:
+            self._send({"type": "error", "message": f"bad message: {exc}"})
+            return
+        self.wake.set()
+
+    def on_close(self) -> None:
+        task = getattr(self, "task", None)
+        if task is not None:
+            task.cancel()
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        self.write_message(json.dumps(msg))
+
+    async def _pump(self) -> None:
+        try:
+            while True:
+                try:
+                    await self._push()
+                except tornado.websocket.WebSocketClosedError:
+                    return
+                except Exception as exc:  # keep the socket alive; say what went wrong
+                    self.log.debug("jupyter-cluster websocket: %s", exc)
+                self.wake.clear()
+                try:
+                    await asyncio.wait_for(self.wake.wait(), self.interval)
+                except asyncio.TimeoutError:
+                    pass
+        except asyncio.CancelledError:
+            return
+
+    async def _push(self) -> None:
+        m = self.manager
+        if self.sent.get("clusters") != m.version:
+            self.sent["clusters"] = m.version
+            self._send({"type": "clusters", "clusters": m.clusters()})
+        jv = m.jobs_version()
+        if self.sent.get("jobs") != jv:
+            self.sent["jobs"] = jv
+            self._send({"type": "jobs", **m.jobs()})
+        name = self.cluster
+        if not name or name not in m.connections:
+            return
+        try:
+            model = await m.cluster(name)
+        except (ClusterError, OSError, asyncio.TimeoutError):
+            model = None
+        if model is not None and model != self.sent.get("cluster"):
+            self.sent["cluster"] = model
+            self._send({"type": "cluster", "name": name, "model": model})
+        topics = m.topics(name)
+        key = [(t["topic"], t["version"]) for t in topics]
+        if key != self.sent.get("topics"):
+            self.sent["topics"] = key
+            self._send({"type": "topics", "cluster": name, "topics": topics})
+        stores = m.connections[name].metrics
+        for topic in self.topics:
+            store = stores.get(topic)
+            if store is None or self.versions.get(topic) == store.version:
+                continue
+            data = m.metrics(name, topic)
+            self.versions[topic] = data["version"]
+            self._send({"type": "metrics", "cluster": name, "topic": topic, "data": data})
+
+
+def setup_handlers(web_app: Any, manager: ClusterManager) -> None:
+    """Register the routes on the Jupyter server's tornado application."""
+    base = url_path_join(web_app.settings["base_url"], API)
+    web_app.settings[SETTINGS_KEY] = manager
+    routes = [
+        (r"/clusters/?", ClustersHandler),
+        (rf"/clusters/{NAME}/?", ClusterHandler),
+        (rf"/clusters/{NAME}/scale/?", ScaleHandler),
+        (rf"/clusters/{NAME}/adapt/?", AdaptHandler),
+        (rf"/clusters/{NAME}/metrics/?", TopicsHandler),
+        (rf"/clusters/{NAME}/metrics/(?P<topic>[^/]+)/?", MetricsHandler),
+        (r"/jobs/?", JobsHandler),
+        (r"/config/?", ConfigHandler),
+        (r"/events/?", EventsSocket),
+    ]
+    web_app.add_handlers(".*$", [(base + pattern, handler) for pattern, handler in routes])

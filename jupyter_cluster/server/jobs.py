@@ -1,0 +1,84 @@
+"""Running and recent map jobs of one cluster, from the ``jupyter-cluster:jobs`` topic.
+
+Every submitting kernel publishes its jobs' progress there (see
+:mod:`jupyter_cluster.progress`); the scheduler keeps only a short backlog, so
+the server keeps the latest message per job here.  No Dask, no HTTP: messages
+in, the panel's JSON out.  (Metrics are kept by
+:class:`jupyter_cluster.events.TopicStore`, the same class the notebook uses.)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from numbers import Real
+from typing import Any
+
+JOB_STATES = ("running", "finished", "failed", "cancelled", "lost")
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, Real):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+class JobsStore:
+    """Latest progress of every map job published on ``jupyter-cluster:jobs``.
+
+    Parameters
+    ----------
+    keep_recent : int
+        Finished jobs kept for display.
+    """
+
+    def __init__(self, keep_recent: int = 20):
+        self.keep_recent = keep_recent
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.version = 0
+
+    def add(self, msg: Any) -> bool:
+        """Take one job message; returns whether it was valid."""
+        if not isinstance(msg, dict) or not isinstance(msg.get("job"), str):
+            return False
+        state = msg.get("state") if msg.get("state") in JOB_STATES else "running"
+        job = {
+            "job": msg["job"],
+            "label": str(msg.get("label") or msg["job"]),
+            "kernel": msg.get("kernel"),
+            "cluster": msg.get("cluster"),
+            "total": msg.get("total") if isinstance(msg.get("total"), int) else None,
+            "done": int(msg.get("done") or 0),
+            "failed": int(msg.get("failed") or 0),
+            "state": state,
+            "started": _number(msg.get("started")) or time.time(),
+            "updated": _number(msg.get("updated")) or time.time(),
+        }
+        old = self.jobs.get(job["job"])
+        if old is not None and old["updated"] > job["updated"]:
+            return True  # a late duplicate from the backlog
+        self.jobs[job["job"]] = job
+        self.version += 1
+        self._trim()
+        return True
+
+    def _trim(self) -> None:
+        ended = [j for j in self.jobs.values() if j["state"] != "running"]
+        if len(ended) > self.keep_recent:
+            ended.sort(key=lambda j: j["updated"])
+            for j in ended[: len(ended) - self.keep_recent]:
+                del self.jobs[j["job"]]
+
+    def mark_lost(self, alive) -> None:
+        """Mark running jobs whose submitting kernel is gone (``alive(pid) -> bool``)."""
+        for j in self.jobs.values():
+            if j["state"] == "running" and isinstance(j["kernel"], int) and not alive(j["kernel"]):
+                j["state"] = "lost"
+                self.version += 1
+
+    def snapshot(self) -> dict[str, list[dict[str, Any]]]:
+        """``{"running": [...], "recent": [...]}``, newest first."""
+        running = sorted((j for j in self.jobs.values() if j["state"] == "running"), key=lambda j: -j["started"])
+        recent = sorted((j for j in self.jobs.values() if j["state"] != "running"), key=lambda j: -j["updated"])
+        return {"running": [dict(j) for j in running], "recent": [dict(j) for j in recent]}

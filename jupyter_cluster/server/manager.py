@@ -1,0 +1,572 @@
+"""The Jupyter server's view of every cluster on the machine (no HTTP in here).
+
+:class:`ClusterManager` reads the registry (:func:`jupyter_cluster.registry.live_records`)
+and keeps one asynchronous ``distributed.Client`` per live scheduler.  Each
+client subscribes to the telemetry topics (``jupyter-cluster:jobs``, and every
+``jupyter-cluster:metrics:<topic>`` through the index topic) and keeps their
+history (:mod:`.jobs`, :class:`jupyter_cluster.events.TopicStore`), because
+the scheduler itself keeps only a short backlog.  A lost
+scheduler connection is retried with backoff (a restarted scheduler is
+re-subscribed); a record whose owner died disappears at the next refresh.
+
+Clusters the panel starts are owned by a separate host process
+(:mod:`.host`); scaling and stopping any cluster is asked of its owner over
+the scheduler's control topic (:mod:`.control`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from typing import Any
+
+from .. import config, events, registry, session
+from ..errors import ClusterError
+from . import control
+from .jobs import JobsStore
+
+logger = logging.getLogger(__name__)
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+MAX_WORKERS = 10_000
+
+#: downsampling of a topic for the sidebar (narrower than a notebook cell)
+PANEL_MODEL = {"max_points": 4000, "max_cells": 40_000, "per_series_points": 1000}
+
+
+class NotFound(ClusterError):
+    """No live cluster of that name."""
+
+
+def validate_name(name: Any) -> str:
+    """A cluster name as the registry accepts it, or :class:`ClusterError`."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise ClusterError(f"{name!r} is not a valid cluster name; use letters, digits, '-', '_' or '.' (at most 63, starting with a letter or digit).")
+    return name
+
+
+def validate_count(value: Any, what: str, minimum: int = 0) -> int:
+    """An integer worker count between ``minimum`` and :data:`MAX_WORKERS`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_WORKERS:
+        raise ClusterError(f"{what} must be a whole number from {minimum} to {MAX_WORKERS}, not {value!r}.")
+    return value
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Connection:
+    """One live registry record and the server's client to its scheduler."""
+
+    def __init__(self, record: registry.ClusterRecord):
+        self.record = record
+        self.name = record.name
+        self.client: Any = None
+        self.status = "connecting"  # "running" | "unreachable" | "connecting"
+        self.error: str | None = None
+        self.totals: dict[str, Any] = {"n_workers": 0, "cores": 0, "memory_limit": 0}
+        self.jobs = JobsStore()
+        #: topic -> TopicStore, filled by an events.Hub; kept across reconnects
+        #: so that the stores drop what a re-reached scheduler sends again
+        self.metrics: dict[str, events.TopicStore] = {}
+        self._jobs_ts = 0.0
+        self._pending: dict[str, asyncio.Future] = {}
+        self._next_attempt = 0.0
+        self._backoff = 0.25
+        self.connects = 0  # how many times a client was (re)connected
+
+    # -- connection ------------------------------------------------------------
+    async def tick(self) -> None:
+        """Keep the client connected and the topic subscriptions current."""
+        client = self.client
+        if client is not None and client.status != "running":
+            # A dropped scheduler connection: its own reconnect would not re-subscribe.
+            await self._drop_client()
+            self.status = "unreachable"
+        if self.client is None:
+            if time.monotonic() < self._next_attempt:
+                return
+            await self._connect()
+            if self.client is None:
+                return
+        try:
+            info = await asyncio.wait_for(self.client.scheduler.identity(n_workers=0), 5)
+            self.totals = {
+                "n_workers": info.get("n_workers", 0),
+                "cores": info.get("total_threads", 0),
+                "memory_limit": info.get("total_memory", 0),
+            }
+        except (OSError, asyncio.TimeoutError) as exc:
+            self.error = str(exc) or type(exc).__name__
+            await self._drop_client()
+            self.status = "unreachable"
+
+    async def _connect(self) -> None:
+        from distributed import Client
+
+        if self.record.address.startswith("tls://"):
+            self.status = "unreachable"
+            self.error = "TLS cluster: the server has no credentials for it; use it from the kernel that started it."
+            self._next_attempt = float("inf")
+            return
+        client = None
+        try:
+            client = Client(self.record.address, asynchronous=True, timeout=3, set_as_default=False)
+            await client
+        except Exception as exc:  # OSError, TimeoutError, or a scheduler that speaks another version
+            self.error = str(exc) or type(exc).__name__
+            self.status = "unreachable" if self.connects else "connecting"
+            self._next_attempt = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, 5.0)
+            if client is not None:
+                await _quietly_close(client)
+            return
+        self.client = client
+        self.connects += 1
+        self._backoff = 0.25
+        self.status = "running"
+        self.error = None
+        # Re-subscribe everything; a restarted scheduler's events carry newer
+        # timestamps than anything kept, and a re-reached one's older events are skipped.
+        client.subscribe_topic(control.CONTROL_TOPIC, self._on_control)
+        await self._subscribe_jobs()
+        await self._subscribe_metrics()
+
+    async def _drop_client(self) -> None:
+        client, self.client = self.client, None
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(ClusterError(f"lost the connection to the scheduler of {self.name!r}."))
+        self._pending.clear()
+        if client is not None:
+            await _quietly_close(client)
+
+    async def close(self) -> None:
+        await self._drop_client()
+
+    async def _subscribe_jobs(self) -> None:
+        """Subscribe, then replay the scheduler's backlog without losing or doubling events."""
+        client = self.client
+        state: dict[str, Any] = {"syncing": True, "buffer": []}
+
+        def on_event(event: tuple[float, Any]) -> None:
+            if state["syncing"]:
+                state["buffer"].append(event)
+            else:
+                self._job_event(event)
+
+        client.subscribe_topic(events.JOBS_TOPIC, on_event)
+        try:
+            backlog = await asyncio.wait_for(client.get_events(events.JOBS_TOPIC), 10)
+        except Exception:  # no backlog is no reason to stop following the live feed
+            backlog = ()
+        last = self._jobs_ts  # older events were seen before a reconnect
+        for event in list(backlog) + state["buffer"]:
+            if event[0] > last:
+                self._job_event(event)
+                last = event[0]
+        state["syncing"] = False
+        state["buffer"] = []
+
+    def _job_event(self, event: tuple[float, Any]) -> None:
+        ts, msg = event
+        self._jobs_ts = max(self._jobs_ts, ts)
+        if isinstance(msg, dict):
+            self.jobs.add(dict(msg, cluster=self.name))
+
+    async def _subscribe_metrics(self) -> None:
+        """Every metrics topic through the index topic, then each topic's backlog.
+
+        The stores number reports per producer, so the overlap between the
+        backlog and the live feed (or a second backlog after a reconnect) is
+        dropped there, and only real gaps count as dropped.
+        """
+        hub = events.Hub(self.client, stores=self.metrics)
+        self.client.subscribe_topic(events.INDEX_TOPIC, lambda event: hub.ingest(event[1]))
+        backlog = await asyncio.wait_for(self.client.get_events(), 10)
+        for dask_topic, evs in backlog.items():
+            if dask_topic.startswith(events.PREFIX):
+                for _, msg in evs:
+                    hub.ingest(msg, dask_topic[len(events.PREFIX) :])
+
+    def _on_control(self, event: tuple[float, Any]) -> None:
+        msg = event[1]
+        if isinstance(msg, dict) and msg.get("op") == "reply":
+            fut = self._pending.get(msg.get("id"))
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+
+    async def request(self, op: str, timeout: float = 10.0, **args: Any) -> None:
+        """Ask the cluster's owner to carry out ``op``; raise its error, or TimeoutError."""
+        if self.client is None:
+            raise ClusterError(f"the scheduler of {self.name!r} at {self.record.address} does not answer right now.")
+        msg = control.make_request(self.name, op, **args)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[msg["id"]] = fut
+        try:
+            await self.client.log_event(control.CONTROL_TOPIC, msg)
+            reply = await asyncio.wait_for(fut, timeout)
+        finally:
+            self._pending.pop(msg["id"], None)
+        if not reply.get("ok"):
+            raise ClusterError(reply.get("error") or f"the owner of {self.name!r} refused to {op} it.")
+
+    # -- views -----------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        r = self.record
+        return {
+            "name": r.name,
+            "backend": r.backend,
+            "address": r.address,
+            "dashboard_link": r.dashboard_link,
+            "owner_kind": r.owner_kind,
+            "owner_pid": r.owner_pid,
+            "attached": r.attached,
+            "started": r.started,
+            "status": self.status,
+            "error": self.error,
+            **self.totals,
+            "jobs_running": sum(1 for j in self.jobs.jobs.values() if j["state"] == "running"),
+            "topics": sorted(self.metrics),
+        }
+
+    async def model(self) -> dict[str, Any]:
+        """Details and workers, in the shape of :meth:`ClusterHandle.model`."""
+        if self.client is None:
+            raise ClusterError(f"the scheduler of {self.name!r} at {self.record.address} does not answer right now.")
+        info = await asyncio.wait_for(self.client.scheduler.identity(n_workers=-1), 10)
+        model = session.ClusterHandle.model(_RemoteView(self.record, info.get("workers", {})))  # type: ignore[arg-type]
+        model.update({k: v for k, v in self.summary().items() if k not in model})
+        return model
+
+
+class _RemoteView:
+    """What :meth:`ClusterHandle.model` reads, for a cluster seen from the server.
+
+    Lets the one function that shapes a cluster for display serve the panel too.
+    """
+
+    def __init__(self, record: registry.ClusterRecord, workers: dict[str, Any]):
+        self.name = record.name
+        self.backend = record.backend
+        self.address = record.address
+        self.dashboard_link = record.dashboard_link
+        self.owns_cluster = not record.attached
+        self._workers_info = workers
+
+    def _workers(self) -> dict[str, Any]:
+        return self._workers_info
+
+
+async def _quietly_close(client: Any) -> None:
+    try:
+        await asyncio.wait_for(client.close(timeout=2), 3)
+    except Exception:  # closing a client whose scheduler vanished may fail in many ways; it is gone either way
+        pass
+
+
+def _visible(records: list[registry.ClusterRecord]) -> dict[str, registry.ClusterRecord]:
+    """One record per scheduler: a kernel that attached to a known cluster adds no row."""
+    owned = {r.address for r in records if not r.attached}
+    return {r.name: r for r in records if not (r.attached and r.address in owned)}
+
+
+class ClusterManager:
+    """Every live cluster on the machine, connected and observed.
+
+    Parameters
+    ----------
+    interval : float
+        Seconds between registry scans and scheduler polls.
+    """
+
+    def __init__(self, interval: float = 0.5):
+        self.interval = interval
+        self.connections: dict[str, Connection] = {}
+        self.version = 0  # bumped whenever the cluster list changes
+        self._last_list: Any = None
+        self._task: asyncio.Task | None = None
+        self._hosts: dict[str, Any] = {}
+        self._lock = asyncio.Lock()
+
+    # -- lifecycle -------------------------------------------------------------
+    def start(self) -> None:
+        """Start refreshing in the background (on the running event loop)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        """Stop refreshing and close every client (clusters keep running)."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._task = None
+        for conn in list(self.connections.values()):
+            await conn.close()
+        self.connections.clear()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # one bad record or scheduler must not end the refresh loop
+                logger.exception("jupyter-cluster: refresh failed")
+            await asyncio.sleep(self.interval)
+
+    async def refresh(self) -> None:
+        """Sync with the registry once and poll every scheduler."""
+        async with self._lock:
+            records = _visible(registry.live_records())
+            for name in list(self.connections):
+                rec = records.get(name)
+                conn = self.connections[name]
+                if rec is None or (rec.address, rec.owner_pid, rec.started) != (
+                    conn.record.address,
+                    conn.record.owner_pid,
+                    conn.record.started,
+                ):
+                    del self.connections[name]
+                    await conn.close()
+            for name, rec in records.items():
+                if name not in self.connections:
+                    self.connections[name] = Connection(rec)
+            conns = list(self.connections.values())
+            await asyncio.gather(*(self._tick(c) for c in conns))
+            for c in conns:
+                c.jobs.mark_lost(_pid_alive)
+            listing = [c.summary() for c in conns]
+            if listing != self._last_list:
+                self._last_list = listing
+                self.version += 1
+
+    @staticmethod
+    async def _tick(conn: Connection) -> None:
+        try:
+            await asyncio.wait_for(conn.tick(), 15)
+        except Exception as exc:
+            conn.error = str(exc) or type(exc).__name__
+            logger.debug("jupyter-cluster: %s: %s", conn.name, conn.error)
+
+    # -- queries ---------------------------------------------------------------
+    def get(self, name: str) -> Connection:
+        conn = self.connections.get(name)
+        if conn is None:
+            raise NotFound(f"no live cluster named {name!r}; the list shows the running ones.")
+        return conn
+
+    def clusters(self) -> list[dict[str, Any]]:
+        """Summaries of the live clusters, oldest first."""
+        return sorted((c.summary() for c in self.connections.values()), key=lambda s: s["started"])
+
+    async def cluster(self, name: str) -> dict[str, Any]:
+        """One cluster's details and workers."""
+        return await self.get(name).model()
+
+    def jobs(self, name: str | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Running and recent map jobs of one cluster, or of all of them."""
+        conns = [self.get(name)] if name else list(self.connections.values())
+        running: list[dict[str, Any]] = []
+        recent: list[dict[str, Any]] = []
+        for c in conns:
+            snap = c.jobs.snapshot()
+            running += snap["running"]
+            recent += snap["recent"]
+        running.sort(key=lambda j: -j["started"])
+        recent.sort(key=lambda j: -j["updated"])
+        return {"running": running, "recent": recent[:20]}
+
+    def jobs_version(self) -> int:
+        return sum(c.jobs.version for c in self.connections.values()) + len(self.connections)
+
+    def topics(self, name: str) -> list[dict[str, Any]]:
+        """What each of one cluster's metric topics holds (no points)."""
+        conn = self.get(name)
+        out = []
+        for topic in sorted(conn.metrics):
+            store = conn.metrics[topic]
+            out.append(
+                {
+                    "topic": topic,
+                    "version": store.version,
+                    "received": store.received,
+                    "dropped": store.dropped,
+                    "scalars": sorted(store.scalars),
+                    "vectors": sorted(store.vectors),
+                    "series": len(store.series),
+                }
+            )
+        return out
+
+    def metrics(self, name: str, topic: str) -> dict[str, Any]:
+        """A topic in the shared metrics model, downsampled for the panel, plus ``version``."""
+        conn = self.get(name)
+        store = conn.metrics.get(topic)
+        if store is None:
+            known = ", ".join(sorted(conn.metrics)) or "none yet"
+            raise NotFound(f"cluster {name!r} has no metrics topic {topic!r} (topics: {known}).")
+        version = store.version
+        data = store.model(**PANEL_MODEL)
+        data["version"] = version
+        return data
+
+    # -- control -----------------------------------------------------------------
+    def _new_name(self) -> str:
+        taken = {r.name for r in registry.live_records()} | set(self.connections)
+        i = 1
+        while f"panel-{i}" in taken:
+            i += 1
+        return f"panel-{i}"
+
+    async def start_cluster(
+        self,
+        name: str | None = None,
+        workers: int | None = None,
+        threads: int | None = None,
+        memory_limit: str | None = None,
+        backend: str | None = None,
+        timeout: float = 180.0,
+    ) -> dict[str, Any]:
+        """Start a cluster owned by a new host process; returns its summary."""
+        from .. import backends
+
+        name = validate_name(name) if name is not None else self._new_name()
+        if registry.read(name) is not None:
+            raise ClusterError(f"a cluster named {name!r} already exists; choose another name.")
+        backend = backend or config.get("backend")
+        if backend not in backends.available():
+            raise ClusterError(f"unknown backend {backend!r}; choose one of: {', '.join(sorted(backends.available()))}.")
+        if workers is not None:
+            validate_count(workers, "workers")
+        if threads is not None:
+            validate_count(threads, "threads", minimum=1)
+        cmd = [sys.executable, "-m", "jupyter_cluster.server.host", "--name", name, "--backend", backend]
+        if workers is not None:
+            cmd += ["--workers", str(workers)]
+        if threads is not None:
+            cmd += ["--threads", str(threads)]
+        if memory_limit:
+            cmd += ["--memory-limit", str(memory_limit)]
+        log_path = _log_path(name)
+        cmd += ["--log", log_path]
+        with open(log_path, "ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,  # Ctrl-C on the server must not stop the cluster
+            )
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+        except asyncio.TimeoutError:
+            _kill_group(proc.pid)
+            raise ClusterError(f"cluster {name!r} did not start within {timeout:g} s; see {log_path}.") from None
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            code = await _exit_code(proc)
+            raise ClusterError(f"the process starting {name!r} exited (code {code}) without starting it; see {log_path}.") from None
+        if not answer.get("ok"):
+            await _exit_code(proc)
+            raise ClusterError(answer.get("error") or f"cluster {name!r} could not start; see {log_path}.")
+        self._hosts[name] = proc
+        deadline = time.monotonic() + 10
+        while name not in self.connections and time.monotonic() < deadline:
+            await self.refresh()
+            if name not in self.connections:
+                await asyncio.sleep(0.05)
+        return self.get(name).summary()
+
+    async def scale(self, name: str, n: int) -> None:
+        validate_count(n, "workers")
+        conn = self.get(name)
+        await self._request(conn, "scale", n=n)
+
+    async def adapt(self, name: str, minimum: int = 0, maximum: int | None = None) -> None:
+        validate_count(minimum, "minimum")
+        if maximum is not None:
+            validate_count(maximum, "maximum")
+            if maximum < minimum:
+                raise ClusterError(f"maximum ({maximum}) must be at least minimum ({minimum}).")
+        conn = self.get(name)
+        await self._request(conn, "adapt", minimum=minimum, maximum=maximum)
+
+    async def _request(self, conn: Connection, op: str, **args: Any) -> None:
+        try:
+            await conn.request(op, **args)
+        except asyncio.TimeoutError:
+            raise ClusterError(
+                f"the owner of {conn.name!r} ({conn.record.owner_kind} pid {conn.record.owner_pid}) did not answer; "
+                f"{op} it from the process that started it."
+            ) from None
+
+    async def stop(self, name: str, timeout: float = 20.0) -> None:
+        """Stop a cluster: ask its owner; failing that, end it ourselves."""
+        conn = self.get(name)
+        rec = conn.record
+        asked = False
+        if conn.client is not None:
+            try:
+                await conn.request("stop", timeout=5)
+                asked = True
+            except (asyncio.TimeoutError, ClusterError):
+                asked = False
+        if not asked:
+            if rec.owner_kind == "panel" and rec.owner_alive():
+                os.kill(rec.owner_pid, signal.SIGTERM)
+            elif conn.client is not None:
+                try:
+                    await asyncio.wait_for(conn.client.shutdown(), 10)
+                except Exception:  # the scheduler closes the connection as it goes down
+                    pass
+                registry.remove(name)
+            else:
+                raise ClusterError(f"cluster {name!r} does not answer and is not ours to end; stop it where it was started.")
+        deadline = time.monotonic() + timeout
+        while registry.read(name) is not None:
+            if time.monotonic() > deadline:
+                raise ClusterError(f"cluster {name!r} was asked to stop but is still registered after {timeout:g} s.")
+            await asyncio.sleep(0.1)
+        proc = self._hosts.pop(name, None)
+        if proc is not None:
+            await _exit_code(proc, timeout=10)
+        await self.refresh()
+
+
+def _log_path(name: str) -> str:
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    folder = os.path.join(jupyter_runtime_dir(), "jupyter-cluster-logs")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    return os.path.join(folder, f"{name}.log")
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def _exit_code(proc: Any, timeout: float = 5.0) -> int | None:
+    try:
+        return await asyncio.wait_for(proc.wait(), timeout)
+    except asyncio.TimeoutError:
+        return None
+

@@ -1,0 +1,141 @@
+/**
+ * jupyter-cluster: registers the cluster sidebar, its palette commands and
+ * settings.  Registration only; the panel lives in panel.ts.
+ */
+import {
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { ICommandPalette, InputDialog } from '@jupyterlab/apputils';
+import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
+
+import { requestAPI } from './api';
+import { IClusterSummary, connectCode } from './model';
+import { ClusterPanel, DEFAULT_SETTINGS, IPanelSettings, clusterIcon } from './panel';
+
+const PLUGIN_ID = 'jupyter-cluster:plugin';
+
+namespace CommandIDs {
+  export const open = 'jupyter-cluster:open';
+  export const start = 'jupyter-cluster:start';
+  export const stop = 'jupyter-cluster:stop';
+  export const scale = 'jupyter-cluster:scale';
+  export const insertConnect = 'jupyter-cluster:insert-connect';
+}
+
+/** The cluster named in the command's args, the panel's selection, or one the user picks. */
+async function pickCluster(panel: ClusterPanel, args: { name?: unknown }, verb: string): Promise<string | null> {
+  if (typeof args.name === 'string' && args.name) {
+    return args.name;
+  }
+  const { clusters } = await requestAPI<{ clusters: IClusterSummary[] }>('clusters');
+  const names = clusters.map(c => c.name);
+  if (names.length === 0) {
+    return null;
+  }
+  if (names.length === 1) {
+    return names[0];
+  }
+  const current = panel.selected && names.includes(panel.selected) ? names.indexOf(panel.selected) : 0;
+  const result = await InputDialog.getItem({ title: `Cluster to ${verb}`, items: names, current });
+  return result.button.accept ? result.value : null;
+}
+
+function settingsFrom(settings: ISettingRegistry.ISettings): IPanelSettings {
+  const rate = Number(settings.get('refreshRate').composite);
+  const workers = settings.get('defaultWorkers').composite;
+  return {
+    refreshRate: Number.isFinite(rate) && rate > 0 ? rate : DEFAULT_SETTINGS.refreshRate,
+    defaultWorkers: typeof workers === 'number' ? workers : null
+  };
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: PLUGIN_ID,
+  description: 'Every Dask cluster on the machine: workers, map jobs and live metrics.',
+  autoStart: true,
+  optional: [ICommandPalette, ISettingRegistry, INotebookTracker, ILayoutRestorer],
+  activate: (
+    app: JupyterFrontEnd,
+    palette: ICommandPalette | null,
+    settingRegistry: ISettingRegistry | null,
+    notebooks: INotebookTracker | null,
+    restorer: ILayoutRestorer | null
+  ): void => {
+    const panel = new ClusterPanel();
+    app.shell.add(panel, 'left', { rank: 250 });
+    restorer?.add(panel, 'jupyter-cluster-panel');
+
+    const insertConnect = (name: string): void => {
+      const current = notebooks?.currentWidget;
+      if (!current) {
+        console.warn('jupyter-cluster: no notebook is open to insert into');
+        return;
+      }
+      const notebook = current.content;
+      NotebookActions.insertAbove(notebook);
+      notebook.activeCell?.model.sharedModel.setSource(connectCode(name));
+      app.shell.activateById(current.id);
+    };
+    panel.onConnect = notebooks ? insertConnect : null;
+
+    const { commands } = app;
+    commands.addCommand(CommandIDs.open, {
+      label: 'Show the Dask Clusters Panel',
+      icon: clusterIcon,
+      execute: () => app.shell.activateById(panel.id)
+    });
+    commands.addCommand(CommandIDs.start, {
+      label: 'Start a Dask Cluster…',
+      execute: () => panel.newCluster()
+    });
+    commands.addCommand(CommandIDs.stop, {
+      label: 'Stop a Dask Cluster…',
+      execute: async args => {
+        const name = await pickCluster(panel, args, 'stop');
+        if (name) {
+          await panel.stopCluster(name);
+        }
+      }
+    });
+    commands.addCommand(CommandIDs.scale, {
+      label: 'Scale a Dask Cluster…',
+      execute: async args => {
+        const name = await pickCluster(panel, args, 'scale');
+        if (name) {
+          await panel.scaleCluster(name, typeof args.workers === 'number' ? args.workers : undefined);
+        }
+      }
+    });
+    commands.addCommand(CommandIDs.insertConnect, {
+      label: 'Insert %cluster connect Into the Notebook',
+      isEnabled: () => !!notebooks?.currentWidget,
+      execute: async args => {
+        const name = await pickCluster(panel, args, 'connect to');
+        if (name) {
+          insertConnect(name);
+        }
+      }
+    });
+    if (palette) {
+      const category = 'Dask Clusters';
+      for (const command of Object.values(CommandIDs)) {
+        palette.addItem({ command, category });
+      }
+    }
+
+    if (settingRegistry) {
+      void settingRegistry
+        .load(PLUGIN_ID)
+        .then(settings => {
+          panel.configure(settingsFrom(settings));
+          settings.changed.connect(() => panel.configure(settingsFrom(settings)));
+        })
+        .catch(reason => console.error('jupyter-cluster: settings failed to load', reason));
+    }
+  }
+};
+
+export default plugin;

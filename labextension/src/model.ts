@@ -1,0 +1,324 @@
+/**
+ * Data shapes sent by the server extension and the pure functions the panel
+ * uses to handle them (no DOM, no JupyterLab: unit-tested with Jest).
+ *
+ * The interfaces mirror jupyter_cluster/server: IClusterSummary is
+ * Connection.summary(), IClusterModel is ClusterHandle.model() plus the
+ * summary, IJob is one message of the `jupyter-cluster:jobs` topic.
+ */
+import type { IMetricsModel } from './charts/charts';
+
+export type Owner = 'kernel' | 'panel' | 'process' | string;
+
+/** One row of the cluster list (GET clusters). */
+export interface IClusterSummary {
+  name: string;
+  backend: string;
+  address: string;
+  dashboard_link: string | null;
+  owner_kind: Owner;
+  owner_pid: number;
+  attached: boolean;
+  started: number;
+  status: 'connecting' | 'running' | 'unreachable' | string;
+  error: string | null;
+  n_workers: number;
+  cores: number;
+  memory_limit: number;
+  jobs_running: number;
+  topics: string[];
+}
+
+/** One worker of a cluster (ClusterHandle.model()["workers"]). */
+export interface IWorker {
+  name: string;
+  address: string;
+  status: string;
+  nthreads: number;
+  memory: number;
+  memory_limit: number;
+  cpu: number;
+  executing: number;
+  resources: { [key: string]: number };
+}
+
+/** One cluster's details and workers (GET clusters/NAME). */
+export interface IClusterModel extends IClusterSummary {
+  owns_cluster: boolean;
+  workers: IWorker[];
+  memory: number;
+}
+
+/** Progress of one map job, from any kernel. */
+export interface IJob {
+  job: string;
+  label: string;
+  kernel: number | null;
+  cluster: string;
+  total: number | null;
+  done: number;
+  failed: number;
+  state: 'running' | 'finished' | 'failed' | 'cancelled' | 'lost' | string;
+  started: number;
+  updated: number;
+}
+
+export interface IJobs {
+  running: IJob[];
+  recent: IJob[];
+}
+
+/** What one metrics topic holds (GET clusters/NAME/metrics). */
+export interface ITopicSummary {
+  topic: string;
+  version: number;
+  received: number;
+  dropped: number;
+  scalars: string[];
+  vectors: string[];
+  series: number;
+}
+
+/** Messages pushed on the events websocket. */
+export type ServerMessage =
+  | { type: 'clusters'; clusters: IClusterSummary[] }
+  | ({ type: 'jobs' } & IJobs)
+  | { type: 'cluster'; name: string; model: IClusterModel }
+  | { type: 'topics'; cluster: string; topics: ITopicSummary[] }
+  | { type: 'metrics'; cluster: string; topic: string; data: IMetricsModel & { version?: number } }
+  | { type: 'error'; message: string };
+
+/** Everything the panel shows. */
+export interface IPanelState {
+  clusters: IClusterSummary[];
+  jobs: IJobs;
+  selected: string | null;
+  detail: IClusterModel | null;
+  topics: ITopicSummary[];
+  topic: string | null;
+  metrics: IMetricsModel | null;
+  /** series keys the user switched off, per topic */
+  hidden: { [topic: string]: string[] };
+  error: string | null;
+}
+
+export function initialState(): IPanelState {
+  return {
+    clusters: [],
+    jobs: { running: [], recent: [] },
+    selected: null,
+    detail: null,
+    topics: [],
+    topic: null,
+    metrics: null,
+    hidden: {},
+    error: null
+  };
+}
+
+/**
+ * Apply one server message.  Returns a new state; keeps the selection valid
+ * (a vanished cluster or topic falls back to the first one there is).
+ */
+export function reduce(state: IPanelState, msg: ServerMessage): IPanelState {
+  switch (msg.type) {
+    case 'clusters': {
+      const names = msg.clusters.map(c => c.name);
+      const selected =
+        state.selected !== null && names.includes(state.selected)
+          ? state.selected
+          : (names[0] ?? null);
+      const changed = selected !== state.selected;
+      return {
+        ...state,
+        clusters: msg.clusters,
+        selected,
+        detail: changed ? null : state.detail,
+        topics: changed ? [] : state.topics,
+        topic: changed ? null : state.topic,
+        metrics: changed ? null : state.metrics
+      };
+    }
+    case 'jobs':
+      return { ...state, jobs: { running: msg.running, recent: msg.recent } };
+    case 'cluster':
+      return msg.name === state.selected ? { ...state, detail: msg.model } : state;
+    case 'topics': {
+      if (msg.cluster !== state.selected) {
+        return state;
+      }
+      const names = msg.topics.map(t => t.topic);
+      const topic =
+        state.topic !== null && names.includes(state.topic) ? state.topic : (names[0] ?? null);
+      return {
+        ...state,
+        topics: msg.topics,
+        topic,
+        metrics: topic === state.topic ? state.metrics : null
+      };
+    }
+    case 'metrics':
+      if (msg.cluster !== state.selected || msg.topic !== state.topic) {
+        return state;
+      }
+      return { ...state, metrics: msg.data };
+    case 'error':
+      return { ...state, error: msg.message };
+    default:
+      return state;
+  }
+}
+
+/** Select a cluster (clears what belonged to the previous one). */
+export function select(state: IPanelState, name: string | null): IPanelState {
+  if (name === state.selected) {
+    return state;
+  }
+  return { ...state, selected: name, detail: null, topics: [], topic: null, metrics: null };
+}
+
+/** Select a metrics topic of the selected cluster. */
+export function selectTopic(state: IPanelState, topic: string | null): IPanelState {
+  if (topic === state.topic) {
+    return state;
+  }
+  return { ...state, topic, metrics: null };
+}
+
+/** The watch message for the server: which cluster's workers and which topics to push. */
+export function watchMessage(state: IPanelState): {
+  type: 'watch';
+  cluster: string | null;
+  topics: string[];
+} {
+  return { type: 'watch', cluster: state.selected, topics: state.topic ? [state.topic] : [] };
+}
+
+/** Every series key in a metrics model, in natural order. */
+export function seriesKeys(model: IMetricsModel): string[] {
+  const keys = new Set<string>();
+  for (const bySeries of Object.values(model.scalars)) {
+    Object.keys(bySeries).forEach(k => keys.add(k));
+  }
+  for (const bySeries of Object.values(model.vectors)) {
+    Object.keys(bySeries).forEach(k => keys.add(k));
+  }
+  return [...keys].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+}
+
+/** The model without the hidden series (values left with no series are dropped). */
+export function filterSeries(model: IMetricsModel, hidden: Iterable<string>): IMetricsModel {
+  const off = new Set(hidden);
+  if (off.size === 0) {
+    return model;
+  }
+  const keep = <T>(bySeries: { [key: string]: T }): { [key: string]: T } | null => {
+    const out: { [key: string]: T } = {};
+    let any = false;
+    for (const [key, value] of Object.entries(bySeries)) {
+      if (!off.has(key)) {
+        out[key] = value;
+        any = true;
+      }
+    }
+    return any ? out : null;
+  };
+  const scalars: IMetricsModel['scalars'] = {};
+  for (const [name, bySeries] of Object.entries(model.scalars)) {
+    const kept = keep(bySeries);
+    if (kept) {
+      scalars[name] = kept;
+    }
+  }
+  const vectors: IMetricsModel['vectors'] = {};
+  for (const [name, bySeries] of Object.entries(model.vectors)) {
+    const kept = keep(bySeries);
+    if (kept) {
+      vectors[name] = kept;
+    }
+  }
+  return { ...model, scalars, vectors };
+}
+
+/** Toggle one series of a topic on or off. */
+export function toggleSeries(state: IPanelState, topic: string, key: string): IPanelState {
+  const current = new Set(state.hidden[topic] ?? []);
+  if (current.has(key)) {
+    current.delete(key);
+  } else {
+    current.add(key);
+  }
+  return { ...state, hidden: { ...state.hidden, [topic]: [...current].sort() } };
+}
+
+const UNITS = ['B', 'kiB', 'MiB', 'GiB', 'TiB', 'PiB'];
+
+/** 1536 -> "1.5 kiB"; 0 or unknown -> "-". */
+export function formatBytes(n: number | null | undefined): string {
+  if (!n || !Number.isFinite(n) || n <= 0) {
+    return '-';
+  }
+  let i = 0;
+  let v = n;
+  while (v >= 1024 && i < UNITS.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return `${v >= 100 || i === 0 ? Math.round(v) : v.toFixed(1)} ${UNITS[i]}`;
+}
+
+/** Memory use of a worker as a fraction of its limit, clamped to [0, 1]. */
+export function memoryFraction(w: Pick<IWorker, 'memory' | 'memory_limit'>): number {
+  if (!w.memory_limit || w.memory_limit <= 0) {
+    return 0;
+  }
+  return Math.min(1, Math.max(0, w.memory / w.memory_limit));
+}
+
+/** "panel", "kernel 4242", "kernel 4242 (attached)". */
+export function ownerText(c: Pick<IClusterSummary, 'owner_kind' | 'owner_pid' | 'attached'>): string {
+  const base = c.owner_kind === 'panel' ? 'panel' : `${c.owner_kind} ${c.owner_pid}`;
+  return c.attached ? `${base} (attached)` : base;
+}
+
+/** Progress of a job: fraction done (null when the total is unknown) and a label. */
+export function jobProgress(job: IJob): { fraction: number | null; text: string } {
+  const failed = job.failed > 0 ? `, ${job.failed} failed` : '';
+  if (job.total === null || job.total === undefined || job.total <= 0) {
+    return { fraction: job.state === 'running' ? null : 1, text: `${job.done} done${failed}` };
+  }
+  const fraction = Math.min(1, job.done / job.total);
+  return { fraction, text: `${job.done} / ${job.total}${failed}` };
+}
+
+/**
+ * A worker count typed by the user, or an error sentence.
+ *
+ * Mirrors the server's check (a whole number from 0 to 10000).
+ */
+export function parseWorkers(
+  text: string,
+  what = 'workers',
+  minimum = 0,
+  maximum = 10000
+): { value: number } | { error: string } {
+  const t = text.trim();
+  if (!/^\d+$/.test(t)) {
+    return { error: `${what} must be a whole number from ${minimum} to ${maximum}.` };
+  }
+  const value = Number(t);
+  if (value < minimum || value > maximum) {
+    return { error: `${what} must be a whole number from ${minimum} to ${maximum}.` };
+  }
+  return { value };
+}
+
+/** Cluster names the server accepts (same rule as the registry). */
+export function validName(name: string): boolean {
+  return /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/.test(name);
+}
+
+/** The notebook code that attaches a kernel to a cluster. */
+export function connectCode(name: string): string {
+  return `%load_ext jupyter_cluster\n%cluster connect ${name}`;
+}

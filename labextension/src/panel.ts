@@ -1,0 +1,624 @@
+/**
+ * The sidebar panel: every cluster on the machine, the selected cluster's
+ * workers, map jobs from every kernel, and live metrics charts.
+ *
+ * Updates arrive on the events websocket (the server pushes what changed at
+ * the refresh rate); actions go through REST.  State handling lives in
+ * model.ts; this file only draws it and wires the buttons.
+ */
+import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { eventsURL, postAPI, requestAPI } from './api';
+import { MetricsCharts } from './charts/charts';
+import {
+  IClusterSummary,
+  IJob,
+  IPanelState,
+  ServerMessage,
+  filterSeries,
+  formatBytes,
+  initialState,
+  jobProgress,
+  memoryFraction,
+  ownerText,
+  parseWorkers,
+  reduce,
+  select,
+  selectTopic,
+  seriesKeys,
+  toggleSeries,
+  validName,
+  watchMessage
+} from './model';
+
+const CLUSTER_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
+  <g class="jp-icon3" fill="#616161">
+    <circle cx="12" cy="4.5" r="2.5"/><circle cx="4.5" cy="18" r="2.5"/><circle cx="19.5" cy="18" r="2.5"/>
+    <circle cx="12" cy="13" r="2"/>
+    <path d="M11.3 6.8h1.4v4.4h-1.4zM6.1 16.6l4.5-2.6.7 1.2-4.5 2.6zM17.9 16.6l-4.5-2.6-.7 1.2 4.5 2.6z"/>
+  </g>
+</svg>`;
+
+/** The panel's icon in the left sidebar. */
+export const clusterIcon = new LabIcon({ name: 'jupyter-cluster:cluster', svgstr: CLUSTER_SVG });
+
+export interface IPanelSettings {
+  /** milliseconds between pushed updates */
+  refreshRate: number;
+  /** workers of a cluster started with "New" (null: the configured default) */
+  defaultWorkers: number | null;
+}
+
+export const DEFAULT_SETTINGS: IPanelSettings = { refreshRate: 1000, defaultWorkers: null };
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className = '',
+  text?: string
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  if (className) {
+    node.className = className;
+  }
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+function button(label: string, className: string, title: string, onClick: () => void): HTMLButtonElement {
+  const b = el('button', `jp-Button jc-button ${className}`, label);
+  b.title = title;
+  b.addEventListener('click', event => {
+    event.stopPropagation();
+    onClick();
+  });
+  return b;
+}
+
+/** A dialog body with labelled inputs; getValue() returns their current values. */
+class FormBody extends Widget implements Dialog.IBodyWidget<{ [name: string]: string }> {
+  private readonly inputs = new Map<string, HTMLInputElement>();
+
+  constructor(fields: { name: string; label: string; value: string; placeholder?: string }[]) {
+    super();
+    this.addClass('jc-form');
+    for (const f of fields) {
+      const label = el('label', 'jc-form-row');
+      label.append(el('span', '', f.label));
+      const input = el('input', `jp-mod-styled jc-input-${f.name}`);
+      input.name = f.name;
+      input.value = f.value;
+      input.placeholder = f.placeholder ?? '';
+      label.append(input);
+      this.node.append(label);
+      this.inputs.set(f.name, input);
+    }
+  }
+
+  getValue(): { [name: string]: string } {
+    const out: { [name: string]: string } = {};
+    this.inputs.forEach((input, name) => (out[name] = input.value));
+    return out;
+  }
+}
+
+/**
+ * The left-sidebar widget.
+ */
+export class ClusterPanel extends Widget {
+  private state: IPanelState = initialState();
+  private settings: IPanelSettings = { ...DEFAULT_SETTINGS };
+  private socket: WebSocket | null = null;
+  private backoff = 500;
+  private reconnectTimer = 0;
+  private started = false;
+  private charts: MetricsCharts | null = null;
+  private drawn: { [part: string]: string } = {};
+  private chartInput: { metrics: unknown; off: unknown } = { metrics: null, off: null };
+
+  private readonly errorNode = el('div', 'jc-error');
+  private readonly listNode = el('div', 'jc-clusters');
+  private readonly workersNode = el('div', 'jc-workers-section');
+  private readonly jobsNode = el('div', 'jc-jobs');
+  private readonly topicSelect = el('select', 'jp-mod-styled jc-topic');
+  private readonly seriesNode = el('div', 'jc-series');
+  private readonly chartsHost = el('div', 'jc-charts');
+  private readonly metricsEmpty = el('div', 'jc-empty', 'No metrics yet: call jupyter_cluster.report(...) in a task.');
+
+  constructor() {
+    super();
+    this.id = 'jupyter-cluster-panel';
+    this.addClass('jc-panel');
+    this.title.icon = clusterIcon;
+    this.title.caption = 'Dask clusters';
+
+    const header = el('div', 'jc-header');
+    header.append(el('h2', 'jc-title', 'Clusters'));
+    header.append(button('New', 'jc-new', 'Start a new cluster owned by the server (survives kernel restarts)', () => void this.newCluster()));
+    this.node.append(header, this.errorNode, this.listNode);
+
+    this.node.append(this.section('Workers', this.workersNode));
+    this.node.append(this.section('Jobs', this.jobsNode));
+    const metrics = el('div', 'jc-metrics-section');
+    this.topicSelect.title = 'Metrics topic';
+    this.topicSelect.addEventListener('change', () => {
+      this.setState(selectTopic(this.state, this.topicSelect.value || null));
+      this.sendWatch();
+    });
+    metrics.append(this.topicSelect, this.seriesNode, this.metricsEmpty, this.chartsHost);
+    this.node.append(this.section('Metrics', metrics));
+    this.render();
+  }
+
+  /** The cluster the user picked (or the first one). */
+  get selected(): string | null {
+    return this.state.selected;
+  }
+
+  /** Live clusters as last pushed. */
+  get clusters(): IClusterSummary[] {
+    return this.state.clusters;
+  }
+
+  /** Apply new settings (refresh rate is sent to the server at once). */
+  configure(settings: Partial<IPanelSettings>): void {
+    this.settings = { ...this.settings, ...settings };
+    this.send({ type: 'interval', ms: this.settings.refreshRate });
+  }
+
+  /** Connect the feed (idempotent); called when the panel is first shown. */
+  start(): void {
+    if (!this.started) {
+      this.started = true;
+      this.connect();
+    }
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    window.clearTimeout(this.reconnectTimer);
+    this.socket?.close();
+    this.socket = null;
+    this.charts?.dispose();
+    super.dispose();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this.start();
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    if (this.isVisible) {
+      this.start();
+    }
+  }
+
+  // -- feed --------------------------------------------------------------------
+  private connect(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    let socket: WebSocket;
+    try {
+      socket = new WebSocket(eventsURL());
+    } catch (error) {
+      this.scheduleReconnect();
+      return;
+    }
+    this.socket = socket;
+    socket.onopen = () => {
+      this.backoff = 500;
+      this.setError(null);
+      this.send({ type: 'interval', ms: this.settings.refreshRate });
+      this.sendWatch();
+    };
+    socket.onmessage = event => {
+      try {
+        this.dispatch(JSON.parse(String(event.data)) as ServerMessage);
+      } catch (error) {
+        console.error('jupyter-cluster: bad message', error);
+      }
+    };
+    socket.onclose = () => {
+      if (this.socket === socket) {
+        this.socket = null;
+        this.setError('Lost the connection to the server; reconnecting…');
+        this.scheduleReconnect();
+      }
+    };
+  }
+
+  private scheduleReconnect(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    window.clearTimeout(this.reconnectTimer);
+    this.reconnectTimer = window.setTimeout(() => this.connect(), this.backoff);
+    this.backoff = Math.min(this.backoff * 2, 10000);
+  }
+
+  private send(msg: unknown): void {
+    if (this.socket && this.socket.readyState === WebSocket.OPEN) {
+      this.socket.send(JSON.stringify(msg));
+    }
+  }
+
+  private sendWatch(): void {
+    this.send(watchMessage(this.state));
+  }
+
+  private dispatch(msg: ServerMessage): void {
+    const before = this.state;
+    this.setState(reduce(before, msg));
+    if (msg.type === 'error') {
+      console.warn('jupyter-cluster:', msg.message);
+    }
+    if (this.state.selected !== before.selected || this.state.topic !== before.topic) {
+      this.sendWatch();
+    }
+  }
+
+  private setState(state: IPanelState): void {
+    this.state = state;
+    this.render();
+  }
+
+  private setError(message: string | null): void {
+    this.state = { ...this.state, error: message };
+    this.renderError();
+  }
+
+  // -- actions -------------------------------------------------------------------
+  /** Ask for a name and a worker count, then start a cluster from the server. */
+  async newCluster(): Promise<void> {
+    const defaults = this.settings.defaultWorkers;
+    const body = new FormBody([
+      { name: 'name', label: 'Name', value: '', placeholder: 'automatic' },
+      { name: 'workers', label: 'Workers', value: defaults === null ? '' : String(defaults), placeholder: 'configured default' }
+    ]);
+    const result = await showDialog({
+      title: 'Start a cluster',
+      body,
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Start' })]
+    });
+    if (!result.button.accept || !result.value) {
+      return;
+    }
+    const request: { name?: string; workers?: number } = {};
+    const name = result.value.name.trim();
+    if (name) {
+      if (!validName(name)) {
+        await showErrorMessage('Invalid name', `${JSON.stringify(name)} is not a valid cluster name; use letters, digits, '-', '_' or '.'.`);
+        return;
+      }
+      request.name = name;
+    }
+    if (result.value.workers.trim()) {
+      const parsed = parseWorkers(result.value.workers);
+      if ('error' in parsed) {
+        await showErrorMessage('Invalid worker count', parsed.error);
+        return;
+      }
+      request.workers = parsed.value;
+    }
+    await this.startCluster(request);
+  }
+
+  /** Start a cluster through the server; returns its name. */
+  async startCluster(request: { name?: string; workers?: number }): Promise<string | null> {
+    this.setError(null);
+    this.node.classList.add('jc-starting');
+    try {
+      const reply = await postAPI<{ cluster: IClusterSummary }>('clusters', request);
+      this.setState(select(this.state, reply.cluster.name));
+      this.sendWatch();
+      return reply.cluster.name;
+    } catch (error) {
+      await showErrorMessage('Could not start the cluster', String((error as Error).message));
+      return null;
+    } finally {
+      this.node.classList.remove('jc-starting');
+    }
+  }
+
+  /** Ask for a worker count and scale ``name``. */
+  async scaleCluster(name: string, workers?: number): Promise<void> {
+    if (workers === undefined) {
+      const current = this.state.clusters.find(c => c.name === name)?.n_workers ?? 1;
+      const body = new FormBody([{ name: 'workers', label: 'Workers', value: String(current) }]);
+      const result = await showDialog({
+        title: `Scale ${name}`,
+        body,
+        buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Scale' })]
+      });
+      if (!result.button.accept || !result.value) {
+        return;
+      }
+      const parsed = parseWorkers(result.value.workers);
+      if ('error' in parsed) {
+        await showErrorMessage('Invalid worker count', parsed.error);
+        return;
+      }
+      workers = parsed.value;
+    }
+    await this.act(`Could not scale ${name}`, () => postAPI(`clusters/${encodeURIComponent(name)}/scale`, { workers }));
+  }
+
+  /** Ask for bounds and let ``name`` adapt between them. */
+  async adaptCluster(name: string): Promise<void> {
+    const body = new FormBody([
+      { name: 'minimum', label: 'Minimum', value: '0' },
+      { name: 'maximum', label: 'Maximum', value: String(Math.max(4, this.state.clusters.find(c => c.name === name)?.n_workers ?? 1)) }
+    ]);
+    const result = await showDialog({
+      title: `Adapt ${name}`,
+      body,
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Adapt' })]
+    });
+    if (!result.button.accept || !result.value) {
+      return;
+    }
+    const minimum = parseWorkers(result.value.minimum, 'minimum');
+    const maximum = parseWorkers(result.value.maximum, 'maximum');
+    for (const parsed of [minimum, maximum]) {
+      if ('error' in parsed) {
+        await showErrorMessage('Invalid bounds', parsed.error);
+        return;
+      }
+    }
+    await this.act(`Could not make ${name} adaptive`, () =>
+      postAPI(`clusters/${encodeURIComponent(name)}/adapt`, {
+        minimum: (minimum as { value: number }).value,
+        maximum: (maximum as { value: number }).value
+      })
+    );
+  }
+
+  /** Confirm and stop ``name``. */
+  async stopCluster(name: string, confirm = true): Promise<void> {
+    if (confirm) {
+      const owner = this.state.clusters.find(c => c.name === name);
+      const note =
+        owner && owner.owner_kind === 'kernel'
+          ? ` It belongs to kernel ${owner.owner_pid}; its work there stops too.`
+          : '';
+      const result = await showDialog({
+        title: `Stop ${name}?`,
+        body: `Its workers shut down.${note}`,
+        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Stop' })]
+      });
+      if (!result.button.accept) {
+        return;
+      }
+    }
+    await this.act(`Could not stop ${name}`, () => requestAPI(`clusters/${encodeURIComponent(name)}`, { method: 'DELETE' }));
+  }
+
+  /** Set by the plugin: inserts `%cluster connect NAME` into the active notebook. */
+  onConnect: ((name: string) => void) | null = null;
+
+  private async act(title: string, fn: () => Promise<unknown>): Promise<void> {
+    try {
+      await fn();
+    } catch (error) {
+      await showErrorMessage(title, String((error as Error).message));
+    }
+  }
+
+  // -- drawing -------------------------------------------------------------------
+  private section(title: string, body: HTMLElement): HTMLElement {
+    const s = el('section', `jc-section jc-section-${title.toLowerCase()}`);
+    s.append(el('h3', 'jc-section-title', title), body);
+    return s;
+  }
+
+  /** Redraw a part only when its data changed (keeps focus, scroll and zoom). */
+  private changed(part: string, data: unknown): boolean {
+    const key = JSON.stringify(data);
+    if (this.drawn[part] === key) {
+      return false;
+    }
+    this.drawn[part] = key;
+    return true;
+  }
+
+  private render(): void {
+    this.renderError();
+    this.renderClusters();
+    this.renderWorkers();
+    this.renderJobs();
+    this.renderMetrics();
+  }
+
+  private renderError(): void {
+    this.errorNode.textContent = this.state.error ?? '';
+    this.errorNode.style.display = this.state.error ? '' : 'none';
+  }
+
+  private renderClusters(): void {
+    const { clusters, selected } = this.state;
+    if (!this.changed('clusters', [clusters, selected])) {
+      return;
+    }
+    this.listNode.replaceChildren();
+    if (clusters.length === 0) {
+      this.listNode.append(el('div', 'jc-empty', 'No clusters. Start one with New, or %cluster start in a notebook.'));
+      return;
+    }
+    for (const c of clusters) {
+      const item = el('div', `jc-cluster${c.name === selected ? ' jc-selected' : ''}`);
+      item.dataset.name = c.name;
+      item.addEventListener('click', () => {
+        this.setState(select(this.state, c.name));
+        this.sendWatch();
+      });
+      const title = el('div', 'jc-cluster-title');
+      title.append(el('span', 'jc-cluster-name', c.name), el('span', `jc-status jc-status-${c.status}`, c.status));
+      const meta = el('div', 'jc-cluster-meta', `${c.backend} · ${c.address}`);
+      const stats = el(
+        'div',
+        'jc-cluster-stats',
+        `${c.n_workers} workers · ${c.cores} cores · ${formatBytes(c.memory_limit)} · owner: ${ownerText(c)}`
+      );
+      item.append(title, meta, stats);
+      if (c.error && c.status !== 'running') {
+        item.append(el('div', 'jc-cluster-error', c.error));
+      }
+      const actions = el('div', 'jc-cluster-actions');
+      if (c.dashboard_link) {
+        const link = el('a', 'jc-dashboard', 'Dashboard');
+        link.href = c.dashboard_link;
+        link.target = '_blank';
+        link.rel = 'noopener';
+        link.addEventListener('click', event => event.stopPropagation());
+        actions.append(link);
+      }
+      actions.append(
+        button('Scale', 'jc-scale', `Set the number of workers of ${c.name}`, () => void this.scaleCluster(c.name)),
+        button('Adapt', 'jc-adapt', `Let ${c.name} follow the load`, () => void this.adaptCluster(c.name)),
+        button('Stop', 'jc-stop', `Stop ${c.name}`, () => void this.stopCluster(c.name)),
+        button('Connect', 'jc-connect', `Insert %cluster connect ${c.name} into the notebook`, () => this.onConnect?.(c.name))
+      );
+      item.append(actions);
+      this.listNode.append(item);
+    }
+  }
+
+  private renderWorkers(): void {
+    const detail = this.state.detail;
+    if (!this.changed('workers', detail ? [detail.name, detail.workers] : null)) {
+      return;
+    }
+    this.workersNode.replaceChildren();
+    if (!detail) {
+      this.workersNode.append(el('div', 'jc-empty', this.state.selected ? 'Waiting for the scheduler…' : 'No cluster selected.'));
+      return;
+    }
+    const table = el('table', 'jc-workers');
+    const head = el('tr');
+    for (const h of ['worker', 'status', 'CPU', 'memory', 'tasks']) {
+      head.append(el('th', '', h));
+    }
+    table.append(el('thead'));
+    table.tHead!.append(head);
+    const body = el('tbody');
+    for (const w of detail.workers) {
+      const row = el('tr', 'jc-worker');
+      row.title = `${w.address}, ${w.nthreads} threads`;
+      const bar = el('div', 'jc-bar');
+      const fill = el('div', 'jc-bar-fill');
+      const f = memoryFraction(w);
+      fill.style.width = `${(f * 100).toFixed(1)}%`;
+      if (f > 0.85) {
+        fill.classList.add('jc-bar-high');
+      }
+      bar.append(fill);
+      const mem = el('td', 'jc-memory');
+      mem.append(bar, el('span', 'jc-bar-text', `${formatBytes(w.memory)} / ${formatBytes(w.memory_limit)}`));
+      row.append(
+        el('td', 'jc-worker-name', w.name),
+        el('td', `jc-worker-status jc-status-${w.status}`, w.status),
+        el('td', 'jc-cpu', `${Math.round(w.cpu)} %`),
+        mem,
+        el('td', 'jc-tasks', String(w.executing))
+      );
+      body.append(row);
+    }
+    table.append(body);
+    this.workersNode.append(table);
+    if (detail.workers.length === 0) {
+      this.workersNode.append(el('div', 'jc-empty', 'No workers yet.'));
+    }
+  }
+
+  private renderJobs(): void {
+    const { running, recent } = this.state.jobs;
+    if (!this.changed('jobs', [running, recent])) {
+      return;
+    }
+    this.jobsNode.replaceChildren();
+    if (running.length === 0 && recent.length === 0) {
+      this.jobsNode.append(el('div', 'jc-empty', 'No maps yet: run a %%parallel cell or Pool.map.'));
+      return;
+    }
+    for (const job of [...running, ...recent.slice(0, 8)]) {
+      this.jobsNode.append(this.jobRow(job));
+    }
+  }
+
+  private jobRow(job: IJob): HTMLElement {
+    const row = el('div', `jc-job jc-job-${job.state}`);
+    row.dataset.job = job.job;
+    const { fraction, text } = jobProgress(job);
+    const head = el('div', 'jc-job-head');
+    head.append(el('span', 'jc-job-label', job.label), el('span', 'jc-job-state', job.state));
+    const bar = el('div', `jc-bar jc-progress${fraction === null ? ' jc-indeterminate' : ''}`);
+    const fill = el('div', 'jc-bar-fill');
+    fill.style.width = `${((fraction ?? 1) * 100).toFixed(1)}%`;
+    bar.append(fill);
+    const foot = el('div', 'jc-job-foot');
+    foot.append(el('span', 'jc-job-count', text), el('span', 'jc-job-where', `${job.cluster}${job.kernel ? ` · kernel ${job.kernel}` : ''}`));
+    if (job.failed > 0) {
+      row.classList.add('jc-job-has-failures');
+    }
+    row.append(head, bar, foot);
+    return row;
+  }
+
+  private renderMetrics(): void {
+    const { topics, topic, metrics, hidden } = this.state;
+    if (this.changed('topics', [topics.map(t => t.topic), topic])) {
+      this.topicSelect.replaceChildren(
+        ...topics.map(t => {
+          const o = el('option', '', t.topic);
+          o.value = t.topic;
+          return o;
+        })
+      );
+      this.topicSelect.value = topic ?? '';
+      this.topicSelect.style.display = topics.length ? '' : 'none';
+    }
+    this.metricsEmpty.style.display = topics.length ? 'none' : '';
+    if (!topic || !metrics) {
+      if (this.charts && !topic) {
+        this.charts.dispose();
+        this.charts = null;
+        this.chartInput = { metrics: null, off: null };
+      }
+      this.seriesNode.replaceChildren();
+      this.drawn.series = '';
+      return;
+    }
+    const keys = seriesKeys(metrics);
+    const off = hidden[topic] ?? [];
+    if (this.changed('series', [topic, keys, off])) {
+      this.seriesNode.replaceChildren();
+      if (keys.length > 1) {
+        for (const key of keys) {
+          const label = el('label', 'jc-series-item');
+          const box = el('input');
+          box.type = 'checkbox';
+          box.checked = !off.includes(key);
+          box.addEventListener('change', () => this.setState(toggleSeries(this.state, topic, key)));
+          label.append(box, document.createTextNode(key));
+          this.seriesNode.append(label);
+        }
+      }
+    }
+    if (!this.charts) {
+      this.charts = new MetricsCharts(this.chartsHost, { height: 200 });
+    }
+    if (this.chartInput.metrics !== metrics || this.chartInput.off !== off) {
+      this.chartInput = { metrics, off };
+      this.charts.update(filterSeries(metrics, off));
+    }
+  }
+}
