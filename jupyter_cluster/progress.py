@@ -99,20 +99,22 @@ class JobProgress:
         done = int(getattr(job, "done", 0) or 0)
         failed = int(getattr(job, "failed", 0) or 0)
         state = job_state(job)
-        now = self.ended if self.ended is not None else time.time()
         if state != "running" and self.ended is None:
-            self.ended = now
+            self.ended = float(getattr(job, "ended", None) or time.time())
+        now = self.ended if self.ended is not None else time.time()
         elapsed = max(0.0, now - self.started)
-        rate = done / elapsed if elapsed > 0 else 0.0
+        processed = done + failed
+        rate = processed / elapsed if elapsed > 0 else 0.0
         eta = None
         if total is not None and state == "running" and rate > 0:
-            eta = max(0.0, (total - done) / rate)
+            eta = max(0.0, (total - processed) / rate)
         return {
             "job": str(getattr(job, "id", "")),
             "label": str(getattr(job, "label", None) or "map"),
             "total": total,
             "done": done,
             "failed": failed,
+            "processed": processed,
             "state": state,
             "started": self.started,
             "elapsed": elapsed,
@@ -131,11 +133,12 @@ def _fmt_time(seconds: float | None) -> str:
 
 
 def format_line(snap: dict[str, Any], width: int = 20) -> str:
-    """One line of text: bar, done/total, failed, rate, elapsed, ETA."""
-    total, done = snap["total"], snap["done"]
+    """One line of text: bar, items processed/total (failed ones included), failed, rate, elapsed, ETA."""
+    total, done = snap["total"], snap["processed"]
     if total:
         filled = int(width * min(done, total) / total)
-        head = f"[{'#' * filled}{' ' * (width - filled)}] {done:,}/{total:,} ({100 * done / total:.0f} %)"
+        bar = f"[{'#' * filled}{' ' * (width - filled)}] " if width else ""
+        head = f"{bar}{done:,}/{total:,} ({100 * done / total:.0f} %)"
     else:
         head = f"{done:,} done" if total is None else f"{done:,}/0"
     parts = [f"{snap['label']}: {head}"]
@@ -198,14 +201,14 @@ class WidgetRenderer:
         self.bar.layout.display = None if total else "none"
         if total:
             self.bar.max = max(1, total)
-            self.bar.value = min(snap["done"], total)
+            self.bar.value = min(snap["processed"], total)
         style = {"running": "", "finished": "success", "failed": "danger", "cancelled": "warning"}[snap["state"]]
         if snap["state"] == "finished" and snap["failed"]:
             style = "warning"
         self.bar.bar_style = style
         import html
 
-        self.label.value = f"<span style='font-family: monospace'>{html.escape(format_line(snap, width=0).replace('[] ', ''))}</span>"
+        self.label.value = f"<span style='font-family: monospace'>{html.escape(format_line(snap, width=0))}</span>"
         if not self._displayed:
             self._displayed = True
             from IPython.display import display
@@ -302,7 +305,8 @@ class ProgressObserver:
         self._factory = renderer_factory
         self.renderer: Any = None
         self.client = _job_client(job) if publish else None
-        self.cluster = _cluster_name(self.client) if self.client is not None else None
+        cluster = getattr(job, "cluster", None)
+        self.cluster = cluster if isinstance(cluster, str) else (_cluster_name(self.client) if self.client is not None else None)
         self._lock = threading.Lock()
         self._last_render = 0.0
         self._last_publish = 0.0

@@ -1,0 +1,175 @@
+"""Widgets' Python side on real clusters: cluster view, launcher, live metrics, text fallbacks."""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+import uuid
+
+import pytest
+
+from jupyter_cluster import events, mapping, progress, session
+from jupyter_cluster.widgets import cluster as cluster_mod
+from jupyter_cluster.widgets import metrics as metrics_mod
+
+from .conftest import wait_for
+
+
+def _topic(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:6]}"
+
+
+# -- cluster widget -------------------------------------------------------------------------
+def test_cluster_widget_shows_workers_totals_and_link_and_refreshes(cluster):
+    w = cluster_mod.ClusterWidget(cluster)
+    m = w.model_data
+    assert m["n_workers"] == 2 and m["cores"] == 2
+    for worker in m["workers"]:
+        assert f"<td>{worker['name']}</td>" in w.table.value
+    assert "<td>total</td><td>2 workers</td>" in w.table.value
+    assert "tasks running" in w.table.value and "memory (used / limit)" in w.table.value
+    assert cluster.dashboard_link in w.header.value
+    assert w.scale_n.value == 2 and not w.scale_button.disabled
+    first = w.model_data
+    wait_for(lambda: w.model_data is not first, timeout=15, message="a live refresh")
+    w.close()
+    assert not w.wanted
+
+
+def test_cluster_widget_reports_a_refused_scale_in_its_message_line(cluster):
+    w = cluster_mod.ClusterWidget(cluster, live=False)
+    w.adapt(3, 1)
+    assert "adapt needs 0 &lt;= --minimum &lt;= --maximum" in w.message.value
+    w.close()
+
+
+def test_handle_display_is_status_text_in_a_terminal_and_a_widget_in_a_kernel(ip, cluster, monkeypatch):
+    data, _ = ip.display_formatter.format(cluster)
+    assert data["text/plain"].startswith(f"{cluster.name} (local) at {cluster.address}")
+    assert "2 workers" in data["text/plain"]
+    monkeypatch.setattr(progress, "_in_kernel", lambda: True)
+    data, _ = ip.display_formatter.format(cluster)
+    assert "application/vnd.jupyter.widget-view+json" in data
+    assert "<table>" in cluster._repr_html_()  # the static fallback for front-ends without widgets
+
+
+# -- launcher -------------------------------------------------------------------------------
+def test_launcher_starts_a_current_cluster_scales_and_stops_it():
+    from jupyter_cluster.widgets.launcher import Launcher
+
+    before = session.current()
+    la = Launcher()
+    la.name.value = "bad name!"
+    assert la.start() is None
+    assert "not a valid cluster name" in la.status.value and not la.start_button.disabled
+    la.name.value = f"launched-{uuid.uuid4().hex[:4]}"
+    la.backend.value = "local"
+    la.workers.value = 1
+    la.threads.value = 1
+    la.memory_limit.value = "1GiB"
+    handle = la.start()
+    try:
+        assert session.current() is handle and handle.name == la.name.value
+        assert la.start_button.disabled and not la.stop_button.disabled
+        view = la.view.children[0]
+        assert isinstance(view, cluster_mod.ClusterWidget) and view.model_data["n_workers"] == 1
+        assert view.model_data["workers"][0]["memory_limit"] == 2**30
+        la.workers.value = 2
+        la.scale()
+        handle.wait_for_workers(2, timeout=60)
+        assert "Scaling" in la.status.value
+    finally:
+        la.stop()
+    assert handle.closed and "Stopped" in la.status.value
+    assert not la.start_button.disabled and la.stop_button.disabled
+    if before is not None and not before.closed:
+        session.connect(before.name)  # leave the module's cluster current
+
+
+# -- metrics: text ----------------------------------------------------------------------------
+def test_show_metrics_in_a_terminal_is_a_text_summary(ip):
+    topic = _topic("txt")
+    for step in range(3):
+        events.report(step=step, topic=topic, member=1, reward=float(step))
+    events.report(step=2, topic=topic, load=[4, 5, 6])
+    view = ip.run_line_magic("cluster", f"metrics {topic}")
+    assert isinstance(view, metrics_mod.MetricsText)
+    text = repr(view)
+    assert text.splitlines()[0] == f"metrics {topic!r}: 4 reports, 2 series, 0 dropped"
+    assert "reward: member=1: 2 @ 2" in text
+    assert "load[all] @ 2: [4, 5, 6] (3 entries)" in text
+
+
+def test_metrics_magic_refuses_two_topics(ip):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match=r"usage: %cluster metrics \[TOPIC\]"):
+        ip.run_line_magic("cluster", "metrics a b")
+
+
+def test_without_the_chart_bundle_a_kernel_gets_a_live_text_view_and_one_message(monkeypatch, tmp_path):
+    monkeypatch.setattr(metrics_mod, "BUNDLE", tmp_path / "missing.js")
+    monkeypatch.setattr(metrics_mod, "_widget_class", None)
+    monkeypatch.setattr(progress, "_in_kernel", lambda: True)
+    topic = _topic("nobundle")
+    view = metrics_mod.show_metrics(topic)
+    assert "widgets/static/metrics.js, which is not built" in view.value
+    assert view.value.count("not built") == 1
+    events.report(step=1, topic=topic, acc=0.25)
+    wait_for(lambda: "acc: all: 0.25 @ 1" in view.value, timeout=10, message="the text view to update")
+    view.close()
+
+
+# -- metrics: chart widget --------------------------------------------------------------------
+def _train(member: int, topic: str, steps: int, pause: float):
+    import time
+
+    from jupyter_cluster import report
+
+    for step in range(steps):
+        report(step=step, topic=topic, member=member, reward=member + step / steps, tokens=[step % 4, member, 1.0])
+        time.sleep(pause)
+    return member
+
+
+@pytest.fixture
+def chart_class():
+    if not metrics_mod.BUNDLE.is_file():
+        pytest.skip("the chart bundle is not built (jlpm build:widget)")
+    return metrics_mod.widget_class()
+
+
+def test_metrics_widget_state_follows_a_real_map_live(cluster, chart_class):
+    events.attach(cluster.client)
+    topic = _topic("live")
+    w = chart_class(topic)
+    pushes: list[float] = []
+    w.observe(lambda change: pushes.append(time.monotonic()), names="data")
+    mapping.map(functools.partial(_train, topic=topic, steps=40, pause=0.04), range(3), progress=False)
+    wait_for(lambda: w.data.get("received") == 120, timeout=15, message="all reports in the widget")
+    data = w.data
+    assert data["topic"] == topic and data["dropped"] == 0
+    assert sorted(data["scalars"]["reward"]) == ["member=0", "member=1", "member=2"]
+    pts = data["scalars"]["reward"]["member=2"]
+    assert [p[0] for p in pts] == list(range(40)) and pts[-1][1] == pytest.approx(2 + 39 / 40)
+    heat = data["vectors"]["tokens"]["member=1"]
+    assert heat["steps"] == list(range(40)) and heat["rows"][5] == [1.0, 1.0, 1.0]
+    # live: several pushes while the map ran (the map lasts ~1.6 s), at least twice a second
+    gaps = [b - a for a, b in zip(pushes, pushes[1:])]
+    assert len(pushes) >= 3, pushes
+    assert statistics.median(gaps) <= 0.6, gaps
+    w.close()
+    wait_for(lambda: not w.follower.alive(), timeout=5, message="the follower to stop")
+
+
+def test_metrics_widget_payload_stays_bounded_for_100_series(chart_class):
+    topic = _topic("wide")
+    st = events.store(topic)
+    for member in range(100):
+        st.add(f"src{member}", 0, [{"step": s, "time": 0.0, "series": {"member": member}, "values": {"loss": 1.0 / (s + 1)}} for s in range(500)])
+    w = chart_class(topic)
+    series = w.data["scalars"]["loss"]
+    assert len(series) == 100
+    assert sum(len(p) for p in series.values()) <= 20_000 + 200
+    w.close()
