@@ -104,14 +104,13 @@ def test_gpu_cluster_pins_workers_and_places_items(ip, capsys):
             windows = sorted((s, e) for d, s, e, _ in results if d == device)
             assert all(prev_end <= start + 1e-3 for (_, prev_end), (start, _) in zip(windows, windows[1:])), windows
 
-        try:
-            from jupyter_cluster import mapping
-        except ImportError:
-            mapping = None
-        if mapping is not None and hasattr(mapping, "map"):
-            # The shared map engine honours the same resource.
-            got = mapping.map(_device_and_window, range(4), resources={"GPU": 1}, progress=False)
-            assert [g[3] for g in got] == [0, 1, 2, 3] and {g[0] for g in got} <= {"0", "1"}
+        # A %%parallel cell asking for a GPU runs on the pinned workers.
+        ip.run_cell_magic(
+            "parallel", "i in range(4) --resources GPU=1 --out gpu_pins --no-progress",
+            "import os\n(i, os.environ.get('CUDA_VISIBLE_DEVICES'))\n",
+        )
+        got = ip.user_ns["gpu_pins"]
+        assert [g[0] for g in got] == [0, 1, 2, 3] and {g[1] for g in got} <= {"0", "1"}
     finally:
         handle.close()
 

@@ -109,10 +109,7 @@ def _square(x):
 def test_map_engine_pool_and_telemetry_over_tls(tls_cluster):
     """The front ends other modules provide keep working over TLS."""
     jc.session.connect(tls_cluster.name)  # make it current
-    try:
-        from jupyter_cluster import mapping
-    except ImportError:
-        pytest.skip("jupyter_cluster.mapping is not built yet")
+    from jupyter_cluster import mapping
     assert mapping.map(_square, range(20), client=tls_cluster.client, progress=False) == [i * i for i in range(20)]
 
     try:
@@ -148,8 +145,6 @@ def test_map_engine_pool_and_telemetry_over_tls(tls_cluster):
 
 
 def test_parallel_cell_over_tls(ip, tls_cluster):
-    if "parallel" not in ip.magics_manager.magics["cell"]:
-        pytest.skip("%%parallel is not built yet")
     jc.session.connect(tls_cluster.name)
     ip.run_cell_magic("parallel", "x in range(6) --out tls_squares", "x * x\n")
     assert ip.user_ns["tls_squares"] == [x * x for x in range(6)]
