@@ -148,3 +148,28 @@ def test_parallel_cell_over_tls(ip, tls_cluster):
     jc.session.connect(tls_cluster.name)
     ip.run_cell_magic("parallel", "x in range(6) --out tls_squares", "x * x\n")
     assert ip.user_ns["tls_squares"] == [x * x for x in range(6)]
+
+
+def test_the_panel_reaches_the_tls_cluster(tls_cluster):
+    """The Jupyter server's manager (a separate client) attaches with the saved credentials."""
+    import asyncio
+
+    from jupyter_cluster import registry
+    from jupyter_cluster.server.manager import Connection
+
+    async def reach():
+        conn = Connection(registry.read(tls_cluster.name))
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                await conn.tick()
+                if conn.status == "running" and conn.totals["n_workers"] == 2:
+                    break
+                await asyncio.sleep(0.1)
+            return conn.summary(), await conn.model()
+        finally:
+            await conn.close()
+
+    summary, model = asyncio.run(reach())
+    assert summary["status"] == "running" and summary["error"] is None, summary
+    assert model["n_workers"] == 2 and model["address"].startswith("tls://")

@@ -137,7 +137,10 @@ def stop_remote(name: str, timeout: float = 15.0) -> str:
             answered.set()
 
     try:
-        client = Client(record.address, timeout=5, set_as_default=False)
+        from ..backends.local import saved_security
+
+        security = saved_security(record.name) if record.address.startswith("tls://") else None
+        client = Client(record.address, timeout=5, set_as_default=False, security=security)
     except (OSError, TimeoutError) as exc:
         raise ClusterError(f"the scheduler of {name!r} at {record.address} does not answer; is it still running?") from exc
     try:

@@ -117,14 +117,19 @@ class Connection:
     async def _connect(self) -> None:
         from distributed import Client
 
+        security = None
         if self.record.address.startswith("tls://"):
-            self.status = "unreachable"
-            self.error = "TLS cluster: the server has no credentials for it; use it from the kernel that started it."
-            self._next_attempt = float("inf")
-            return
+            from ..backends.local import saved_security  # written (0600) by the process that started it
+
+            security = saved_security(self.record.name)
+            if security is None:
+                self.status = "unreachable"
+                self.error = "TLS cluster: the server has no credentials for it; use it from the kernel that started it."
+                self._next_attempt = float("inf")
+                return
         client = None
         try:
-            client = Client(self.record.address, asynchronous=True, timeout=3, set_as_default=False)
+            client = Client(self.record.address, asynchronous=True, timeout=3, set_as_default=False, security=security)
             await client
         except Exception as exc:  # OSError, TimeoutError, or a scheduler that speaks another version
             self.error = str(exc) or type(exc).__name__
