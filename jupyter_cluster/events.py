@@ -77,12 +77,22 @@ def identity_fields() -> frozenset[str]:
     their name is listed in ``jupyter-cluster.metrics.identity-fields``
     (e.g. ``member``, ``run``, ``trial``) or passed through ``series=``.
     """
-    return frozenset(_setting("identity-fields", _DEFAULT_IDENTITY))
+    global _identity_cache
+    now = time.monotonic()
+    if _identity_cache is None or now - _identity_cache[0] > 1.0:  # report() may run 10^4 times a second
+        _identity_cache = (now, frozenset(_setting("identity-fields", _DEFAULT_IDENTITY)))
+    return _identity_cache[1]
+
+
+_identity_cache: tuple[float, frozenset[str]] | None = None
 
 
 # -- validation -----------------------------------------------------------------
 def _scalar(v: Any) -> float | int | None:
     """A plain Python number for ``v`` (numpy/torch 0-d too), or None if it is not one."""
+    t = type(v)
+    if t is float or t is int:  # the common case, without the ABC checks below
+        return v
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, numbers.Integral):
@@ -133,10 +143,10 @@ def validate(step: Any, topic: Any, series: Any, fields: dict[str, Any]) -> tupl
     """
     if not isinstance(topic, str) or not topic or len(topic) > 200 or any(ord(c) < 32 for c in topic):
         raise TypeError(f"report(): topic must be a non-empty string of printable characters (at most 200), not {topic!r:.60}.")
-    if step is not None:
-        if isinstance(step, bool) or _scalar(step) is None:
+    if step is not None and type(step) is not int:
+        s = None if isinstance(step, bool) else _scalar(step)
+        if s is None:
             raise TypeError(f"report(): step must be an integer or None, not {type(step).__name__} {step!r:.40}.")
-        s = _scalar(step)
         if isinstance(s, float):
             if not s.is_integer():
                 raise TypeError(f"report(): step must be an integer or None, not {step!r}.")
@@ -163,7 +173,7 @@ def validate(step: Any, topic: Any, series: Any, fields: dict[str, Any]) -> tupl
             continue
         s = _scalar(v)
         if s is not None:
-            if k in names and isinstance(s, int):
+            if k in names and type(s) is int:
                 ident[k] = s
             else:
                 values[k] = s

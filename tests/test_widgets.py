@@ -173,3 +173,24 @@ def test_metrics_widget_payload_stays_bounded_for_100_series(chart_class):
     assert len(series) == 100
     assert sum(len(p) for p in series.values()) <= 20_000 + 200
     w.close()
+
+
+# -- a real kernel ------------------------------------------------------------------------------
+def test_in_a_real_kernel_the_views_are_widgets():
+    import nbformat
+    from nbclient import NotebookClient
+
+    cells = [
+        "import jupyter_cluster as jc\nfrom jupyter_cluster import progress\n%load_ext jupyter_cluster\n"
+        "jc.report(step=1, topic='k', member=1, reward=1.0)",
+        "jc.show_metrics('k')",
+        "%cluster metrics k",
+        "jc.launcher()",
+        "print(type(progress.make_renderer()).__name__)",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    view = "application/vnd.jupyter.widget-view+json"
+    for cell in nb.cells[1:4]:
+        assert any(view in out.get("data", {}) for out in cell.outputs), cell.source
+    assert nb.cells[4].outputs[0]["text"].strip() == "WidgetRenderer"
