@@ -21,7 +21,7 @@ test: setup
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) benchmarks/bench_map.py
+	$(PY) benchmarks/bench_peers.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist jupyter_cluster/labextension node_modules labextension/lib

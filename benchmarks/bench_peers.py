@@ -855,19 +855,38 @@ def tables(summary: dict, systems: list[str], workloads: list[str]) -> str:
         if s in summary:
             lines.append(f"| `{s}` | " + " | ".join(c[1](summary[s]) for c in cols) + " |")
     ratio_wls = [w for w in ("noop", "noop100k", "sleep1ms", "sleep10ms", "cpu10ms", "tail", "bigarray") if w in workloads]
-    lines += ["", "Wall time ÷ `mp` (multiprocessing.Pool, chunksize=1), median of per-repetition ratios (< 1: faster than mp):", ""]
+    if "mp" in summary:
+        lines += _ratio_tables(summary, systems, workloads, ratio_wls)
+    else:
+        lines += ["", "(no `mp` in this run: no ratios to multiprocessing)"]
+    if "ipp" in summary:
+        lines += _ipp_table(summary, systems, workloads)
+    lines += _notes(summary, systems, workloads)
+    return "\n".join(lines)
+
+
+def _ratio_tables(summary, systems, workloads, ratio_wls):
+    lines = ["", "Wall time ÷ `mp` (multiprocessing.Pool, chunksize=1), median of per-repetition ratios (< 1: faster than mp):", ""]
     lines += ["| system | start-up | " + " | ".join(ratio_wls) + " |", "|---" * (len(ratio_wls) + 2) + "|"]
     for s in systems:
         if s in summary:
             r = summary[s]
             cells = [fmt(r.get("startup_ratio_to_mp"), "x")] + [_w(r, w, "ratio_to_mp", "x") for w in ratio_wls]
             lines.append(f"| `{s}` | " + " | ".join(cells) + " |")
-    lines += ["", "Speed-up over ipyparallel (ipp wall ÷ system wall; target for jupyter_cluster ≥ 30× on noop and sleep1ms):", ""]
+    return lines
+
+
+def _ipp_table(summary, systems, workloads):
+    lines = ["", "Speed-up over ipyparallel (ipp wall ÷ system wall; target for jupyter_cluster ≥ 30× on noop and sleep1ms):", ""]
     sp_wls = [w for w in ("noop", "sleep1ms", "sleep10ms", "cpu10ms") if w in workloads]
     lines += ["| system | " + " | ".join(sp_wls) + " |", "|---" * (len(sp_wls) + 1) + "|"]
     for s in systems:
         if s in summary and s != "ipp":
             lines.append(f"| `{s}` | " + " | ".join(_w(summary[s], w, "speedup_vs_ipp", "x") for w in sp_wls) + " |")
+    return lines
+
+
+def _notes(summary, systems, workloads):
     extra = []
     for s in systems:
         r = summary.get(s)
@@ -898,9 +917,7 @@ def tables(summary: dict, systems: list[str], workloads: list[str]) -> str:
         wrong = [w for w, c in r["workloads"].items() if not c["correct"]]
         if wrong:
             extra.append(f"- `{s}`: WRONG RESULTS in {', '.join(wrong)}")
-    if extra:
-        lines += ["", "Notes:", ""] + extra
-    return "\n".join(lines)
+    return ["", "Notes:", ""] + extra if extra else []
 
 
 def _w(row, name, key, kind="num"):
