@@ -103,9 +103,7 @@ export function lineOption(
     animation: false,
     backgroundColor: 'transparent',
     title: { text: name, left: 'center', top: 0, textStyle: { fontSize: 12 } },
-    tooltip: many
-      ? { trigger: 'item' }
-      : { trigger: 'axis', axisPointer: { type: 'line' }, confine: true },
+    tooltip: many ? { trigger: 'item' } : { trigger: 'axis', axisPointer: { type: 'line' }, confine: true },
     legend: {
       show: keys.length > 1,
       type: 'scroll',
@@ -211,8 +209,7 @@ export class MetricsCharts {
     this.status.style.cssText = 'font-size: 12px; margin: 2px 0 6px 0;';
     this.grid = document.createElement('div');
     this.grid.className = 'jc-metrics-grid';
-    this.grid.style.cssText =
-      'display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 8px;';
+    this.grid.style.cssText = 'display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 8px;';
     this.node.append(this.status, this.grid);
     host.appendChild(this.node);
     this.resizer =
