@@ -16,6 +16,7 @@ Two variants beyond the plain one:
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import os
@@ -184,6 +185,16 @@ def _forget_security(path: str) -> None:
 
 
 # -- backend -----------------------------------------------------------------------
+def _os_error_in(exc: BaseException) -> OSError | None:
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
 class LocalBackend(Backend):
     """One single-threaded worker process per core, bound to 127.0.0.1 by default."""
 
@@ -245,12 +256,14 @@ class LocalBackend(Backend):
                 cluster = LocalCluster(**kwargs)
             else:
                 cluster = self._start_gpu_cluster(devices, kwargs, security)
-        except OSError as exc:
-            if port and ("address already in use" in str(exc).lower() or getattr(exc, "errno", None) == 98):
+        except (OSError, RuntimeError) as exc:
+            # distributed wraps a failed bind in RuntimeError("Cluster failed to start"); find the cause.
+            cause = _os_error_in(exc)
+            if port and cause is not None and (cause.errno == errno.EADDRINUSE or "address already in use" in str(cause).lower()):
                 raise ClusterError(
                     f"port {port} is already taken on {host}; pick another --port or leave it out to use a free one."
                 ) from None
-            raise ClusterError(f"the local cluster could not start: {exc}.") from exc
+            raise ClusterError(f"the local cluster could not start: {cause or exc}.") from exc
         except ValueError as exc:
             raise ClusterError(f"the local cluster could not start: {exc}.") from None
         if security is not None and name:
