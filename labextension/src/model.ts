@@ -124,10 +124,7 @@ export function reduce(state: IPanelState, msg: ServerMessage): IPanelState {
   switch (msg.type) {
     case 'clusters': {
       const names = msg.clusters.map(c => c.name);
-      const selected =
-        state.selected !== null && names.includes(state.selected)
-          ? state.selected
-          : (names[0] ?? null);
+      const selected = state.selected !== null && names.includes(state.selected) ? state.selected : (names[0] ?? null);
       const changed = selected !== state.selected;
       return {
         ...state,
@@ -148,8 +145,7 @@ export function reduce(state: IPanelState, msg: ServerMessage): IPanelState {
         return state;
       }
       const names = msg.topics.map(t => t.topic);
-      const topic =
-        state.topic !== null && names.includes(state.topic) ? state.topic : (names[0] ?? null);
+      const topic = state.topic !== null && names.includes(state.topic) ? state.topic : (names[0] ?? null);
       return {
         ...state,
         topics: msg.topics,

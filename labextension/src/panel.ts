@@ -54,11 +54,7 @@ export interface IPanelSettings {
 
 export const DEFAULT_SETTINGS: IPanelSettings = { refreshRate: 1000, defaultWorkers: null };
 
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className = '',
-  text?: string
-): HTMLElementTagNameMap[K] {
+function el<K extends keyof HTMLElementTagNameMap>(tag: K, className = '', text?: string): HTMLElementTagNameMap[K] {
   const node = document.createElement(tag);
   if (className) {
     node.className = className;
@@ -138,7 +134,14 @@ export class ClusterPanel extends Widget {
 
     const header = el('div', 'jc-header');
     header.append(el('h2', 'jc-title', 'Clusters'));
-    header.append(button('New', 'jc-new', 'Start a new cluster owned by the server (survives kernel restarts)', () => void this.newCluster()));
+    header.append(
+      button(
+        'New',
+        'jc-new',
+        'Start a new cluster owned by the server (survives kernel restarts)',
+        () => void this.newCluster()
+      )
+    );
     this.node.append(header, this.errorNode, this.listNode);
 
     this.node.append(this.section('Workers', this.workersNode));
@@ -209,7 +212,7 @@ export class ClusterPanel extends Widget {
     let socket: WebSocket;
     try {
       socket = new WebSocket(eventsURL());
-    } catch (error) {
+    } catch {
       this.scheduleReconnect();
       return;
     }
@@ -282,7 +285,12 @@ export class ClusterPanel extends Widget {
     const defaults = this.settings.defaultWorkers;
     const body = new FormBody([
       { name: 'name', label: 'Name', value: '', placeholder: 'automatic' },
-      { name: 'workers', label: 'Workers', value: defaults === null ? '' : String(defaults), placeholder: 'configured default' }
+      {
+        name: 'workers',
+        label: 'Workers',
+        value: defaults === null ? '' : String(defaults),
+        placeholder: 'configured default'
+      }
     ]);
     const result = await showDialog({
       title: 'Start a cluster',
@@ -296,7 +304,10 @@ export class ClusterPanel extends Widget {
     const name = result.value.name.trim();
     if (name) {
       if (!validName(name)) {
-        await showErrorMessage('Invalid name', `${JSON.stringify(name)} is not a valid cluster name; use letters, digits, '-', '_' or '.'.`);
+        await showErrorMessage(
+          'Invalid name',
+          `${JSON.stringify(name)} is not a valid cluster name; use letters, digits, '-', '_' or '.'.`
+        );
         return;
       }
       request.name = name;
@@ -356,7 +367,11 @@ export class ClusterPanel extends Widget {
   async adaptCluster(name: string): Promise<void> {
     const body = new FormBody([
       { name: 'minimum', label: 'Minimum', value: '0' },
-      { name: 'maximum', label: 'Maximum', value: String(Math.max(4, this.state.clusters.find(c => c.name === name)?.n_workers ?? 1)) }
+      {
+        name: 'maximum',
+        label: 'Maximum',
+        value: String(Math.max(4, this.state.clusters.find(c => c.name === name)?.n_workers ?? 1))
+      }
     ]);
     const result = await showDialog({
       title: `Adapt ${name}`,
@@ -399,7 +414,9 @@ export class ClusterPanel extends Widget {
         return;
       }
     }
-    await this.act(`Could not stop ${name}`, () => requestAPI(`clusters/${encodeURIComponent(name)}`, { method: 'DELETE' }));
+    await this.act(`Could not stop ${name}`, () =>
+      requestAPI(`clusters/${encodeURIComponent(name)}`, { method: 'DELETE' })
+    );
   }
 
   /** Set by the plugin: inserts `%cluster connect NAME` into the active notebook. */
@@ -485,7 +502,9 @@ export class ClusterPanel extends Widget {
         button('Scale', 'jc-scale', `Set the number of workers of ${c.name}`, () => void this.scaleCluster(c.name)),
         button('Adapt', 'jc-adapt', `Let ${c.name} follow the load`, () => void this.adaptCluster(c.name)),
         button('Stop', 'jc-stop', `Stop ${c.name}`, () => void this.stopCluster(c.name)),
-        button('Connect', 'jc-connect', `Insert %cluster connect ${c.name} into the notebook`, () => this.onConnect?.(c.name))
+        button('Connect', 'jc-connect', `Insert %cluster connect ${c.name} into the notebook`, () =>
+          this.onConnect?.(c.name)
+        )
       );
       item.append(actions);
       this.listNode.append(item);
@@ -499,7 +518,9 @@ export class ClusterPanel extends Widget {
     }
     this.workersNode.replaceChildren();
     if (!detail) {
-      this.workersNode.append(el('div', 'jc-empty', this.state.selected ? 'Waiting for the scheduler…' : 'No cluster selected.'));
+      this.workersNode.append(
+        el('div', 'jc-empty', this.state.selected ? 'Waiting for the scheduler…' : 'No cluster selected.')
+      );
       return;
     }
     const table = el('table', 'jc-workers');
@@ -565,7 +586,10 @@ export class ClusterPanel extends Widget {
     fill.style.width = `${((fraction ?? 1) * 100).toFixed(1)}%`;
     bar.append(fill);
     const foot = el('div', 'jc-job-foot');
-    foot.append(el('span', 'jc-job-count', text), el('span', 'jc-job-where', `${job.cluster}${job.kernel ? ` · kernel ${job.kernel}` : ''}`));
+    foot.append(
+      el('span', 'jc-job-count', text),
+      el('span', 'jc-job-where', `${job.cluster}${job.kernel ? ` · kernel ${job.kernel}` : ''}`)
+    );
     if (job.failed > 0) {
       row.classList.add('jc-job-has-failures');
     }

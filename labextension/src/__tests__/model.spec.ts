@@ -1,0 +1,226 @@
+/**
+ * The panel's data handling: applying pushed messages, selection, series
+ * filtering, formatting and input checks.
+ */
+import type { IMetricsModel } from '../charts/charts';
+import {
+  IClusterModel,
+  IClusterSummary,
+  IJob,
+  connectCode,
+  filterSeries,
+  formatBytes,
+  initialState,
+  jobProgress,
+  memoryFraction,
+  ownerText,
+  parseWorkers,
+  reduce,
+  select,
+  selectTopic,
+  seriesKeys,
+  toggleSeries,
+  validName,
+  watchMessage
+} from '../model';
+
+function cluster(name: string, extra: Partial<IClusterSummary> = {}): IClusterSummary {
+  return {
+    name,
+    backend: 'local',
+    address: 'tcp://127.0.0.1:1',
+    dashboard_link: null,
+    owner_kind: 'kernel',
+    owner_pid: 42,
+    attached: false,
+    started: 0,
+    status: 'running',
+    error: null,
+    n_workers: 2,
+    cores: 2,
+    memory_limit: 0,
+    jobs_running: 0,
+    topics: [],
+    ...extra
+  };
+}
+
+function job(extra: Partial<IJob> = {}): IJob {
+  return {
+    job: 'j1',
+    label: 'cell 3',
+    kernel: 7,
+    cluster: 'a',
+    total: 10,
+    done: 4,
+    failed: 0,
+    state: 'running',
+    started: 1,
+    updated: 2,
+    ...extra
+  };
+}
+
+const metrics: IMetricsModel = {
+  topic: 'rl',
+  scalars: {
+    reward: { 'member=1': [[0, 1]], 'member=2': [[0, 2]], 'member=10': [[0, 3]] },
+    loss: { all: [[0, 0.5]] }
+  },
+  vectors: { load: { 'member=1': { steps: [0], rows: [[1, 2, 3]] } } },
+  dropped: 0
+};
+
+describe('reduce', () => {
+  it('selects the first cluster and keeps a valid selection', () => {
+    let s = reduce(initialState(), { type: 'clusters', clusters: [cluster('a'), cluster('b')] });
+    expect(s.selected).toBe('a');
+    s = select(s, 'b');
+    s = reduce(s, { type: 'clusters', clusters: [cluster('a'), cluster('b', { n_workers: 3 })] });
+    expect(s.selected).toBe('b');
+    expect(s.clusters[1].n_workers).toBe(3);
+  });
+
+  it('falls back when the selected cluster disappears, clearing its details', () => {
+    let s = reduce(initialState(), { type: 'clusters', clusters: [cluster('a'), cluster('b')] });
+    s = select(s, 'b');
+    s = reduce(s, {
+      type: 'cluster',
+      name: 'b',
+      model: { ...cluster('b'), owns_cluster: true, workers: [], memory: 0 } as IClusterModel
+    });
+    expect(s.detail?.name).toBe('b');
+    s = reduce(s, { type: 'clusters', clusters: [cluster('a')] });
+    expect(s.selected).toBe('a');
+    expect(s.detail).toBeNull();
+    s = reduce(s, { type: 'clusters', clusters: [] });
+    expect(s.selected).toBeNull();
+  });
+
+  it('ignores details, topics and metrics of clusters not selected', () => {
+    let s = reduce(initialState(), { type: 'clusters', clusters: [cluster('a'), cluster('b')] });
+    const model = { ...cluster('b'), owns_cluster: true, workers: [], memory: 0 } as IClusterModel;
+    expect(reduce(s, { type: 'cluster', name: 'b', model })).toBe(s);
+    const topics = [{ topic: 'rl', version: 1, received: 1, dropped: 0, scalars: [], vectors: [], series: 1 }];
+    expect(reduce(s, { type: 'topics', cluster: 'b', topics })).toBe(s);
+    s = reduce(s, { type: 'topics', cluster: 'a', topics });
+    expect(s.topic).toBe('rl');
+    expect(reduce(s, { type: 'metrics', cluster: 'a', topic: 'other', data: metrics })).toBe(s);
+    s = reduce(s, { type: 'metrics', cluster: 'a', topic: 'rl', data: metrics });
+    expect(s.metrics).toBe(metrics);
+  });
+
+  it('keeps the chosen topic while it exists and drops stale points on change', () => {
+    let s = reduce(initialState(), { type: 'clusters', clusters: [cluster('a')] });
+    const t = (topic: string) => ({
+      topic,
+      version: 1,
+      received: 1,
+      dropped: 0,
+      scalars: [],
+      vectors: [],
+      series: 1
+    });
+    s = reduce(s, { type: 'topics', cluster: 'a', topics: [t('x'), t('y')] });
+    s = selectTopic(s, 'y');
+    s = reduce(s, { type: 'metrics', cluster: 'a', topic: 'y', data: metrics });
+    s = reduce(s, { type: 'topics', cluster: 'a', topics: [t('x'), t('y'), t('z')] });
+    expect(s.topic).toBe('y');
+    expect(s.metrics).toBe(metrics);
+    s = reduce(s, { type: 'topics', cluster: 'a', topics: [t('x')] });
+    expect(s.topic).toBe('x');
+    expect(s.metrics).toBeNull();
+    expect(watchMessage(s)).toEqual({ type: 'watch', cluster: 'a', topics: ['x'] });
+  });
+
+  it('stores jobs and errors', () => {
+    let s = reduce(initialState(), {
+      type: 'jobs',
+      running: [job()],
+      recent: [job({ job: 'j0', state: 'finished' })]
+    });
+    expect(s.jobs.running).toHaveLength(1);
+    expect(s.jobs.recent[0].state).toBe('finished');
+    s = reduce(s, { type: 'error', message: 'bad message' });
+    expect(s.error).toBe('bad message');
+  });
+});
+
+describe('series selection', () => {
+  it('lists series keys in natural order', () => {
+    expect(seriesKeys(metrics)).toEqual(['all', 'member=1', 'member=2', 'member=10']);
+  });
+
+  it('filters hidden series and drops values left empty', () => {
+    const f = filterSeries(metrics, ['member=1', 'member=2']);
+    expect(Object.keys(f.scalars.reward)).toEqual(['member=10']);
+    expect(f.scalars.loss).toBeDefined();
+    expect(f.vectors.load).toBeUndefined();
+    expect(filterSeries(metrics, [])).toBe(metrics);
+    expect(Object.keys(filterSeries(metrics, ['all']).scalars)).toEqual(['reward']);
+  });
+
+  it('toggles a series per topic', () => {
+    let s = toggleSeries(initialState(), 'rl', 'member=2');
+    expect(s.hidden.rl).toEqual(['member=2']);
+    s = toggleSeries(s, 'rl', 'member=1');
+    expect(s.hidden.rl).toEqual(['member=1', 'member=2']);
+    s = toggleSeries(s, 'rl', 'member=2');
+    expect(s.hidden.rl).toEqual(['member=1']);
+    expect(s.hidden.other).toBeUndefined();
+  });
+});
+
+describe('formatting', () => {
+  it('formats bytes', () => {
+    expect(formatBytes(0)).toBe('-');
+    expect(formatBytes(512)).toBe('512 B');
+    expect(formatBytes(1536)).toBe('1.5 kiB');
+    expect(formatBytes(4 * 1024 ** 3)).toBe('4.0 GiB');
+    expect(formatBytes(200 * 1024 ** 2)).toBe('200 MiB');
+  });
+
+  it('computes memory fractions within [0, 1]', () => {
+    expect(memoryFraction({ memory: 50, memory_limit: 200 })).toBe(0.25);
+    expect(memoryFraction({ memory: 500, memory_limit: 200 })).toBe(1);
+    expect(memoryFraction({ memory: 5, memory_limit: 0 })).toBe(0);
+  });
+
+  it('names owners', () => {
+    expect(ownerText({ owner_kind: 'panel', owner_pid: 3, attached: false })).toBe('panel');
+    expect(ownerText({ owner_kind: 'kernel', owner_pid: 3, attached: true })).toBe('kernel 3 (attached)');
+  });
+
+  it('describes job progress, with failures and unknown totals', () => {
+    expect(jobProgress(job())).toEqual({ fraction: 0.4, text: '4 / 10' });
+    expect(jobProgress(job({ failed: 2 })).text).toBe('4 / 10, 2 failed');
+    expect(jobProgress(job({ total: null }))).toEqual({ fraction: null, text: '4 done' });
+    expect(jobProgress(job({ total: null, state: 'finished' })).fraction).toBe(1);
+    expect(jobProgress(job({ done: 12 })).fraction).toBe(1);
+  });
+});
+
+describe('input checks', () => {
+  it('accepts whole worker counts in range only', () => {
+    expect(parseWorkers(' 4 ')).toEqual({ value: 4 });
+    expect(parseWorkers('0')).toEqual({ value: 0 });
+    for (const bad of ['', '-1', '2.5', 'four', '10001']) {
+      expect(parseWorkers(bad)).toHaveProperty('error');
+    }
+    expect(parseWorkers('x', 'maximum')).toEqual({
+      error: 'maximum must be a whole number from 0 to 10000.'
+    });
+  });
+
+  it('checks cluster names like the server', () => {
+    expect(validName('panel-1')).toBe(true);
+    expect(validName('a.b_c')).toBe(true);
+    for (const bad of ['', '-a', 'a b', 'x'.repeat(64), 'a/b']) {
+      expect(validName(bad)).toBe(false);
+    }
+  });
+
+  it('writes the connect code', () => {
+    expect(connectCode('sweep')).toBe('%load_ext jupyter_cluster\n%cluster connect sweep');
+  });
+});

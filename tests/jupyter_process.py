@@ -1,0 +1,115 @@
+"""Start a real Jupyter server (or JupyterLab) on a free loopback port, with a token.
+
+Used by tests/test_server.py and tests/ui/.  The process inherits the test
+session's ``JUPYTER_RUNTIME_DIR`` (see conftest.py), so it sees the same
+private cluster registry as the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import requests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class JupyterProcess:
+    """``jupyter server`` or ``jupyter lab`` as a subprocess.
+
+    Parameters
+    ----------
+    root_dir : str
+        The server's notebook directory.
+    app : str
+        ``"server"`` or ``"lab"``.
+    base_url : str
+        A non-root base URL, as on JupyterHub.
+    """
+
+    def __init__(self, root_dir: str, app: str = "server", base_url: str = "/jc/", log_path: str | None = None):
+        self.root_dir = root_dir
+        self.app = app
+        self.base_url = base_url
+        self.token = secrets.token_hex(16)
+        self.port = free_port()
+        self.log_path = log_path or os.path.join(root_dir, f"jupyter-{app}.log")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}{self.base_url}"
+
+    def api(self, path: str) -> str:
+        return f"{self.url}jupyter-cluster/api/{path}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"token {self.token}"}
+
+    def start(self, timeout: float = 90) -> "JupyterProcess":
+        module = "jupyterlab" if self.app == "lab" else "jupyter_server"
+        cmd = [
+            sys.executable,
+            "-m",
+            module,
+            "--no-browser",
+            f"--ServerApp.port={self.port}",
+            "--ServerApp.port_retries=0",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.token={self.token}",
+            f"--ServerApp.base_url={self.base_url}",
+            f"--ServerApp.root_dir={self.root_dir}",
+            "--ServerApp.jpserver_extensions={'jupyter_cluster': True}",
+        ]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-root")
+        env = dict(os.environ)
+        # No user config: only what the package installs (and the line above) applies.
+        env["JUPYTER_CONFIG_DIR"] = os.path.join(self.root_dir, ".jupyter-config")
+        env.setdefault("JUPYTERLAB_SETTINGS_DIR", os.path.join(self.root_dir, ".lab-settings"))
+        env.setdefault("JUPYTERLAB_WORKSPACES_DIR", os.path.join(self.root_dir, ".lab-workspaces"))
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.root_dir)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter {self.app} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                r = requests.get(f"{self.url}api/status", headers=self.headers, timeout=2)
+                if r.status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"jupyter {self.app} did not answer within {timeout} s:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if getattr(self, "_log", None):
+            self._log.close()

@@ -1,0 +1,438 @@
+"""The Jupyter server extension, against a real ``jupyter server`` on loopback.
+
+One server (non-root base_url, token auth) is shared by the module.  Clusters
+are real: one started through the REST API (owned by a panel host process),
+others by plain Python processes standing in for kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import requests
+
+from .conftest import wait_for
+from .jupyter_process import JupyterProcess
+
+pytestmark = pytest.mark.timeout(240)
+
+ROUTES = [
+    ("GET", "clusters"),
+    ("POST", "clusters"),
+    ("GET", "clusters/x"),
+    ("DELETE", "clusters/x"),
+    ("POST", "clusters/x/scale"),
+    ("POST", "clusters/x/adapt"),
+    ("GET", "clusters/x/metrics"),
+    ("GET", "clusters/x/metrics/t"),
+    ("GET", "jobs"),
+    ("GET", "config"),
+    ("GET", "events"),
+]
+
+KERNEL_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import jupyter_cluster as jc
+
+    if __name__ == "__main__":
+        handle = jc.start(name=sys.argv[1], workers=int(sys.argv[2]), threads=1)
+        print("ready", flush=True)
+        while not handle.closed:
+            time.sleep(0.1)
+        print("closed", flush=True)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server-root")
+    proc = JupyterProcess(str(root), app="server", base_url="/jc/").start()
+    yield proc
+    proc.stop()
+    _stop_panel_clusters()
+
+
+def _stop_panel_clusters() -> None:
+    """Panel clusters outlive the server by design: end the ones this module left."""
+    from jupyter_cluster import registry
+
+    for rec in registry.live_records():
+        if rec.owner_kind == "panel" and rec.owner_alive():
+            os.kill(rec.owner_pid, signal.SIGTERM)
+    wait_for(lambda: not any(r.owner_kind == "panel" for r in registry.live_records()), 30, message="panel clusters to stop")
+
+
+@pytest.fixture
+def api(server):
+    """requests with the token header, JSON errors readable on failure."""
+
+    class Api:
+        def __call__(self, method: str, path: str, **kw):
+            kw.setdefault("timeout", 120)
+            return requests.request(method, server.api(path), headers=server.headers, **kw)
+
+        def ok(self, method: str, path: str, status: int = 200, **kw):
+            r = self(method, path, **kw)
+            assert r.status_code == status, f"{method} {path}: {r.status_code} {r.text}"
+            return r.json()
+
+        def names(self) -> list[str]:
+            return [c["name"] for c in self.ok("GET", "clusters")["clusters"]]
+
+    return Api()
+
+
+def start_kernel_like(name: str, workers: int = 0) -> subprocess.Popen:
+    """A Python process that starts a cluster (like a kernel would) and keeps it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KERNEL_SCRIPT, name, str(workers)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    assert line.strip() == "ready", f"the cluster process did not start (exit {proc.poll()})"
+    return proc
+
+
+# -- authentication and XSRF ---------------------------------------------------------
+@pytest.mark.parametrize("method,path", ROUTES)
+def test_every_route_refuses_requests_without_credentials(server, method, path):
+    r = requests.request(method, server.api(path), timeout=30, json={} if method == "POST" else None)
+    assert r.status_code in (401, 403), f"{method} {path} answered {r.status_code} without credentials"
+
+
+def test_websocket_refuses_without_credentials(server):
+    import websocket
+
+    url = server.api("events").replace("http://", "ws://")
+    with pytest.raises(websocket.WebSocketBadStatusException) as info:
+        websocket.create_connection(url, timeout=10)
+    assert info.value.status_code in (401, 403)
+
+
+@pytest.mark.parametrize(
+    "method,path",
+    [("POST", "clusters"), ("DELETE", "clusters/x"), ("POST", "clusters/x/scale"), ("POST", "clusters/x/adapt")],
+)
+def test_writes_need_the_xsrf_token_with_cookie_login(server, method, path):
+    """A browser session (cookie) must send X-XSRFToken on every write."""
+    s = requests.Session()
+    assert s.get(f"{server.url}lab?token={server.token}", timeout=60).status_code == 200
+    assert "_xsrf" in s.cookies, "the login page set no _xsrf cookie"
+    assert s.get(server.api("clusters"), timeout=30).status_code == 200  # the cookie logs us in
+    body = {"workers": 1, "name": "bad name"}
+    refused = s.request(method, server.api(path), json=body, timeout=30)
+    assert refused.status_code == 403, refused.text
+    assert "xsrf" in refused.json()["message"].lower()
+    passed = s.request(method, server.api(path), json=body, headers={"X-XSRFToken": s.cookies["_xsrf"]}, timeout=30)
+    assert passed.status_code in (400, 404), passed.text  # past XSRF; refused for its content
+
+
+# -- input validation --------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "method,path,body,status,words",
+    [
+        ("POST", "clusters", {"workers": -1}, 400, "workers must be a whole number"),
+        ("POST", "clusters", {"workers": "2"}, 400, "workers must be a whole number"),
+        ("POST", "clusters", {"threads": 0}, 400, "threads must be a whole number"),
+        ("POST", "clusters", {"name": "no spaces"}, 400, "not a valid cluster name"),
+        ("POST", "clusters", {"colour": "red"}, 400, "unknown field"),
+        ("POST", "clusters", {"backend": "nope"}, 400, "unknown backend"),
+        ("POST", "clusters", [1, 2], 400, "must be a JSON object"),
+        ("POST", "clusters/x/scale", {"workers": 10**6}, 400, "workers must be a whole number"),
+        ("POST", "clusters/x/scale", {}, 400, "give the number of workers"),
+        ("POST", "clusters/x/scale", {"workers": 2}, 404, "no live cluster named 'x'"),
+        ("POST", "clusters/x/adapt", {"minimum": 3, "maximum": 1}, 400, "at least minimum"),
+        ("DELETE", "clusters/bad%20name", None, 400, "not a valid cluster name"),
+        ("GET", "clusters/x", None, 404, "no live cluster named 'x'"),
+        ("GET", "clusters/x/metrics/t", None, 404, "no live cluster"),
+        ("GET", "jobs?cluster=x", None, 404, "no live cluster"),
+    ],
+)
+def test_bad_input_gets_a_json_message(api, method, path, body, status, words):
+    r = api(method, path, json=body)
+    assert r.status_code == status, r.text
+    assert words in r.json()["message"]
+
+
+def test_bad_json_body(api):
+    r = api("POST", "clusters", data="{not json")
+    assert r.status_code == 400 and r.json()["message"] == "the request body is not valid JSON."
+
+
+def test_config_names_the_default_backend(api):
+    cfg = api.ok("GET", "config")
+    assert cfg["backend"] == "local" and "local" in cfg["backends"]
+
+
+# -- a cluster started by another process appears, and goes when it dies ----------------
+def test_cluster_of_another_process_appears_within_2s_and_goes_after_kill_9(api):
+    proc = start_kernel_like("proc-a", workers=0)
+    try:
+        t0 = time.monotonic()
+        wait_for(lambda: "proc-a" in api.names(), 2.0, interval=0.05, message="proc-a in the list")
+        appeared = time.monotonic() - t0
+        row = next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "proc-a")
+        assert row["owner_kind"] == "kernel" and row["owner_pid"] == proc.pid
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        t1 = time.monotonic()
+        wait_for(lambda: "proc-a" not in api.names(), 30.0, interval=0.1, message="proc-a to disappear")
+        gone = time.monotonic() - t1
+        print(f"appeared after {appeared:.2f} s, gone {gone:.2f} s after kill -9")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_stop_from_the_panel_asks_the_owning_kernel(api):
+    proc = start_kernel_like("proc-b", workers=0)
+    try:
+        wait_for(lambda: "proc-b" in api.names(), 5, message="proc-b in the list")
+        wait_for(lambda: next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "proc-b")["status"] == "running", 15, message="server connected to proc-b")
+        assert api.ok("DELETE", "clusters/proc-b") == {"stopped": "proc-b"}
+        assert "proc-b" not in api.names()
+        # The owner closed its own handle (its loop ends and it says so).
+        assert proc.stdout.readline().strip() == "closed"
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# -- a panel cluster: start, details, scale, adapt, jobs, metrics, push, stop ------------
+@pytest.fixture(scope="module")
+def panel_cluster(server):
+    r = requests.post(server.api("clusters"), headers=server.headers, json={"name": "panel-t", "workers": 1}, timeout=180)
+    assert r.status_code == 201, r.text
+    yield r.json()["cluster"]
+    from jupyter_cluster import registry
+
+    if registry.read("panel-t") is not None:
+        requests.delete(server.api("clusters/panel-t"), headers=server.headers, timeout=60)
+
+
+def test_panel_cluster_is_listed_with_its_owner(api, panel_cluster):
+    assert panel_cluster["name"] == "panel-t" and panel_cluster["owner_kind"] == "panel"
+    assert panel_cluster["backend"] == "local" and panel_cluster["address"].startswith("tcp://127.0.0.1:")
+    row = next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "panel-t")
+    assert row["dashboard_link"] and row["status"] == "running"
+    detail = api.ok("GET", "clusters/panel-t")
+    assert detail["n_workers"] == 1 and len(detail["workers"]) == 1
+    w = detail["workers"][0]
+    assert {"name", "status", "cpu", "memory", "memory_limit", "executing", "nthreads"} <= set(w)
+    assert w["status"] == "running" and w["memory_limit"] > 0
+
+
+def test_duplicate_name_is_refused(api, panel_cluster):
+    r = api("POST", "clusters", json={"name": "panel-t"})
+    assert r.status_code == 400 and "already exists" in r.json()["message"]
+
+
+def test_scale_and_adapt_reach_the_owner(api, panel_cluster):
+    assert api.ok("POST", "clusters/panel-t/scale", json={"workers": 2})["workers"] == 2
+    wait_for(lambda: api.ok("GET", "clusters/panel-t")["n_workers"] == 2, 60, interval=0.2, message="2 workers")
+    assert api.ok("POST", "clusters/panel-t/adapt", json={"minimum": 1, "maximum": 2})["maximum"] == 2
+    assert api.ok("POST", "clusters/panel-t/scale", json={"workers": 1})["workers"] == 1
+    wait_for(lambda: api.ok("GET", "clusters/panel-t")["n_workers"] == 1, 60, interval=0.2, message="back to 1 worker")
+
+
+def _client(name: str):
+    from distributed import Client
+
+    from jupyter_cluster import registry
+
+    return Client(registry.read(name).address, timeout=10, set_as_default=False)
+
+
+def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_cluster):
+    from jupyter_cluster import events
+
+    client = _client("panel-t")
+    try:
+        now = time.time()
+        client.log_event(
+            events.JOBS_TOPIC,
+            {"job": "job-1", "label": "%%parallel cell", "kernel": os.getpid(), "cluster": "x", "total": 10,
+             "done": 4, "failed": 1, "state": "running", "started": now, "updated": now},
+        )
+
+        def report_on_worker(i):
+            import jupyter_cluster
+
+            jupyter_cluster.report(step=i, topic="rl-test", member=i % 2, reward=float(i), load=[i, 1, 2, 3])
+            return i
+
+        assert client.gather(client.map(report_on_worker, range(6))) == list(range(6))
+        jobs = wait_for(lambda: api.ok("GET", "jobs")["running"], 10, message="job in /jobs")
+        assert jobs[0]["job"] == "job-1" and jobs[0]["done"] == 4 and jobs[0]["failed"] == 1
+        assert jobs[0]["cluster"] == "panel-t"
+        topics = wait_for(lambda: api.ok("GET", "clusters/panel-t/metrics")["topics"], 10, message="a metrics topic")
+        assert topics[0]["topic"] == "rl-test"
+        model = wait_for(
+            lambda: (m := api.ok("GET", "clusters/panel-t/metrics/rl-test"))["received"] == 6 and m,
+            10,
+            message="6 reports",
+        )
+        assert sorted(model["scalars"]["reward"]) == ["member=0", "member=1"]
+        assert model["scalars"]["reward"]["member=1"] == [[1, 1.0], [3, 3.0], [5, 5.0]]
+        rows = model["vectors"]["load"]["member=0"]
+        assert rows["steps"] == [0, 2, 4] and rows["rows"][1] == [2.0, 1.0, 2.0, 3.0]
+        assert model["dropped"] == 0
+        client.log_event(
+            events.JOBS_TOPIC,
+            {"job": "job-1", "label": "%%parallel cell", "kernel": os.getpid(), "cluster": "x", "total": 10,
+             "done": 10, "failed": 1, "state": "finished", "started": now, "updated": time.time()},
+        )
+        recent = wait_for(lambda: api.ok("GET", "jobs")["recent"], 10, message="finished job")
+        assert recent[0]["state"] == "finished" and recent[0]["done"] == 10
+    finally:
+        client.close()
+
+
+def test_websocket_pushes_clusters_workers_and_metrics(server, panel_cluster):
+    import websocket
+
+    url = server.api("events").replace("http://", "ws://")
+    ws = websocket.create_connection(url, header=[f"Authorization: token {server.token}"], timeout=20)
+    try:
+        seen: dict[str, dict] = {}
+
+        def receive_until(kind: str, pred=lambda m: True, timeout: float = 15):
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                msg = json.loads(ws.recv())
+                seen[msg["type"]] = msg
+                if msg["type"] == kind and pred(msg):
+                    return msg
+            pytest.fail(f"no {kind!r} message within {timeout} s (saw {sorted(seen)})")
+
+        clusters = receive_until("clusters")
+        assert "panel-t" in [c["name"] for c in clusters["clusters"]]
+        ws.send(json.dumps({"type": "interval", "ms": 200}))
+        ws.send(json.dumps({"type": "watch", "cluster": "panel-t", "topics": ["rl-test"]}))
+        model = receive_until("cluster")["model"]
+        assert model["name"] == "panel-t" and model["workers"]
+        metrics = receive_until("metrics", lambda m: m["topic"] == "rl-test")
+        assert metrics["data"]["scalars"]["reward"]
+        # New reports are pushed without asking.
+        client = _client("panel-t")
+        try:
+            client.submit(lambda: __import__("jupyter_cluster").report(step=99, topic="rl-test", member=0, reward=-1.0)).result()
+        finally:
+            client.close()
+        pushed = receive_until("metrics", lambda m: [99, -1.0] in m["data"]["scalars"]["reward"].get("member=0", []))
+        assert pushed["cluster"] == "panel-t"
+        ws.send(json.dumps({"type": "nonsense"}))
+        assert "unknown message type" in receive_until("error")["message"]
+    finally:
+        ws.close()
+
+
+def test_stop_of_a_panel_cluster_from_a_kernel(api, panel_cluster):
+    """``%cluster stop NAME`` in a kernel that does not hold it asks the panel's host process."""
+    import jupyter_cluster as jc
+    from jupyter_cluster import registry
+
+    owner = registry.read("panel-t").owner_pid
+    assert jc.stop("panel-t") == "panel-t"
+    assert registry.read("panel-t") is None
+    wait_for(lambda: "panel-t" not in api.names(), 5, message="panel-t to leave the list")
+    wait_for(lambda: not _alive(owner), 30, message="the host process to exit")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by the server) counts as gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_kernel_cannot_stop_another_kernels_cluster():
+    import jupyter_cluster as jc
+
+    proc = start_kernel_like("proc-c", workers=0)
+    try:
+        with pytest.raises(jc.ClusterError, match="belongs to another kernel"):
+            jc.stop("proc-c")
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+# -- reconnection: a scheduler restarted at the same address is followed again ------------
+def _scheduler(port: int) -> subprocess.Popen:
+    code = textwrap.dedent(
+        f"""
+        import asyncio
+        from distributed import Scheduler
+
+        async def main():
+            async with Scheduler(host="127.0.0.1", port={port}, dashboard=False) as s:
+                print("up", flush=True)
+                await s.finished()
+
+        asyncio.run(main())
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    return proc
+
+
+def test_server_follows_a_restarted_scheduler(api):
+    from .jupyter_process import free_port
+
+    from jupyter_cluster import events, registry
+
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    first = _scheduler(port)
+    record = registry.ClusterRecord(name="restarts", backend="address", address=address, owner_kind="process")
+    registry.write(record)
+    second = None
+    try:
+        def publish(job: str) -> None:
+            client = _client("restarts")
+            try:
+                now = time.time()
+                client.log_event(events.JOBS_TOPIC, {"job": job, "label": job, "kernel": os.getpid(), "total": 1,
+                                                     "done": 0, "failed": 0, "state": "running", "started": now, "updated": now})
+            finally:
+                client.close()
+
+        def job_ids() -> set[str]:
+            return {j["job"] for j in api.ok("GET", "jobs?cluster=restarts")["running"]}
+
+        wait_for(lambda: "restarts" in api.names(), 5, message="the record in the list")
+        publish("before")
+        wait_for(lambda: "before" in job_ids(), 15, message="job 'before'")
+        first.kill()
+        first.wait(10)
+        wait_for(lambda: next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "restarts")["status"] != "running", 15, message="the server to notice")
+        second = _scheduler(port)
+        wait_for(lambda: next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "restarts")["status"] == "running", 30, message="reconnection")
+        publish("after")
+        wait_for(lambda: {"before", "after"} <= job_ids(), 15, message="job 'after' from the new scheduler")
+    finally:
+        registry.remove("restarts")
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(10)
