@@ -265,6 +265,8 @@ class FakeKubernetesAPI:
         self.scenario = "no-crd"
         self.pods: list[dict] = []
         self.clusters: dict[str, dict] = {}
+        self.autoscalers: dict[str, dict] = {}
+        self.services: list[dict] = []
         self.requests: list[tuple[str, str]] = []
         self.port = None
         self._ready = threading.Event()
@@ -281,9 +283,10 @@ class FakeKubernetesAPI:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
-    def reset(self, scenario, pods=()):
-        self.scenario, self.pods, self.requests = scenario, list(pods), []
+    def reset(self, scenario, pods=(), services=()):
+        self.scenario, self.pods, self.services, self.requests = scenario, list(pods), list(services), []
         self.clusters.clear()
+        self.autoscalers.clear()
 
     def _run(self):
         import asyncio
@@ -334,6 +337,15 @@ class FakeKubernetesAPI:
             return 200, {"major": "1", "minor": "31", "gitVersion": "v1.31.4", "platform": "linux/amd64"}
         params = urllib.parse.parse_qs(query)
         parts = path.strip("/").split("/")
+        # API discovery, which kr8s uses to resolve kinds given by name ("pods").
+        if path.rstrip("/") == "/api":
+            return 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+        if path.rstrip("/") == "/api/v1":
+            return 200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                {"name": n, "singularName": n[:-1], "namespaced": True, "kind": k, "verbs": ["get", "list", "watch"]}
+                for n, k in (("pods", "Pod"), ("services", "Service"))]}
+        if path.rstrip("/") == "/apis":
+            return 200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
         if path.startswith("/apis/kubernetes.dask.org/v1/namespaces/"):
             ns, plural = parts[4], parts[5]
             name = parts[6] if len(parts) > 6 else None
@@ -342,6 +354,17 @@ class FakeKubernetesAPI:
             if self.scenario == "forbidden":
                 status = recorded("forbidden.json")
                 return 403, status
+            if plural == "daskautoscalers":
+                if method == "POST":
+                    obj = json.loads(body)
+                    self.autoscalers[obj["metadata"]["name"]] = obj
+                    return 201, obj
+                if name in self.autoscalers and method == "PATCH":
+                    self.autoscalers[name]["spec"].update(json.loads(body).get("spec", {}))
+                    return 200, self.autoscalers[name]
+                if name in self.autoscalers and method == "DELETE":
+                    return 200, self.autoscalers.pop(name)
+                return self._not_found("daskautoscalers.kubernetes.dask.org", name or "")
             if plural != "daskclusters":
                 return (201, json.loads(body)) if method == "POST" else self._not_found(plural, name or "")
             if method == "POST":
@@ -362,16 +385,23 @@ class FakeKubernetesAPI:
             if method == "DELETE":
                 return 200, self.clusters.pop(name)
             return 200, self.clusters[name]
-        if path.endswith("/pods"):
+        if path.startswith("/api/v1/namespaces/") and len(parts) in (5, 6) and parts[4] in ("pods", "services"):
+            plural = parts[4]
+            objects = self.pods if plural == "pods" else self.services
+            if len(parts) == 6:  # one object by name
+                found = [o for o in objects if o["metadata"]["name"] == parts[5]]
+                return (200, found[0]) if found else self._not_found(plural, parts[5])
             selector = params.get("labelSelector", [""])[0]
-            field = params.get("fieldSelector", [""])[0]
+            fields = dict(f.split("=", 1) for f in params.get("fieldSelector", [""])[0].split(",") if "=" in f)
             labels = dict(s.split("=", 1) for s in selector.split(",") if "=" in s)
             items = [
-                p for p in self.pods
-                if all(p["metadata"]["labels"].get(k) == v for k, v in labels.items())
-                and (not field.startswith("status.phase=") or p["status"]["phase"] == field.split("=", 1)[1])
+                o for o in objects
+                if all(o["metadata"]["labels"].get(k) == v for k, v in labels.items())
+                and ("status.phase" not in fields or o["status"].get("phase") == fields["status.phase"])
+                and ("metadata.name" not in fields or o["metadata"]["name"] == fields["metadata.name"])
             ]
-            return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items}
+            kind = "PodList" if plural == "pods" else "ServiceList"
+            return 200, {"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items}
         return self._not_found(parts[-2] if len(parts) > 1 else "resource", parts[-1])
 
 
@@ -461,6 +491,76 @@ def test_pods_pending_past_the_timeout(fake_api):
     message = _start_error(worker_memory="64GiB")
     assert message.startswith("the scheduler pod kubernetes-1-scheduler has been pending for")
     assert "2 Insufficient memory" in message
+    assert fake_api.clusters == {}
+
+
+@pytest.fixture
+def live_scheduler(fake_api):
+    """A real Dask scheduler and worker that the fake API's service points at.
+
+    With it, KubeCluster gets all the way through: the recorded scheduler pod
+    is ready, the LoadBalancer service leads to 127.0.0.1, and the Dask
+    connection is real.  (A bare Scheduler, not a LocalCluster: a cluster
+    manager attaching to another manager's scheduler adopts its name.)
+    """
+    import asyncio
+    import queue
+
+    from distributed import Scheduler, Worker
+
+    ready: queue.Queue = queue.Queue()
+    control = {}
+
+    async def serve():
+        control["loop"], control["stop"] = asyncio.get_running_loop(), asyncio.Event()
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as scheduler:
+            async with Worker(scheduler.address, nthreads=1, host="127.0.0.1"):
+                ready.put(scheduler.address)
+                await control["stop"].wait()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True, name="live-scheduler")
+    thread.start()
+    address = ready.get(timeout=60)
+    service = recorded("service_scheduler_loadbalancer.json")
+    service["spec"]["ports"][0]["port"] = int(address.rsplit(":", 1)[1])
+    yield address, service
+    control["loop"].call_soon_threadsafe(control["stop"].set)
+    thread.join(30)
+
+
+def test_start_through_the_operator_then_adapt_and_stop(fake_api, live_scheduler, validators):
+    address, service = live_scheduler
+    fake_api.reset("pods", [recorded("pod_scheduler_running.json"), recorded("pod_running.json")], [service])
+    handle = jc.start(backend="kubernetes", name="kubernetes-1", workers=2, worker_memory="2GiB",
+                      env=["OMP_NUM_THREADS=1"], adapt_min=1, adapt_max=3)
+    try:
+        assert handle.backend == "kubernetes" and handle.address == address
+        assert handle.client.submit(sum, [1, 2, 3]).result() == 6
+        # What reached the API server is what --dry-run shows, and valid.
+        created = fake_api.clusters["kubernetes-1"]
+        expected = k8s.resources(name="kubernetes-1", workers=2, worker_memory="2GiB", env=["OMP_NUM_THREADS=1"],
+                                 adapt_min=1, adapt_max=3)
+        assert created["spec"] == expected[0]["spec"]
+        assert _errors(validators, created) == []
+        autoscaler = fake_api.autoscalers["kubernetes-1"]
+        assert autoscaler["spec"] == {"cluster": "kubernetes-1", "minimum": 1, "maximum": 3}
+        assert autoscaler["metadata"]["labels"]["dask.org/cluster-name"] == "kubernetes-1"
+        assert _errors(validators, autoscaler) == []
+        # %cluster adapt on the handle updates the same resource.
+        handle.adapt(2, 5)
+        assert fake_api.autoscalers["kubernetes-1"]["spec"]["maximum"] == 5
+    finally:
+        handle.close()
+    assert fake_api.clusters == {}, "stopping did not delete the DaskCluster"
+
+
+def test_worker_pods_that_cannot_be_scheduled(fake_api, live_scheduler):
+    """The scheduler comes up, the GPU workers never fit anywhere."""
+    _, service = live_scheduler
+    fake_api.reset("pods", [recorded("pod_scheduler_running.json"), recorded("pod_worker_unschedulable.json")], [service])
+    message = _start_error(worker_gpu=1)
+    assert message.startswith("the worker pod kubernetes-1-default-worker-7d2e9f1a0b has been pending for")
+    assert "4 Insufficient nvidia.com/gpu" in message and "--worker-gpu" in message
     assert fake_api.clusters == {}
 
 
