@@ -30,6 +30,7 @@ CLUSTER_USAGE = """\
 %cluster adapt [--minimum A] [--maximum B]
 %cluster restart                 restart the workers (clears their memory)
 %cluster stop [NAME]             stop the current (or named) cluster; detach if it was attached
+%cluster metrics [TOPIC]         live charts of what tasks report with jupyter_cluster.report()
 """
 
 
