@@ -111,7 +111,7 @@ export function lineOption(
       textStyle: { fontSize: 10 }
     },
     grid: { left: 56, right: 16, top: 28, bottom: keys.length > 1 ? 48 : 28 },
-    xAxis: { type: 'value', name: 'step', nameLocation: 'end', scale: true },
+    xAxis: { type: 'value', name: 'step', nameLocation: 'end', min: 'dataMin', max: 'dataMax' },
     yAxis: { type: 'value', scale: true },
     dataZoom: [{ type: 'inside', filterMode: 'none' }],
     series: keys.map(key => ({
