@@ -91,6 +91,9 @@ def last_job() -> "MapJob | None":
     return _last_job
 
 
+_REAPED = object()
+
+
 class RemoteItemError(Exception):
     """Stands for an exception raised on a worker that could not be sent back as itself."""
 
@@ -264,6 +267,7 @@ class MapJob:
         self._yield_next = 0
         self._cancelled_by_us: set = set()
         self._disconnected_since: float | None = None
+        self._terminal_since: dict = {}
         self._last_progress = 0.0
         self._threads = _total_threads(self.client)
         self._threads_checked = time.monotonic()
@@ -501,18 +505,39 @@ class MapJob:
     def _wait_batch(self) -> list:
         ac = self._ac
         cond = ac.thread_condition
-        last_pin_check = time.monotonic()
+        last_check = time.monotonic()
         with cond:
             while ac.queue.empty():
                 cond.wait(0.2)
                 self._check_connection()
-                if self._pin is not None and time.monotonic() - last_pin_check > 1.0:
-                    last_pin_check = time.monotonic()
-                    self._check_pinned_workers()
+                now = time.monotonic()
+                if now - last_check > 1.0:
+                    last_check = now
+                    if self._pin is not None:
+                        self._check_pinned_workers()
+                    stale = self._stale()
+                    if stale:
+                        return stale
         batch = []
         while not ac.queue.empty():
             batch.append(ac.queue.get_nowait())
         return batch
+
+    def _stale(self) -> list:
+        """Futures that ended but that as_completed will never report.
+
+        When a finished chunk's result is lost with its worker, Dask recomputes
+        it; if the recomputation then fails, as_completed's gather raises
+        inside its own task and the future is never reported.  Reap those here.
+        """
+        now = time.monotonic()
+        out = []
+        for fut in self._inflight:
+            if fut.status in ("error", "cancelled"):
+                first = self._terminal_since.setdefault(fut.key, now)
+                if now - first > 1.0:
+                    out.append((fut, _REAPED))
+        return out
 
     def _check_connection(self) -> None:
         status = getattr(self.client, "status", "running")
@@ -553,7 +578,13 @@ class MapJob:
             return
         if chunk.suspect:
             self._suspect_running = False
+        self._terminal_since.pop(fut.key, None)
         status = fut.status
+        if result is _REAPED and status == "error":
+            try:
+                result = fut.exception(timeout=10)
+            except Exception as exc:  # the reason itself could not be fetched
+                result = exc
         if status == "finished":
             self._record(chunk, result)
         elif status == "error":
@@ -573,9 +604,11 @@ class MapJob:
         from distributed.scheduler import KilledWorker
 
         if isinstance(exc, KilledWorker):
-            if len(chunk.items) > 1:
-                # Isolate the item that kills workers: re-run every item of the
-                # chunk alone, one suspect at a time.
+            if not chunk.suspect:
+                # Dask blames every task queued on a dying worker, so a killed
+                # chunk may be innocent.  Re-run each of its items as a
+                # "suspect", one suspect at a time: a suspect that still ends
+                # in KilledWorker is the item that kills workers.
                 for k, item in enumerate(chunk.items):
                     self._suspects.append(_Chunk(chunk.start + k, [item], suspect=True, pin=chunk.pin))
                 return

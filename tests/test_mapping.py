@@ -1,0 +1,349 @@
+"""The map engine on a real 2-worker cluster: order, chunking, backpressure, errors, interrupt, resources."""
+
+from __future__ import annotations
+
+import _thread
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import cloudpickle
+import pytest
+
+from jupyter_cluster import mapping
+from jupyter_cluster.errors import ClusterError
+
+from .conftest import wait_for
+
+# Functions defined here travel by value: the workers cannot import this test module.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def square(x):
+    return x * x
+
+
+def slow(x, t=0.05):
+    time.sleep(t)
+    return x
+
+
+def fail_on_three(x):
+    if x == 3:
+        raise ValueError(f"bad item {x}")
+    return x
+
+
+def test_map_is_ordered_and_matches_builtin(cluster):
+    assert mapping.map(square, range(50), client=cluster) == [x * x for x in range(50)]
+    assert mapping.map(pow, [2, 3, 4], [5, 2, 1], client=cluster) == [32, 9, 4]
+    assert mapping.map(square, [], client=cluster) == []
+
+
+def test_unordered_gives_every_result_once(cluster):
+    out = mapping.map(slow, "abcd", [1.0, 0.0, 0.0, 0.0], chunksize=1, ordered=False, client=cluster)
+    assert sorted(out) == ["a", "b", "c", "d"]
+    assert out[0] != "a"  # the slow one cannot arrive first
+
+
+def test_generator_of_100k_is_consumed_lazily_with_bounded_tasks(cluster):
+    consumed = 0
+
+    def gen():
+        nonlocal consumed
+        for i in range(100_000):
+            consumed += 1
+            yield i
+
+    job = mapping.imap(square, gen(), client=cluster)
+    assert job.total is None
+    first = next(job)
+    assert first == 0
+    # Only a bounded stretch of the input was read ahead of the first result.
+    assert consumed < 100_000
+    total = 1 + sum(1 for _ in job)
+    assert total == 100_000 and consumed == 100_000 and job.total == 100_000
+    assert job.peak_in_flight <= job.max_in_flight
+    assert job.chunks_submitted < 500  # chunked, not one task per item
+    assert job.results == {}  # imap does not keep what it yielded
+
+
+class Counted:
+    """A large value that records each time it is unpickled on a worker."""
+
+    def __init__(self, path, payload):
+        self.path = path
+        self.payload = payload
+
+    def __reduce__(self):
+        return (_rebuild_counted, (self.path, self.payload))
+
+
+def _rebuild_counted(path, payload):
+    with open(path, "a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    return Counted(path, payload)
+
+
+def test_large_closure_is_sent_once_per_worker_not_per_item(cluster, tmp_path):
+    log = tmp_path / "loads.txt"
+    big = Counted(str(log), b"x" * 2_000_000)
+
+    def use_big(i):
+        return len(big.payload) + i
+
+    out = mapping.map(use_big, range(40), chunksize=1, client=cluster)  # 40 tasks
+    assert out == [2_000_000 + i for i in range(40)]
+    loads = log.read_text().split()
+    assert 1 <= len(loads) <= 2, f"the 2 MB value was unpickled {len(loads)} times for 40 tasks"
+
+
+def test_errors_raise_reraises_original_type_with_item_and_traceback(cluster):
+    with pytest.raises(ValueError, match="bad item 3") as info:
+        mapping.map(fail_on_three, range(20), chunksize=2, client=cluster)
+    notes = "\n".join(info.value.__notes__)
+    assert "item 3 (3)" in notes and "Remote traceback" in notes and "fail_on_three" in notes
+    job = mapping.last_job()
+    assert job.state == "failed" and job.finished and job.in_flight == 0
+
+
+def test_errors_collect_puts_exceptions_in_the_results(cluster):
+    out = mapping.map(fail_on_three, range(8), errors="collect", client=cluster)
+    assert isinstance(out[3], ValueError)
+    assert [x for i, x in enumerate(out) if i != 3] == [0, 1, 2, 4, 5, 6, 7]
+    job = mapping.last_job()
+    assert job.failed == 1 and job.done == 7 and list(job.errors) == [3]
+
+
+def test_retries_rerun_an_item_that_raised(cluster, tmp_path):
+    marker = str(tmp_path / "failed-once")
+
+    def flaky(x):
+        if x == 2 and not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError("first attempt fails")
+        return x
+
+    assert mapping.map(flaky, range(4), retries=1, client=cluster) == [0, 1, 2, 3]
+    os.remove(marker)
+    out = mapping.map(flaky, range(4), retries=0, errors="collect", client=cluster)
+    assert isinstance(out[2], RuntimeError)
+
+
+def test_timeout_fails_only_the_slow_item(cluster):
+    def spin(x):
+        if x == 1:
+            while True:  # pure Python: stopped as soon as it is over time
+                pass
+        return x
+
+    t0 = time.monotonic()
+    out = mapping.map(spin, range(4), timeout=0.5, errors="collect", client=cluster)
+    assert time.monotonic() - t0 < 20
+    assert isinstance(out[1], TimeoutError) and "--timeout" in str(out[1])
+    assert [out[0], out[2], out[3]] == [0, 2, 3]
+
+
+def test_prints_are_captured_per_item(cluster):
+    def talk(x):
+        print("item says", x)
+        return x
+
+    seen = []
+    job = mapping.MapJob(talk, (range(5),), client=cluster, on_output=lambda i, t, f: seen.append((i, t, f)))
+    job.run()
+    assert job.outputs == {i: f"item says {i}\n" for i in range(5)}
+    assert sorted(seen) == [(i, f"item says {i}\n", False) for i in range(5)]
+    assert set(job.durations) == set(range(5))
+
+
+def test_observer_factories_hear_start_progress_finish(cluster):
+    calls = []
+
+    class Obs:
+        def job_started(self, job):
+            calls.append("started")
+
+        def job_progress(self, job):
+            calls.append("progress")
+
+        def job_finished(self, job):
+            calls.append(("finished", job.done, job.state))
+
+    def factory(job, progress):
+        assert progress is False
+        return Obs()
+
+    mapping.add_observer_factory(factory)
+    try:
+        mapping.map(square, range(10), client=cluster, progress=False)
+    finally:
+        mapping.remove_observer_factory(factory)
+    assert calls[0] == "started" and calls[-1] == ("finished", 10, "finished") and "progress" in calls
+
+
+def test_interrupt_cancels_within_two_seconds_and_keeps_results(cluster):
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        mapping.map(slow, range(200), [0.05] * 200, chunksize=2, client=cluster)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 1.0 + 2.0
+    job = mapping.last_job()
+    assert job.state == "cancelled" and job.in_flight == 0
+    assert 0 < job.done < 200 and len(job.results) == job.done
+    assert all(job.results[i] == i for i in job.results)
+    # The workers stop between items, so the cluster is free again at once.
+    t1 = time.monotonic()
+    assert mapping.map(square, range(10), client=cluster) == [x * x for x in range(10)]
+    assert time.monotonic() - t1 < 5
+
+
+def test_missing_resources_fail_fast(cluster):
+    with pytest.raises(ClusterError, match="GPU=1"):
+        mapping.map(square, range(3), resources={"GPU": 1}, client=cluster)
+
+
+def test_resources_restrict_items_to_workers_that_have_them(cluster):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_worker", cluster.address, "--nthreads", "1",
+         "--resources", "GPU=1", "--no-nanny", "--no-dashboard", "--host", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        client = cluster.client
+
+        def gpu_workers():
+            info = client.scheduler_info(n_workers=-1)["workers"]
+            return [a for a, w in info.items() if w.get("resources", {}).get("GPU")]
+
+        gpu = wait_for(gpu_workers, timeout=60, message="the GPU worker to join")
+        out = mapping.map(square, range(20), resources={"GPU": 1}, client=cluster)
+        assert out == [x * x for x in range(20)]
+        assert set(mapping.last_job().workers_used) == set(gpu)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    wait_for(lambda: len(cluster.client.scheduler_info(n_workers=-1)["workers"]) == 2, timeout=30, message="the GPU worker to leave")
+
+
+# -- faults: killed workers, a poison pill, a vanished scheduler -------------------------------
+@pytest.fixture(scope="module")
+def fault_cluster():
+    """A 2-worker cluster that gives up on a task after 2 worker deaths, with patient nannies.
+
+    Built directly (not through ``jupyter_cluster.start``) to pass test-only
+    settings: on a loaded 2-core CI machine a restarted worker process can take
+    longer than the nanny's default start-up limit.
+    """
+    from distributed import Client, LocalCluster
+
+    lc = LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+        dashboard_address=None, death_timeout=120,
+    )  # fmt: skip
+    lc.scheduler.allowed_failures = 1  # the scheduler runs in this process
+    client = Client(lc, set_as_default=False)
+    yield client
+    client.close()
+    lc.close()
+
+
+def _worker_pids(client):
+    try:
+        return client.run(os.getpid)
+    except Exception:  # a worker is restarting
+        return {}
+
+
+def _n_workers(client):
+    return len(client.scheduler_info(n_workers=-1)["workers"])
+
+
+def test_sigkilled_workers_mid_map_lose_nothing(fault_cluster):
+    client = fault_cluster
+    kills = []
+
+    def killer():
+        for delay in (0.5, 1.0):
+            time.sleep(delay)
+            pids = _worker_pids(client)
+            if pids:
+                pid = sorted(pids.values())[len(kills) % len(pids)]
+                os.kill(pid, 9)
+                kills.append(pid)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    out = mapping.map(slow, range(80), [0.05] * 80, client=fault_cluster)
+    t.join(10)
+    assert out == list(range(80))  # every result exactly once, in order
+    assert len(kills) >= 2
+    job = mapping.last_job()
+    assert job.done == 80 and job.failed == 0
+    assert len(job.workers_used) > 2  # restarted workers (new addresses) took over
+    wait_for(lambda: _n_workers(client) == 2, timeout=60, message="workers to come back")
+
+
+def poison(x):
+    if x == 7:
+        os._exit(1)  # kills whichever worker runs it
+    return x * 10
+
+
+def test_poison_pill_fails_with_worker_lost_error_naming_the_item(fault_cluster):
+    from jupyter_cluster.errors import WorkerLostError
+
+    client = fault_cluster
+    wait_for(lambda: _n_workers(client) == 2, timeout=60, message="2 workers")
+    out = mapping.map(poison, range(4, 10), chunksize=1, errors="collect", client=fault_cluster)
+    assert isinstance(out[3], WorkerLostError) and "item 3 (7)" in str(out[3])
+    assert [v for i, v in enumerate(out) if i != 3] == [40, 50, 60, 80, 90]
+    # The cluster is still usable (its nannies restart the killed workers).
+    wait_for(lambda: _n_workers(client) >= 1, timeout=120, message="a worker to come back")
+    assert mapping.map(square, range(5), client=fault_cluster) == [0, 1, 4, 9, 16]
+
+
+def test_vanished_scheduler_raises_cluster_error_quickly(tmp_path):
+    import jupyter_cluster as jc
+
+    sched_file = tmp_path / "scheduler.json"
+    sched = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(sched_file)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    worker = None
+    handle = None
+    try:
+        wait_for(lambda: sched_file.exists() and sched_file.stat().st_size > 0, timeout=60, message="the scheduler file")
+        import json
+
+        address = json.loads(sched_file.read_text())["address"]
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny",
+             "--no-dashboard", "--host", "127.0.0.1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        handle = jc.connect(address)
+        handle.wait_for_workers(1, timeout=60)
+        killed_at = []
+
+        def kill():
+            killed_at.append(time.monotonic())
+            sched.kill()
+
+        threading.Timer(1.0, kill).start()
+        with pytest.raises(ClusterError, match="stopped answering"):
+            mapping.map(slow, range(100), [0.1] * 100, client=handle)
+        assert killed_at and time.monotonic() - killed_at[0] < 5
+    finally:
+        for p in (worker, sched):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+        if handle is not None and not handle.closed:
+            handle.close()
