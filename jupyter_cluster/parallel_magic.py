@@ -31,7 +31,7 @@ from .errors import CellError, ClusterError, SerializationError
 
 DEFAULT_OUT = "_parallel"
 JOB_NAME = "_parallel_job"
-#: How many items' printed output is shown under the cell (failing items' always are).
+#: Printed output of items 0 .. SHOW_OUTPUTS-1 is shown under the cell (failing items' always is).
 SHOW_OUTPUTS = 5
 
 PARALLEL_USAGE = """\
@@ -208,11 +208,10 @@ class _OutputPrinter:
     def __call__(self, index: int, text: str, failed: bool) -> None:
         if not text:
             return
-        if not failed and self.shown >= SHOW_OUTPUTS:
+        if not failed and index >= SHOW_OUTPUTS:
             self.hidden += 1
             return
-        if not failed:
-            self.shown += 1
+        self.shown += 1
         tag = f"[{self._label(index)}{', failed' if failed else ''}] "
         lines = text.rstrip("\n").split("\n")
         print(tag + lines[0])
