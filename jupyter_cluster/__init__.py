@@ -52,8 +52,10 @@ __all__ = [
 def load_ipython_extension(ipython):
     """Register ``%cluster`` and ``%%parallel`` (``%load_ext jupyter_cluster``)."""
     from .magics import register_magics
+    from .widgets import register_commands
 
     register_magics(ipython)
+    register_commands()  # %cluster metrics
 
 
 # -- Jupyter server and JupyterLab extension hooks (the extension template's names) --

@@ -6,6 +6,7 @@ Importing this package is cheap; ipywidgets is imported when a widget is made.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 __all__ = ["launcher", "show_metrics", "cluster_widget", "register_commands"]
@@ -49,4 +50,8 @@ def register_commands() -> None:
 
 
 show_metrics.__doc__ = """Live charts of what tasks report on ``topic`` (see :func:`jupyter_cluster.widgets.metrics.show_metrics`)."""
-register_commands()
+
+# Worker processes import this package too; only a process that already has
+# the magics (IPython) pays for registering, the others get it at %load_ext.
+if "jupyter_cluster.magics" in sys.modules:
+    register_commands()
