@@ -202,7 +202,7 @@ def test_late_subscriber_gets_the_schedulers_backlog_and_an_exact_dropped_count(
 
     keep = 100  # events the scheduler keeps per topic (1,000 by default)
     with dask.config.set({"distributed.admin.low-level-log-length": keep}):
-        small = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://", host="127.0.0.1", dashboard_address=None)
+        small = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://", host="127.0.0.1", dashboard_address="127.0.0.1:0")
     try:
         n = keep + 37
         topic = _topic("late")
