@@ -16,6 +16,7 @@ from __future__ import annotations
 from . import config  # noqa: F401  (registers dask.config defaults)
 from .errors import CellError, ClusterError, SerializationError
 from .session import ClusterHandle, clusters, connect, current, start, stop
+from .mapping import imap, last_job, map  # noqa: A004  (jupyter_cluster.map is the public map)
 from .pool import Pool
 from .dqueue import Queue
 from .actors import actor
@@ -43,7 +44,10 @@ __all__ = [
     "clusters",
     "connect",
     "current",
+    "imap",
+    "last_job",
     "load_ipython_extension",
+    "map",
     "start",
     "stop",
 ]
