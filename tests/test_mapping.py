@@ -97,7 +97,8 @@ def test_large_closure_is_sent_once_per_worker_not_per_item(cluster, tmp_path):
     out = mapping.map(use_big, range(40), chunksize=1, client=cluster)  # 40 tasks
     assert out == [2_000_000 + i for i in range(40)]
     loads = log.read_text().split()
-    assert 1 <= len(loads) <= 2, f"the 2 MB value was unpickled {len(loads)} times for 40 tasks"
+    # Once per worker (2); a replica racing a task's own fetch may add one per worker.
+    assert 1 <= len(loads) <= 4, f"the 2 MB value was unpickled {len(loads)} times for 40 tasks"
 
 
 def test_errors_raise_reraises_original_type_with_item_and_traceback(cluster):

@@ -115,7 +115,8 @@ big = Counted(np.ones(500_000))
     assert r.error_in_exec is None
     assert ip.user_ns["_parallel"] == [500_000.0 + i for i in range(30)]
     loads = (tmp_path / "loads.txt").read_text().split()
-    assert 1 <= len(loads) <= 2, f"a 4 MB value was unpickled {len(loads)} times for 30 tasks"
+    # Once per worker (2); a replica racing a task's own fetch may add one per worker.
+    assert 1 <= len(loads) <= 4, f"a 4 MB value was unpickled {len(loads)} times for 30 tasks"
 
 
 def test_all_workers_namespace_persists_and_wins(ip, run, cluster):
