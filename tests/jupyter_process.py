@@ -72,6 +72,9 @@ class JupyterProcess:
             f"--ServerApp.root_dir={self.root_dir}",
             "--ServerApp.jpserver_extensions={'jupyter_cluster': True}",
         ]
+        if self.app == "lab":
+            # window.jupyterapp, as JupyterLab's own UI tests (Galata) use it
+            cmd.append("--LabApp.expose_app_in_browser=True")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")
         env = dict(os.environ)
@@ -79,6 +82,8 @@ class JupyterProcess:
         env["JUPYTER_CONFIG_DIR"] = os.path.join(self.root_dir, ".jupyter-config")
         env.setdefault("JUPYTERLAB_SETTINGS_DIR", os.path.join(self.root_dir, ".lab-settings"))
         env.setdefault("JUPYTERLAB_WORKSPACES_DIR", os.path.join(self.root_dir, ".lab-workspaces"))
+        if self.app == "lab":
+            self._quiet_lab_settings(env["JUPYTERLAB_SETTINGS_DIR"])
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.root_dir)
         deadline = time.monotonic() + timeout
@@ -95,6 +100,20 @@ class JupyterProcess:
                 self.stop()
                 raise RuntimeError(f"jupyter {self.app} did not answer within {timeout} s:\n{self.log_tail()}")
             time.sleep(0.2)
+
+    @staticmethod
+    def _quiet_lab_settings(settings_dir: str) -> None:
+        """No news toast, no kernel picker: what a scripted browser cannot answer."""
+        import json
+
+        for plugin, values in {
+            "apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+            "notebook-extension/tracker": {"autoStartDefaultKernel": True},
+        }.items():
+            path = os.path.join(settings_dir, "@jupyterlab", plugin + ".jupyterlab-settings")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                json.dump(values, f)
 
     def log_tail(self, n: int = 40) -> str:
         try:

@@ -525,8 +525,17 @@ export class ClusterPanel extends Widget {
     }
     const table = el('table', 'jc-workers');
     const head = el('tr');
-    for (const h of ['worker', 'status', 'CPU', 'memory', 'tasks']) {
-      head.append(el('th', '', h));
+    const columns: [string, string][] = [
+      ['name', 'worker name'],
+      ['status', 'worker status'],
+      ['CPU', 'CPU use'],
+      ['memory', 'memory used (bar: of its limit)'],
+      ['tasks', 'tasks running']
+    ];
+    for (const [h, title] of columns) {
+      const th = el('th', '', h);
+      th.title = title;
+      head.append(th);
     }
     table.append(el('thead'));
     table.tHead!.append(head);
@@ -543,11 +552,13 @@ export class ClusterPanel extends Widget {
       }
       bar.append(fill);
       const mem = el('td', 'jc-memory');
-      mem.append(bar, el('span', 'jc-bar-text', `${formatBytes(w.memory)} / ${formatBytes(w.memory_limit)}`));
+      const memText = `${formatBytes(w.memory)} / ${formatBytes(w.memory_limit)}`;
+      mem.title = memText;
+      mem.append(bar, el('span', 'jc-bar-text', formatBytes(w.memory)));
       row.append(
         el('td', 'jc-worker-name', w.name),
         el('td', `jc-worker-status jc-status-${w.status}`, w.status),
-        el('td', 'jc-cpu', `${Math.round(w.cpu)} %`),
+        el('td', 'jc-cpu', `${Math.round(w.cpu)}%`),
         mem,
         el('td', 'jc-tasks', String(w.executing))
       );
