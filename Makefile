@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test,examples,kubernetes,bench]"
-	$(VENV)/bin/jupyter labextension develop --overwrite .
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/jupyter labextension develop --overwrite .
 	touch $(STAMP)
 
 $(LABEXT): $(LABEXT_SRC) | $(STAMP)
