@@ -74,7 +74,7 @@ class JupyterProcess:
         ]
         if self.app == "lab":
             # window.jupyterapp, as JupyterLab's own UI tests (Galata) use it
-            cmd.append("--LabApp.expose_app_in_browser=True")
+            cmd += ["--LabApp.expose_app_in_browser=True", "--JupyterNotebookApp.expose_app_in_browser=True"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")
         env = dict(os.environ)

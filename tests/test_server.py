@@ -148,6 +148,7 @@ def test_writes_need_the_xsrf_token_with_cookie_login(server, method, path):
         ("POST", "clusters", {"name": "no spaces"}, 400, "not a valid cluster name"),
         ("POST", "clusters", {"colour": "red"}, 400, "unknown field"),
         ("POST", "clusters", {"backend": "nope"}, 400, "unknown backend"),
+        ("POST", "clusters", {"memory_limit": "lots"}, 400, "memory_limit must be a size"),
         ("POST", "clusters", [1, 2], 400, "must be a JSON object"),
         ("POST", "clusters/x/scale", {"workers": 10**6}, 400, "workers must be a whole number"),
         ("POST", "clusters/x/scale", {}, 400, "give the number of workers"),
@@ -436,3 +437,28 @@ def test_server_follows_a_restarted_scheduler(api):
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait(10)
+
+
+# -- the jobs store (pure data) -------------------------------------------------------------
+def test_jobs_store_keeps_latest_state_and_recent_history():
+    from jupyter_cluster.server.jobs import JobsStore
+
+    store = JobsStore(keep_recent=2)
+
+    def msg(job, state="running", done=0, updated=1.0, kernel=os.getpid(), **kw):
+        return {"job": job, "label": job, "kernel": kernel, "total": 10, "done": done, "failed": 0,
+                "state": state, "started": 1.0, "updated": updated, **kw}
+
+    assert store.add(msg("a", done=3, updated=2.0))
+    assert store.add(msg("a", done=1, updated=1.5))  # a late backlog duplicate does not go back
+    assert store.jobs["a"]["done"] == 3
+    for i, job in enumerate("bcd"):
+        store.add(msg(job, state="finished", done=10, updated=10.0 + i))
+    snap = store.snapshot()
+    assert [j["job"] for j in snap["running"]] == ["a"]
+    assert [j["job"] for j in snap["recent"]] == ["d", "c"]  # newest first, only 2 kept
+    for bad in [None, {"label": "no id"}, msg("e", done="3"), msg("f", failed=True)]:
+        assert not store.add(bad)
+    store.add(msg("g", kernel=2**22 + 12345))  # a kernel pid that does not exist
+    store.mark_lost(lambda pid: pid == os.getpid())
+    assert store.jobs["g"]["state"] == "lost" and store.jobs["a"]["state"] == "running"

@@ -56,7 +56,10 @@ class BaseHandler(APIHandler):
         self.finish(json.dumps({"message": message}))
 
     def fail(self, status: int, message: str) -> None:
-        raise tornado.web.HTTPError(status, message, reason=message)
+        # The message travels in the JSON body (write_error), never in the status line.
+        error = tornado.web.HTTPError(status)
+        error.log_message = message
+        raise error
 
     def body(self) -> dict[str, Any]:
         if not self.request.body:
@@ -92,6 +95,19 @@ class BaseHandler(APIHandler):
         self.finish(json.dumps(data))
 
 
+def _valid_size(value: Any) -> bool:
+    from dask.utils import parse_bytes
+
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return True
+    if not isinstance(value, str) or len(value) > 32:
+        return False
+    try:
+        return parse_bytes(value) > 0
+    except (ValueError, TypeError):
+        return False
+
+
 def _optional_count(data: dict[str, Any], key: str, what: str, minimum: int = 0) -> int | None:
     value = data.get(key)
     return None if value is None else validate_count(value, what, minimum)
@@ -115,8 +131,8 @@ class ClustersHandler(BaseHandler):
         except ClusterError as exc:
             self.fail(400, str(exc))
         memory_limit = data.get("memory_limit") or None
-        if memory_limit is not None and not isinstance(memory_limit, (str, int)):
-            self.fail(400, "memory_limit must be a size such as \"2GiB\" or a number of bytes.")
+        if memory_limit is not None and not _valid_size(memory_limit):
+            self.fail(400, 'memory_limit must be a size such as "2GiB", "auto", or a number of bytes.')
         backend = data.get("backend") or None
         if backend is not None and not isinstance(backend, str):
             self.fail(400, "backend must be the name of a backend.")

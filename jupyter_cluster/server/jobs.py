@@ -43,14 +43,17 @@ class JobsStore:
         if not isinstance(msg, dict) or not isinstance(msg.get("job"), str):
             return False
         state = msg.get("state") if msg.get("state") in JOB_STATES else "running"
+        done, failed = msg.get("done"), msg.get("failed")
+        if not all(isinstance(v, (int, type(None))) and not isinstance(v, bool) for v in (done, failed)):
+            return False
         job = {
             "job": msg["job"],
             "label": str(msg.get("label") or msg["job"]),
             "kernel": msg.get("kernel"),
             "cluster": msg.get("cluster"),
             "total": msg.get("total") if isinstance(msg.get("total"), int) else None,
-            "done": int(msg.get("done") or 0),
-            "failed": int(msg.get("failed") or 0),
+            "done": done or 0,
+            "failed": failed or 0,
             "state": state,
             "started": _number(msg.get("started")) or time.time(),
             "updated": _number(msg.get("updated")) or time.time(),

@@ -139,7 +139,7 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         assert "%%parallel" in finished.locator(".jc-job-label").inner_text()
         assert finished.locator(".jc-job-state").inner_text() == "finished"
         width = finished.locator(".jc-bar-fill").evaluate("e => e.style.width")
-        assert width == "100.0%", width
+        assert float(width.rstrip("%")) == 100.0, width
 
         # -- metrics: a line chart and a heatmap, both drawn with data ------------------
         page.wait_for_function(
@@ -174,4 +174,25 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         assert not ours, ours
     finally:
         _shot(page, artifacts, "panel-last-state.png")
+        context.close()
+
+
+def test_panel_in_notebook_7(lab, browser, artifacts):
+    """The same extension in Notebook 7's notebook page: its left sidebar shows the panel."""
+    pytest.importorskip("notebook", minversion="7", reason="Notebook 7 is in the test extras")
+    context = browser.new_context(viewport={"width": 1300, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(f"{lab.url}notebooks/ui.ipynb?token={lab.token}", timeout=90_000)
+        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
+        page.wait_for_function("!!window.jupyterapp && window.jupyterapp.commands.hasCommand('jupyter-cluster:open')", timeout=30_000)
+        page.evaluate("window.jupyterapp.commands.execute('jupyter-cluster:open')")
+        page.wait_for_selector("#jupyter-cluster-panel", state="visible", timeout=30_000)
+        # the cluster started from JupyterLab's panel is listed here too
+        page.wait_for_selector(f'#jupyter-cluster-panel .jc-cluster[data-name="{CLUSTER}"]', timeout=30_000)
+        page.wait_for_function(
+            "document.querySelectorAll('#jupyter-cluster-panel .jc-worker').length === 2", timeout=30_000
+        )
+        _shot(page, artifacts, "notebook7-panel.png")
+    finally:
         context.close()
