@@ -42,6 +42,14 @@ NAME = r"(?P<name>[^/]+)"
 SETTINGS_KEY = "jupyter_cluster_manager"
 
 
+class Refusal(tornado.web.HTTPError):
+    """A 4xx answer whose one-sentence message goes in the JSON body, not the status line."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(status)
+        self.message = message
+
+
 class BaseHandler(APIHandler):
     """JSON in, JSON out, one-sentence errors."""
 
@@ -51,15 +59,12 @@ class BaseHandler(APIHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        message = getattr(exc, "log_message", None) or self._reason
+        message = getattr(exc, "message", None) or getattr(exc, "log_message", None) or self._reason
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"message": message}))
 
     def fail(self, status: int, message: str) -> None:
-        # The message travels in the JSON body (write_error), never in the status line.
-        error = tornado.web.HTTPError(status)
-        error.log_message = message
-        raise error
+        raise Refusal(status, message)
 
     def body(self) -> dict[str, Any]:
         if not self.request.body:
