@@ -373,6 +373,8 @@ class MapJob:
                     self._yield_next += 1
                     return self.results[i] if self.retain else self.results.pop(i)
                 if self.total is not None and i >= self.total and self._exhausted_all():
+                    if not self.finished:  # observers (progress, job events) hear that it ended
+                        self._finish()
                     raise StopIteration
             else:
                 if self._order:
