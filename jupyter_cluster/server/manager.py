@@ -26,6 +26,10 @@ import sys
 import time
 from typing import Any
 
+# Imported here, at server start, rather than at the first connection: importing
+# distributed takes a second or more and would stall the server's event loop.
+from distributed import Client
+
 from .. import config, events, registry, session
 from ..errors import ClusterError
 from . import control
@@ -115,8 +119,6 @@ class Connection:
             self.status = "unreachable"
 
     async def _connect(self) -> None:
-        from distributed import Client
-
         security = None
         if self.record.address.startswith("tls://"):
             from ..backends.local import saved_security  # written (0600) by the process that started it
