@@ -1,0 +1,154 @@
+"""The example notebooks, executed top to bottom through a real kernel at CI size.
+
+Each notebook checks its own claims with ``assert`` cells (ES learns CartPole, PBT beats its
+fixed-hyperparameter baseline, MoE collapses without the auxiliary loss and balances with it),
+so a failed claim fails the run.  Cells tagged ``raises-exception`` are the only ones allowed
+to raise; nbclient enforces that.  Every notebook starts its cluster with a plain
+``%cluster start`` (backend from configuration), which the test pins to 2 single-threaded local
+workers through the environment, exactly as a user would for Kubernetes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import nbformat
+import pytest
+
+from .conftest import ROOT
+
+NOTEBOOKS_DIR = os.path.join(ROOT, "notebooks")
+NOTEBOOKS = [
+    "01-quickstart.ipynb",
+    "02-evolution-strategies.ipynb",
+    "03-population-based-training.ipynb",
+    "04-mixture-of-experts.ipynb",
+]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _read(name: str):
+    return nbformat.read(os.path.join(NOTEBOOKS_DIR, name), as_version=4)
+
+
+def _text(cell) -> str:
+    parts = []
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "stream":
+            parts.append(o["text"])
+        elif o.get("output_type") == "error":
+            parts.append("\n".join(o["traceback"]))
+        elif "text/plain" in o.get("data", {}):
+            parts.append(o["data"]["text/plain"])
+    return ANSI.sub("", "".join(parts))
+
+
+def test_notebook_set_is_complete_and_linked_from_the_readme():
+    present = sorted(f for f in os.listdir(NOTEBOOKS_DIR) if f.endswith(".ipynb"))
+    assert present == NOTEBOOKS
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    for name in NOTEBOOKS:
+        assert f"(notebooks/{name})" in readme, f"README does not link notebooks/{name}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_stored_clean_and_portable(name):
+    """Outputs stripped in git; a CI/full size switch; a backend-free %cluster start."""
+    with open(os.path.join(NOTEBOOKS_DIR, name)) as f:
+        raw = json.load(f)
+    nbformat.validate(nbformat.from_dict(raw))
+    code = [c for c in raw["cells"] if c["cell_type"] == "code"]
+    for cell in code:
+        assert cell.get("outputs") == [] and cell.get("execution_count") is None, (
+            f"{name}: outputs are committed; strip them before committing"
+        )
+    sources = ["".join(c["source"]) for c in code]
+    params = [s for s, c in zip(sources, code) if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(params) == 1 and "JUPYTER_CLUSTER_EXAMPLES_SIZE" in params[0]
+    starts = [line.strip() for s in sources for line in s.splitlines() if line.strip().startswith("%cluster start")]
+    # only the configuration may choose the backend, so the notebook runs unchanged on Kubernetes
+    assert starts == ["%cluster start"], starts
+    assert any("%cluster stop" in s for s in sources)
+    markdown = " ".join("".join(c["source"]) for c in raw["cells"] if c["cell_type"] == "markdown")
+    assert "Kubernetes" in markdown and "DASK_JUPYTER_CLUSTER__BACKEND" in markdown
+
+
+@pytest.fixture
+def ci_size(monkeypatch):
+    """What the kernel (and its cluster) inherits: CI size, 2 single-threaded workers."""
+    monkeypatch.setenv("JUPYTER_CLUSTER_EXAMPLES_SIZE", "ci")
+    monkeypatch.setenv("DASK_JUPYTER_CLUSTER__BACKEND", "local")
+    monkeypatch.setenv("DASK_JUPYTER_CLUSTER__LOCAL__WORKERS", "2")
+    monkeypatch.setenv("DASK_JUPYTER_CLUSTER__LOCAL__THREADS", "1")
+
+
+def _execute(name: str):
+    from nbclient import NotebookClient
+
+    nb = _read(name)
+    client = NotebookClient(
+        nb,
+        timeout=300,  # per cell
+        kernel_name="python3",
+        resources={"metadata": {"path": NOTEBOOKS_DIR}},
+    )
+    started = time.monotonic()
+    client.execute()  # raises CellExecutionError on any error outside raises-exception cells
+    return nb, time.monotonic() - started
+
+
+def _cell(nb, needle: str):
+    found = [c for c in nb.cells if c.cell_type == "code" and needle in c.source]
+    assert found, f"no cell contains {needle!r}"
+    return found[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_quickstart_runs(ci_size):
+    nb, seconds = _execute("01-quickstart.ipynb")
+    out = _text(_cell(nb, "%cluster start"))
+    assert "Started cluster" in out
+    # the raise-mode cell really raised, with the item and the cell's own line
+    err = [o for o in _cell(nb, "%%parallel x in [4, 2, 0, 1]\n").outputs if o.output_type == "error"]
+    assert err and err[0]["ename"] == "ZeroDivisionError"
+    tb = ANSI.sub("", "\n".join(err[0]["traceback"]))
+    assert "item 2 (0)" in tb and "line 3" in tb
+    assert "1 of 4 items failed" in _text(_cell(nb, "--errors collect"))
+    assert "[item 0] item 0 is alpha" in _text(_cell(nb, "enumerate([\"alpha\""))
+    assert "Stopped cluster" in _text(nb.cells[-1])
+    print(f"01-quickstart: {seconds:.1f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_evolution_strategies_learns(ci_size):
+    nb, seconds = _execute("02-evolution-strategies.ipynb")
+    out = _text(_cell(nb, "for generation in range(GENERATIONS)"))
+    solved = re.search(r"solved: the policy's mean return ([\d.]+) >= ([\d.]+) after (\d+) generations", out)
+    assert solved, out[-2000:]
+    assert float(solved.group(1)) >= float(solved.group(2))
+    print(f"02-evolution-strategies: {seconds:.1f} s, solved after {solved.group(3)} generations")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_population_based_training_replaces_members(ci_size):
+    nb, seconds = _execute("03-population-based-training.ipynb")
+    out = _text(_cell(nb, "for round_ in range(ROUNDS)"))
+    # exploit events are shown as they happen
+    assert re.search(r"member \d+ \([-\d.]+, lr [\d.e+-]+\) <- member \d+", out), out[-2000:]
+    print(f"03-population-based-training: {seconds:.1f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_mixture_of_experts_shows_collapse_and_balance(ci_size):
+    nb, seconds = _execute("04-mixture-of-experts.ipynb")
+    out = _text(_cell(nb, "for (experts, k, cf), pair in table.groupby"))
+    assert out.count("busiest expert") == 3, out
+    print(f"04-mixture-of-experts: {seconds:.1f} s")
