@@ -195,6 +195,24 @@ def _os_error_in(exc: BaseException) -> OSError | None:
     return None
 
 
+def _keep_nannies() -> None:
+    """Stop LocalCluster from dropping the nanny of a worker that keeps dying.
+
+    A SpecCluster closes a worker's nanny for good when the worker is missing
+    ``distributed.deploy.lost-worker-timeout`` (15 s) after it died.  An item
+    that keeps crashing workers (a "poison pill") then leaves the cluster with
+    no workers, and maps hang.  Nannies restart their workers themselves, so
+    the clean-up may wait much longer.  Only Dask's default is replaced (set
+    globally: the check reads the config when a worker is lost, long after
+    start); a value the user chose is kept.
+    """
+    import dask.config
+
+    key = "distributed.deploy.lost-worker-timeout"
+    if dask.config.get(key, None) == "15s":
+        dask.config.set({key: "1h"})
+
+
 class LocalBackend(Backend):
     """One single-threaded worker process per core, bound to 127.0.0.1 by default."""
 
@@ -217,6 +235,7 @@ class LocalBackend(Backend):
         self.check_options(options)
         from distributed import LocalCluster
 
+        _keep_nannies()
         devices = select_gpus(gpus) if gpus not in (None, False) else None
         if devices is not None and workers is not None and workers != len(devices):
             raise ClusterError(
