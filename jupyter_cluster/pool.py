@@ -19,6 +19,7 @@ import collections
 import queue
 import sys
 import threading
+import time
 import traceback
 import types
 import uuid
@@ -232,20 +233,28 @@ class IMapIterator:
             raise ValueError("Pool not running")
 
     def next(self, timeout: float | None = None) -> Any:
-        """The next result; ``multiprocessing.TimeoutError`` after ``timeout`` seconds."""
+        """The next result; ``multiprocessing.TimeoutError`` after ``timeout`` seconds.
+
+        A failed item raises its exception at its place in the sequence;
+        iterating further goes on with the next items, as in multiprocessing.
+        """
         self._check()
         if self._done:
             raise StopIteration
         if timeout is None and self._buffer is None:
             # The common `for x in pool.imap(...)` path: pull straight from the engine.
             try:
-                return next(self._job)
+                value = next(self._job)
             except StopIteration:
                 self._done = True
                 raise
             except BaseException:
+                self._done = True
                 self._check()
                 raise
+            if _is_failure(self._job, value):
+                raise value
+            return value
         self._start_feeder()
         try:
             kind, value = self._buffer.get(timeout=timeout)
@@ -253,8 +262,10 @@ class IMapIterator:
             raise TimeoutError from None
         if kind == "value":
             return value
-        self._done = True
         if kind == "error":
+            raise value
+        self._done = True
+        if kind == "fail":
             self._check()
             raise value
         raise StopIteration
@@ -267,6 +278,11 @@ class IMapIterator:
                 return
             self._buffer = queue.Queue(maxsize=1)
         threading.Thread(target=_feed, args=(self._job, self._buffer, self._stop), daemon=True, name="jupyter-cluster-imap").start()
+
+    def __del__(self) -> None:
+        # An abandoned iterator must not leave its map running on the cluster.
+        if not self._done:
+            self._cancel()
 
     def _cancel(self) -> None:
         self._stop.set()
@@ -294,12 +310,17 @@ def _feed(job: Any, buffer: queue.Queue, stop: threading.Event) -> None:
 
     try:
         for value in job:
-            if not put(("value", value)):
+            if not put(("error" if _is_failure(job, value) else "value", value)):
                 return
     except BaseException as exc:
-        put(("error", exc))
+        put(("fail", exc))
         return
     put(("done", None))
+
+
+def _is_failure(job: Any, value: Any) -> bool:
+    """Whether ``value`` stands for a failed item (the engine runs imap with errors="collect")."""
+    return isinstance(value, BaseException) and any(value is e for e in job.errors.values())
 
 
 class IMapUnorderedIterator(IMapIterator):
@@ -356,7 +377,8 @@ class Pool:
         the current one, and with none, the default local cluster is started.
     progress : bool, optional
         Keyword only.  Progress display for maps, as in
-        :func:`jupyter_cluster.map` (``None``: automatic).
+        :func:`jupyter_cluster.map`.  ``None`` (default): automatic in a
+        Jupyter kernel (shown once a map lasts a second), none in a script.
 
     Examples
     --------
@@ -405,7 +427,8 @@ class Pool:
         self._initializer = initializer
         self._initargs = tuple(initargs)
         self._maxtasksperchild = maxtasksperchild
-        self._progress = progress
+        # Automatic progress in a Jupyter kernel; a script gets none, as with multiprocessing.
+        self._progress = False if progress is None and not _in_kernel() else progress
         self._id = f"pool-{uuid.uuid4().hex[:12]}"
 
         self._lock = threading.RLock()
@@ -416,8 +439,9 @@ class Pool:
         self._iterators: weakref.WeakSet[IMapIterator] = weakref.WeakSet()
         self._map_jobs: set[Any] = set()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._disconnected_since: float | None = None
         self._result_thread = threading.Thread(
-            target=_handle_results, args=(self._outbox,), daemon=True, name=f"jupyter-cluster-{self._id}-results"
+            target=_handle_results, args=(self._outbox, weakref.WeakMethod(self._watch_connection)), daemon=True, name=f"jupyter-cluster-{self._id}-results"
         )
         self._result_thread.start()
 
@@ -514,6 +538,38 @@ class Pool:
         finally:
             future.release()
 
+    def _watch_connection(self) -> None:
+        """Fail outstanding applies soon after the scheduler goes away.
+
+        Dask's futures would stay pending while the client tries to
+        reconnect; the map engine gives up after the same grace period.
+        """
+        with self._lock:
+            if not self._running and not self._pending:
+                self._disconnected_since = None
+                return
+        status = getattr(self._client, "status", "running")
+        if status == "running":
+            self._disconnected_since = None
+            return
+        now = time.monotonic()
+        if self._disconnected_since is None:
+            self._disconnected_since = now
+        if status not in ("closed", "closing") and now - self._disconnected_since <= _disconnect_grace():
+            return
+        with self._lock:
+            lost = [result for _, result in self._running.values()] + [call[0] for call in self._pending]
+            self._running.clear()
+            self._pending.clear()
+        for result in lost:
+            result._set(
+                False,
+                ClusterError(
+                    f"the scheduler of cluster {self._handle.name!r} ({self._handle.address}) stopped answering, "
+                    "so this call's result is lost; start or connect a cluster (%cluster start / %cluster connect) and a new Pool."
+                ),
+            )
+
     def _translate(self, exc: BaseException, future: Any, name: str) -> BaseException:
         """Dask's ways of saying "the cluster failed" in our words; task errors pass unchanged."""
         from distributed import KilledWorker
@@ -536,8 +592,19 @@ class Pool:
         return exc
 
     # -- map family ----------------------------------------------------------
-    def _engine_options(self, label: str) -> dict[str, Any]:
-        return {"client": self._client, "label": label, "progress": self._progress}
+    def _job(self, task: _PoolTask, iterable: Iterable, chunksize: Any, label: str, **options: Any) -> Any:
+        """A map job of the engine for this pool (not started: jobs advance as they are iterated)."""
+        chunk = _check_chunksize(chunksize)
+        return _job_class(self._limit)(
+            task,
+            (iterable,),
+            chunksize=chunk,
+            client=self._client,
+            label=label,
+            progress=self._progress,
+            on_output=_print_output,
+            **options,
+        )
 
     def map(self, func: Callable, iterable: Iterable, chunksize: int | None = None) -> list:
         """``list(map(func, iterable))`` on the cluster, in input order.
@@ -555,10 +622,17 @@ class Pool:
         return self._map(self._task(func, star=True), iterable, chunksize, f"Pool.starmap({_funcname(func)})")
 
     def _map(self, task: _PoolTask, iterable: Iterable, chunksize: Any, label: str) -> list:
-        from . import mapping
-
-        chunk = _check_chunksize(chunksize)
-        return mapping.map(task, iterable, chunksize=chunk, ordered=True, errors="raise", **self._engine_options(label))
+        job = self._job(task, iterable, chunksize, label, ordered=True, errors="raise", retain=True)
+        with self._lock:
+            self._map_jobs.add(job)
+        try:
+            job.run()
+        finally:
+            with self._lock:
+                self._map_jobs.discard(job)
+        if self._state == TERMINATE:
+            raise ValueError("Pool not running")
+        return job.result_list()
 
     def map_async(
         self,
@@ -589,19 +663,18 @@ class Pool:
     def _map_async(
         self, task: _PoolTask, iterable: Iterable, chunksize: Any, callback: Any, error_callback: Any, label: str
     ) -> MapResult:
-        from . import mapping
-
-        chunk = _check_chunksize(chunksize)
         if not hasattr(iterable, "__len__"):
             iterable = list(iterable)  # as multiprocessing: a failing generator raises here, in the caller
+        job = self._job(task, iterable, chunksize, label, ordered=True, errors="raise", retain=True)
         result = MapResult(self, callback, error_callback)
-        job = mapping.imap(task, iterable, chunksize=chunk, ordered=True, errors="raise", **self._engine_options(label))
         with self._lock:
             self._map_jobs.add(job)
 
         def run() -> None:
+            # This thread is the call's result thread: callbacks run here.
             try:
-                values = list(job)
+                job.run()
+                values = job.result_list()
             except BaseException as exc:
                 if self._state != TERMINATE:
                     result._set(False, exc)
@@ -630,16 +703,10 @@ class Pool:
         return self._imap(func, iterable, chunksize, IMapUnorderedIterator, "imap_unordered")
 
     def _imap(self, func: Callable, iterable: Iterable, chunksize: Any, cls: type, method: str) -> IMapIterator:
-        from . import mapping
-
-        chunk = _check_chunksize(chunksize)
-        job = mapping.imap(
-            self._task(func),
-            iterable,
-            chunksize=chunk,
-            ordered=cls._ordered,
-            errors="raise",
-            **self._engine_options(f"Pool.{method}({_funcname(func)})"),
+        # errors="collect": a failed item raises at its place and iteration
+        # can go on past it, as with multiprocessing's iterators.
+        job = self._job(
+            self._task(func), iterable, chunksize, f"Pool.{method}({_funcname(func)})", ordered=cls._ordered, errors="collect", retain=False
         )
         it = cls(self, job)
         self._iterators.add(it)
@@ -694,10 +761,61 @@ class Pool:
             self._result_thread.join(timeout)
 
 
-def _handle_results(outbox: queue.SimpleQueue) -> None:
-    """The pool's result thread: finishes results and runs user callbacks, in order."""
+def _disconnect_grace() -> float:
+    try:
+        from .mapping import DISCONNECT_GRACE_SECONDS
+    except ImportError:
+        return 2.0
+    return DISCONNECT_GRACE_SECONDS
+
+
+def _in_kernel() -> bool:
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "kernel", None) is not None
+
+
+def _print_output(index: int, text: str, failed: bool) -> None:
+    """Show what a task printed, here, as it arrives (multiprocessing's workers share our stdout)."""
+    sys.stdout.write(text)
+
+
+_job_classes: dict[int | None, type] = {}
+
+
+def _job_class(limit: int | None) -> type:
+    """The engine's MapJob, or a subclass keeping at most ``limit`` chunks in flight."""
+    from .mapping import MapJob
+
+    if limit is None:
+        return MapJob
+    cls = _job_classes.get(limit)
+    if cls is None:
+
+        class CappedMapJob(MapJob):
+            @property
+            def max_in_flight(self) -> int:
+                return min(limit, MapJob.max_in_flight.fget(self))
+
+        cls = _job_classes[limit] = CappedMapJob
+    return cls
+
+
+def _handle_results(outbox: queue.SimpleQueue, watch: weakref.WeakMethod) -> None:
+    """The pool's result thread: finishes results and runs user callbacks, in order.
+
+    Between results it checks the connection to the scheduler (``watch``).
+    """
     while True:
-        entry = outbox.get()
+        try:
+            entry = outbox.get(timeout=0.5)
+        except queue.Empty:
+            check = watch()
+            if check is None:  # the pool is gone
+                return
+            check()
+            del check
+            continue
         if entry is None:
             return
         fn, *args = entry
