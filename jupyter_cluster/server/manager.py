@@ -135,7 +135,7 @@ class Connection:
             await client
         except Exception as exc:  # OSError, TimeoutError, or a scheduler that speaks another version
             self.error = str(exc) or type(exc).__name__
-            self.status = "unreachable" if self.connects else "connecting"
+            self.status = "unreachable" if self.connects or self.record.attached else "connecting"
             self._next_attempt = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, 5.0)
             if client is not None:
@@ -357,7 +357,7 @@ class ClusterManager:
             await asyncio.gather(*(self._tick(c) for c in conns))
             for c in conns:
                 c.jobs.mark_lost(_pid_alive)
-            listing = [c.summary() for c in conns]
+            listing = self.clusters()
             if listing != self._last_list:
                 self._last_list = listing
                 self.version += 1
@@ -378,8 +378,13 @@ class ClusterManager:
         return conn
 
     def clusters(self) -> list[dict[str, Any]]:
-        """Summaries of the live clusters, oldest first."""
-        return sorted((c.summary() for c in self.connections.values()), key=lambda s: s["started"])
+        """Summaries of the live clusters, oldest first.
+
+        A kernel's attachment to a scheduler that no longer answers (its owner
+        stopped it) is left out: it names no cluster anyone can use.
+        """
+        shown = (c for c in self.connections.values() if not (c.record.attached and c.status == "unreachable"))
+        return sorted((c.summary() for c in shown), key=lambda s: s["started"])
 
     async def cluster(self, name: str) -> dict[str, Any]:
         """One cluster's details and workers."""

@@ -167,6 +167,20 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         assert series.nth(0).locator("input").is_checked() is False
         _shot(page, artifacts, "panel-workers-jobs-metrics.png", "#jupyter-cluster-panel")
         _shot(page, artifacts, "lab-notebook-and-panel.png")
+
+        # -- buttons: Connect inserts the magic into the notebook, Scale asks the owner ----
+        item.locator(".jc-connect").click()
+        page.wait_for_function(
+            f"[...document.querySelectorAll('.jp-NotebookPanel .jp-Cell .jp-InputArea-editor')]"
+            f".filter(e => e.textContent.includes('%cluster connect {CLUSTER}')).length === 2",
+            timeout=15_000,
+        )
+        item.locator(".jc-scale").click()
+        page.fill(".jp-Dialog .jc-input-workers", "1")
+        page.click(".jp-Dialog .jp-mod-accept")
+        page.wait_for_function(
+            "document.querySelectorAll('#jupyter-cluster-panel .jc-worker').length === 1", timeout=60_000
+        )
         page.locator(".jp-NotebookPanel .jp-OutputArea-output").nth(1).scroll_into_view_if_needed()
         _shot(page, artifacts, "notebook-widgets.png", ".jp-NotebookPanel")
         # no error from our extension in the browser console
@@ -190,9 +204,14 @@ def test_panel_in_notebook_7(lab, browser, artifacts):
         page.wait_for_selector("#jupyter-cluster-panel", state="visible", timeout=30_000)
         # the cluster started from JupyterLab's panel is listed here too
         page.wait_for_selector(f'#jupyter-cluster-panel .jc-cluster[data-name="{CLUSTER}"]', timeout=30_000)
-        page.wait_for_function(
-            "document.querySelectorAll('#jupyter-cluster-panel .jc-worker').length === 2", timeout=30_000
-        )
+        page.wait_for_selector("#jupyter-cluster-panel .jc-worker", timeout=30_000)
         _shot(page, artifacts, "notebook7-panel.png")
+        # Stop, confirmed in the dialog: the cluster leaves the list
+        page.click(f'#jupyter-cluster-panel .jc-cluster[data-name="{CLUSTER}"] .jc-stop')
+        page.click(".jp-Dialog .jp-mod-accept")
+        page.wait_for_selector(f'#jupyter-cluster-panel .jc-cluster[data-name="{CLUSTER}"]', state="detached", timeout=60_000)
+        # the notebook's attachment to it is no cluster either
+        page.wait_for_selector("#jupyter-cluster-panel .jc-clusters >> text=No clusters", timeout=15_000)
     finally:
+        _shot(page, artifacts, "notebook7-last-state.png")
         context.close()
