@@ -460,8 +460,8 @@ def test_join_waits_for_apply_queue_behind_cap(fresh):
 
 def test_terminate_cancels_running_work(fresh, cluster):
     p = fresh("jupyter_cluster")
-    r = p.apply_async(sleep_return, (30, 1))
-    job = p.map_async(sleep_return, [30, 30])
+    r = p.apply_async(sleep_return, (10, 1))
+    job = p.map_async(sleep_return, [10, 10])
     wait_for(lambda: cluster.client.processing() and any(cluster.client.processing().values()), timeout=30)
     t0 = time.monotonic()
     p.terminate()

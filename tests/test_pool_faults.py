@@ -8,6 +8,7 @@ costs a few worker restarts rather than many.  Worker kills are spaced out
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -28,6 +29,15 @@ pytestmark = pytest.mark.slow
 
 def slow_square(x):
     time.sleep(0.05)
+    return x * x
+
+
+def gated_square(flag, x):
+    """Items from 100 on wait for ``flag`` to exist, so the map outlasts the kills."""
+    time.sleep(0.05)
+    deadline = time.monotonic() + 120
+    while x >= 100 and not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return x * x
 
 
@@ -61,24 +71,22 @@ def wait_for_replacement(client, dead_pid: int, n: int = 2) -> None:
     wait_for(replaced, timeout=90, interval=0.1, message="the nanny to replace the killed worker")
 
 
-def test_map_survives_sigkilled_workers(cluster):
+def test_map_survives_sigkilled_workers(cluster, tmp_path):
     client = cluster.client
+    flag = str(tmp_path / "kills-done")
     items = list(range(150))
-    expected = [slow_square(x) for x in items]
+    expected = [x * x for x in items]
     with jc.Pool() as pool:
         assert pool.map(abs, [-1]) == [1]  # warm: the function cache, imports
-        result = pool.map_async(slow_square, items, chunksize=3)
-        kills = 0
-        while kills < 3 and not result.ready():
-            wait_for(lambda: result.ready() or any(client.processing().values()), timeout=30)
-            if result.ready():
-                break
-            victim = sorted(worker_pids(client).items())[kills % 2][1]
+        result = pool.map_async(functools.partial(gated_square, flag), items, chunksize=3)
+        for kill in range(3):
+            wait_for(lambda: any(client.processing().values()), timeout=60, message="tasks running")
+            assert not result.ready()
+            victim = sorted(worker_pids(client).items())[kill % 2][1]
             os.kill(victim, signal.SIGKILL)
-            kills += 1
             wait_for_replacement(client, victim)
+        open(flag, "w").close()
         values = result.get(timeout=120)
-    assert kills >= 2, "the map finished before the workers could be killed; make it longer"
     # every result exactly once, in input order
     assert values == expected
 
