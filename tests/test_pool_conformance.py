@@ -486,3 +486,26 @@ def test_pool_starts_default_cluster_when_none(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "RESULT [1, 2] 1" in out.stdout
     assert "Started cluster" in out.stdout  # announced in one line
+
+
+def test_pool_in_a_real_ipython_shell(ip, cluster):
+    """Cells as a user writes them: functions and the initializer defined in the notebook."""
+    result = ip.run_cell(
+        textwrap.dedent(
+            """
+            import jupyter_cluster as jc
+            threshold = 3
+            def setup(offset):
+                global table
+                table = {i: i + offset for i in range(10)}
+            def lookup(i):
+                return table[i] if i < threshold else -1
+            with jc.Pool(initializer=setup, initargs=(100,)) as pool:
+                pool_out = pool.map(lookup, range(5))
+                pool_lambda = pool.apply(lambda: threshold * 2)
+            """
+        )
+    )
+    result.raise_error()
+    assert ip.user_ns["pool_out"] == [100, 101, 102, -1, -1]
+    assert ip.user_ns["pool_lambda"] == 6
