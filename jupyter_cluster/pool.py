@@ -522,21 +522,37 @@ class Pool:
             entry = self._running.pop(future.key, None)
             if entry is None or self._state == TERMINATE:
                 return
-            self._outbox.put((self._finish_apply, future, entry[1], name))
+            self._outbox.put((self._finish_applies, [(future, entry[1], name)]))
             while self._pending and (self._limit is None or len(self._running) < self._limit):
                 self._submit(*self._pending.popleft())
 
-    def _finish_apply(self, future: Any, result: ApplyResult, name: str) -> None:
+    def _finish_applies(self, batch: list[tuple[Any, ApplyResult, str]]) -> None:
+        """Fetch finished applies' values in one gather, then fill their results in completion order.
+
+        One ``Future.result()`` per task would cost a round trip each, which
+        dominates when many small applies complete together.
+        """
         if self._state == TERMINATE:
             return
-        try:
-            value = future.result()
-        except BaseException as exc:
-            result._set(False, self._translate(exc, future, name))
-        else:
-            result._set(True, value)
-        finally:
-            future.release()
+        finished = [f for f, _, _ in batch if f.status == "finished"]
+        values: dict[str, Any] = {}
+        if len(finished) > 1:
+            try:
+                values = dict(zip((f.key for f in finished), self._client.gather(finished)))
+            except BaseException:  # one of them failed after all: fetch them one by one below
+                values = {}
+        for future, result, name in batch:
+            try:
+                if future.key in values:
+                    value = values[future.key]
+                else:
+                    value = future.result()
+            except BaseException as exc:
+                result._set(False, self._translate(exc, future, name))
+            else:
+                result._set(True, value)
+            finally:
+                future.release()
 
     def _watch_connection(self) -> None:
         """Fail outstanding applies soon after the scheduler goes away.
@@ -801,6 +817,9 @@ def _job_class(limit: int | None) -> type:
     return cls
 
 
+_NOTHING = object()
+
+
 def _handle_results(outbox: queue.SimpleQueue, watch: weakref.WeakMethod) -> None:
     """The pool's result thread: finishes results and runs user callbacks, in order.
 
@@ -816,11 +835,28 @@ def _handle_results(outbox: queue.SimpleQueue, watch: weakref.WeakMethod) -> Non
             check()
             del check
             continue
-        if entry is None:
-            return
-        fn, *args = entry
-        try:
-            fn(*args)
-        except Exception:  # keep serving the other results
-            traceback.print_exc()
+        while True:
+            if entry is None:
+                return
+            fn, *args = entry
+            entry = _NOTHING
+            if fn.__name__ == "_finish_applies":
+                # Take every apply that is done already into one batch.
+                while True:
+                    try:
+                        following = outbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    if following is not None and following[0] == fn:
+                        args[0].extend(following[1])
+                        continue
+                    entry = following
+                    break
+            try:
+                fn(*args)
+            except Exception:  # keep serving the other results
+                traceback.print_exc()
+            del fn, args
+            if entry is _NOTHING:
+                break
 
