@@ -102,6 +102,14 @@ def _run_initializer(pool_id: str, initializer: Callable, initargs: tuple) -> No
         _initialized.add(pool_id)
 
 
+def _forget_pool(pool_id: str) -> None:
+    """Run on every worker when a pool with an initializer ends."""
+    with _init_lock:
+        _initialized.discard(pool_id)
+        _namespaces.pop(pool_id, None)
+        _init_names.pop(pool_id, None)
+
+
 class _PoolTask:
     """The callable a pool ships: the pool's initializer once per process, then ``func``.
 
@@ -440,6 +448,7 @@ class Pool:
         self._map_jobs: set[Any] = set()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._disconnected_since: float | None = None
+        self._forgotten = False
         self._result_thread = threading.Thread(
             target=_handle_results, args=(self._outbox, weakref.WeakMethod(self._watch_connection)), daemon=True, name=f"jupyter-cluster-{self._id}-results"
         )
@@ -760,6 +769,7 @@ class Pool:
         for it in iterators:
             it._cancel()
         self._outbox.put(None)
+        self._forget_on_workers()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the submitted work to finish; call :meth:`close` or :meth:`terminate` first.
@@ -773,8 +783,30 @@ class Pool:
                 self._idle.wait_for(lambda: not self._cache or self._state == TERMINATE, timeout)
         if self._state == CLOSE and not self._cache:
             self._outbox.put(None)
+            self._forget_on_workers()
         if threading.current_thread() is not self._result_thread:
             self._result_thread.join(timeout)
+
+    def _forget_on_workers(self) -> None:
+        """Drop what the initializer left in the workers' pool namespaces.
+
+        multiprocessing ends its processes here, freeing whatever the
+        initializer loaded; cluster workers live on, so the pool's globals
+        are released instead (in the background: never block on a sick cluster).
+        """
+        if self._initializer is None or self._forgotten:
+            return
+        self._forgotten = True
+        client, pool_id = self._client, self._id
+
+        def forget() -> None:
+            try:
+                if client.status == "running":
+                    client.run(_forget_pool, pool_id, on_error="ignore")
+            except Exception:  # the cluster is gone, and the state with it
+                pass
+
+        threading.Thread(target=forget, daemon=True, name=f"jupyter-cluster-{pool_id}-forget").start()
 
 
 def _disconnect_grace() -> float:

@@ -414,7 +414,7 @@ def test_lambdas_and_notebook_functions(fresh):
     assert sorted(p.imap_unordered(ns["work"], [3])) == [206]
 
 
-def test_initializer_globals_visible_to_notebook_functions(fresh):
+def test_initializer_globals_visible_to_notebook_functions(fresh, cluster):
     """The classic pattern: the initializer loads a model into a global, tasks use it."""
     ns = {"__name__": "__main__"}
     exec(
@@ -434,6 +434,17 @@ def test_initializer_globals_visible_to_notebook_functions(fresh):
     p = fresh("jupyter_cluster", None, ns["load"], (10,))
     assert p.map(ns["predict"], range(6), chunksize=1) == [(x * 10, True) for x in range(6)]
     assert p.apply(ns["predict"], (7,)) == (70, True)
+
+    def held(pool_id):
+        from jupyter_cluster import pool
+
+        return pool_id in pool._namespaces
+
+    assert any(cluster.client.run(held, p._id).values())
+    p.close()
+    p.join()
+    # As multiprocessing frees its processes, the pool's globals are released on the workers.
+    wait_for(lambda: not any(cluster.client.run(held, p._id).values()), timeout=30, message="pool globals released")
 
 
 def test_error_names_the_item_and_keeps_type(fresh):
