@@ -40,6 +40,7 @@ import itertools
 import logging
 import math
 import reprlib
+import sys
 import threading
 import time
 import uuid
@@ -64,6 +65,8 @@ MAX_CHUNK_ITEMS = 10_000
 DISCONNECT_GRACE_SECONDS = 2.0
 #: Observers hear about progress at most this often, in seconds.
 PROGRESS_INTERVAL = 0.1
+#: How long a map waits on a cluster without workers before saying so, in seconds.
+NO_WORKERS_NOTICE_SECONDS = 5.0
 
 _observer_factories: list[Callable] = []
 _last_job: "MapJob | None" = None
@@ -294,6 +297,8 @@ class MapJob:
         self._last_progress = 0.0
         self._threads = _total_threads(self.client)
         self._threads_checked = time.monotonic()
+        self._no_workers_since: float | None = None
+        self._no_workers_warned = False
 
         from distributed import as_completed
 
@@ -577,6 +582,7 @@ class MapJob:
                 now = time.monotonic()
                 if now - last_check > 1.0:
                     last_check = now
+                    self._warn_if_no_workers(now)
                     if self._pin is not None:
                         self._check_pinned_workers()
                     stale = self._stale()
@@ -586,6 +592,32 @@ class MapJob:
         while not ac.queue.empty():
             batch.append(ac.queue.get_nowait())
         return batch
+
+    def _warn_if_no_workers(self, now: float) -> None:
+        """Say once why nothing happens when the cluster has no workers.
+
+        Waiting is right (an adaptive cluster will add workers, a scaled one
+        is starting them), so this informs rather than fails.
+        """
+        if self._no_workers_warned:
+            return
+        try:
+            has_workers = bool(self.client.nthreads())
+        except Exception:
+            return
+        if has_workers:
+            self._no_workers_since = None
+            return
+        if self._no_workers_since is None:
+            self._no_workers_since = now
+        elif now - self._no_workers_since > NO_WORKERS_NOTICE_SECONDS:
+            self._no_workers_warned = True
+            where = f"cluster {self.cluster!r}" if isinstance(self.cluster, str) else "the cluster"
+            print(
+                f"jupyter_cluster: {where} has no workers, so the map is waiting; add some with %cluster scale N "
+                "(or jupyter_cluster.current().scale(N)), or interrupt to stop.",
+                file=sys.stderr,
+            )
 
     def _stale(self) -> list:
         """Futures that ended but that as_completed will never report.

@@ -165,3 +165,16 @@ def test_default_backend_comes_from_dask_config():
     with dask.config.set({"jupyter-cluster.backend": "nosuch"}):
         with pytest.raises(jc.ClusterError, match="unknown backend 'nosuch'"):
             jc.start()
+
+
+def test_map_on_a_cluster_without_workers_says_so_and_runs_once_scaled(capfd):
+    import threading
+
+    handle = jc.start(workers=0, name="empty")
+    timer = threading.Timer(7.0, handle.scale, args=(1,))
+    timer.start()
+    try:
+        assert jc.map(abs, [-1, -2], client=handle, progress=False) == [1, 2]
+    finally:
+        timer.cancel()
+    assert "has no workers, so the map is waiting" in capfd.readouterr().err
