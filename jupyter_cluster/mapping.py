@@ -575,19 +575,26 @@ class MapJob:
         ac = self._ac
         cond = ac.thread_condition
         last_check = time.monotonic()
-        with cond:
-            while ac.queue.empty():
-                cond.wait(0.2)
-                self._check_connection()
-                now = time.monotonic()
-                if now - last_check > 1.0:
-                    last_check = now
-                    self._warn_if_no_workers(now)
-                    if self._pin is not None:
-                        self._check_pinned_workers()
-                    stale = self._stale()
-                    if stale:
-                        return stale
+        while True:
+            with cond:
+                if ac.queue.empty():
+                    cond.wait(0.2)
+                if not ac.queue.empty():
+                    break
+            # The checks run with the condition released: some ask the
+            # scheduler synchronously (client.nthreads()), which needs the
+            # client's event loop, and as_completed's callbacks on that loop
+            # take this same condition -- holding it here deadlocked maps.
+            self._check_connection()
+            now = time.monotonic()
+            if now - last_check > 1.0:
+                last_check = now
+                self._warn_if_no_workers(now)
+                if self._pin is not None:
+                    self._check_pinned_workers()
+                stale = self._stale()
+                if stale:
+                    return stale
         batch = []
         while not ac.queue.empty():
             batch.append(ac.queue.get_nowait())
