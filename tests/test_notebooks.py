@@ -95,10 +95,19 @@ def _execute(name: str):
         timeout=300,  # per cell
         kernel_name="python3",
         resources={"metadata": {"path": NOTEBOOKS_DIR}},
+        store_widget_state=True,  # the live charts' last state, checked below
     )
     started = time.monotonic()
     client.execute()  # raises CellExecutionError on any error outside raises-exception cells
     return nb, time.monotonic() - started
+
+
+def _chart(nb, topic: str) -> dict:
+    """The data model the notebook's live chart of ``topic`` last received from the kernel."""
+    states = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    found = [m["state"]["data"] for m in states.values() if m.get("state", {}).get("topic") == topic and "data" in m["state"]]
+    assert found, f"no live chart of topic {topic!r} in the widget state"
+    return found[0]
 
 
 def _cell(nb, needle: str):
@@ -121,6 +130,10 @@ def test_quickstart_runs(ci_size):
     assert "1 of 4 items failed" in _text(_cell(nb, "--errors collect"))
     assert "[item 0] item 0 is alpha" in _text(_cell(nb, "enumerate([\"alpha\""))
     assert "Stopped cluster" in _text(nb.cells[-1])
+    chart = _chart(nb, "walks")
+    assert sorted(chart["scalars"]["position"]) == [f"walk=walk {w}" for w in range(4)]
+    assert all(len(points) == 25 for points in chart["scalars"]["position"].values())
+    assert all(len(v["rows"]) == 25 for v in chart["vectors"]["visits"].values())
     print(f"01-quickstart: {seconds:.1f} s")
 
 
@@ -132,6 +145,9 @@ def test_evolution_strategies_learns(ci_size):
     solved = re.search(r"solved: the policy's mean return ([\d.]+) >= ([\d.]+) after (\d+) generations", out)
     assert solved, out[-2000:]
     assert float(solved.group(1)) >= float(solved.group(2))
+    generations = int(solved.group(3))
+    chart = _chart(nb, "es")
+    assert [p[0] for p in chart["scalars"]["policy_mean"]["all"]] == list(range(generations))
     print(f"02-evolution-strategies: {seconds:.1f} s, solved after {solved.group(3)} generations")
 
 
@@ -142,6 +158,9 @@ def test_population_based_training_replaces_members(ci_size):
     out = _text(_cell(nb, "for round_ in range(ROUNDS)"))
     # exploit events are shown as they happen
     assert re.search(r"member \d+ \([-\d.]+, lr [\d.e+-]+\) <- member \d+", out), out[-2000:]
+    chart = _chart(nb, "pbt")  # one series per member, a point per round
+    assert sorted(chart["scalars"]["score"]) == sorted(f"member={m}" for m in range(8))
+    assert all(len(points) == 8 for points in chart["scalars"]["score"].values())
     print(f"03-population-based-training: {seconds:.1f} s")
 
 
@@ -151,4 +170,10 @@ def test_mixture_of_experts_shows_collapse_and_balance(ci_size):
     nb, seconds = _execute("04-mixture-of-experts.ipynb")
     out = _text(_cell(nb, "for (experts, k, cf), pair in table.groupby"))
     assert out.count("busiest expert") == 3, out
+    chart = _chart(nb, "moe")  # a tokens-per-expert heatmap and a dropped-tokens line per run
+    heatmaps = chart["vectors"]["tokens_per_expert"]
+    assert len(heatmaps) == 6 and len(chart["scalars"]["dropped_tokens"]) == 6
+    for key, heat in heatmaps.items():
+        experts = int(re.search(r"E=(\d+)", key).group(1))
+        assert len(heat["rows"]) == 200 and all(len(row) == experts for row in heat["rows"]), key
     print(f"04-mixture-of-experts: {seconds:.1f} s")
