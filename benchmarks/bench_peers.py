@@ -1059,7 +1059,7 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="interpreter that has fiber / ray")
     ap.add_argument("--netns", choices=["auto", "on", "off"], default="auto",
                     help="run children in a private loopback-only network namespace (root + unshare)")
-    ap.add_argument("--max-projected", type=float, default=30.0, help="skip noop100k for systems slower than this")
+    ap.add_argument("--max-projected", type=float, default=60.0, help="skip noop100k for systems slower than this")
     ap.add_argument("--stage-timeout", type=float, default=120.0)
     ap.add_argument("--child-timeout", type=float, default=900.0)
     ap.add_argument("--scratch", help="directory for child logs and results")

@@ -314,6 +314,13 @@ def overshoot() -> float:
     return max((time.perf_counter() - t0) / 20 - 0.02, 0.0)
 
 
+def _write(path: str, args, loads: list, rows: list) -> None:
+    skip = ("role", "addr_file", "address", "count", "name")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"args": {k: v for k, v in vars(args).items() if k not in skip}, "load_avg": loads, "rows": rows}, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", default="32,64,128,256,512,1024", help="simulated worker counts")
@@ -365,6 +372,8 @@ def main(argv=None) -> int:
                 row["hosts"] = len(cluster.hosts)
                 row["load_avg"] = os.getloadavg()[0]
                 rows.append(row)
+                if args.out:  # written after every configuration, so an interrupted run keeps its rows
+                    _write(args.out, args, [load0], rows)
                 print(f"  {engine:5s} {n:5d} workers: {row['iteration_s']:.3f} s/iteration (ideal {row['ideal_s']:.3f}), "
                       f"{row['tasks_per_s']:,.0f} tasks/s, efficiency {row['efficiency']:.0%}", file=sys.stderr)
         finally:
@@ -376,9 +385,7 @@ def main(argv=None) -> int:
     text = header + "\n\n" + table(rows)
     print(text)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items() if not k.startswith(("role", "addr", "address", "count", "name"))},
-                       "load_avg": [load0, load1], "rows": rows}, f, indent=1)
+        _write(args.out, args, [load0, load1], rows)
     if args.md:
         with open(args.md, "w") as f:
             f.write(text + "\n")
