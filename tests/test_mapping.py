@@ -244,7 +244,7 @@ def fault_cluster():
 
     lc = LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-        dashboard_address=None, death_timeout=120,
+        dashboard_address="127.0.0.1:0", death_timeout=120,
     )  # fmt: skip
     lc.scheduler.allowed_failures = 1  # the scheduler runs in this process
     client = Client(lc, set_as_default=False)

@@ -118,7 +118,7 @@ def test_poison_pill_fails_alone_and_cluster_stays_usable(cluster):
 SCHEDULER = """
 from distributed import LocalCluster
 cluster = LocalCluster(n_workers=1, threads_per_worker=2, processes=False, protocol="tcp",
-                       host="127.0.0.1", dashboard_address=None)
+                       host="127.0.0.1", dashboard_address="127.0.0.1:0")
 print(cluster.scheduler_address, flush=True)
 import time
 time.sleep(600)
