@@ -41,7 +41,6 @@ import logging
 import math
 import reprlib
 import sys
-import threading
 import time
 import uuid
 from collections import deque
@@ -52,6 +51,7 @@ import cloudpickle
 from . import cellfunc
 from .capture import LARGE_VALUE_BYTES
 from .errors import ClusterError, WorkerLostError
+from .liveness import SchedulerWatch
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +61,6 @@ TARGET_TASK_SECONDS = 0.2
 MIN_TASK_SECONDS = 0.01
 #: Largest number of items in one chunk.
 MAX_CHUNK_ITEMS = 10_000
-#: How long the client may be disconnected from the scheduler before a map fails.
-DISCONNECT_GRACE_SECONDS = 2.0
 #: Observers hear about progress at most this often, in seconds.
 PROGRESS_INTERVAL = 0.1
 #: How long a map waits on a cluster without workers before saying so, in seconds.
@@ -292,7 +290,7 @@ class MapJob:
         self._completion: list[int] = []
         self._yield_next = 0
         self._cancelled_by_us: set = set()
-        self._disconnected_since: float | None = None
+        self._scheduler_watch = SchedulerWatch(self.client)
         self._terminal_since: dict = {}
         self._last_progress = 0.0
         self._threads = _total_threads(self.client)
@@ -643,14 +641,7 @@ class MapJob:
         return out
 
     def _check_connection(self) -> None:
-        status = getattr(self.client, "status", "running")
-        if status == "running":
-            self._disconnected_since = None
-            return
-        now = time.monotonic()
-        if self._disconnected_since is None:
-            self._disconnected_since = now
-        elif now - self._disconnected_since > DISCONNECT_GRACE_SECONDS or status in ("closed", "closing"):
+        if self._scheduler_watch.lost():
             raise self._lost_scheduler()
 
     def _lost_scheduler(self) -> ClusterError:

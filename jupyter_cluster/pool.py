@@ -19,7 +19,6 @@ import collections
 import queue
 import sys
 import threading
-import time
 import traceback
 import types
 import uuid
@@ -28,6 +27,7 @@ from multiprocessing import TimeoutError
 from typing import Any, Callable, Iterable
 
 from .errors import ClusterError, WorkerLostError
+from .liveness import SchedulerWatch
 
 __all__ = ["Pool", "AsyncResult", "ApplyResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"]
 
@@ -447,7 +447,7 @@ class Pool:
         self._iterators: weakref.WeakSet[IMapIterator] = weakref.WeakSet()
         self._map_jobs: set[Any] = set()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._disconnected_since: float | None = None
+        self._scheduler_watch = SchedulerWatch(self._client)
         self._forgotten = False
         self._result_thread = threading.Thread(
             target=_handle_results, args=(self._outbox, weakref.WeakMethod(self._watch_connection)), daemon=True, name=f"jupyter-cluster-{self._id}-results"
@@ -571,16 +571,9 @@ class Pool:
         """
         with self._lock:
             if not self._running and not self._pending:
-                self._disconnected_since = None
+                self._scheduler_watch.reset()
                 return
-        status = getattr(self._client, "status", "running")
-        if status == "running":
-            self._disconnected_since = None
-            return
-        now = time.monotonic()
-        if self._disconnected_since is None:
-            self._disconnected_since = now
-        if status not in ("closed", "closing") and now - self._disconnected_since <= _disconnect_grace():
+        if not self._scheduler_watch.lost():
             return
         with self._lock:
             lost = [result for _, result in self._running.values()] + [call[0] for call in self._pending]
@@ -807,14 +800,6 @@ class Pool:
                 pass
 
         threading.Thread(target=forget, daemon=True, name=f"jupyter-cluster-{pool_id}-forget").start()
-
-
-def _disconnect_grace() -> float:
-    try:
-        from .mapping import DISCONNECT_GRACE_SECONDS
-    except ImportError:
-        return 2.0
-    return DISCONNECT_GRACE_SECONDS
 
 
 def _in_kernel() -> bool:
