@@ -423,6 +423,9 @@ def test_server_follows_a_restarted_scheduler(api):
             return {j["job"] for j in api.ok("GET", "jobs?cluster=restarts")["running"]}
 
         wait_for(lambda: "restarts" in api.names(), 5, message="the record in the list")
+        # Publish once the server's client is connected and subscribed, as a real job's
+        # repeated progress messages would find it; the listing alone comes from the registry.
+        wait_for(lambda: next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "restarts")["status"] == "running", 15, message="the server to connect")
         publish("before")
         wait_for(lambda: "before" in job_ids(), 15, message="job 'before'")
         first.kill()
