@@ -34,14 +34,25 @@ CLUSTER_USAGE = """\
 """
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting the kernel."""
+class MagicArgumentParser(argparse.ArgumentParser):
+    """argparse that raises a ``UsageError`` (with the magic's usage) instead of exiting the kernel.
+
+    Subclasses set :attr:`magic` (e.g. ``"%cluster"``) and :attr:`usage_text`.
+    """
+
+    magic = ""
+    usage_text = ""
 
     def error(self, message: str):  # type: ignore[override]
-        raise UsageError(f"%cluster: {message}.\n\n{CLUSTER_USAGE}")
+        raise UsageError(f"{self.magic}: {message}.\n\n{self.usage_text}")
 
     def exit(self, status: int = 0, message: str | None = None):  # type: ignore[override]
-        raise UsageError(message or CLUSTER_USAGE)
+        raise UsageError(message or self.usage_text)
+
+
+class _ArgumentParser(MagicArgumentParser):
+    magic = "%cluster"
+    usage_text = CLUSTER_USAGE
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -28,6 +28,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from . import capture, mapping, session
 from .cellfunc import CellFunction
 from .errors import CellError, ClusterError, SerializationError
+from .magics import MagicArgumentParser
 
 DEFAULT_OUT = "_parallel"
 JOB_NAME = "_parallel_job"
@@ -58,12 +59,9 @@ _FLAG_OPTIONS = {"--unordered", "--all-workers", "--no-progress"}
 _worker_names: dict[str, set[str]] = {}
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise UsageError(f"%%parallel: {message}.\n\n{PARALLEL_USAGE}")
-
-    def exit(self, status: int = 0, message: str | None = None):  # type: ignore[override]
-        raise UsageError(message or PARALLEL_USAGE)
+class _ArgumentParser(MagicArgumentParser):
+    magic = "%%parallel"
+    usage_text = PARALLEL_USAGE
 
 
 def _parser() -> argparse.ArgumentParser:
