@@ -60,6 +60,26 @@ def load_ipython_extension(ipython):
 
     register_magics(ipython)
     register_commands()  # %cluster metrics
+    _import_engine_in_background()
+
+
+def _import_engine_in_background() -> None:
+    # Importing Dask's distributed takes about a second on a small machine,
+    # and the scheduler's dashboard (bokeh) nearly as long again.  Doing it
+    # while the user writes the next cell takes both off `%cluster start`; a
+    # start that comes sooner waits on Python's import locks for the rest,
+    # so nothing is imported twice.
+    import threading
+
+    def run():
+        # The engine, the scheduler's dashboard, and the cluster widget's toolkit.
+        for name in ("distributed", "distributed.dashboard.scheduler", "ipywidgets"):
+            try:
+                __import__(name)
+            except Exception:  # the start itself reports a broken installation
+                pass
+
+    threading.Thread(target=run, name="jupyter-cluster-import", daemon=True).start()
 
 
 # -- Jupyter server and JupyterLab extension hooks (the extension template's names) --

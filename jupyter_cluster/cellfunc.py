@@ -181,6 +181,27 @@ def worker_namespace() -> dict[str, Any]:
     return _STATE.namespace
 
 
+class _Capture:
+    """One item's captured output; the buffer is made on the first write.
+
+    Most items print nothing, and a ``StringIO`` per item was half of the
+    worker's cost per no-op item.
+    """
+
+    __slots__ = ("buf",)
+
+    def __init__(self):
+        self.buf = None
+
+    def write(self, s: str) -> int:
+        if self.buf is None:
+            self.buf = io.StringIO()
+        return self.buf.write(s)
+
+    def getvalue(self) -> str:
+        return self.buf.getvalue() if self.buf is not None else ""
+
+
 class _ThreadStream(io.TextIOBase):
     """Sends writes to the current thread's capture buffer, or to the real stream."""
 
@@ -188,9 +209,9 @@ class _ThreadStream(io.TextIOBase):
         self._real = real
 
     def write(self, s):
-        buf = getattr(_STATE.local, "buf", None)
-        if buf is not None:
-            return buf.write(s)
+        cap = getattr(_STATE.local, "buf", None)
+        if cap is not None:
+            return cap.write(s)
         return self._real.write(s)
 
     def flush(self):
@@ -373,7 +394,9 @@ def run_chunk(token: str, blob: bytes | None, big: dict[str, Any] | None, items:
     star : bool
         Call ``fn(*item)`` instead of ``fn(item)``.
     options : dict
-        ``retries`` (int), ``timeout`` (float or None), ``capture`` (bool).
+        ``retries`` (int), ``timeout`` (float or None), ``capture`` (bool),
+        ``budget`` (float or None: stop after the item that takes the chunk
+        past this many seconds; the engine sends the items left over again).
 
     Returns
     -------
@@ -381,11 +404,14 @@ def run_chunk(token: str, blob: bytes | None, big: dict[str, Any] | None, items:
         ``(values, durations, outputs, errors, worker, started)``: ``outputs`` maps
         position -> printed text, ``errors`` maps position -> :func:`error_info`
         (None when empty); ``started`` is the chunk's ``time.time()`` start.
+        Fewer values than items means the chunk stopped early (its budget ran
+        out, or its task was cancelled).
     """
     started = time.time()
     retries = options.get("retries", 0)
     timeout = options.get("timeout")
     capture = options.get("capture", True)
+    budget = options.get("budget")
     worker = _worker_address()
     big = dict(big) if big else None
     try:
@@ -403,11 +429,13 @@ def run_chunk(token: str, blob: bytes | None, big: dict[str, Any] | None, items:
     durations: list = []
     outputs: dict[int, str] = {}
     errors: dict[int, tuple] = {}
-    next_check = perf() + _CANCEL_CHECK_S
+    t_begin = perf()
+    next_check = t_begin + _CANCEL_CHECK_S
+    deadline = t_begin + budget if budget else float("inf")
     try:
         for pos, item in enumerate(items):
             args = item if star else (item,)
-            buf = io.StringIO() if capture else None
+            buf = _Capture() if capture else None
             t0 = perf()
             for attempt in range(retries + 1):
                 if buf is not None and attempt:
@@ -430,10 +458,12 @@ def run_chunk(token: str, blob: bytes | None, big: dict[str, Any] | None, items:
             t1 = perf()
             values.append(value)
             durations.append(t1 - t0)
-            if buf is not None:
+            if buf is not None and buf.buf is not None:
                 text = buf.getvalue()
                 if text:
                     outputs[pos] = text
+            if t1 >= deadline:
+                break
             if t1 >= next_check:
                 next_check = t1 + _CANCEL_CHECK_S
                 if cancelled():
@@ -445,8 +475,19 @@ def run_chunk(token: str, blob: bytes | None, big: dict[str, Any] | None, items:
     return (values, durations, outputs or None, errors or None, worker, started)
 
 
+#: Result types Dask can always send back; a chunk holding only these skips the check.
+_SENDABLE = frozenset({type(None), bool, int, float, complex, str, bytes})
+
+
 def _check_results(values: list, errors: dict) -> None:
-    """Replace results that cannot be sent back by an error for that item."""
+    """Replace results that cannot be sent back by an error for that item.
+
+    Pickling every chunk's values here doubled the cost of large results, so
+    scalars are trusted and only chunks holding something else are tried.
+    """
+    sendable = _SENDABLE
+    if all(type(v) in sendable for v in values):
+        return
     try:
         pickle.dumps(values, protocol=5, buffer_callback=lambda b: None)
         return

@@ -5,16 +5,24 @@ How work flows
 Items are read lazily from the input and grouped into *chunks*; one chunk is
 one Dask task (``client.submit(_run_items, ...)`` around ``cellfunc.run_chunk``, ``pure=False``), so Dask's
 per-task cost (a few ms) is paid per chunk, not per item.  At most
-``4 × threads + 4`` chunks are in flight, so a generator of 10^6 items never
+``2 × threads + 2`` chunks are in flight, so a generator of 10^6 items never
 becomes 10^6 futures, and every worker always has a next task queued.
 
-``chunksize="auto"`` sizes chunks from measured item durations: the first
-chunks are small probes (one item per thread, then 2, 4, 8 … items), then chunks aim at
-:data:`TARGET_TASK_SECONDS` of work, but never more than the remaining work
-divided by ``2 × threads`` once the end of the input is known (guided
-self-scheduling), so the tail is balanced, and never less than
-:data:`MIN_TASK_SECONDS` of work.  The end of a generator is known early
-because the engine reads a bounded distance ahead of what it has submitted.
+``chunksize="auto"`` sizes chunks from measured item durations.  Every
+auto chunk carries a *time budget*: the worker stops after the item that takes
+the chunk past it and returns what it has, and the engine puts the items left
+over back at the front of the queue.  Because of the budget a chunk may be
+sent with more items than it will run, so nothing has to be known in
+advance: the first chunks are probes of up to :data:`PROBE_ITEMS` items
+(fewer for large items) with a budget of :data:`PROBE_BUDGET_SECONDS`.  Once
+durations are known, chunks aim at :data:`TARGET_TASK_SECONDS` of work, but
+never more than the remaining work divided by ``2 × threads`` once the end of
+the input is known (guided self-scheduling), so the tail is balanced, and
+never less than :data:`MIN_TASK_SECONDS` of work.  The end of a generator is
+known early because the engine reads a bounded distance ahead of what it has
+submitted.  The mean item duration of a function (or a cell) is remembered
+for the next map of the same code, which then skips the probes; the budget
+keeps a stale estimate harmless.
 
 The function (or the cell) is pickled once per map and cached per worker
 process; values of 1 MB or more are scattered once per worker
@@ -59,6 +67,14 @@ logger = logging.getLogger(__name__)
 TARGET_TASK_SECONDS = 0.2
 #: Smallest work per chunk once item durations are known (tail chunks), in seconds.
 MIN_TASK_SECONDS = 0.01
+#: Most items in a probe chunk (sent before any item duration is known).
+PROBE_ITEMS = 256
+#: Bytes of items a probe chunk may carry (large items make smaller probes).
+PROBE_BYTES = 256 * 1024
+#: Time budget of a probe chunk, in seconds.
+PROBE_BUDGET_SECONDS = 0.03
+#: A sized chunk's budget is this many times its expected duration (at least TARGET_TASK_SECONDS).
+BUDGET_FACTOR = 2.0
 #: Largest number of items in one chunk.
 MAX_CHUNK_ITEMS = 10_000
 #: Observers hear about progress at most this often, in seconds.
@@ -114,7 +130,7 @@ def abbreviate(value: Any) -> str:
 
 
 class _Items:
-    """A chunk's items, opaque to Dask.
+    """A chunk's items and time budget, opaque to Dask.
 
     ``client.submit`` walks list arguments element by element looking for
     futures to resolve (about 15 µs per item on the client, more than
@@ -122,29 +138,68 @@ class _Items:
     engine, so they travel in this wrapper and Dask pickles them in one go.
     """
 
-    __slots__ = ("items",)
+    __slots__ = ("items", "budget")
 
-    def __init__(self, items: list):
+    def __init__(self, items: list, budget: float | None = None):
         self.items = items
+        self.budget = budget
 
     def __reduce__(self):
-        return (_Items, (self.items,))
+        return (_Items, (self.items, self.budget))
 
 
 def _run_items(packed: _Items, token: str, blob: bytes | None, big: dict | None, star: bool, options: dict) -> tuple:
     """:func:`cellfunc.run_chunk` on the items of ``packed`` (runs on a worker)."""
+    if packed.budget is not None:
+        options = {**options, "budget": packed.budget}
     return cellfunc.run_chunk(token, blob, big, packed.items, star, options)
 
 
-class _Chunk:
-    __slots__ = ("start", "items", "suspect", "resubmits", "pin")
+#: Mean seconds per item of recently mapped code: duration key -> seconds.
+_remembered: "dict[tuple, float]" = {}
+_REMEMBER_MAX = 256
 
-    def __init__(self, start: int, items: list, suspect: bool = False, pin: str | None = None):
+
+def _duration_key(fn: Any) -> tuple | None:
+    """What identifies "the same work" across maps: the cell's text or the function's code."""
+    if isinstance(fn, cellfunc.CellFunction):
+        return ("cell", fn.body, fn.targets)
+    target = getattr(fn, "func", fn)  # functools.partial
+    code = getattr(target, "__code__", None)
+    if code is not None:
+        return ("code", code.co_filename, code.co_firstlineno, code.co_name)
+    name = getattr(target, "__qualname__", None)
+    module = getattr(target, "__module__", None)
+    return ("callable", module, name) if name else None
+
+
+def _remember_duration(key: tuple | None, per_item: float) -> None:
+    if key is None:
+        return
+    _remembered.pop(key, None)
+    _remembered[key] = per_item
+    while len(_remembered) > _REMEMBER_MAX:
+        _remembered.pop(next(iter(_remembered)))
+
+
+def _item_bytes(item: Any) -> int:
+    """Pickled size of one item (an estimate for the whole input), 1 KB when it cannot be pickled here."""
+    try:
+        return len(cloudpickle.dumps(item, protocol=5))
+    except Exception:
+        return 1024
+
+
+class _Chunk:
+    __slots__ = ("start", "items", "suspect", "resubmits", "pin", "budget")
+
+    def __init__(self, start: int, items: list, suspect: bool = False, pin: str | None = None, budget: float | None = None):
         self.start = start
         self.items = items
         self.suspect = suspect
         self.resubmits = 0
         self.pin = pin
+        self.budget = budget
 
 
 def _resolve_client(client: Any):
@@ -159,9 +214,15 @@ def _resolve_client(client: Any):
     return client, getattr(client, "scheduler", None) and str(client.scheduler.address)
 
 
-def _total_threads(client) -> int:
+def _cached_threads(client) -> int | None:
+    """Worker threads as of the client's own periodic scheduler update (no round trip)."""
     ident = getattr(client, "_scheduler_identity", None) or {}
     n = ident.get("total_threads")
+    return int(n) if n is not None else None
+
+
+def _total_threads(client) -> int:
+    n = _cached_threads(client)
     if not n:
         try:
             n = sum(client.nthreads().values())
@@ -282,10 +343,17 @@ class MapJob:
         self._suspects: deque[_Chunk] = deque()
         self._suspect_running = False
         self._resubmit: deque[_Chunk] = deque()
+        self._returned: deque[tuple[int, list]] = deque()  # (first index, items) a budget sent back
+        self._returned_n = 0
         self._durations: list[tuple[int, list]] = []
         self._time_sum = 0.0
         self._time_n = 0
-        self._probes = 0
+        self._duration_key = _duration_key(fn) if chunksize == "auto" else None
+        #: Mean seconds per item remembered from an earlier map of the same code (None: not known).
+        self.remembered = _remembered.get(self._duration_key) if self._duration_key is not None else None
+        #: Chunks that stopped at their time budget and sent their remaining items back.
+        self.chunks_cut = 0
+        self._probe_items: int | None = None
         self._order: deque[int] = deque()  # completion order (unordered iteration / list)
         self._completion: list[int] = []
         self._yield_next = 0
@@ -340,8 +408,8 @@ class MapJob:
 
     @property
     def max_in_flight(self) -> int:
-        """The bound on chunks in flight (``4 × threads + 4``)."""
-        return 4 * self._threads + 4
+        """The bound on chunks in flight (``2 × threads + 2``: one running and one queued per thread, plus slack)."""
+        return 2 * self._threads + 2
 
     @property
     def durations(self) -> dict[int, float]:
@@ -395,7 +463,10 @@ class MapJob:
 
     # -- driving ---------------------------------------------------------------------
     def _exhausted_all(self) -> bool:
-        return self._exhausted and not self._buffer and not self._inflight and not self._suspects and not self._resubmit
+        return (
+            self._exhausted and not self._buffer and not self._inflight and not self._suspects
+            and not self._resubmit and not self._returned
+        )
 
     def _step(self) -> None:
         """Submit what may be submitted, then wait for and handle one batch of results."""
@@ -455,45 +526,73 @@ class MapJob:
                 self.items_read += 1
                 self._submit(_Chunk(i, [self._pin[i]], pin=self._pin[i]))
                 continue
-            size = self._next_size()
-            items = self._take(size)
+            size, budget = self._next_size()
+            if self._returned:
+                start, items = self._take_returned(size)
+            else:
+                items = self._take(size)
+                start = self._next_index - len(items)
             if not items:
                 return
-            fresh.append(_Chunk(self._next_index - len(items), items))
+            fresh.append(_Chunk(start, items, budget=budget))
+
+    def _take_returned(self, size: int) -> tuple[int, list]:
+        start, items = self._returned.popleft()
+        if len(items) > size:
+            self._returned.appendleft((start + size, items[size:]))
+            items = items[:size]
+        self._returned_n -= len(items)
+        return start, items
 
     def _remaining(self) -> int | None:
         if self.total is not None:
-            return self.total - self._next_index
+            return self.total - self._next_index + self._returned_n
         if self._exhausted:
-            return len(self._buffer)
+            return len(self._buffer) + self._returned_n
         return None
 
-    def _next_size(self) -> int:
+    def _per_item(self) -> float | None:
+        """Mean seconds per item: measured in this map, else remembered from an earlier one."""
+        if self._time_n:
+            return max(self._time_sum / self._time_n, 1e-7)
+        if self.remembered is not None:
+            return max(self.remembered, 1e-7)
+        return None
+
+    def _next_size(self) -> tuple[int, float | None]:
+        """Items and time budget of the next chunk."""
         if self.chunksize != "auto":
-            return self.chunksize
+            return self.chunksize, None
         w = self._threads
         remaining = self._remaining()
-        if self._time_n == 0:
-            # Probes: one item per thread, then doubling, so workers have work
-            # queued while the first measurements travel back.
-            size = 1 << min(max(self._probes - w + 1, 0), 5)
-            self._probes += 1
+        per_item = self._per_item()
+        if per_item is None:
+            # Probe: nothing is known yet, so send plenty of items and let the
+            # budget decide how many run; the rest come back and are re-chunked.
+            size = self._probe_size()
             if remaining is not None:
                 size = min(size, max(math.ceil(remaining / (2 * w)), 1))
+            budget = PROBE_BUDGET_SECONDS
         else:
-            per_item = max(self._time_sum / self._time_n, 1e-7)
             size = TARGET_TASK_SECONDS / per_item
             floor = math.ceil(MIN_TASK_SECONDS / per_item)
             if remaining is not None:
                 size = min(size, max(math.ceil(remaining / (2 * w)), floor))
+            budget = max(BUDGET_FACTOR * per_item * size, TARGET_TASK_SECONDS)
         if remaining is not None:
             size = min(size, remaining)
-        return int(max(1, min(size, MAX_CHUNK_ITEMS)))
+        return int(max(1, min(size, MAX_CHUNK_ITEMS))), budget
 
-    def _take(self, size: int) -> list:
-        # Read ahead of what is submitted, so the end of a generator is seen
-        # while there is still time to shrink chunks for a balanced tail.
-        want = size * (2 * self._threads + 1) if self.chunksize == "auto" else size
+    def _probe_size(self) -> int:
+        if self._probe_items is None:
+            if not self._buffer and not self._exhausted:
+                self._take_ahead(1)
+            first = self._returned[0][1][0] if self._returned else (self._buffer[0] if self._buffer else None)
+            per = _item_bytes(first) if first is not None else 1
+            self._probe_items = int(max(1, min(PROBE_ITEMS, PROBE_BYTES // max(per, 1))))
+        return self._probe_items
+
+    def _take_ahead(self, want: int) -> None:
         buf = self._buffer
         if not self._exhausted and len(buf) < want:
             # islice reads in C; next() per item cost ~1 µs per item on 10^5 no-ops.
@@ -504,6 +603,15 @@ class MapJob:
                 self._exhausted = True
                 if self.total is None:
                     self.total = self._next_index + len(buf)
+
+    def _take(self, size: int) -> list:
+        # Read ahead of what is submitted, so the end of a generator is seen
+        # while there is still time to shrink chunks for a balanced tail.
+        # The distance is capped, so memory stays bounded by about
+        # (chunks in flight + 1) × MAX_CHUNK_ITEMS items.
+        ahead = min(size * 2 * self._threads, MAX_CHUNK_ITEMS) if self.chunksize == "auto" else 0
+        self._take_ahead(size + ahead)
+        buf = self._buffer
         n = min(size, len(buf))
         if n == len(buf):
             items = list(buf)
@@ -538,7 +646,7 @@ class MapJob:
             kwargs["workers"] = [chunk.pin]
             kwargs["allow_other_workers"] = False
         fut = self.client.submit(
-            _run_items, _Items(chunk.items), self._token, self._blob, self._shared, self._star, self.options, **kwargs
+            _run_items, _Items(chunk.items, chunk.budget), self._token, self._blob, self._shared, self._star, self.options, **kwargs
         )
         self.chunks_submitted += 1
         self._inflight[fut] = chunk
@@ -559,7 +667,7 @@ class MapJob:
         if self.resources:
             kwargs["resources"] = self.resources
         futures = self.client.map(
-            _run_items, [_Items(c.items) for c in chunks], key=keys, pure=False,
+            _run_items, [_Items(c.items, c.budget) for c in chunks], key=keys, pure=False,
             token=self._token, blob=self._blob, big=self._shared, star=self._star, options=self.options, **kwargs,
         )
         self.chunks_submitted += len(chunks)
@@ -606,10 +714,12 @@ class MapJob:
         """
         if self._no_workers_warned:
             return
-        try:
-            has_workers = bool(self.client.nthreads())
-        except Exception:
+        # The client refreshes this every 2 s by itself; asking the scheduler
+        # here once a second cost a round trip that grows with the cluster.
+        threads = _cached_threads(self.client)
+        if threads is None:
             return
+        has_workers = threads > 0
         if has_workers:
             self._no_workers_since = None
             return
@@ -727,9 +837,13 @@ class MapJob:
         n = len(values)
         self.chunk_log.append((chunk.start, n, worker, t_start, sum(durations)))
         start = chunk.start
-        if n < len(chunk.items):  # the worker stopped early; run the rest again
-            rest = _Chunk(start + n, chunk.items[n:], suspect=chunk.suspect, pin=chunk.pin)
-            self._resubmit.append(rest)
+        if n < len(chunk.items):  # the budget ran out (or the task was stopped): run the rest again
+            if chunk.suspect or chunk.pin is not None or chunk.budget is None:
+                self._resubmit.append(_Chunk(start + n, chunk.items[n:], suspect=chunk.suspect, pin=chunk.pin))
+            else:  # back to the front of the queue, to be chunked anew with what is now known
+                self.chunks_cut += 1
+                self._returned.appendleft((start + n, chunk.items[n:]))
+                self._returned_n += len(chunk.items) - n
         if worker:
             self.workers_used[worker] = self.workers_used.get(worker, 0) + n
         self._durations.append((start, durations))
@@ -802,6 +916,8 @@ class MapJob:
         self._inflight.clear()
         self._suspects.clear()
         self._resubmit.clear()
+        self._returned.clear()
+        self._returned_n = 0
         if futures and getattr(self.client, "status", None) == "running":
             try:
                 self.client.cancel(futures, reason="jupyter-cluster map stopped")
@@ -828,6 +944,8 @@ class MapJob:
 
     def _finish(self) -> None:
         self._release_shared()
+        if self._time_n:
+            _remember_duration(self._duration_key, self._time_sum / self._time_n)
         if self.total is None:
             self.total = self._next_index
         self._end("finished")

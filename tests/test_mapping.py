@@ -348,3 +348,47 @@ def test_vanished_scheduler_raises_cluster_error_quickly(tmp_path):
                 p.wait(timeout=30)
         if handle is not None and not handle.closed:
             handle.close()
+
+
+def test_a_chunk_stops_at_its_time_budget():
+    """run_chunk (no Dask needed) returns fewer values than items once its budget is spent."""
+    import time as _time
+
+    from jupyter_cluster import cellfunc
+
+    items = [0.02] * 10
+    values, durations, *_ = cellfunc.run_chunk("budget-test", cloudpickle.dumps(_time.sleep), None, items, False, {"budget": 0.05})
+    assert 1 <= len(values) < len(items)
+    assert len(durations) == len(values) and sum(durations) >= 0.05
+    # Without a budget every item runs.
+    values, *_ = cellfunc.run_chunk("budget-test", cloudpickle.dumps(_time.sleep), None, items[:3], False, {})
+    assert len(values) == 3
+
+
+def test_items_a_budget_sent_back_are_run_once_in_order(cluster):
+    def slow_square(x):
+        time.sleep(0.04)
+        return x * x
+
+    job = mapping.MapJob(slow_square, (range(12),), client=cluster)
+    assert job.remembered is None  # new code: nothing known, so the first chunks are budgeted probes
+    out = job.run().result_list()
+    assert out == [x * x for x in range(12)]
+    # The probes carried more 40 ms items than their 30 ms budget allows; the rest came back.
+    assert job.chunks_cut >= 1
+    assert sum(n for _, n, *_ in job.chunk_log) == 12
+
+
+def test_item_durations_are_remembered_for_the_next_map_of_the_same_code(cluster):
+    def tiny_sleep(x):
+        time.sleep(0.002)
+        return x
+
+    first = mapping.MapJob(tiny_sleep, (range(200),), client=cluster).run()
+    measured = sum(first.durations.values()) / 200
+    second = mapping.MapJob(tiny_sleep, (range(200),), client=cluster)
+    assert second.remembered == pytest.approx(measured)
+    assert second.run().result_list() == list(range(200))
+    # No probes this time: chunks were sized from the remembered duration, so
+    # (short of a machine slowed to half speed) none ran out of budget.
+    assert first.chunks_cut >= 1 and second.chunks_cut < first.chunks_cut
