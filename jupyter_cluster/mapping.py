@@ -108,7 +108,8 @@ def last_job() -> "MapJob | None":
     return _last_job
 
 
-_REAPED = object()
+#: How long one batched fetch of results may take before the engine looks at the cluster again, in seconds.
+FETCH_TIMEOUT_SECONDS = 5.0
 
 
 class RemoteItemError(Exception):
@@ -368,7 +369,9 @@ class MapJob:
 
         from distributed import as_completed
 
-        self._ac = as_completed(with_results=True, raise_errors=False, loop=self.client.loop)
+        # Completion only: results are fetched per drained batch in _fetch (one
+        # gather for many chunks instead of one per chunk).
+        self._ac = as_completed(with_results=False, loop=self.client.loop)
         if self.resources:
             self._check_resources()
         self._token = self.id
@@ -475,7 +478,7 @@ class MapJob:
             if not self._inflight:
                 self._finish()
                 return
-            for fut, result in self._wait_batch():
+            for fut, result in self._fetch(self._wait_batch()):
                 self._handle(fut, result)
             self._maybe_progress()
         except KeyboardInterrupt:
@@ -706,6 +709,46 @@ class MapJob:
             batch.append(ac.queue.get_nowait())
         return batch
 
+    def _fetch(self, futures: list) -> list:
+        """``(future, result)`` for the finished chunks among ``futures``, fetched in one gather.
+
+        Futures that ended otherwise come back with ``None`` (``_handle``
+        looks at their status).  A chunk whose result was lost with its worker
+        between finishing and the fetch is being re-run by Dask; it goes back
+        to the completion tracker and is reported again when it is done.
+        """
+        done, out = [], []
+        for f in futures:
+            status = f.status
+            if status == "finished":
+                if f in self._inflight:
+                    done.append(f)
+            elif status in ("error", "cancelled"):
+                out.append((f, None))
+            else:  # reported, then reset: Dask is re-running it after losing its result
+                self._ac.add(f)
+        if not done:
+            return out
+        try:
+            data = self.client.sync(
+                _gather_skipping_errors, self.client, {f.key: f for f in done}, callback_timeout=FETCH_TIMEOUT_SECONDS
+            )
+        except Exception as exc:  # noqa: BLE001 - sorted out below
+            if self._scheduler_watch.lost() or getattr(self.client, "status", "running") != "running":
+                raise self._lost_scheduler() from exc
+            if not isinstance(exc, (TimeoutError, OSError)):
+                raise
+            data = {}  # slow or failed fetch: every chunk of the batch is reported again
+        for f in done:
+            value = data.get(f.key)
+            if value is not None:
+                out.append((f, value))
+            elif f.status in ("error", "cancelled"):
+                out.append((f, None))
+            else:
+                self._ac.add(f)
+        return out
+
     def _warn_if_no_workers(self, now: float) -> None:
         """Say once why nothing happens when the cluster has no workers.
 
@@ -735,19 +778,14 @@ class MapJob:
             )
 
     def _stale(self) -> list:
-        """Futures that ended but that as_completed will never report.
-
-        When a finished chunk's result is lost with its worker, Dask recomputes
-        it; if the recomputation then fails, as_completed's gather raises
-        inside its own task and the future is never reported.  Reap those here.
-        """
+        """Futures that ended more than a second ago but were never reported (a safety net)."""
         now = time.monotonic()
         out = []
         for fut in self._inflight:
             if fut.status in ("error", "cancelled"):
                 first = self._terminal_since.setdefault(fut.key, now)
                 if now - first > 1.0:
-                    out.append((fut, _REAPED))
+                    out.append(fut)
         return out
 
     def _check_connection(self) -> None:
@@ -784,15 +822,13 @@ class MapJob:
             self._suspect_running = False
         self._terminal_since.pop(fut.key, None)
         status = fut.status
-        if result is _REAPED and status == "error":
-            try:
-                result = fut.exception(timeout=10)
-            except Exception as exc:  # the reason itself could not be fetched
-                result = exc
-        if status == "finished":
+        if result is not None:
             self._record(chunk, result)
         elif status == "error":
-            exc = result[1] if isinstance(result, tuple) else result
+            try:
+                exc = fut.exception(timeout=10)
+            except Exception as err:  # the reason itself could not be fetched
+                exc = err
             self._task_error(chunk, exc)
         else:  # cancelled without us asking
             if getattr(self.client, "status", "running") != "running":
@@ -980,6 +1016,11 @@ class MapJob:
                 self._cancel_outstanding()
         except Exception:
             pass
+
+
+async def _gather_skipping_errors(client, futures: dict) -> dict:
+    # Runs on the client's event loop, so that Client.sync can bound it with a timeout.
+    return await client.gather(futures, errors="skip", asynchronous=True)
 
 
 def _add_note(exc: BaseException, note: str) -> None:
