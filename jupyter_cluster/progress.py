@@ -220,6 +220,10 @@ class WidgetRenderer:
 
 
 def _in_kernel() -> bool:
+    # A kernel has always imported IPython; a plain script has not, and
+    # importing it here (0.1 s) stalled the first map that showed progress.
+    if "IPython" not in sys.modules:
+        return False
     try:
         from IPython import get_ipython
     except ImportError:
