@@ -44,6 +44,8 @@ seconds.  ``KeyboardInterrupt`` while waiting cancels outstanding work
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import itertools
 import logging
 import math
@@ -108,8 +110,8 @@ def last_job() -> "MapJob | None":
     return _last_job
 
 
-#: How long one batched fetch of results may take before the engine looks at the cluster again, in seconds.
-FETCH_TIMEOUT_SECONDS = 5.0
+#: While a batch of results is being fetched, look at the scheduler this often, in seconds.
+FETCH_CHECK_SECONDS = 1.0
 
 
 class RemoteItemError(Exception):
@@ -729,16 +731,29 @@ class MapJob:
                 self._ac.add(f)
         if not done:
             return out
+        # The gather runs on the client's loop; this thread waits for it in
+        # slices and looks at the scheduler in between.  A slow gather (a
+        # swamped scheduler) is never cancelled and retried, which could go
+        # on for ever; a lost scheduler ends it within a slice.
+        pending = asyncio.run_coroutine_threadsafe(
+            _gather_skipping_errors(self.client, {f.key: f for f in done}), self.client.loop.asyncio_loop
+        )
         try:
-            data = self.client.sync(
-                _gather_skipping_errors, self.client, {f.key: f for f in done}, callback_timeout=FETCH_TIMEOUT_SECONDS
-            )
+            while True:
+                try:
+                    data = pending.result(timeout=FETCH_CHECK_SECONDS)
+                    break
+                except concurrent.futures.TimeoutError:
+                    self._check_connection()
         except Exception as exc:  # noqa: BLE001 - sorted out below
             if self._scheduler_watch.lost() or getattr(self.client, "status", "running") != "running":
                 raise self._lost_scheduler() from exc
-            if not isinstance(exc, (TimeoutError, OSError)):
+            if not isinstance(exc, OSError):
                 raise
-            data = {}  # slow or failed fetch: every chunk of the batch is reported again
+            data = {}  # the fetch failed (a worker went away): every chunk of the batch is reported again
+        finally:
+            if not pending.done():
+                pending.cancel()
         for f in done:
             value = data.get(f.key)
             if value is not None:
@@ -1019,7 +1034,7 @@ class MapJob:
 
 
 async def _gather_skipping_errors(client, futures: dict) -> dict:
-    # Runs on the client's event loop, so that Client.sync can bound it with a timeout.
+    # Runs on the client's event loop (see MapJob._fetch).
     return await client.gather(futures, errors="skip", asynchronous=True)
 
 
