@@ -186,9 +186,15 @@ def _remember_duration(key: tuple | None, per_item: float) -> None:
 
 
 def _item_bytes(item: Any) -> int:
-    """Pickled size of one item (an estimate for the whole input), 1 KB when it cannot be pickled here."""
+    """Size of one item in bytes (an estimate for the whole input), 1 KB when it cannot be told.
+
+    Dask's ``sizeof`` knows arrays and frames without copying them; pickling
+    the item to measure it would cost as much as sending it.
+    """
+    from dask.sizeof import sizeof
+
     try:
-        return len(cloudpickle.dumps(item, protocol=5))
+        return int(sizeof(item))
     except Exception:
         return 1024
 
