@@ -79,7 +79,25 @@ def _import_engine_in_background() -> None:
             except Exception:  # the start itself reports a broken installation
                 pass
 
-    threading.Thread(target=run, name="jupyter-cluster-import", daemon=True).start()
+    global _import_thread
+    _import_thread = threading.Thread(target=run, name="jupyter-cluster-import", daemon=True)
+    _import_thread.start()
+
+
+_import_thread = None
+
+
+def _wait_for_background_import(timeout: float = 60.0) -> None:
+    """Let the background import finish before a cluster starts.
+
+    Starting a scheduler imports the dashboard modules too.  Two threads
+    importing the same package's modules can each hold a module the other
+    needs; Python then breaks the cycle by handing one of them a half-built
+    module ("module 'distributed.dashboard' has no attribute 'scheduler'").
+    """
+    thread = _import_thread
+    if thread is not None and thread.is_alive():
+        thread.join(timeout)
 
 
 # -- Jupyter server and JupyterLab extension hooks (the extension template's names) --

@@ -368,6 +368,9 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
     3
     """
     backend = backend or config.get("backend")
+    from . import _wait_for_background_import
+
+    _wait_for_background_import()
     impl = get_backend(backend)  # unknown backend: error before any name is taken
     if name is not None:
         _validate_name(name)
