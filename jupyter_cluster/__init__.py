@@ -67,8 +67,8 @@ def _import_engine_in_background() -> None:
     # Importing Dask's distributed takes about a second on a small machine,
     # and the scheduler's dashboard (bokeh) nearly as long again.  Doing it
     # while the user writes the next cell takes both off `%cluster start`; a
-    # start that comes sooner waits on Python's import locks for the rest,
-    # so nothing is imported twice.
+    # start that comes sooner waits for this thread to finish (see
+    # _wait_for_background_import), so nothing is imported twice.
     import threading
 
     def run():
