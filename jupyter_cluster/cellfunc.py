@@ -458,7 +458,7 @@ def run_chunk(token: str, blob: bytes | None, big: dict[str, Any] | None, items:
             t1 = perf()
             values.append(value)
             durations.append(t1 - t0)
-            if buf is not None and buf.buf is not None:
+            if buf is not None:
                 text = buf.getvalue()
                 if text:
                     outputs[pos] = text

@@ -232,7 +232,7 @@ def _cached_threads(client) -> int | None:
 
 def _total_threads(client) -> int:
     n = _cached_threads(client)
-    if not n:
+    if n is None:  # before the client's first update only
         try:
             n = sum(client.nthreads().values())
         except Exception:
@@ -699,9 +699,10 @@ class MapJob:
                 if not ac.queue.empty():
                     break
             # The checks run with the condition released: some ask the
-            # scheduler synchronously (client.nthreads()), which needs the
-            # client's event loop, and as_completed's callbacks on that loop
-            # take this same condition -- holding it here deadlocked maps.
+            # scheduler synchronously (scheduler_info for pinned workers),
+            # which needs the client's event loop, and as_completed's
+            # callbacks on that loop take this same condition -- holding it
+            # here deadlocked maps.
             self._check_connection()
             now = time.monotonic()
             if now - last_check > 1.0:
