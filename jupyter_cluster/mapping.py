@@ -276,6 +276,12 @@ class MapJob:
         a ``tblib`` dict, or None).
     failed_items : dict
         Input index -> ``(item, worker address)`` for failed items.
+    remembered : float or None
+        Mean seconds per item remembered from an earlier map of the same
+        function or cell (None: not known, so the first chunks are probes).
+    chunks_cut : int
+        Chunks that stopped at their time budget and sent items back to be
+        re-chunked.
     """
 
     def __init__(
