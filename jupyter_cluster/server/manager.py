@@ -43,6 +43,9 @@ MAX_WORKERS = 10_000
 #: downsampling of a topic for the sidebar (narrower than a notebook cell)
 PANEL_MODEL = {"max_points": 4000, "max_cells": 40_000, "per_series_points": 1000}
 
+#: stopped clusters whose jobs and metrics the panel can still show
+HISTORY_KEEP = 8
+
 
 class NotFound(ClusterError):
     """No live cluster of that name."""
@@ -308,6 +311,10 @@ class ClusterManager:
         self._task: asyncio.Task | None = None
         self._hosts: dict[str, Any] = {}
         self._lock = asyncio.Lock()
+        #: stopped clusters' connections (no client), kept for their jobs and
+        #: metrics under a key of their own ("NAME.stopped-HHMMSS"), oldest first
+        self.history: dict[str, Connection] = {}
+        self._history_version = 0
 
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> None:
@@ -350,6 +357,7 @@ class ClusterManager:
                 ):
                     del self.connections[name]
                     await conn.close()
+                    self._retire(conn)
             for name, rec in records.items():
                 if name not in self.connections:
                     self.connections[name] = Connection(rec)
@@ -370,9 +378,42 @@ class ClusterManager:
             conn.error = str(exc) or type(exc).__name__
             logger.debug("jupyter-cluster: %s: %s", conn.name, conn.error)
 
+    def _retire(self, conn: Connection) -> None:
+        """Keep a stopped cluster's jobs and metrics (when it had any) for the panel."""
+        if not conn.jobs.jobs and not conn.metrics:
+            return
+        for j in conn.jobs.jobs.values():
+            if j["state"] == "running":
+                j["state"] = "lost"
+        conn.status = "stopped"
+        conn.stopped = time.time()  # type: ignore[attr-defined]
+        base = f"{conn.name[:40]}.stopped-{time.strftime('%H%M%S')}"
+        key, i = base, 1
+        while key in self.history or key in self.connections:
+            i += 1
+            key = f"{base}-{i}"
+        self.history[key] = conn
+        while len(self.history) > HISTORY_KEEP:
+            del self.history[next(iter(self.history))]
+        self._history_version += 1
+
+    def history_list(self) -> list[dict[str, Any]]:
+        """Summaries of the stopped clusters kept for their history, newest first."""
+        out = []
+        for key, conn in self.history.items():
+            summary = dict(conn.summary(), name=key, cluster=conn.name, stopped=getattr(conn, "stopped", None))
+            out.append(summary)
+        return out[::-1]
+
+    def forget(self, key: str) -> None:
+        """Drop a stopped cluster's kept history."""
+        if self.history.pop(key, None) is None:
+            raise NotFound(f"no stopped cluster {key!r} is kept.")
+        self._history_version += 1
+
     # -- queries ---------------------------------------------------------------
     def get(self, name: str) -> Connection:
-        conn = self.connections.get(name)
+        conn = self.connections.get(name) or self.history.get(name)
         if conn is None:
             raise NotFound(f"no live cluster named {name!r}; the list shows the running ones.")
         return conn
@@ -391,8 +432,11 @@ class ClusterManager:
         return await self.get(name).model()
 
     def jobs(self, name: str | None = None) -> dict[str, list[dict[str, Any]]]:
-        """Running and recent map jobs of one cluster, or of all of them."""
-        conns = [self.get(name)] if name else list(self.connections.values())
+        """Running and recent map jobs of one cluster, or of all of them (stopped ones too).
+
+        ``history`` lists the stopped clusters whose jobs and metrics are kept.
+        """
+        conns = [self.get(name)] if name else [*self.connections.values(), *self.history.values()]
         running: list[dict[str, Any]] = []
         recent: list[dict[str, Any]] = []
         for c in conns:
@@ -401,10 +445,10 @@ class ClusterManager:
             recent += snap["recent"]
         running.sort(key=lambda j: -j["started"])
         recent.sort(key=lambda j: -j["updated"])
-        return {"running": running, "recent": recent[:20]}
+        return {"running": running, "recent": recent[:20], "history": self.history_list()}
 
     def jobs_version(self) -> int:
-        return sum(c.jobs.version for c in self.connections.values()) + len(self.connections)
+        return sum(c.jobs.version for c in self.connections.values()) + len(self.connections) + self._history_version
 
     def topics(self, name: str) -> list[dict[str, Any]]:
         """What each of one cluster's metric topics holds (no points)."""
@@ -529,7 +573,13 @@ class ClusterManager:
             ) from None
 
     async def stop(self, name: str, timeout: float = 20.0) -> None:
-        """Stop a cluster: ask its owner; failing that, end it ourselves."""
+        """Stop a cluster: ask its owner; failing that, end it ourselves.
+
+        For a stopped cluster kept for its history, forget that history.
+        """
+        if name in self.history and name not in self.connections:
+            self.forget(name)
+            return
         conn = self.get(name)
         rec = conn.record
         asked = False
