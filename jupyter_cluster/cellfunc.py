@@ -264,6 +264,29 @@ def _cell_tb(tb, filenames: set[str] | None):
     return first
 
 
+def _add_first_lines(frames: dict | None, tb) -> None:
+    """Record what tblib leaves out of each frame's code and the notebook needs to show it.
+
+    ``co_firstlineno`` (IPython's renderer in a kernel counts a frame's
+    context lines from it), ``co_qualname`` and the parameter names (its
+    ``in f(x)`` heading).
+    """
+    while frames is not None and tb is not None:
+        code = tb.tb_frame.f_code
+        info = frames["tb_frame"]["f_code"]
+        info["co_firstlineno"] = code.co_firstlineno
+        info["co_qualname"] = getattr(code, "co_qualname", code.co_name)
+        n, k = code.co_argcount, code.co_kwonlyargcount
+        names = code.co_varnames
+        info["co_params"] = {
+            "args": list(names[:n]),
+            "kwonly": list(names[n : n + k]),
+            "varargs": names[n + k] if code.co_flags & 0x04 else None,
+            "varkw": names[n + k + bool(code.co_flags & 0x04)] if code.co_flags & 0x08 else None,
+        }
+        frames, tb = frames.get("tb_next"), tb.tb_next
+
+
 def error_info(exc: BaseException) -> tuple:
     """``(exception or None, type name, message, traceback text, frames dict or None)``."""
     tb = _cell_tb(exc.__traceback__, None)
@@ -284,6 +307,7 @@ def error_info(exc: BaseException) -> tuple:
         frames = Traceback(tb).to_dict() if tb is not None else None
     except Exception:  # tblib is optional; the text is enough
         frames = None
+    _add_first_lines(frames, tb)
     return (sendable, type(exc).__qualname__, str(exc), text, frames)
 
 

@@ -113,3 +113,79 @@ def test_syntax_error_in_the_kernel_is_one_sentence(notebook_kernel):
     cell = run_cell(client, nb, "%%parallel i in range(3)\nfor\n")
     tb = _text(cell)
     assert "UsageError" in tb and "line 2 of the cell is not valid Python" in tb
+
+
+def _error_lines(cell) -> list[str]:
+    err = [o for o in cell.outputs if o.get("output_type") == "error"]
+    assert err, f"cell {cell.source!r} raised nothing: {_text(cell)}"
+    return ANSI.sub("", "\n".join(err[0]["traceback"])).splitlines()
+
+
+def _frame_block(lines: list[str], heading: str) -> list[str]:
+    """The lines of one traceback frame: its heading and the numbered source lines below it."""
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(heading))
+    block = [lines[start]]
+    for ln in lines[start + 1 :]:
+        if not re.match(r"^(---->|\s+)\s*\d+ ", ln):
+            break
+        block.append(ln)
+    return block
+
+
+def test_saved_traceback_names_the_cell_and_line_like_a_local_error():
+    """In a notebook run by nbclient (ipykernel, IPython 9), a failing item's saved error output
+    names the cell's own prompt number and line, with the arrow and neighbouring lines exactly
+    as a local error in the same cell, also inside a function defined in an earlier cell."""
+    os.environ["DASK_JUPYTER_CLUSTER__LOCAL__WORKERS"] = "1"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    sources = [
+        "%load_ext jupyter_cluster",
+        "def ratio(v):\n    w = v - 2\n    return 10 / w",
+        "%%parallel x in [4, 2, 0, 1] --no-progress\nscale = 10\nscale / x\n# after",
+        "for x in [4, 2, 0, 1]:\n    scale = 10\n    scale / x\n# after",
+        "%%parallel x in [4, 3, 2] --no-progress\nscale = 10\nratio(x) * scale",
+        "ratio(2)",
+        "%cluster stop",
+    ]
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    try:
+        NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=True).execute()
+    finally:
+        os.environ.pop("DASK_JUPYTER_CLUSTER__LOCAL__WORKERS", None)
+    remote, local, remote_fn, local_fn = nb.cells[2], nb.cells[3], nb.cells[4], nb.cells[5]
+
+    lines = _error_lines(remote)
+    n = remote.execution_count
+    assert _frame_block(lines, "Cell In[") == [
+        f"Cell In[{n}], line 3",
+        "      1 %%parallel x in [4, 2, 0, 1] --no-progress",
+        "      2 scale = 10",
+        "----> 3 scale / x",
+        "      4 # after",
+    ]
+    # the same layout as a local error in a cell (arrow, numbers, context)
+    local_block = _frame_block(_error_lines(local), "Cell In[")
+    assert local_block[0] == f"Cell In[{local.execution_count}], line 3"
+    assert [ln[:7] for ln in local_block[1:]] == ["      1", "      2", "----> 3", "      4"]
+    assert lines[-2:] == [
+        "ZeroDivisionError: division by zero",
+        "%%parallel: item 2 (0) failed on worker " + lines[-1].split("on worker ")[1],
+    ]
+
+    # a function from an earlier cell: its own cell, name, arguments and lines, as locally
+    lines = _error_lines(remote_fn)
+    assert _frame_block(lines, "Cell In[")[:4] == [
+        f"Cell In[{remote_fn.execution_count}], line 3",
+        "      1 %%parallel x in [4, 3, 2] --no-progress",
+        "      2 scale = 10",
+        "----> 3 ratio(x) * scale",
+    ]
+    fn_heading = f"Cell In[{nb.cells[1].execution_count}], line 3, in ratio(v)"
+    assert _frame_block(lines, fn_heading) == _frame_block(_error_lines(local_fn), fn_heading) == [
+        fn_heading,
+        "      1 def ratio(v):",
+        "      2     w = v - 2",
+        "----> 3     return 10 / w",
+    ]
+    assert "parallel_magic.py" not in "\n".join(lines) and "<dynamic-code>" not in "\n".join(lines)
