@@ -395,6 +395,8 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
             started.cluster.close()
         raise
     handle = ClusterHandle(name, backend, started, client)
+    for plugin in started.worker_plugins:
+        client.register_plugin(plugin)
     if wait and started.cluster is not None and options.get("workers", 1) != 0:
         try:
             handle.wait_for_workers(1, timeout=max(config.timeout_seconds("connect-timeout"), 60))

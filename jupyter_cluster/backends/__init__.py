@@ -10,7 +10,7 @@ so the same notebook runs on a laptop and on Kubernetes.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
@@ -38,12 +38,16 @@ class StartedCluster:
         or None when the cluster is only attached to by address.
     security : object or None
         ``distributed.security.Security`` needed to connect (TLS clusters).
+    worker_plugins : list
+        ``distributed.WorkerPlugin`` instances to register once connected
+        (they then also reach workers added later).
     """
 
     address: str
     dashboard_link: str | None = None
     cluster: Any = None
     security: Any = None
+    worker_plugins: list = field(default_factory=list)
 
 
 class Backend:

@@ -16,14 +16,19 @@ Two variants beyond the plain one:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import json
 import os
 import shutil
+import signal
 import subprocess
+import threading
 import weakref
 from typing import Any
+
+from distributed import WorkerPlugin
 
 from .. import config
 from ..errors import ClusterError
@@ -231,6 +236,60 @@ def _slower_ticks() -> None:
         dask.config.set({key: "200ms"})
 
 
+@contextlib.contextmanager
+def sigint_blocked_for_children():
+    """Block SIGINT in this thread, and so in every thread and process it starts.
+
+    JupyterLab's stop button sends SIGINT to the kernel's whole process group,
+    which holds the local worker processes too; they must not die from it.  A
+    signal mask is inherited by new threads and kept across ``fork`` and
+    ``exec``, so the cluster's event-loop thread (created inside this block)
+    starts every worker process - at start, on scale-up, on restart - with
+    SIGINT already blocked, before its first Python instruction: there is no
+    start-up window.  The kernel's main thread gets its own mask back on exit,
+    so the stop button still interrupts the cell.  SIGTERM, which Dask uses to
+    stop workers, is untouched.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no process-group interrupts there
+        yield
+        return
+    # multiprocessing starts its resource tracker lazily, and *unblocks* SIGINT in
+    # the thread that starts it; start it now, outside the block.
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _ignore_sigint() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class IgnoreSigint(WorkerPlugin):
+    """Worker plugin: a worker process ignores SIGINT for good.
+
+    Workers start with SIGINT blocked (:func:`sigint_blocked_for_children`);
+    a blocked signal stays pending and would be delivered to any thread that
+    unblocks it later (multiprocessing's resource tracker does so when a task
+    first uses it).  Ignoring it drops it whichever thread would get it.
+    """
+
+    idempotent = True
+    name = "jupyter-cluster-ignore-sigint"
+
+    def setup(self, worker) -> None:
+        loop = getattr(worker, "loop", None)
+        if threading.current_thread() is threading.main_thread() or loop is None:
+            _ignore_sigint()
+        else:
+            loop.add_callback(_ignore_sigint)
+
+
 class LocalBackend(Backend):
     """One single-threaded worker process per core, bound to 127.0.0.1 by default."""
 
@@ -290,10 +349,11 @@ class LocalBackend(Backend):
             kwargs["security"] = security
             kwargs["protocol"] = "tls://"
         try:
-            if devices is None:
-                cluster = LocalCluster(**kwargs)
-            else:
-                cluster = self._start_gpu_cluster(devices, kwargs, security)
+            with sigint_blocked_for_children():
+                if devices is None:
+                    cluster = LocalCluster(**kwargs)
+                else:
+                    cluster = self._start_gpu_cluster(devices, kwargs, security)
         except (OSError, RuntimeError) as exc:
             # distributed wraps a failed bind in RuntimeError("Cluster failed to start"); find the cause.
             cause = _os_error_in(exc)
@@ -312,6 +372,7 @@ class LocalBackend(Backend):
             dashboard_link=cluster.dashboard_link,
             cluster=cluster,
             security=security,
+            worker_plugins=[IgnoreSigint()] if kwargs["processes"] else [],
         )
 
     @staticmethod

@@ -1,0 +1,145 @@
+"""The notebook's stop button must not hurt the cluster.
+
+JupyterLab's interrupt is ``KernelManager.interrupt_kernel()``, which sends
+SIGINT to the kernel's whole process group (``os.killpg``).  Local worker
+processes are children of the kernel, so they are in that group.  These tests
+press the button exactly that way, through ``jupyter_client``, and then use the
+same cluster again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import psutil
+import pytest
+from jupyter_client import KernelManager
+
+from .conftest import wait_for
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX-only")
+
+
+@pytest.fixture
+def kernel():
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def _execute(kc, code: str, timeout: float = 120) -> str:
+    out: list[str] = []
+
+    def hook(msg):
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append("\n".join(msg["content"]["traceback"]))
+
+    reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+    assert reply["content"]["status"] == "ok", "".join(out)
+    return "".join(out)
+
+
+def _worker_pids(kc) -> list[int]:
+    out = _execute(kc, "import os, json\nprint(json.dumps(sorted(jc.current().client.run(os.getpid).values())))")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _alive(pids) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            return False
+    return True
+
+
+def _interrupt_busy_kernel(km, kc, code: str = "import time\ntime.sleep(60)") -> dict:
+    """Run ``code``, press the stop button once it runs, return the execute reply."""
+    msg_id = kc.execute(code)
+    deadline = time.monotonic() + 30
+    busy = False
+    while not busy and time.monotonic() < deadline:  # wait until the kernel runs the cell
+        msg = kc.get_iopub_msg(timeout=30)
+        busy = msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input"
+    assert busy, "the kernel never started the cell"
+    time.sleep(0.3)  # inside time.sleep by now; the interrupt is what ends the cell
+    km.interrupt_kernel()
+    while True:
+        reply = kc.get_shell_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
+
+
+def test_stop_button_leaves_the_local_cluster_working(kernel):
+    km, kc = kernel
+    _execute(kc, "%load_ext jupyter_cluster\n%cluster start --workers 2 --name stop-button\nimport jupyter_cluster as jc")
+    pids = _worker_pids(kc)
+    assert len(pids) == 2
+    # The button JupyterLab shows is this call: SIGINT to the kernel's process group.
+    assert km.kernel_spec.interrupt_mode == "signal"
+    reply = _interrupt_busy_kernel(km, kc)
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    time.sleep(1.0)  # a worker killed by the signal would be gone by now; the nanny would not bring it back
+    assert _alive(pids), "a worker process died from the kernel's interrupt"
+    assert _worker_pids(kc) == pids  # the same processes, not restarted ones
+    out = _execute(kc, "%%parallel x in range(8) --out squares\nx * x\n")
+    _execute(kc, "assert squares == [x * x for x in range(8)], squares")
+    # An interrupt in the middle of a map: the map stops, the cluster stays.
+    reply = _interrupt_busy_kernel(km, kc, "%%parallel x in range(4)\nimport time\ntime.sleep(30)\n")
+    assert reply["content"]["status"] == "error"
+    assert _alive(pids)
+    _execute(kc, "%%parallel x in range(6) --out again\nx + 1\n")
+    _execute(kc, "assert again == list(range(1, 7)), again\n%cluster stop")
+    del out
+
+
+def test_interrupts_while_workers_start_do_not_kill_them(kernel):
+    """No window at start-up: a worker process ignores SIGINT from its first instruction."""
+    km, kc = kernel
+    _execute(kc, "%load_ext jupyter_cluster\n%cluster start --workers 1 --name startup-window\nimport jupyter_cluster as jc")
+    kernel_pid = km.provisioner.process.pid
+    pgid = os.getpgid(kernel_pid)
+    _execute(kc, "jc.current().scale(3)")  # returns at once; two worker processes are spawning now
+    # An idle ipykernel ignores SIGINT, so only the workers' fate is at stake: keep
+    # signalling the group (as a stop button pressed over and over would) while they start.
+    deadline = time.monotonic() + 60
+    ready = False
+    while time.monotonic() < deadline:
+        for _ in range(20):
+            os.killpg(pgid, signal.SIGINT)
+            time.sleep(0.02)
+        children = psutil.Process(kernel_pid).children(recursive=True)
+        out = _execute(kc, "print(len(jc.current().client.scheduler_info(n_workers=-1)['workers']))")
+        if int(out.strip().splitlines()[-1]) == 3 and len(children) >= 3:
+            ready = True
+            break
+    assert ready, "the workers did not all come up while the process group was being interrupted"
+    pids = _worker_pids(kc)
+    for _ in range(10):
+        os.killpg(pgid, signal.SIGINT)
+        time.sleep(0.02)
+    time.sleep(0.5)
+    assert _alive(pids)
+    # SIGINT is blocked in each worker from exec on, and ignored once it runs.
+    bit = 1 << (signal.SIGINT - 1)
+    for pid in pids:
+        with open(f"/proc/{pid}/status") as f:
+            status = {k: v.strip() for k, _, v in (line.partition(":") for line in f)}
+        assert int(status["SigBlk"], 16) & bit, f"worker {pid} does not block SIGINT"
+        assert int(status["SigIgn"], 16) & bit, f"worker {pid} does not ignore SIGINT"
+    _execute(kc, "assert jc.current().client.submit(sum, [1, 2]).result() == 3\n%cluster stop")
+    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids),
+             timeout=30, message="workers to exit after %cluster stop")
