@@ -344,6 +344,12 @@ def _execution_count(shell) -> int:
     return count if isinstance(count, int) else shell.execution_count
 
 
+def _interrupted_traceback(message: str | None):
+    """A ``_render_traceback_``: an interrupted ``%%parallel`` cell shows one line."""
+    line = "\x1b[0;31mKeyboardInterrupt\x1b[0m" + (f": {message}" if message else "")
+    return lambda: [line]
+
+
 def _remote_renderer(shell, exc: BaseException, index: int, item: Any, frames: dict, where: str):
     """A ``_render_traceback_`` showing the remote frames with the cell's own lines."""
 
@@ -372,6 +378,11 @@ class ParallelMagics(Magics):
             return self._parallel(line, cell)
         except (ClusterError, CellError, SerializationError) as exc:
             raise UsageError(str(exc)) from None
+        except KeyboardInterrupt as exc:
+            # our frames (magic, map engine, the wait in threading) would only bury what happened
+            if not hasattr(exc, "_render_traceback_"):
+                exc._render_traceback_ = _interrupted_traceback(None)
+            raise
 
     parallel.__doc__ = "Run a cell once per item of an iterable on the cluster.\n\n" + PARALLEL_USAGE
 
@@ -471,12 +482,13 @@ class ParallelMagics(Magics):
     def _drive(self, job: mapping.MapJob, printer: _OutputPrinter) -> None:
         try:
             job.run()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             total = "?" if job.total is None else job.total
             print(
                 f"Interrupted: {job.done} of {total} items had finished and the rest were cancelled; "
                 f"their results are in {JOB_NAME}.results (a dict index -> result)."
             )
+            exc._render_traceback_ = _interrupted_traceback("the %%parallel cell was interrupted; see the line above.")
             raise
         except (ClusterError, CellError, SerializationError):
             raise

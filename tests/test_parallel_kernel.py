@@ -82,13 +82,15 @@ def test_kernel_interrupt_cancels_within_two_seconds(notebook_kernel):
     time.sleep(3.0)
     t0 = time.monotonic()
     os.kill(client.km.provisioner.process.pid, signal.SIGINT)  # what the stop button does
-    outputs = []
+    outputs, errors = [], []
     while True:
         msg = kc.get_iopub_msg(timeout=30)
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         if msg["msg_type"] == "stream":
             outputs.append(msg["content"]["text"])
+        if msg["msg_type"] == "error":
+            errors.append(ANSI.sub("", "\n".join(msg["content"]["traceback"])))
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
     elapsed = time.monotonic() - t0
@@ -98,6 +100,8 @@ def test_kernel_interrupt_cancels_within_two_seconds(notebook_kernel):
     assert elapsed < 2.0 + 0.5, f"took {elapsed:.1f} s to stop"
     text = "".join(outputs)
     assert "Interrupted:" in text and "of 200 items had finished" in text
+    # the summary line, then one short KeyboardInterrupt line: nothing of our internals
+    assert errors == ["KeyboardInterrupt: the %%parallel cell was interrupted; see the line above."], errors
     after = run_cell(client, nb, "job = _parallel_job\nprint(job.state, job.done > 0, len(job.results) == job.done)")
     assert _text(after).strip() == "cancelled True True"
     t1 = time.monotonic()
