@@ -845,6 +845,7 @@ class Hub:
         #: set once :meth:`attach` has merged the backlog
         self.ready = threading.Event()
         self._token = uuid.uuid4().hex
+        self._waiters: dict[str, threading.Event] = {}
         self._seen: set[str] = set()
         #: called with a topic name the first time this hub receives it
         self.callbacks: list[Callable[[str], None]] = []
@@ -877,7 +878,28 @@ class Hub:
         if isinstance(msg, dict) and msg.get("sync") == self._token:
             self._synced.set()
             return
+        if isinstance(msg, dict) and "sync" in msg:
+            waiter = self._waiters.get(msg["sync"])
+            if waiter is not None:
+                waiter.set()
+            return
         self.ingest(msg)
+
+    def sync(self, timeout: float = 2.0) -> bool:
+        """Wait until every report the scheduler had received when called has reached this hub.
+
+        A marker is logged on the index topic and waited for: the scheduler
+        forwards events in order.  Returns False after ``timeout`` seconds.
+        """
+        token = uuid.uuid4().hex
+        waiter = self._waiters[token] = threading.Event()
+        try:
+            self.client.log_event(INDEX_TOPIC, {"sync": token})
+            return waiter.wait(timeout)
+        except Exception:  # a closed client: nothing more will arrive anyway
+            return False
+        finally:
+            self._waiters.pop(token, None)
 
     def attach(self, timeout: float = 10.0) -> None:
         """Subscribe and merge the backlog (from any thread but the client's event loop)."""
@@ -961,6 +983,17 @@ def attach(client=None) -> Hub:
     finally:
         hub.ready.set()
     return hub
+
+
+def sync(timeout: float = 2.0) -> bool:
+    """Wait until the reports already at the schedulers this process follows have arrived here.
+
+    Used when a cell ends, so the live charts saved with the notebook are
+    complete.  Returns False if a scheduler did not answer within ``timeout``.
+    """
+    with _hubs_lock:
+        hubs = [h for h in _hubs.values() if h.ready.is_set()]
+    return all([hub.sync(timeout) for hub in hubs])
 
 
 def attached(client) -> bool:

@@ -194,3 +194,29 @@ def test_in_a_real_kernel_the_views_are_widgets():
     for cell in nb.cells[1:4]:
         assert any(view in out.get("data", {}) for out in cell.outputs), cell.source
     assert nb.cells[4].outputs[0]["text"].strip() == "WidgetRenderer"
+
+
+def test_saved_notebook_holds_every_chart_point_when_the_cell_ends_at_once(monkeypatch):
+    """The chart state saved with the notebook (nbclient, as a save in JupyterLab) has the last
+    points, from the notebook and from a map's tasks, although each cell ends right after its last
+    report.  The ticker is slowed to 60 s, so only the flush at the end of a map / cell can send them."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("DASK_JUPYTER_CLUSTER__METRICS__REFRESH", "60s")
+    monkeypatch.setenv("DASK_JUPYTER_CLUSTER__LOCAL__WORKERS", "1")
+    cells = [
+        "import jupyter_cluster as jc\n%load_ext jupyter_cluster\n%cluster start",
+        "jc.show_metrics('nb')",
+        "jc.show_metrics('tasks')",
+        "for step in range(10):\n    jc.report(step=step, topic='nb', reward=step / 10)",
+        "%%parallel step in range(6) --no-progress\njc.report(step=step, topic='tasks', loss=1 / (step + 1))",
+        "%cluster stop",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    NotebookClient(nb, timeout=120, kernel_name="python3", store_widget_state=True).execute()
+    states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    charts = {m["state"]["topic"]: m["state"]["data"] for m in states.values() if "topic" in m.get("state", {})}
+    assert [p[0] for p in charts["nb"]["scalars"]["reward"]["all"]] == list(range(10))
+    assert sorted(p[0] for p in charts["tasks"]["scalars"]["loss"]["all"]) == list(range(6))

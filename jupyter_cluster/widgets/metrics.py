@@ -15,6 +15,7 @@ import html
 import pathlib
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 from .. import config, events, ticker
@@ -49,17 +50,19 @@ class _Follower:
         self._cost = 0.0
         self._lock = threading.Lock()
 
-    def push(self, force: bool = False) -> None:
+    def push(self, force: bool = False) -> bool:
+        """Send the store's state to the sink if it changed (or ``force``); True if sent."""
         with self._lock:
             version = self.store.version
             if not force and version == self.version:
-                return
+                return False
             self.version = version
             t0 = time.monotonic()
             self.sink(self.store)
             self._last = time.monotonic()
             self._cost = self._last - t0
             self.pushes += 1
+            return True
 
     def tick(self) -> bool:
         if not self.alive():
@@ -73,7 +76,91 @@ class _Follower:
     def start(self) -> "_Follower":
         self.push(force=True)
         ticker.every(_refresh_seconds(), self.tick)
+        _live.add(self)
+        _install_flush_hooks()
         return self
+
+
+# -- flushing when a map or a cell ends ----------------------------------------------
+# The ticker pushes at most every ~0.4 s from its own thread.  A push that comes after
+# the cell has finished is not part of that cell's output any more, so the notebook
+# saved at the end (nbclient, or the last save in JupyterLab) missed the last points.
+# These hooks push what is pending while the cell is still running, on its thread.
+_live: "weakref.WeakSet[_Follower]" = weakref.WeakSet()
+_hooks_lock = threading.Lock()
+_hooks_installed = False
+_map_ended = False
+#: seconds a cell end waits for reports already at the scheduler (only after a map)
+SYNC_TIMEOUT = 1.0
+
+
+def flush_charts(sync: bool = False) -> int:
+    """Push every open chart's pending update now, on the calling thread.
+
+    Parameters
+    ----------
+    sync : bool
+        First wait (at most :data:`SYNC_TIMEOUT` s) until the reports the
+        scheduler already has, e.g. from the tasks of a map that just ended,
+        have arrived in this kernel.
+
+    Returns
+    -------
+    int
+        How many charts were updated.
+    """
+    followers = [f for f in list(_live) if f.alive()]
+    if not followers:
+        return 0
+    if sync:
+        events.sync(SYNC_TIMEOUT)
+    return sum(1 for f in followers if f.push())
+
+
+class _MapEnd:
+    """Map-engine observer: push the charts when a map ends; the cell end then waits for stragglers."""
+
+    def job_finished(self, job: Any) -> None:
+        global _map_ended
+        _map_ended = True
+        flush_charts()
+
+
+def _map_observer(job: Any, progress: Any = None) -> _MapEnd | None:
+    return _MapEnd() if len(_live) else None
+
+
+def _after_cell(result: Any = None) -> None:
+    global _map_ended
+    sync, _map_ended = _map_ended, False
+    try:
+        flush_charts(sync=sync)
+    except Exception:  # a chart must never turn a finished cell into a failed one
+        import logging
+
+        logging.getLogger(__name__).debug("chart flush at the end of the cell failed", exc_info=True)
+
+
+def _install_flush_hooks() -> None:
+    """Flush the charts when a map ends and when an IPython cell ends (once per process)."""
+    global _hooks_installed
+    with _hooks_lock:
+        if _hooks_installed:
+            return
+        _hooks_installed = True
+    try:
+        from .. import mapping
+
+        mapping.add_observer_factory(_map_observer)
+    except (ImportError, AttributeError):
+        pass
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.events.register("post_run_cell", _after_cell)
 
 
 _widget_class: Any = None
