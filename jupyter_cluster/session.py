@@ -53,12 +53,26 @@ class ClusterHandle:
         self.cluster = started.cluster
         self.client = client
         self.closed = False
+        #: the registry record of the cluster when attached by name (None otherwise)
+        self.attached_record: registry.ClusterRecord | None = None
+        self._cleanup = list(started.cleanup)
 
     # -- state -----------------------------------------------------------
     @property
     def owns_cluster(self) -> bool:
         """Whether :meth:`close` shuts the cluster down (False when only attached)."""
         return self.cluster is not None
+
+    @property
+    def attachment(self) -> str:
+        """How this process holds the cluster: started here, attached by name (whose) or by address."""
+        if self.cluster is not None:
+            return "started here"
+        rec = self.attached_record
+        if rec is None:
+            return "attached by address"
+        owner = {"panel": "the JupyterLab cluster panel", "kernel": "another kernel"}.get(rec.owner_kind, "another process")
+        return f"attached by name (started by {owner}, pid {rec.owner_pid})"
 
     def _check_open(self) -> None:
         if self.closed:
@@ -89,7 +103,7 @@ class ClusterHandle:
                     "memory": metrics.get("memory", 0),
                     "memory_limit": w.get("memory_limit", 0),
                     "cpu": metrics.get("cpu", 0.0),
-                    "executing": metrics.get("executing", 0),
+                    "executing": running_tasks(metrics),
                     "resources": w.get("resources", {}),
                 }
             )
@@ -118,9 +132,7 @@ class ClusterHandle:
         if n < 0:
             raise ClusterError("the number of workers must be 0 or more.")
         if self.cluster is None:
-            raise ClusterError(
-                f"cluster {self.name!r} was attached by address, so it cannot be scaled from here; scale it where it was started."
-            )
+            raise ClusterError(f"cluster {self.name!r} was {self.attachment}, so it cannot be scaled from here; scale it where it was started.")
         self.cluster.scale(n)
 
     def adapt(self, minimum: int = 0, maximum: int | None = None) -> None:
@@ -128,7 +140,7 @@ class ClusterHandle:
         self._check_open()
         if self.cluster is None:
             raise ClusterError(
-                f"cluster {self.name!r} was attached by address, so it cannot adapt from here; configure adaptivity where it was started."
+                f"cluster {self.name!r} was {self.attachment}, so it cannot adapt from here; configure adaptivity where it was started."
             )
         if minimum < 0 or (maximum is not None and maximum < minimum):
             raise ClusterError("adapt needs 0 <= --minimum <= --maximum.")
@@ -158,7 +170,8 @@ class ClusterHandle:
             _handles.pop(self.name, None)
             if _current == self.name:
                 _current = next(reversed(_handles), None) if _handles else None
-        registry.remove(self.name)
+        if self.attached_record is None:  # an attached-by-name cluster's record is its owner's
+            registry.remove(self.name)
         try:
             self.client.close(timeout=5)
         except Exception:  # the scheduler may already be gone; closing must still finish
@@ -167,6 +180,11 @@ class ClusterHandle:
             try:
                 self.cluster.close(timeout=10)
             except Exception:
+                pass
+        for fn in self._cleanup:
+            try:
+                fn()
+            except Exception:  # a credential file already gone, say
                 pass
 
     # -- display -------------------------------------------------------------
@@ -190,6 +208,18 @@ class ClusterHandle:
         except Exception as exc:  # a vanished scheduler must not break display
             return f"<p>Cluster <b>{html.escape(self.name)}</b> at {html.escape(self.address)}: unreachable ({html.escape(str(exc))})</p>"
         return render_html(m)
+
+
+def running_tasks(metrics: dict[str, Any]) -> int:
+    """Tasks running on a worker, from its heartbeat ``metrics`` as the installed distributed reports them.
+
+    distributed 2026.8 counts tasks per state under ``task_counts`` (running ones are
+    ``executing`` and ``long-running``); older versions report ``executing`` directly.
+    """
+    counts = metrics.get("task_counts")
+    if isinstance(counts, dict):
+        return int(counts.get("executing", 0) or 0) + int(counts.get("long-running", 0) or 0)
+    return int(metrics.get("executing", 0) or 0)
 
 
 def _fmt_bytes(n: float) -> str:
@@ -328,7 +358,8 @@ def _adopt(handle: ClusterHandle, attached: bool) -> ClusterHandle:
     with _lock:
         _handles[handle.name] = handle
         _current = handle.name
-    _register(handle, attached)
+    if handle.attached_record is None:  # attached by name: the cluster is in the registry already
+        _register(handle, attached)
     if not attached:  # the owner answers scale/stop requests from the panel and other kernels
         from .server.control import listen
 
@@ -338,6 +369,20 @@ def _adopt(handle: ClusterHandle, attached: bool) -> ClusterHandle:
 
         warn_on_mismatch(handle.client, handle.name)
     return handle
+
+
+def _discard(started: StartedCluster) -> None:
+    """Stop a cluster that never became a handle, and delete what it left on disk."""
+    if started.cluster is not None:
+        try:
+            started.cluster.close()
+        except Exception:  # it failed to start properly; closing must still finish
+            pass
+    for fn in started.cleanup:
+        try:
+            fn()
+        except Exception:
+            pass
 
 
 def start(name: str | None = None, backend: str | None = None, wait: bool = True, **options: Any) -> ClusterHandle:
@@ -391,8 +436,7 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
     try:
         client = _connect_client(started, name)
     except BaseException:
-        if started.cluster is not None:
-            started.cluster.close()
+        _discard(started)
         raise
     handle = ClusterHandle(name, backend, started, client)
     for plugin in started.worker_plugins:
@@ -403,7 +447,7 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
         except BaseException:
             handle.closed = True
             client.close()
-            started.cluster.close()
+            _discard(started)
             raise
     return _adopt(handle, attached=False)
 
@@ -423,8 +467,11 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
         global _current
         _current = target
         return _handles[target]
+    record = None
     if "://" in target or (":" in target and target.rsplit(":", 1)[-1].isdigit()):
         address, name = target, None
+        if security is None and address.startswith("tls://"):  # one of this user's TLS clusters?
+            security = _security_for_address(address)
     else:
         record = registry.read(target)
         if record is None:
@@ -435,12 +482,26 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
             from .backends.local import saved_security
 
             security = saved_security(record.name)
-        name = _unique_name(f"{record.name}-attached") if name in _taken_names() else name
     started = get_backend("address").start(address=address, security=security)
+    if record is not None:  # the cluster's own name and dashboard, as the registry has them
+        started.dashboard_link = started.dashboard_link or record.dashboard_link
     name = name or _unique_name("remote")
     client = _connect_client(started, name)
     handle = ClusterHandle(name, "address", started, client)
+    handle.attached_record = record
     return _adopt(handle, attached=True)
+
+
+def _security_for_address(address: str) -> Any:
+    """The saved credentials of the registered cluster listening at ``address``, or None."""
+    from .backends.local import saved_security
+
+    for record in registry.live_records():
+        if record.address == address and not record.attached:
+            security = saved_security(record.name)
+            if security is not None:
+                return security
+    return None
 
 
 def current(start_default: bool = False, announce: Callable[[str], None] | None = None) -> ClusterHandle | None:

@@ -227,7 +227,7 @@ def test_late_subscriber_gets_the_schedulers_backlog_and_an_exact_dropped_count(
 def test_reports_made_in_the_notebook_reach_other_subscribers(cluster):
     from distributed import Client
 
-    with Client(cluster.address, set_as_default=False) as other:
+    with Client(cluster.address, security=cluster.security, set_as_default=False) as other:
         stores: dict = {}
         hub = events.Hub(other, stores=stores)
         hub.attach()

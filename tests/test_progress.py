@@ -27,7 +27,7 @@ def jobs(cluster):
     from distributed import Client
 
     got: list[dict] = []
-    with Client(cluster.address, set_as_default=False) as other:
+    with Client(cluster.address, security=cluster.security, set_as_default=False) as other:
         other.subscribe_topic(events.JOBS_TOPIC, lambda ev: got.append(ev[1]))
         # the subscription is effective once a message of our own comes back
         wait_for(lambda: (other.log_event(events.JOBS_TOPIC, {"job": "probe"}) or any(m.get("job") == "probe" for m in got)), timeout=10, message="jobs subscription")

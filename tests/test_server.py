@@ -226,7 +226,7 @@ def panel_cluster(server):
 
 def test_panel_cluster_is_listed_with_its_owner(api, panel_cluster):
     assert panel_cluster["name"] == "panel-t" and panel_cluster["owner_kind"] == "panel"
-    assert panel_cluster["backend"] == "local" and panel_cluster["address"].startswith("tcp://127.0.0.1:")
+    assert panel_cluster["backend"] == "local" and panel_cluster["address"].startswith("tls://127.0.0.1:")
     row = next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "panel-t")
     assert row["dashboard_link"] and row["status"] == "running"
     detail = api.ok("GET", "clusters/panel-t")
@@ -254,7 +254,9 @@ def _client(name: str):
 
     from jupyter_cluster import registry
 
-    return Client(registry.read(name).address, timeout=10, set_as_default=False)
+    from jupyter_cluster.backends.local import saved_security
+
+    return Client(registry.read(name).address, timeout=10, set_as_default=False, security=saved_security(name))
 
 
 def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_cluster):

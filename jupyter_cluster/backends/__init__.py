@@ -41,6 +41,9 @@ class StartedCluster:
     worker_plugins : list
         ``distributed.WorkerPlugin`` instances to register once connected
         (they then also reach workers added later).
+    cleanup : list
+        Callables run after the cluster is stopped (e.g. deleting its
+        credential files).
     """
 
     address: str
@@ -48,6 +51,7 @@ class StartedCluster:
     cluster: Any = None
     security: Any = None
     worker_plugins: list = field(default_factory=list)
+    cleanup: list = field(default_factory=list)
 
 
 class Backend:

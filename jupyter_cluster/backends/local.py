@@ -24,7 +24,9 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
+import uuid
 import weakref
 from typing import Any
 
@@ -42,6 +44,18 @@ def _default_workers() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+WORKERS_PER_CORE = 16
+WORKER_MEMORY = 150 * 2**20  # what an idle worker process takes, roughly
+
+
+def max_local_workers() -> int:
+    """The most worker processes a local cluster may start on this machine."""
+    import psutil
+
+    by_memory = psutil.virtual_memory().total // WORKER_MEMORY
+    return int(max(1, min(WORKERS_PER_CORE * _default_workers(), by_memory)))
 
 
 # -- GPUs ----------------------------------------------------------------------
@@ -156,13 +170,80 @@ def _credentials_path(name: str) -> str:
     return os.path.join(registry.registry_dir(), f"{name}.tls")
 
 
+def _pem_path(name: str) -> str:
+    from .. import registry
+
+    return os.path.join(registry.registry_dir(), f"{name}.pem")
+
+
+def _write_private(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` readable by this user only (0600 from creation on)."""
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")  # mkstemp creates it 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def new_security(name: str):
+    """Fresh TLS credentials for the cluster ``name``: a self-signed EC P-256 certificate.
+
+    The key and certificate go to ``<registry dir>/<name>.pem`` (mode 0600, in
+    a 0700 folder) and every role (scheduler, workers, clients) uses them, so
+    only processes of this user can join or connect: Dask's TLS is mutual, a
+    peer without a certificate signed by this one is refused during the
+    handshake.  An EC key takes well under a millisecond to make, where
+    ``Security.temporary()``'s 2048-bit RSA key takes ~50-100 ms; the
+    ``Security`` holds file paths, so Dask reads the files rather than writing
+    in-memory keys to temporary files for every SSL context it builds.
+    """
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    from distributed.security import Security
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"jupyter-cluster {name}")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("dask-internal")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode() + cert.public_bytes(serialization.Encoding.PEM).decode()
+    path = _pem_path(name)
+    _write_private(path, pem)
+    fields: dict[str, Any] = {"require_encryption": True, "tls_ca_file": path}
+    for role in ("client", "scheduler", "worker"):
+        fields[f"tls_{role}_cert"] = path
+        fields[f"tls_{role}_key"] = path
+    security = Security(**fields)
+    save_security(name, security)
+    return security
+
+
 def save_security(name: str, security: Any) -> str:
-    """Write ``security``'s in-memory credentials where :func:`saved_security` finds them (0600)."""
+    """Write ``security``'s settings where :func:`saved_security` finds them (0600)."""
     path = _credentials_path(name)
-    fields = {k: getattr(security, k) for k in security.__slots__ if k != "extra_conn_args"}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(fields, f)
+    fields = {k: getattr(security, k) for k in security.__slots__ if k not in ("extra_conn_args", "tls_min_version", "tls_max_version")}
+    _write_private(path, json.dumps(fields))
     return path
 
 
@@ -170,7 +251,7 @@ def saved_security(name: str):
     """Credentials of the TLS cluster called ``name`` started on this machine, or None.
 
     For attaching from another process of the same user (a second kernel, the
-    Jupyter server): the file is readable only by that user.
+    Jupyter server): the files are readable only by that user.
     """
     from distributed.security import Security
 
@@ -179,14 +260,19 @@ def saved_security(name: str):
             fields = json.load(f)
     except (OSError, ValueError):
         return None
-    return Security(**fields)
-
-
-def _forget_security(path: str) -> None:
+    if not isinstance(fields, dict):
+        return None
     try:
-        os.remove(path)
-    except OSError:
-        pass
+        return Security(**fields)
+    except (TypeError, ValueError):
+        return None
+
+
+def forget_security(name: str) -> None:
+    """Delete the credential files of the cluster ``name`` (no error if there are none)."""
+    for path in (_credentials_path(name), _pem_path(name)):
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 # -- backend -----------------------------------------------------------------------
@@ -331,6 +417,14 @@ class LocalBackend(Backend):
         tls = wants_tls(config.get("local.tls") if tls is None else tls, host)
         if workers < 0 or threads < 1:
             raise ClusterError("--workers must be 0 or more and --threads 1 or more.")
+        limit = max_local_workers()
+        if workers > limit:
+            raise ClusterError(
+                f"--workers {workers} is more worker processes than this machine can run (at most {limit}: "
+                f"{WORKERS_PER_CORE} per core and {WORKER_MEMORY // 2**20} MiB of memory each); ask for fewer, or use a multi-machine backend."
+            )
+        if port is not None and not (isinstance(port, int) and 0 <= port <= 65535):
+            raise ClusterError(f"--port must be a TCP port from 0 to 65535 (0 or none picks a free one), not {port}.")
         kwargs: dict[str, Any] = dict(
             n_workers=workers,
             threads_per_worker=threads,
@@ -342,12 +436,12 @@ class LocalBackend(Backend):
             name=name,
         )
         security = None
+        cred_name = name or f"unnamed-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         if tls:
-            from distributed.security import Security
-
-            security = Security.temporary()
+            security = new_security(cred_name)
             kwargs["security"] = security
             kwargs["protocol"] = "tls://"
+        cluster = None
         try:
             with sigint_blocked_for_children():
                 if devices is None:
@@ -364,15 +458,20 @@ class LocalBackend(Backend):
             raise ClusterError(f"the local cluster could not start: {cause or exc}.") from exc
         except ValueError as exc:
             raise ClusterError(f"the local cluster could not start: {exc}.") from None
-        if security is not None and name:
-            path = save_security(name, security)
-            weakref.finalize(cluster, _forget_security, path)
+        finally:
+            if security is not None and cluster is None:
+                forget_security(cred_name)
+        cleanup = []
+        if security is not None:
+            cleanup.append(lambda: forget_security(cred_name))
+            weakref.finalize(cluster, forget_security, cred_name)  # a cluster dropped without stop
         return StartedCluster(
             address=cluster.scheduler_address,
             dashboard_link=cluster.dashboard_link,
             cluster=cluster,
             security=security,
             worker_plugins=[IgnoreSigint()] if kwargs["processes"] else [],
+            cleanup=cleanup,
         )
 
     @staticmethod

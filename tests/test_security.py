@@ -1,0 +1,140 @@
+"""Other users of the machine cannot use our clusters (issue 18.2, 18.6, 18.13).
+
+A default local cluster uses TLS with credentials only this user can read, so a
+second OS user - here the real ``nobody`` account, reached with ``setpriv`` as
+root - is refused, while everything of ours keeps working (see test_tls.py for
+the front ends).  A ``--no-tls`` cluster is the control: there ``nobody`` does
+get in, which shows the probe can tell the difference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+
+import jupyter_cluster as jc
+from jupyter_cluster import registry
+from jupyter_cluster.backends import local
+
+PROBE = r"""
+import json, os, sys
+out = {}
+address, pem = sys.argv[1], sys.argv[2]
+from distributed import Client
+from distributed.security import Security
+
+def attempt(label, target, **kw):
+    try:
+        c = Client(target, timeout=5, set_as_default=False, **kw)
+        out[label] = c.run(os.getuid)
+        c.close()
+    except Exception as exc:
+        out[label] = "refused: " + type(exc).__name__
+
+attempt("plain", address)
+attempt("tcp", address.replace("tls://", "tcp://"))
+if address.startswith("tls://"):
+    attempt("own-cert", address, security=Security.temporary())
+try:
+    with open(pem) as f:
+        f.read()
+    out["read"] = "read"
+except OSError as exc:
+    out["read"] = type(exc).__name__
+print("PROBE " + json.dumps(out))
+"""
+
+
+def _as_nobody(*args: str) -> dict:
+    """Run PROBE as the OS user ``nobody``; skip where that is impossible."""
+    if os.name != "posix" or os.geteuid() != 0:
+        pytest.skip("needs root to run a probe as a second OS user (nobody); run the suite as root, e.g. in CI")
+    tool = shutil.which("setpriv")
+    if tool is None:
+        pytest.skip("needs setpriv (util-linux) to run a probe as the OS user nobody")
+    try:
+        import pwd
+
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("this machine has no 'nobody' user to act as a second OS user")
+    cmd = [tool, f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups", sys.executable, "-c", PROBE, *args]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd="/")
+    lines = [line for line in out.stdout.splitlines() if line.startswith("PROBE ")]
+    if not lines and "Permission denied" in out.stderr:
+        pytest.skip(f"the user nobody cannot run {sys.executable} here: {out.stderr.strip()[-200:]}")
+    assert lines, out.stdout + out.stderr[-3000:]
+    return json.loads(lines[-1][len("PROBE ") :])
+
+
+def test_default_local_cluster_uses_tls_with_private_credentials():
+    handle = jc.start(workers=1, threads=1, name="sec-default")
+    try:
+        assert handle.address.startswith("tls://127.0.0.1:")
+        folder = registry.registry_dir()
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+        for path in (local._pem_path(handle.name), local._credentials_path(handle.name)):
+            st = os.stat(path)
+            assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid(), path
+        assert handle.client.submit(pow, 2, 5).result() == 32
+    finally:
+        handle.close()
+    # 18.13: the key is gone as soon as the cluster is stopped, not when the process exits.
+    assert not os.path.exists(local._pem_path("sec-default"))
+    assert not os.path.exists(local._credentials_path("sec-default"))
+
+
+def test_another_os_user_is_refused_by_a_default_cluster():
+    handle = jc.start(workers=1, threads=1, name="sec-other-user")
+    try:
+        probe = _as_nobody(handle.address, local._pem_path(handle.name))
+        assert all(str(probe[k]).startswith("refused") for k in ("plain", "tcp", "own-cert")), probe
+        assert probe["read"] == "PermissionError", probe
+        assert handle.client.submit(sum, [1, 2]).result() == 3  # and we are not disturbed
+    finally:
+        handle.close()
+
+
+def test_no_tls_opt_out_is_plain_tcp_and_open_to_other_users():
+    """The control case: with --no-tls the same probe gets in (so the probe can fail)."""
+    handle = jc.start(workers=1, threads=1, name="sec-opt-out", tls=False)
+    try:
+        assert handle.address.startswith("tcp://")
+        assert not os.path.exists(local._pem_path(handle.name))
+        probe = _as_nobody(handle.address, "/nonexistent")
+        assert list(probe["plain"].values()) == [os.getuid()], probe
+    finally:
+        handle.close()
+
+
+def test_opt_out_through_config_and_magic(ip):
+    import dask.config
+
+    with dask.config.set({"jupyter-cluster.local.tls": False}):
+        handle = jc.start(workers=0, name="sec-config-off", wait=False)
+    try:
+        assert handle.address.startswith("tcp://")
+    finally:
+        handle.close()
+    ip.run_line_magic("cluster", "start --workers 1 --name sec-magic-off --no-tls")
+    try:
+        assert jc.current().address.startswith("tcp://")
+    finally:
+        ip.run_line_magic("cluster", "stop")
+
+
+def test_key_generation_is_fast():
+    import time
+
+    t0 = time.perf_counter()
+    for i in range(20):
+        local.new_security(f"keygen-{i}")
+        local.forget_security(f"keygen-{i}")
+    assert (time.perf_counter() - t0) / 20 < 0.05  # RSA-2048 (Security.temporary) takes ~0.05-0.1 s each
