@@ -4,16 +4,23 @@ Two shapes of work, each timed on both clusters from one run:
 
 * many tiny items (per-message overhead: handshakes are once per connection,
   so this is mostly encryption of small frames and extra syscalls);
-* fewer items carrying 1 MiB each way (bulk encryption throughput).
+* fewer items carrying 1 MiB each way (bulk encryption throughput);
+* new connections (what a handshake costs, the part that depends on our
+  credentials): plain TCP, our EC P-256 credentials (the default since TLS
+  became the default), and Dask's ``Security.temporary()`` (RSA-2048), plus
+  the time to make each kind of credentials.
 
-Prints seconds per configuration and the TLS/TCP ratio.  Usage::
+Prints seconds per configuration and the TLS/TCP ratio, with the load average
+(the numbers mean little on a busy machine).  Usage::
 
-    python benchmarks/tls_overhead.py [--workers 2] [--repeats 3]
+    python benchmarks/tls_overhead.py [--workers 2] [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import statistics
 import time
 
@@ -35,10 +42,52 @@ def _run(client, fn, items) -> float:
     return time.perf_counter() - t0
 
 
+async def _handshakes(address: str, security, n: int) -> float:
+    from distributed.comm import connect
+
+    args = security.get_connection_args("client") if security is not None else {}
+    t0 = time.perf_counter()
+    for _ in range(n):
+        comm = await connect(address, **args)
+        await comm.write({"op": "identity"})
+        await comm.read()
+        await comm.close()
+    return (time.perf_counter() - t0) / n
+
+
+def _handshake_rows(n: int) -> list[tuple[str, float, float]]:
+    """(label, seconds to make the credentials, seconds per connect+identity)."""
+    from distributed import Scheduler
+    from distributed.security import Security
+
+    from jupyter_cluster.backends import local
+
+    rows = []
+
+    async def one(label, make):
+        t0 = time.perf_counter()
+        security = make()
+        made = time.perf_counter() - t0
+        kwargs = {"security": security, "protocol": "tls"} if security is not None else {"protocol": "tcp"}
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0", **kwargs) as s:
+            await _handshakes(s.address, security, 5)  # warm-up
+            rows.append((label, made, await _handshakes(s.address, security, n)))
+
+    async def all_rows():
+        await one("plain TCP", lambda: None)
+        await one("TLS, EC P-256 (ours)", lambda: local.new_security("bench-handshake"))
+        await one("TLS, RSA-2048 (Security.temporary)", Security.temporary)
+        local.forget_security("bench-handshake")
+
+    asyncio.run(all_rows())
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--connects", type=int, default=50, help="new connections timed per kind")
     parser.add_argument("--tiny", type=int, default=2000, help="number of tiny items")
     parser.add_argument("--bulk", type=int, default=64, help="number of 1 MiB items")
     args = parser.parse_args()
@@ -65,11 +114,17 @@ def main() -> None:
             handle.close()
     results = {name: {label: (min(t), statistics.median(t)) for label, t in by.items()} for name, by in times.items()}
 
-    print(f"TLS overhead, {args.workers} local workers, best (median) of {args.repeats}")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"TLS overhead, {args.workers} local workers, best (median) of {args.repeats}; load average {load}, {os.cpu_count()} cores")
     print(f"{'workload':<24} {'tcp s':>14} {'tls s':>14} {'tls/tcp':>8}")
     for name, by in results.items():
         (tcp_best, tcp_med), (tls_best, tls_med) = by["tcp"], by["tls"]
         print(f"{name:<24} {tcp_best:>6.3f} ({tcp_med:.3f}) {tls_best:>6.3f} ({tls_med:.3f}) {tls_best / tcp_best:>8.2f}")
+    rows = _handshake_rows(args.connects)
+    base = rows[0][2]
+    print(f"\n{'connection':<36} {'make creds ms':>13} {'connect ms':>10} {'vs tcp':>7}")
+    for label, made, per in rows:
+        print(f"{label:<36} {made * 1e3:>13.1f} {per * 1e3:>10.2f} {per / base:>7.2f}")
 
 
 if __name__ == "__main__":
