@@ -86,6 +86,31 @@ def identity_fields() -> frozenset[str]:
 
 _identity_cache: tuple[float, frozenset[str]] | None = None
 
+#: the integers msgpack (Dask's wire format) can carry; a larger one would
+#: break the connection of the worker that sends it (issue 18.3)
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+
+
+def _sendable_number(name: str, v: float | int, what: str = "is") -> float | int:
+    """``v`` as msgpack carries it: ints beyond 64 bits become floats (or TypeError if too large)."""
+    if type(v) is int and not INT_MIN <= v <= INT_MAX:
+        try:
+            return float(v)
+        except OverflowError:
+            raise TypeError(
+                f"report(): value {name!r} {what} an integer too large to send ({len(str(abs(v)))} digits); report it as a float or a string field."
+            ) from None
+    return v
+
+
+def _text_ok(s: str) -> bool:
+    """Whether ``s`` can be sent as UTF-8 (no lone surrogates)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
 
 # -- validation -----------------------------------------------------------------
 def _scalar(v: Any) -> float | int | None:
@@ -129,7 +154,7 @@ def _vector(name: str, v: Any) -> list[float] | None:
             raise TypeError(
                 f"report(): value {name!r} contains {type(x).__name__} {x!r:.40}; sequences must hold only numbers (flat, not nested)."
             )
-        out.append(float(s))
+        out.append(float(_sendable_number(name, s, "contains")))
     return out
 
 
@@ -141,7 +166,7 @@ def validate(step: Any, topic: Any, series: Any, fields: dict[str, Any]) -> tupl
     TypeError
         With one sentence naming the bad argument and what is accepted.
     """
-    if not isinstance(topic, str) or not topic or len(topic) > 200 or any(ord(c) < 32 for c in topic):
+    if not isinstance(topic, str) or not topic or len(topic) > 200 or any(ord(c) < 32 for c in topic) or not _text_ok(topic):
         raise TypeError(f"report(): topic must be a non-empty string of printable characters (at most 200), not {topic!r:.60}.")
     if step is not None and type(step) is not int:
         s = None if isinstance(step, bool) else _scalar(step)
@@ -152,31 +177,42 @@ def validate(step: Any, topic: Any, series: Any, fields: dict[str, Any]) -> tupl
                 raise TypeError(f"report(): step must be an integer or None, not {step!r}.")
             s = int(s)
         step = s
+    if step is not None and not INT_MIN <= step <= INT_MAX:
+        raise TypeError(f"report(): step must be an integer from {INT_MIN} to {INT_MAX}, not {step}.")
     ident: dict[str, Any] = {}
     if series is not None:
         if not isinstance(series, dict):
             raise TypeError(f"report(): series= must be a dict of identity fields such as {{'member': 3}}, not {type(series).__name__}.")
         for k, v in series.items():
-            if not isinstance(k, str):
-                raise TypeError(f"report(): series field names must be strings, not {k!r}.")
-            if isinstance(v, str) or (_scalar(v) is not None and not isinstance(_scalar(v), float)):
-                ident[k] = v if isinstance(v, str) else _scalar(v)
+            if not isinstance(k, str) or not _text_ok(k):
+                raise TypeError(f"report(): series field names must be strings of valid text, not {k!r}.")
+            s = None if isinstance(v, str) else _scalar(v)
+            if (isinstance(v, str) and _text_ok(v)) or (s is not None and not isinstance(s, float) and INT_MIN <= s <= INT_MAX):
+                ident[k] = v if isinstance(v, str) else s
             else:
-                raise TypeError(f"report(): series field {k!r} must be a string or an integer, not {type(v).__name__}.")
+                raise TypeError(
+                    f"report(): series field {k!r} must be a string or an integer of at most 64 bits, not {type(v).__name__} {v!r:.40}."
+                )
     names = identity_fields()
     values: dict[str, Any] = {}
     for k, v in fields.items():
+        if not _text_ok(k):
+            raise TypeError(f"report(): field name {k!r} is not valid text (it holds a lone surrogate); use another name.")
         if isinstance(v, str):
             if len(v) > 200:
                 raise TypeError(f"report(): identity field {k!r} is a string of {len(v)} characters; at most 200 are allowed.")
+            if not _text_ok(v):
+                raise TypeError(f"report(): identity field {k!r} is not valid text (it holds a lone surrogate): {v!r:.40}.")
             ident[k] = v
             continue
         s = _scalar(v)
         if s is not None:
             if k in names and type(s) is int:
+                if not INT_MIN <= s <= INT_MAX:
+                    raise TypeError(f"report(): identity field {k!r} must be an integer of at most 64 bits, not {s}.")
                 ident[k] = s
             else:
-                values[k] = s
+                values[k] = _sendable_number(k, s)
             continue
         vec = _vector(k, v)
         if vec is None:

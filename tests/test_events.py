@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 
@@ -238,3 +239,53 @@ def test_reports_made_in_the_notebook_reach_other_subscribers(cluster):
         row = stores[topic].rows()[0]
         assert (row["step"], row["member"], row["acc"]) == (1, 5, 0.5)
         hub.detach()
+
+
+# -- values msgpack cannot carry (issue 18.3) -----------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"loss": 1.0, "step": 2**64}, "step must be an integer from"),
+        ({"loss": 1.0, "step": -(2**63) - 1}, "step must be an integer from"),
+        ({"loss": 1.0, "member": 2**70}, "identity field 'member'"),
+        ({"loss": 1.0, "series": {"member": 2**64}}, "series field 'member'"),
+        ({"loss": 10**400}, "value 'loss' is an integer too large"),
+        ({"loss": [1, 10**400]}, "value 'loss' contains an integer too large"),
+        ({"loss": 1.0, "run": "bad \ud800"}, "identity field 'run' is not valid text"),
+        ({"\ud800": 1.0}, "is not valid text"),
+        ({"loss": 1.0, "topic": "t\ud800"}, "topic must be"),
+    ],
+)
+def test_report_rejects_what_msgpack_cannot_send(kwargs, fragment):
+    with pytest.raises(TypeError, match=fragment):
+        events.report(**kwargs)
+
+
+def test_report_converts_huge_integer_values_to_floats():
+    step, ident, values = events.validate(3, "t", None, {"big": 2**100, "neg": -(2**70), "vec": [2**65, 1], "ok": 2**63})
+    assert values == {"big": float(2**100), "neg": float(-(2**70)), "vec": [float(2**65), 1.0], "ok": 2**63}
+    assert type(values["big"]) is float and type(values["neg"]) is float and type(values["ok"]) is int
+
+
+def _report_huge(x, topic):
+    from jupyter_cluster import report
+
+    report(topic=topic, v=2**100 if x == 5 else 1)
+    return x
+
+
+def test_a_huge_integer_reported_by_a_task_never_breaks_a_worker(cluster):
+    """The issue's case: report(v=2**100) on one item hung the map and dropped every worker."""
+    import jupyter_cluster as jc
+
+    client = cluster.client
+    events.attach(client)
+    topic = _topic("huge")
+    n_workers = len(client.scheduler_info()["workers"])
+    work = functools.partial(_report_huge, topic=topic)
+    assert jc.map(work, range(10), client=client, progress=False) == list(range(10))
+    assert len(client.scheduler_info()["workers"]) == n_workers
+    st = events.store(topic)
+    wait_for(lambda: st.received == 10, timeout=20, message="all ten reports")
+    assert max(r["v"] for r in st.rows()) == float(2**100) and st.dropped == 0
+    assert jc.map(abs, [-1, -2], client=client, progress=False) == [1, 2]
