@@ -22,6 +22,7 @@ from .dqueue import Queue
 from .actors import actor
 from .events import metrics, report
 from .widgets import launcher, show_metrics
+from .spmd import spmd  # noqa: E402  (the function; import the module's other names with `from jupyter_cluster.spmd import ...`)
 
 __version__ = "0.1.0"
 
@@ -38,6 +39,7 @@ __all__ = [
     "metrics",
     "report",
     "show_metrics",
+    "spmd",
     "ClusterError",
     "ClusterHandle",
     "SerializationError",

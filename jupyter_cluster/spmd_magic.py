@@ -1,0 +1,214 @@
+"""``%%spmd``: run a cell once on each of N workers, as the ranks of a torch.distributed group.
+
+::
+
+    %%spmd --workers 2
+    import torch, torch.distributed as dist
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)                 # rank, world_size are bound; the group is ready
+    print(t.item())                    # shown as [rank 0] 3.0
+
+The magic only translates: it parses the options, finds the cell's free names
+(:mod:`~jupyter_cluster.capture`), wraps the body in a
+:class:`~jupyter_cluster.cellfunc.CellFunction` and calls
+:func:`jupyter_cluster.spmd.run`.  ``%spmd`` (line) shows the group;
+``%spmd reset`` tears it down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+from . import capture, session
+from .spmd import BACKENDS, OutputPrinter, group as spmd_group, prepare, reset, run
+from .cellfunc import CellFunction
+from .errors import CellError, ClusterError, SerializationError
+from .magics import MagicArgumentParser
+
+DEFAULT_OUT = "_spmd"
+JOB_NAME = "_spmd_job"
+
+SPMD_USAGE = """\
+%%spmd [options]        run the cell once on each of N workers, as ranks of a torch.distributed group
+%spmd                   show the group (ranks, workers, backend)
+%spmd reset             tear the group down: process groups destroyed, per-rank state dropped
+
+  --workers N           number of ranks (default: every worker)
+  --backend B           gloo, nccl or auto (default: auto = nccl when every rank has a GPU, else gloo)
+  --timeout S           a collective waiting longer than S seconds for its peers fails (default: 300)
+  --out NAME            {rank: value of the cell's last expression} (default: _spmd)
+  --show WHO            whose prints appear, labelled [rank r]: 0 (default), all, or ranks like 0,2
+  --no-progress         no progress display
+
+In the cell, `rank` and `world_size` are bound and RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT are set.  Names the cell assigns stay on each rank for the next %%spmd cells (while the
+group's workers live).  The run's record (values, outputs, errors, timings) is stored as _spmd_job.
+"""
+
+
+class _ArgumentParser(MagicArgumentParser):
+    magic = "%%spmd"
+    usage_text = SPMD_USAGE
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _ArgumentParser(prog="%%spmd", add_help=False)
+    p.add_argument("--workers", type=int)
+    p.add_argument("--backend", default="auto", choices=BACKENDS)
+    p.add_argument("--timeout", type=float)
+    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--show", default="0")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def parse_show(text: str):
+    """``0`` / ``all`` / ``0,2`` / ``none`` -> what :class:`OutputPrinter` takes."""
+    text = text.strip().lower()
+    if text == "all":
+        return "all"
+    if text == "none":
+        return None
+    try:
+        ranks = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        ranks = []
+    if not ranks or min(ranks) < 0:
+        raise UsageError(f"%%spmd: --show takes a rank, ranks like 0,2, all or none, not {text!r}.")
+    return ranks
+
+
+def _remote_renderer(shell, exc: BaseException, frames: dict, note: str):
+    """A ``_render_traceback_`` showing the failed rank's frames with the cell's own lines."""
+
+    def render():
+        from tblib import Traceback
+
+        tb = Traceback.from_dict(frames).as_traceback()
+        notes = getattr(exc, "__notes__", None)
+        try:
+            exc.__notes__ = [note]
+            return shell.InteractiveTB.structured_traceback(type(exc), exc, tb)
+        finally:
+            if notes is None:
+                del exc.__notes__
+            else:
+                exc.__notes__ = notes
+
+    return render
+
+
+@magics_class
+class SpmdMagics(Magics):
+    """The ``%%spmd`` cell magic and the ``%spmd`` line magic."""
+
+    @line_cell_magic
+    def spmd(self, line: str = "", cell: str | None = None):
+        try:
+            if cell is None:
+                return self._line(line)
+            return self._cell(line, cell)
+        except (ClusterError, CellError, SerializationError) as exc:
+            raise UsageError(str(exc)) from None
+
+    spmd.__doc__ = "Run a cell on every worker as the ranks of a torch.distributed group.\n\n" + SPMD_USAGE
+
+    def _line(self, line: str):
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"%spmd: {exc}.") from None
+        cmd = words[0] if words else "status"
+        if cmd == "reset" and len(words) == 1:
+            had = reset()
+            print("%spmd: the group was torn down; the next %%spmd cell builds a new one." if had else "%spmd: there is no group to reset.")
+            return None
+        if cmd == "status" and len(words) <= 1:
+            handle = session.current()
+            group = spmd_group(handle) if handle is not None else None
+            if group is None:
+                print("No %%spmd group on the current cluster; the first %%spmd cell builds one.")
+                return None
+            print(f"%%spmd group: {group.world_size} ranks, backend {group.backend}, rendezvous at {group.hosts[0]}")
+            for r, name in enumerate(group.names):
+                print(f"  rank {r}: worker {name} ({group.workers[r]})")
+            return None
+        raise UsageError(f"%spmd takes `reset` or nothing, not {line.strip()!r}.\n\n{SPMD_USAGE}")
+
+    def _cell_filename(self, line: str, cell: str) -> tuple[str, str]:
+        """Register the cell's text under a name IPython shows as ``Cell In[N]``."""
+        text = f"%%spmd {line}\n{cell}"
+        compiler = getattr(self.shell, "compile", None)
+        if compiler is None or not hasattr(compiler, "cache"):
+            return "<cell>", text
+        try:
+            name = compiler.cache(text, self.shell.execution_count, raw_code=text + "\n# %%spmd body\n")
+        except TypeError:  # older IPython without raw_code
+            name = compiler.cache(text, self.shell.execution_count)
+        return name, text
+
+    def _cell(self, line: str, cell: str):
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"%%spmd: {exc} in the options.") from None
+        args = _parser().parse_args(words)
+        if not args.out.isidentifier():
+            raise UsageError(f"%%spmd: --out needs a variable name, not {args.out!r}.")
+        if args.timeout is not None and args.timeout <= 0:
+            raise UsageError("%%spmd: --timeout takes a positive number of seconds.")
+        show = parse_show(args.show)
+        filename, text = self._cell_filename(line, cell)
+        tree = capture.parse_body(cell, filename, first_line=2)
+        analysis = capture.analyse(tree, bound={"rank", "world_size"}, filename=filename)
+        user_ns = self.shell.user_ns
+
+        handle = session.current(start_default=True, announce=print)
+        group = prepare(handle, args.workers, args.backend, notice=print)  # refuses before anything runs
+        captured = capture.capture(analysis.free, user_ns, maybe=analysis.maybe, exclude=group.assigned)
+        func = CellFunction(
+            cell,
+            targets=None,
+            filename=filename,
+            first_line=2,
+            cell_text=text,
+            modules=captured.modules,
+            small=captured.small,
+            persistent=True,
+        )
+        payload = {"kind": "cell", "func": func, "large": captured.large}
+        job = run(
+            payload,
+            handle=handle,
+            workers=args.workers,
+            backend=args.backend,
+            timeout=args.timeout,
+            label=f"%%spmd ({group.world_size} ranks)",
+            on_output=OutputPrinter(show),
+            notice=print,
+            progress=False if args.no_progress else None,
+        )
+        user_ns[JOB_NAME] = job
+        user_ns[args.out] = dict(job.values)
+        if job.failed_rank is None:
+            job.group.assigned |= set(analysis.assigned)
+            return None
+        rank = job.failed_rank
+        exc = job.errors.get(rank)
+        text_tb, frames = job.tracebacks.get(rank, ("", None))
+        worker = job.group.names[rank]
+        note = f"%%spmd: rank {rank} (worker {worker}) failed; the other ranks were released; details in {JOB_NAME}."
+        if exc is None:
+            raise CellError(f"rank {rank} (worker {worker}) failed and its exception cannot be sent back:\n{text_tb}")
+        if frames:
+            exc._render_traceback_ = _remote_renderer(self.shell, exc, frames, note)
+        raise exc
+
+
+def register(ipython) -> None:
+    """Register ``%%spmd`` / ``%spmd`` on ``ipython``."""
+    ipython.register_magics(SpmdMagics)

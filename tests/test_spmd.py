@@ -1,0 +1,324 @@
+"""``%%spmd`` and ``jupyter_cluster.spmd``: real 2-worker clusters, real gloo process groups.
+
+Every test runs real torch.distributed collectives between two Dask worker
+processes.  The failure tests bound the time the notebook waits: a rank that
+raises, a rank whose worker is SIGKILLed in the middle of a collective, and a
+Ctrl-C all end the cell within seconds, and the next ``%%spmd`` cell works.
+"""
+
+from __future__ import annotations
+
+import _thread
+import importlib
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+import jupyter_cluster as jc  # noqa: E402
+from jupyter_cluster import spmd_worker  # noqa: E402
+from jupyter_cluster.errors import ClusterError  # noqa: E402
+
+from .conftest import wait_for  # noqa: E402
+
+spmd_mod = importlib.import_module("jupyter_cluster.spmd")  # jc.spmd is the function
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    handle = jc.start(workers=2, threads=1)
+    handle.wait_for_workers(2, timeout=60)
+    yield handle
+    spmd_mod._groups.pop(handle.address, None)
+    if not handle.closed:
+        handle.close()
+
+
+@pytest.fixture
+def shell(ip, cluster, capsys):
+    """The IPython shell with the module's cluster current; output captured."""
+    from jupyter_cluster import session
+
+    if session.current() is not cluster:
+        session.connect(cluster.name)
+    capsys.readouterr()
+    return ip
+
+
+def run_cell(ip, text: str):
+    result = ip.run_cell(text)
+    return result
+
+
+def _out(capsys) -> str:
+    captured = capsys.readouterr()
+    return ANSI.sub("", captured.out + captured.err)
+
+
+def _statuses(cluster):
+    return cluster.client.run(spmd_worker.status)
+
+
+# -- what runs, and where --------------------------------------------------------------------
+def test_ranks_env_and_collectives(shell, cluster, capsys):
+    shell.user_ns["scale"] = 10.0  # a notebook value the cell reads: shipped as in %%parallel
+    res = run_cell(
+        shell,
+        """%%spmd --out info
+import os
+import torch
+import torch.distributed as dist
+t = torch.tensor([float(rank + 1)]) * scale
+dist.all_reduce(t)
+send = torch.arange(4, dtype=torch.float32) + 100 * rank   # chunk j goes to rank j
+recv = torch.empty(4)
+dist.all_to_all_single(recv, send)
+print(f"rank {rank} of {world_size}: sum {t.item()}")
+(rank, world_size, dist.get_rank(), dist.get_world_size(), t.item(), recv.tolist(),
+ {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")})
+""",
+    )
+    assert res.error_in_exec is None, res.error_in_exec
+    out = _out(capsys)
+    info = shell.user_ns["info"]
+    assert sorted(info) == [0, 1]
+    ports = set()
+    for r, (rank, ws, drank, dws, total, recv, env) in info.items():
+        assert (rank, ws, drank, dws) == (r, 2, r, 2)
+        assert total == 30.0  # (1 + 2) * 10
+        # rank r receives chunk r of every rank's send: [2r, 2r+1] + 100 * source
+        assert recv == [2 * r, 2 * r + 1, 100 + 2 * r, 101 + 2 * r]
+        assert env["RANK"] == str(r) and env["WORLD_SIZE"] == "2"
+        assert env["LOCAL_RANK"] == str(r)  # both workers are on this host
+        assert env["MASTER_ADDR"] == spmd_mod.group(cluster).hosts[0]
+        ports.add(env["MASTER_PORT"])
+    assert len(ports) == 1 and int(ports.pop()) > 0
+    # rank 0's print is shown, labelled; rank 1's is not (by default)
+    assert "[rank 0] rank 0 of 2: sum 30.0" in out
+    assert "[rank 1]" not in out
+
+
+def test_state_persists_per_rank_and_shadows_notebook_names(shell, cluster, capsys):
+    res = run_cell(
+        shell,
+        """%%spmd
+import torch
+torch.manual_seed(rank)
+model = torch.nn.Linear(3, 1)
+counter = rank * 100
+""",
+    )
+    assert res.error_in_exec is None, res.error_in_exec
+    shell.user_ns["model"] = "the notebook's own model"  # must not replace the ranks' models
+    shell.user_ns["counter"] = -1
+    res = run_cell(
+        shell,
+        """%%spmd --out state --show all
+counter += 1
+print("counter", counter)
+(type(model).__name__, counter, round(float(model.weight.sum()), 6))
+""",
+    )
+    assert res.error_in_exec is None, res.error_in_exec
+    state = shell.user_ns["state"]
+    assert state[0][:2] == ("Linear", 1) and state[1][:2] == ("Linear", 101)
+    assert state[0][2] != state[1][2]  # each rank has its own model (seeded by rank)
+    out = _out(capsys)
+    assert "[rank 0] counter 1" in out and "[rank 1] counter 101" in out  # --show all
+
+
+def test_python_api_shares_the_group_and_state(shell, cluster):
+    def grab(rank, world_size, state, offset=0):
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([rank + offset])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return rank, world_size, int(t.item()), state.get("counter")
+
+    before = spmd_mod.group(cluster)
+    out = jc.spmd(grab, offset=5, show=None)
+    assert out == {0: (0, 2, 6, 1), 1: (1, 2, 6, 101)}  # counter set by the %%spmd cells above
+    assert spmd_mod.group(cluster) is before  # same group, not rebuilt
+
+
+def test_report_inside_gives_a_series_per_rank(shell, cluster):
+    res = run_cell(
+        shell,
+        """%%spmd
+import jupyter_cluster as jc
+for step in range(3):
+    jc.report(step=step, topic="spmd-test", rank=rank, loss=float(rank * 10 + step))
+""",
+    )
+    assert res.error_in_exec is None, res.error_in_exec
+
+    def got():
+        try:
+            df = jc.metrics("spmd-test")
+        except Exception:
+            return None
+        return [df] if len(df) >= 6 else None
+
+    [df] = wait_for(got, timeout=20, message="6 reports from 2 ranks")
+    assert sorted(df["rank"].unique().tolist()) == [0, 1]
+    assert sorted(df[df["rank"] == 1]["loss"].tolist()) == [10.0, 11.0, 12.0]
+
+
+# -- refused before anything runs ---------------------------------------------------------------
+def test_too_few_workers_is_one_sentence_before_anything_runs(shell, cluster, capsys):
+    before = _statuses(cluster)
+    res = run_cell(shell, "%%spmd --workers 5\nraise SystemExit('must not run')\n")
+    out = _out(capsys)
+    assert res.error_in_exec is not None
+    msg = str(res.error_in_exec)
+    assert "--workers 5 needs 5 workers but the cluster has 2" in msg and "%cluster scale 5" in msg
+    assert msg.count(". ") == 0 and "Traceback" not in out
+    assert _statuses(cluster) == before  # no rank ran, no group changed
+
+
+def test_nccl_on_cpu_ranks_is_one_sentence(shell, cluster, capsys):
+    before = _statuses(cluster)
+    res = run_cell(shell, "%%spmd --backend nccl\nraise SystemExit('must not run')\n")
+    assert res.error_in_exec is not None
+    msg = str(res.error_in_exec)
+    assert msg.startswith("--backend nccl needs a GPU on every rank, but ranks 0 (worker")
+    assert "--gpus" in msg and "--backend gloo" in msg
+    assert _statuses(cluster) == before
+    assert spmd_mod.group(cluster).backend == "gloo"  # the existing group was left alone
+
+
+def test_backend_choice():
+    assert spmd_mod.choose_backend("auto", [0, 0]) == "gloo"
+    assert spmd_mod.choose_backend("auto", [1, 0]) == "gloo"  # any CPU rank -> gloo
+    assert spmd_mod.choose_backend("auto", [1, 2]) == "nccl"
+    assert spmd_mod.choose_backend(None, [0]) == "gloo"
+    assert spmd_mod.choose_backend("gloo", [1, 1]) == "gloo"
+    assert spmd_mod.choose_backend("nccl", [1, 1]) == "nccl"
+    with pytest.raises(ClusterError, match=r"^--backend nccl needs a GPU on every rank, but rank 1 \(worker b\) has none"):
+        spmd_mod.choose_backend("nccl", [1, 0], ["a", "b"])
+    with pytest.raises(ClusterError, match="takes gloo, nccl or auto"):
+        spmd_mod.choose_backend("mpi", [0])
+
+
+# -- failures never hang -----------------------------------------------------------------------
+def test_one_rank_raising_releases_the_others_and_shows_its_traceback(shell, cluster, capsys):
+    run_cell(shell, "%%spmd\nkeep = rank + 7\n")
+    _out(capsys)
+    t0 = time.monotonic()
+    res = run_cell(
+        shell,
+        """%%spmd
+import torch
+import torch.distributed as dist
+if rank == 1:
+    raise ValueError(f"bad shard on rank {rank}")
+dist.all_reduce(torch.ones(2))      # rank 0 blocks here until rank 1's failure releases it
+""",
+    )
+    elapsed = time.monotonic() - t0
+    out = _out(capsys)
+    assert isinstance(res.error_in_exec, ValueError) and str(res.error_in_exec) == "bad shard on rank 1", (res.error_in_exec, out)
+    assert elapsed < 10, f"the failing cell took {elapsed:.1f} s"
+    # the traceback is rank 1's, at the cell's own line (line 5 counts the %%spmd line) with its source
+    assert "rank 1 (worker" in out and "failed" in out, out
+    assert re.search(r"\b5\b.*raise ValueError", out), out
+    job = shell.user_ns["_spmd_job"]
+    assert job.failed_rank == 1 and 0 in job.errors, (job.tracebacks, out)  # rank 0 was released with an error of its own
+    # no rank is left blocked: the next cell runs, and the ranks' state survived the failure
+    t0 = time.monotonic()
+    res = run_cell(shell, "%%spmd --out after\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n(keep, t.item())\n")
+    assert res.error_in_exec is None, res.error_in_exec
+    assert shell.user_ns["after"] == {0: (7, 2.0), 1: (8, 2.0)}
+    assert time.monotonic() - t0 < 15
+
+
+def test_interrupt_returns_within_two_seconds(shell, cluster, capsys):
+    run_cell(shell, "%%spmd\nsurvivor = rank\n")
+    _out(capsys)
+    code = """%%spmd
+import time
+started = time.time()
+while time.time() - started < 120:
+    time.sleep(0.01)
+"""
+    holder = {}
+
+    def mark():
+        holder["at"] = time.monotonic()
+        _thread.interrupt_main()
+
+    timer = threading.Timer(1.5, mark)
+    timer.start()
+    res = run_cell(shell, code)
+    returned = time.monotonic()
+    timer.join()
+    assert isinstance(res.error_in_exec, KeyboardInterrupt)
+    assert returned - holder["at"] < 2.0, f"returned {returned - holder['at']:.2f} s after the interrupt"
+    assert "interrupted; every rank was sent KeyboardInterrupt" in _out(capsys)
+    # the ranks stopped (not still looping), and the next cell runs on the same group with its state
+    wait_for(lambda: not any(s["running"] for s in _statuses(cluster).values()), timeout=10, message="ranks to stop")
+    res = run_cell(shell, "%%spmd --out s\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n(survivor, t.item())\n")
+    assert res.error_in_exec is None, res.error_in_exec
+    assert shell.user_ns["s"] == {0: (0, 2.0), 1: (1, 2.0)}
+
+
+def test_killed_worker_gives_a_clear_error_and_the_group_is_rebuilt(shell, cluster, capsys):
+    res = run_cell(shell, "%%spmd --out pids\nimport os\nos.getpid()\n")
+    assert res.error_in_exec is None
+    victim = shell.user_ns["pids"][1]
+    old_group = spmd_mod.group(cluster)
+    _out(capsys)
+
+    def kill_when_blocked():
+        time.sleep(1.0)  # rank 0 is in all_reduce, rank 1 is sleeping before it
+        os.kill(victim, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_blocked)
+    killer.start()
+    t0 = time.monotonic()
+    res = run_cell(
+        shell,
+        """%%spmd
+import time, torch, torch.distributed as dist
+if rank == 1:
+    time.sleep(60)
+dist.all_reduce(torch.ones(1))
+""",
+    )
+    elapsed = time.monotonic() - t0
+    killer.join()
+    assert res.error_in_exec is not None
+    msg = str(res.error_in_exec)
+    assert msg.startswith("rank 1 (worker") and "died during the %%spmd cell" in msg, msg
+    assert elapsed < 10, f"the notebook waited {elapsed:.1f} s"
+    # the cluster stays usable: the nanny brings a worker back, the next cell builds a new group
+    cluster.wait_for_workers(2, timeout=60)
+    wait_for(lambda: len(cluster.client.scheduler_info(n_workers=-1)["workers"]) == 2, timeout=60, message="2 workers")
+    res = run_cell(shell, "%%spmd --out again\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()\n")
+    assert res.error_in_exec is None, res.error_in_exec
+    assert shell.user_ns["again"] == {0: 2.0, 1: 2.0}
+    out = _out(capsys)
+    assert "rebuilt the process group with 2 ranks" in out and out.count("%%spmd:") == 1, out
+    assert spmd_mod.group(cluster).id != old_group.id
+
+
+def test_reset_drops_the_state(shell, cluster, capsys):
+    run_cell(shell, "%%spmd\nsecret = 42\n")
+    run_cell(shell, "%spmd")
+    out = _out(capsys)
+    assert "%%spmd group: 2 ranks, backend gloo" in out and "rank 1: worker" in out
+    run_cell(shell, "%spmd reset")
+    assert "torn down" in _out(capsys)
+    assert spmd_mod.group(cluster) is None
+    assert all(s["group"] is None and not s["initialized"] for s in _statuses(cluster).values())
+    res = run_cell(shell, "%%spmd --out fresh\n'secret' in globals()\n")
+    assert res.error_in_exec is None
+    assert shell.user_ns["fresh"] == {0: False, 1: False}
