@@ -51,6 +51,7 @@ import logging
 import math
 import reprlib
 import sys
+import threading
 import time
 import uuid
 from collections import deque
@@ -81,6 +82,8 @@ BUDGET_FACTOR = 2.0
 MAX_CHUNK_ITEMS = 10_000
 #: Observers hear about progress at most this often, in seconds.
 PROGRESS_INTERVAL = 0.1
+#: Longest --timeout accepted, in seconds (Python's own limit on a thread wait, about 292 years at most).
+MAX_TIMEOUT_SECONDS = float(min(threading.TIMEOUT_MAX, 10**9))
 #: How long a map waits on a cluster without workers before saying so, in seconds.
 NO_WORKERS_NOTICE_SECONDS = 5.0
 
@@ -200,15 +203,18 @@ def _item_bytes(item: Any) -> int:
 
 
 class _Chunk:
-    __slots__ = ("start", "items", "suspect", "resubmits", "pin", "budget")
+    __slots__ = ("start", "items", "suspect", "resubmits", "pin", "budget", "deaths")
 
-    def __init__(self, start: int, items: list, suspect: bool = False, pin: str | None = None, budget: float | None = None):
+    def __init__(
+        self, start: int, items: list, suspect: bool = False, pin: str | None = None, budget: float | None = None, deaths: int = 0
+    ):
         self.start = start
         self.items = items
         self.suspect = suspect
         self.resubmits = 0
         self.pin = pin
         self.budget = budget
+        self.deaths = deaths  # worker processes lost while running it (direct path)
 
 
 def _resolve_client(client: Any):
@@ -303,18 +309,16 @@ class MapJob:
         capture_output: bool = True,
         on_output: Callable[[int, str, bool], None] | None = None,
         pin_workers: list[str] | None = None,
+        concurrency: int | None = None,
     ):
         global _last_job
-        if errors not in ("raise", "collect"):
-            raise ValueError(f"errors must be 'raise' or 'collect', not {errors!r}.")
-        if chunksize != "auto" and (not isinstance(chunksize, int) or chunksize < 1):
-            raise ValueError(f"chunksize must be a positive integer or 'auto', not {chunksize!r}.")
-        if retries < 0:
-            raise ValueError("retries must be 0 or more.")
-        if timeout is not None and timeout <= 0:
-            raise ValueError("timeout must be a positive number of seconds.")
+        timeout = check_options(errors=errors, chunksize=chunksize, retries=retries, timeout=timeout, resources=resources)
+        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1):
+            raise ValueError(f"concurrency must be a positive integer or None, not {concurrency!r}.")
         if not iterables:
             raise TypeError("map() needs at least one iterable.")
+        #: Most chunks running at once (``Pool(processes=N)``); None: every worker thread.
+        self.concurrency = concurrency
         self.client, self.cluster = _resolve_client(client)
         self.id = uuid.uuid4().hex[:12]
         self.label = label or getattr(fn, "__name__", None) or type(fn).__name__
@@ -380,6 +384,12 @@ class MapJob:
         self._threads_checked = time.monotonic()
         self._no_workers_since: float | None = None
         self._no_workers_warned = False
+        #: "direct" (leases fed over Dask's comm) or "tasks" (one Dask task per chunk); decided on the first step.
+        self.path: str | None = None
+        self._leases: Any = None  # engine.dask.Leases on the direct path
+        self._next_place = 0.0
+        self._next_check = 0.0
+        self._allowed_failures: int | None = None
 
         from distributed import as_completed
 
@@ -426,7 +436,13 @@ class MapJob:
     @property
     def max_in_flight(self) -> int:
         """The bound on chunks in flight (``2 × threads + 2``: one running and one queued per thread, plus slack)."""
-        return 2 * self._threads + 2
+        n = 2 * self._threads + 2
+        return n if self.concurrency is None else min(n, self.concurrency)
+
+    @property
+    def leases(self) -> int:
+        """Lease tasks this map placed (direct path; 0 on the task path)."""
+        return self._leases.placed if self._leases is not None else 0
 
     @property
     def durations(self) -> dict[int, float]:
@@ -488,6 +504,11 @@ class MapJob:
     def _step(self) -> None:
         """Submit what may be submitted, then wait for and handle one batch of results."""
         try:
+            if self.path is None:
+                self._choose_path()
+            if self.path == "direct":
+                self._direct_step()
+                return
             self._fill()
             if not self._inflight:
                 self._finish()
@@ -525,14 +546,14 @@ class MapJob:
         # (resubmits, suspects, pinned) go one by one.
         while len(self._inflight) + len(fresh) < limit:
             if self._resubmit:
-                self._submit(self._resubmit.popleft())
+                fresh.append(self._resubmit.popleft())
                 continue
             if self._suspects:
                 if self._suspect_running:
                     pass
                 else:
                     self._suspect_running = True
-                    self._submit(self._suspects.popleft())
+                    fresh.append(self._suspects.popleft())
                     continue
             if self._pin is not None:
                 if self._next_index >= len(self._pin):
@@ -541,7 +562,7 @@ class MapJob:
                 i = self._next_index
                 self._next_index += 1
                 self.items_read += 1
-                self._submit(_Chunk(i, [self._pin[i]], pin=self._pin[i]))
+                fresh.append(_Chunk(i, [self._pin[i]], pin=self._pin[i]))
                 continue
             size, budget = self._next_size()
             if self._returned:
@@ -672,7 +693,13 @@ class MapJob:
             self.peak_in_flight = len(self._inflight)
 
     def _submit_many(self, chunks: list) -> None:
-        """Submit plain chunks (no pin) in one ``client.map`` call."""
+        """Submit chunks: pinned and suspect ones one by one, the others in one ``client.map`` call."""
+        special = [c for c in chunks if c.pin is not None or c.suspect]
+        for chunk in special:
+            self._submit(chunk)
+        chunks = [c for c in chunks if c.pin is None and not c.suspect]
+        if not chunks:
+            return
         if len(chunks) == 1:
             self._submit(chunks[0])
             return
@@ -841,6 +868,234 @@ class MapJob:
                 err = WorkerLostError(f"worker {chunk.pin} left the cluster before the cell ran there.")
                 self._record_failure(chunk.start, err)
 
+    # -- the direct path: leases fed over Dask's comm ----------------------------------------
+    def _choose_path(self) -> None:
+        """Leases and direct batches when the workers answer this client; plain tasks otherwise."""
+        from . import config
+        from .engine import dask as engine_dask
+
+        self.path = "tasks"
+        if self._pin is not None or config.get("engine.path", "auto") == "tasks":
+            return
+        if self.total == 0:
+            return  # nothing to run: no lease worth placing
+        if not engine_dask.direct_reachable(self.client):
+            return
+        self.path = "direct"
+        self._leases = engine_dask.Leases(
+            self.client, self.id, self.resources, self.concurrency, (self._token, self._blob, self._star, self.options), big=self._shared
+        )
+        # Idle leases of this client's previous map start this one at once (no scheduler round trip).
+        cap = self.concurrency if self.concurrency is not None else _cached_threads(self.client)
+        if cap and self._leases.adopt(cap) >= cap:
+            self._threads = max(len(self._leases.live()), 1)
+            self._next_place = time.monotonic() + 2.0
+
+    def _direct_step(self) -> None:
+        leases = self._leases
+        now = time.monotonic()
+        if now >= self._next_place:
+            self._place_leases()
+            if self.path != "direct":
+                return
+        self._fill_direct()
+        if self._exhausted_all():
+            self._finish()
+            return
+        for event in leases.poll(0.2):
+            self._direct_event(*event)
+            if self.finished:
+                return
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + 0.5
+            self._check_connection()
+            self._warn_if_no_workers(now)
+        self._maybe_progress()
+
+    def _place_leases(self) -> None:
+        from .engine import dask as engine_dask
+
+        self._next_place = time.monotonic() + 2.0
+        self._check_connection()
+        if getattr(self.client, "status", "running") != "running":
+            return  # reconnecting: the connection check decides when to give up
+        workers = self._wait_on_loop(_scheduler_workers(self.client))
+        if workers is None:
+            return
+        if workers and getattr(self.client, "_jc_direct", None) is None and not engine_dask.direct_reachable(self.client):
+            self._fall_back()
+            return
+        for lease in self._leases.place(workers):
+            self._lease_lost(lease)
+        self._threads = max(self._leases.wanted, 1)
+
+    def _wait_on_loop(self, coro) -> Any:
+        """Run ``coro`` on the client's loop; wait in slices, checking the scheduler (None if it failed)."""
+        pending = asyncio.run_coroutine_threadsafe(coro, self.client.loop.asyncio_loop)
+        try:
+            while True:
+                try:
+                    return pending.result(timeout=FETCH_CHECK_SECONDS)
+                except concurrent.futures.TimeoutError:
+                    self._check_connection()
+        except Exception:  # noqa: BLE001 - a scheduler that went away is noticed by the connection check
+            self._check_connection()
+            return None
+        finally:
+            if not pending.done():
+                pending.cancel()
+
+    def _fall_back(self) -> None:
+        """Carry on over plain tasks (the workers cannot be reached directly from here)."""
+        leases, self._leases = self._leases, None
+        for sent in list(self._inflight):
+            self._resubmit.append(sent.chunk)
+        self._inflight.clear()
+        leases.close()
+        self.path = "tasks"
+        self._threads = _total_threads(self.client)
+
+    def _fill_direct(self) -> None:
+        from .engine.dask import DEPTH
+
+        free = self._leases.free()
+        if not free:
+            return
+        room = sum(DEPTH - len(lease.outstanding) for lease in free)
+        fresh: list[_Chunk] = []
+        self._fill_into(fresh, len(self._inflight) + room)
+        # Each chunk goes to the emptiest lease: every lease gets running work
+        # before any gets a second, queued batch.
+        for chunk in fresh:
+            lease = min(free, key=lambda ls: len(ls.outstanding))
+            self._inflight[self._leases.send(lease, chunk)] = chunk
+            self.chunks_submitted += 1
+            if len(lease.outstanding) >= DEPTH:
+                free.remove(lease)
+        if len(self._inflight) > self.peak_in_flight:
+            self.peak_in_flight = len(self._inflight)
+
+    def _direct_event(self, kind: str, obj: Any, data: Any) -> None:
+        leases = self._leases
+        if kind == "ready":
+            if not obj.dead:
+                obj.ready = True
+            return
+        if kind == "lost":  # the worker of a lease did not answer
+            self._lease_lost(obj)
+            return
+        if kind == "lease-done":
+            self._lease_ended(obj)
+            return
+        sent = obj
+        if sent not in self._inflight:  # written off already (its worker left), or the map stopped
+            return
+        if kind == "error" and isinstance(data, (OSError, asyncio.TimeoutError)):
+            # The connection broke: the worker died (or left).  Every batch of
+            # the lease goes elsewhere; the oldest was the one running.
+            self._lease_lost(sent.lease)
+            return
+        chunk = self._inflight.pop(sent)
+        if sent in sent.lease.outstanding:
+            sent.lease.outstanding.remove(sent)
+        if chunk.suspect:
+            self._suspect_running = False
+        if kind == "error":
+            last = chunk.start + len(chunk.items) - 1
+            span = f"item {chunk.start}" if last == chunk.start else f"items {chunk.start}..{last}"
+            _add_note(data, f"jupyter_cluster: the batch running {span} failed as a whole.")
+            for k in range(len(chunk.items)):
+                self._record_failure(chunk.start + k, data)
+            return
+        status = data.get("status") if isinstance(data, dict) else None
+        if status == "ok":
+            result = data["result"]
+            self._record(chunk, getattr(result, "value", result))
+        elif status == "need-fn":  # the worker process dropped the function from its cache: send it again
+            sent.lease.tokens.discard(self._token)
+            self._requeue(chunk)
+        elif status == "gone":  # the lease ended before it ran the batch: send it elsewhere
+            leases.kill(sent.lease)
+            self._requeue(chunk)
+            self._next_place = 0.0
+        else:
+            raise ClusterError(f"worker {sent.lease.addr} refused a batch of this map ({data!r}); run the map again.")
+
+    def _requeue(self, chunk: _Chunk) -> None:
+        if chunk.suspect:
+            self._suspects.appendleft(chunk)
+        else:
+            self._resubmit.append(chunk)
+
+    def _lease_ended(self, lease: Any) -> None:
+        """The lease task ended without us ending it: a lost worker, or a failure of the lease itself."""
+        if lease.dead and not lease.outstanding:
+            return
+        fut = lease.future
+        if fut.status == "error":
+            from distributed.scheduler import KilledWorker
+
+            try:
+                exc = fut.exception(timeout=10)
+            except Exception as err:  # noqa: BLE001
+                exc = err
+            if not isinstance(exc, KilledWorker):
+                raise ClusterError(f"a lease task of this map failed on worker {lease.addr}: {type(exc).__name__}: {exc}; check that jupyter_cluster is installed on the workers.")
+        self._lease_lost(lease, deaths=fut.status == "error")
+
+    def _lease_lost(self, lease: Any, deaths: bool = True) -> None:
+        """A lease's worker is gone: its batches go elsewhere, the one it was running counted as a death."""
+        self._leases.kill(lease)
+        outstanding, lease.outstanding = list(lease.outstanding), []
+        self._next_place = 0.0
+        for k, sent in enumerate(outstanding):
+            chunk = self._inflight.pop(sent, None)
+            if sent.handle is not None:
+                sent.handle.cancel()
+            if chunk is None:
+                continue
+            if chunk.suspect:
+                self._suspect_running = False
+            if k == 0 and deaths:
+                self._chunk_died(chunk)
+            else:
+                self._requeue(chunk)
+            if self.finished:
+                return
+
+    def _chunk_died(self, chunk: _Chunk) -> None:
+        """A worker process died while running ``chunk``: run it again, split it, or give up on its item."""
+        chunk.deaths += 1
+        allowed = self._allowed_deaths()
+        if len(chunk.items) > 1:
+            # Which item killed it is not known: re-run each one alone, one
+            # at a time, so the one that kills again is found.
+            for k, item in enumerate(chunk.items):
+                self._suspects.append(_Chunk(chunk.start + k, [item], suspect=True, deaths=chunk.deaths))
+            return
+        if chunk.deaths <= allowed:
+            chunk.suspect = True
+            self._suspects.appendleft(chunk)
+            return
+        err = WorkerLostError(
+            f"item {chunk.start} ({abbreviate(chunk.items[0])}) killed {chunk.deaths} worker processes that ran it "
+            "(it crashed its process or ran out of memory), so it was not tried again; the cluster is still usable."
+        )
+        self.failed_items[chunk.start] = (chunk.items[0], None)
+        self._record_failure(chunk.start, err)
+
+    def _allowed_deaths(self) -> int:
+        """Dask's ``allowed-failures`` as the scheduler has it (a process started with its own setting)."""
+        if self._allowed_failures is None:
+            known = getattr(self.client, "_jc_allowed_failures", None)
+            if known is None:
+                import dask.config
+
+                known = dask.config.get("distributed.scheduler.allowed-failures", 3)
+            self._allowed_failures = int(known)
+        return self._allowed_failures
+
     # -- results -------------------------------------------------------------------------
     def _handle(self, fut, result) -> None:
         chunk = self._inflight.pop(fut, None)
@@ -976,7 +1231,10 @@ class MapJob:
 
     # -- ending ------------------------------------------------------------------------------
     def _cancel_outstanding(self) -> None:
-        futures = list(self._inflight)
+        if self._leases is not None:
+            self._leases.close()
+            self._inflight.clear()
+        futures = [] if self.path == "direct" else list(self._inflight)
         self._inflight.clear()
         self._suspects.clear()
         self._resubmit.clear()
@@ -1007,6 +1265,8 @@ class MapJob:
         self._end(state)
 
     def _finish(self) -> None:
+        if self._leases is not None:
+            self._leases.close(keep=True)
         self._release_shared()
         if self._time_n:
             _remember_duration(self._duration_key, self._time_sum / self._time_n)
@@ -1040,10 +1300,54 @@ class MapJob:
     def __del__(self):
         # An abandoned lazy iterator must not leave work running on the cluster.
         try:
-            if not self.finished and self._inflight:
+            if not self.finished and (self._inflight or self._leases is not None):
                 self._cancel_outstanding()
         except Exception:
             pass
+
+
+async def _scheduler_workers(client) -> dict:
+    info = await client.scheduler.identity(n_workers=-1)
+    return info.get("workers", {})
+
+
+def check_options(
+    *, errors: str = "raise", chunksize: Any = "auto", retries: int = 0, timeout: Any = None, resources: dict | None = None
+) -> float | None:
+    """Check a map's options (every front end passes through here); returns the timeout to use.
+
+    Raises ``ValueError``/``TypeError`` with one sentence naming the option
+    and the fix.  ``timeout=inf`` means no limit.
+    """
+    if errors not in ("raise", "collect"):
+        raise ValueError(f"errors must be 'raise' or 'collect', not {errors!r}.")
+    if chunksize != "auto":
+        if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
+            raise ValueError(f"chunksize must be a positive integer or 'auto', not {chunksize!r}.")
+        if chunksize > sys.maxsize:
+            raise ValueError(f"chunksize {chunksize} is larger than any input can be read at once; use at most {sys.maxsize} (or 'auto').")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be a whole number, 0 or more, not {retries!r}.")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}.")
+        if math.isnan(timeout) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}.")
+        if math.isinf(timeout):
+            timeout = None  # no limit, which is what "infinite" asks for
+        elif timeout > MAX_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"timeout {timeout:g} s is longer than the {MAX_TIMEOUT_SECONDS:g} s an item can be waited for; "
+                "use a smaller number, or inf (or no timeout) for no limit."
+            )
+    if resources:
+        for name, amount in resources.items():
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount <= 0:
+                raise ValueError(
+                    f"resources {name}={amount!r} is not a positive amount, so no worker could ever run the map; "
+                    f"ask for a positive amount such as {name}=1, or drop it."
+                )
+    return timeout
 
 
 async def _gather_skipping_errors(client, futures: dict) -> dict:

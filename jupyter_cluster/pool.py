@@ -612,11 +612,14 @@ class Pool:
     # -- map family ----------------------------------------------------------
     def _job(self, task: _PoolTask, iterable: Iterable, chunksize: Any, label: str, **options: Any) -> Any:
         """A map job of the engine for this pool (not started: jobs advance as they are iterated)."""
+        from .mapping import MapJob
+
         chunk = _check_chunksize(chunksize)
-        return _job_class(self._limit)(
+        return MapJob(
             task,
             (iterable,),
             chunksize=chunk,
+            concurrency=self._limit,
             client=self._client,
             label=label,
             progress=self._progress,
@@ -811,27 +814,6 @@ def _in_kernel() -> bool:
 def _print_output(index: int, text: str, failed: bool) -> None:
     """Show what a task printed, here, as it arrives (multiprocessing's workers share our stdout)."""
     sys.stdout.write(text)
-
-
-_job_classes: dict[int | None, type] = {}
-
-
-def _job_class(limit: int | None) -> type:
-    """The engine's MapJob, or a subclass keeping at most ``limit`` chunks in flight."""
-    from .mapping import MapJob
-
-    if limit is None:
-        return MapJob
-    cls = _job_classes.get(limit)
-    if cls is None:
-
-        class CappedMapJob(MapJob):
-            @property
-            def max_in_flight(self) -> int:
-                return min(limit, MapJob.max_in_flight.fget(self))
-
-        cls = _job_classes[limit] = CappedMapJob
-    return cls
 
 
 _NOTHING = object()

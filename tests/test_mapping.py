@@ -208,10 +208,18 @@ def test_missing_resources_fail_fast(cluster):
         mapping.map(square, range(3), resources={"GPU": 1}, client=cluster)
 
 
+def worker_tls_args(handle) -> list[str]:
+    """``dask worker`` options that give a worker the cluster's TLS credentials (none for a plain TCP cluster)."""
+    if not handle.address.startswith("tls://"):
+        return []
+    sec = handle.client.security
+    return ["--tls-ca-file", sec.tls_ca_file, "--tls-cert", sec.tls_client_cert, "--tls-key", sec.tls_client_key or sec.tls_client_cert]
+
+
 def test_resources_restrict_items_to_workers_that_have_them(cluster):
     proc = subprocess.Popen(
         [sys.executable, "-m", "distributed.cli.dask_worker", cluster.address, "--nthreads", "1",
-         "--resources", "GPU=1", "--no-nanny", "--no-dashboard", "--host", "127.0.0.1"],
+         "--resources", "GPU=1", "--no-nanny", "--no-dashboard", "--host", "127.0.0.1", *worker_tls_args(cluster)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

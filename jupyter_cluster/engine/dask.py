@@ -1,0 +1,448 @@
+"""The direct path's client half: leases placed through Dask, batches sent to them over Dask's comm.
+
+:class:`Leases` places one lease task (:func:`.worker.lease`) per worker
+thread a map may use, pinned to the worker the client chose from the
+scheduler's list, with the map's resources (so Dask still checks them and
+counts the thread as busy).  Pinning tells the client where each lease runs
+without another scheduler message, and lets a lease lost with its worker be
+replaced on a live worker instead of queuing behind a busy thread.  Once a
+lease answers ``jc_attach`` it takes batches: each batch is one
+``client.rpc(address).jc_batch(...)`` call on the client's own connection
+pool (built with the client's ``connection_args``, so a TLS cluster stays
+TLS), at most :data:`DEPTH` per lease, so a lease always has its next batch
+queued.  Everything that happens (a lease ready, a batch's result, a lost
+connection, a lease task that ended) arrives on one thread-safe queue that
+the map's thread reads (:meth:`Leases.poll`).
+
+A map that ends hands its leases to its client's :class:`LeasePool`, which
+keeps them for ``jupyter-cluster.engine.linger`` (1 s) so that the next map
+of the same client with the same resources starts at once, with no
+scheduler round trip (a loop of short maps, like the iterations of an
+evolution strategy, places its leases once).  A map that captured large
+values places its own leases (Dask hands them the values) and ends them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import queue
+import secrets
+import sys
+import threading
+import time
+from typing import Any
+
+from .worker import ATTACH_WAIT_SECONDS, EnginePlugin, Packed, lease
+
+logger = logging.getLogger(__name__)
+
+#: Batches sent to one lease and not yet answered: one running, one queued.
+DEPTH = 2
+#: How long the first direct contact with a cluster's worker may take before the map uses plain tasks, in seconds.
+REACH_TIMEOUT_SECONDS = 3.0
+
+_lease_numbers = itertools.count()
+
+
+class Lease:
+    """The client's record of one lease task."""
+
+    __slots__ = ("id", "addr", "future", "ready", "dead", "outstanding", "owner", "tokens", "pooled", "idle_since")
+
+    def __init__(self, lease_id: str, addr: str, future: Any, owner: Any, pooled: bool):
+        self.id = lease_id
+        self.addr = addr
+        self.future = future
+        self.ready = False
+        self.dead = False
+        self.outstanding: list = []  # Sent, oldest first (the lease runs them in this order)
+        self.owner = owner  # the Leases (map) using it; None while idle in the pool
+        self.tokens: set[str] = set()  # maps whose function this lease's worker process was sent
+        self.pooled = pooled  # may serve the client's next map (it holds no map's large values)
+        self.idle_since = 0.0
+
+
+class Sent:
+    """One batch sent to one lease (a chunk sent again is a new ``Sent``)."""
+
+    __slots__ = ("chunk", "lease", "handle")
+
+    def __init__(self, chunk: Any, lease: Lease):
+        self.chunk = chunk
+        self.lease = lease
+        self.handle = None  # concurrent.futures.Future of the RPC coroutine
+
+
+class LeasePool:
+    """A client's idle leases, kept ``linger`` seconds for its next map; ends them after that.
+
+    One per client (:func:`pool_for`); the secret that every lease of the
+    client checks on each batch lives here.
+    """
+
+    def __init__(self, client: Any):
+        from .. import config
+
+        self.client = client
+        self.secret = secrets.token_hex(16)
+        self.linger = config.timeout_seconds("engine.linger") if config.get("engine.linger") is not None else 1.0
+        self.lock = threading.Lock()
+        self.idle: dict[tuple, list[Lease]] = {}
+        self.timer: threading.Timer | None = None
+
+    def take(self, key: tuple, n: int) -> list[Lease]:
+        """Up to ``n`` idle leases for resources ``key``, least recently used last."""
+        with self.lock:
+            idle = self.idle.get(key, [])
+            got = []
+            while idle and len(got) < n:
+                ls = idle.pop()
+                if not ls.dead and ls.future.status == "pending":
+                    got.append(ls)
+            return got
+
+    def give(self, key: tuple, leases: list[Lease]) -> None:
+        now = time.monotonic()
+        with self.lock:
+            for ls in leases:
+                ls.owner = None
+                ls.idle_since = now
+            self.idle.setdefault(key, []).extend(leases)
+            if self.timer is None and self.linger > 0:
+                self._arm(self.linger)
+        if self.linger <= 0:
+            self.reap()
+
+    def _arm(self, delay: float) -> None:
+        self.timer = threading.Timer(delay, self.reap)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def reap(self, everything: bool = False) -> None:
+        """End the leases idle longer than ``linger`` (or all of them)."""
+        now = time.monotonic()
+        ending = []
+        with self.lock:
+            self.timer = None
+            oldest = None
+            for key, idle in self.idle.items():
+                keep = []
+                for ls in idle:
+                    if everything or ls.dead or now - ls.idle_since >= self.linger:
+                        ending.append(ls)
+                    else:
+                        keep.append(ls)
+                        oldest = ls.idle_since if oldest is None else min(oldest, ls.idle_since)
+                idle[:] = keep
+            if oldest is not None:
+                self._arm(max(oldest + self.linger - now, 0.01))
+        end_leases(self.client, self.secret, ending)
+
+
+def pool_for(client: Any) -> LeasePool:
+    pool = getattr(client, "_jc_lease_pool", None)
+    if pool is None:
+        pool = client._jc_lease_pool = LeasePool(client)
+    return pool
+
+
+def end_leases(client: Any, secret: str, leases: list[Lease]) -> None:
+    """End ``leases`` now: a ``jc_close`` to each (frees the thread at once) and Dask's cancel (frees it for sure)."""
+    if not leases:
+        return
+    loop = client.loop.asyncio_loop
+    futures = []
+    for ls in leases:
+        if ls.ready and not ls.dead:
+            asyncio.run_coroutine_threadsafe(_close(client, ls, secret), loop)
+        ls.dead = True
+        futures.append(ls.future)
+    if getattr(client, "status", None) == "running":
+        try:
+            client.cancel(futures, reason="jupyter-cluster lease ended")
+        except TypeError:
+            client.cancel(futures)
+        except Exception:  # noqa: BLE001 - the cluster may be gone
+            logger.debug("cancelling leases failed", exc_info=True)
+
+
+async def _close(client: Any, ls: Lease, secret: str) -> None:
+    try:
+        await client.rpc(ls.addr).jc_close(lease=ls.id, secret=secret, reply=False)
+    except Exception:  # noqa: BLE001 - Dask's cancellation ends the lease anyway
+        pass
+
+
+
+def worker_slots(info: dict, resources: dict | None) -> int:
+    """How many leases a worker (one entry of ``scheduler_info()["workers"]``) can run at once."""
+    n = int(info.get("nthreads", 1) or 1)
+    if resources:
+        have = info.get("resources") or {}
+        for name, need in resources.items():
+            n = min(n, int(math.floor(have.get(name, 0) / need + 1e-9)))
+    return max(n, 0)
+
+
+def direct_reachable(client: Any) -> bool:
+    """Whether this client can talk to the cluster's workers directly (asked once per client).
+
+    Registers :class:`.worker.EnginePlugin` (the comm handlers) on the
+    cluster, then pings one worker.  A client that cannot reach the workers
+    (a notebook outside the network that only reaches the scheduler) gets
+    ``False`` and a one-line notice; its maps use plain Dask tasks.
+    """
+    verdict = getattr(client, "_jc_direct", None)
+    if verdict is not None:
+        return verdict
+    workers = list(client.scheduler_info(n_workers=-1).get("workers", {}))
+    if not workers:
+        return True  # not known yet; asked again once there are workers
+    reason = None
+    try:
+        client.register_plugin(EnginePlugin(), name=EnginePlugin.name)
+    except Exception as exc:  # noqa: BLE001 - any failure means "use the task path"
+        reason = f"the workers could not load the engine's handlers ({type(exc).__name__}: {exc})"
+    if reason is None:
+        try:
+            client.sync(_ping, client, workers[0])
+        except Exception as exc:  # noqa: BLE001
+            reason = f"worker {workers[0]} did not answer a direct connection ({type(exc).__name__})"
+    if reason is None:
+        try:  # how many worker deaths Dask forgives a task, as this scheduler was started (asked once, not mid-map)
+            client._jc_allowed_failures = int(client.run_on_scheduler(_allowed_failures))
+        except Exception:  # noqa: BLE001 - a scheduler without this package: the local setting stands
+            pass
+    client._jc_direct = reason is None
+    if reason is not None:
+        print(
+            f"jupyter_cluster: {reason}, so maps go through the Dask scheduler here (slower for short items).",
+            file=sys.stderr,
+        )
+    return client._jc_direct
+
+
+def _allowed_failures(dask_scheduler=None) -> int:
+    return dask_scheduler.allowed_failures
+
+
+async def _ping(client: Any, addr: str) -> Any:
+    return await asyncio.wait_for(client.rpc(addr).jc_ping(), REACH_TIMEOUT_SECONDS)
+
+
+class Leases:
+    """The leases of one map and the batches in flight to them.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    map_id : str
+        Names the lease tasks (``jc-lease-<map_id>-<n>``).
+    resources : dict or None
+        Dask resources each lease (thread) needs.
+    limit : int or None
+        Most leases at once (``Pool(processes=N)``); None: every thread that fits.
+    run : tuple
+        ``(token, blob, star, options)``: the map's function (see :func:`.worker._batch`).
+    big : dict or None
+        The map's large values (scattered futures); a map with some places
+        its own leases, which Dask hands the values, and ends them after.
+    """
+
+    def __init__(self, client: Any, map_id: str, resources: dict | None, limit: int | None, run: tuple, big: dict | None = None):
+        self.client = client
+        self.map_id = map_id
+        self.resources = resources
+        self.key = tuple(sorted((resources or {}).items()))
+        self.limit = limit
+        self.token, self.blob, self.star, self.options = run
+        self.big = big
+        self.pool = pool_for(client)
+        self.secret = self.pool.secret
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.leases: dict[str, Lease] = {}
+        self.placed = 0
+        self.reused = 0
+        self.wanted = 0
+        self.closed = False
+
+    # -- leases -------------------------------------------------------------------------
+    def live(self) -> list[Lease]:
+        return [ls for ls in self.leases.values() if not ls.dead]
+
+    def adopt(self, n: int) -> int:
+        """Take up to ``n`` idle leases of an earlier map of this client; returns how many."""
+        if self.big or n <= 0:
+            return 0
+        got = self.pool.take(self.key, n)
+        for ls in got:
+            ls.owner = self
+            self.leases[ls.id] = ls
+            if ls.future.done():  # ended between the pool's check and now
+                self.events.put(("lease-done", ls, None))
+        self.reused += len(got)
+        return len(got)
+
+    def place(self, workers: dict) -> list[Lease]:
+        """Place leases on ``workers`` (``scheduler_info()["workers"]``) up to their free slots.
+
+        Returns the leases of workers that are no longer in ``workers`` (lost
+        with their worker; the caller deals with their batches).
+        """
+        gone = [ls for ls in self.live() if ls.addr not in workers]
+        for ls in gone:
+            self.kill(ls)
+        slots = {addr: worker_slots(w, self.resources) for addr, w in workers.items() if w.get("status", "running") == "running"}
+        total = sum(slots.values())
+        self.wanted = total if self.limit is None else min(self.limit, total)
+        used: dict[str, int] = {}
+        for ls in self.live():
+            used[ls.addr] = used.get(ls.addr, 0) + 1
+        # Idle leases of this client on a worker count against its slots too.
+        with self.pool.lock:
+            for ls in self.pool.idle.get(self.key, []):
+                if not ls.dead:
+                    used[ls.addr] = used.get(ls.addr, 0) + 1
+        room = {a: n - used.get(a, 0) for a, n in sorted(slots.items())}
+        need = self.wanted - len(self.live())
+        # Round robin over the workers, so a capped map spreads out.
+        while need > 0 and any(v > 0 for v in room.values()):
+            for addr in list(room):
+                if need <= 0:
+                    break
+                if room[addr] > 0:
+                    room[addr] -= 1
+                    need -= 1
+                    self._submit(addr)
+        return gone
+
+    def _submit(self, addr: str) -> None:
+        lease_id = f"jc-lease-{self.map_id}-{next(_lease_numbers)}"
+        kwargs: dict[str, Any] = {"key": lease_id, "pure": False, "workers": [addr], "allow_other_workers": False}
+        if self.resources:
+            kwargs["resources"] = self.resources
+        fut = self.client.submit(lease, lease_id, self.secret, self.big, **kwargs)
+        ls = Lease(lease_id, addr, fut, self, pooled=not self.big)
+        self.leases[lease_id] = ls
+        self.placed += 1
+        fut.add_done_callback(lambda f, ls=ls: _lease_done(ls))
+        self._run(self._attach(ls))
+
+    async def _attach(self, ls: Lease) -> None:
+        rpc = self.client.rpc(ls.addr)
+        while not ls.dead and not self.closed:
+            try:
+                answer = await rpc.jc_attach(lease=ls.id, secret=self.secret, wait=ATTACH_WAIT_SECONDS)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the worker is gone or unreachable
+                owner = ls.owner
+                if owner is not None:
+                    owner.events.put(("lost", ls, exc))
+                else:
+                    ls.dead = True
+                return
+            status = answer.get("status") if isinstance(answer, dict) else None
+            if status == "ready":
+                ls.ready = True
+                owner = ls.owner
+                if owner is not None:
+                    owner.events.put(("ready", ls, None))
+                return
+            if status != "waiting":
+                _lease_done(ls)
+                return
+            if ls.future.done():
+                return
+
+    def kill(self, ls: Lease) -> None:
+        """Give up on a lease (its worker left, or it ended): cancel its task; its batches are the caller's."""
+        if ls.dead:
+            return
+        ls.dead = True
+        ls.ready = False
+        try:
+            ls.future.cancel()
+        except Exception:  # noqa: BLE001 - the client may be closing
+            pass
+
+    # -- batches ------------------------------------------------------------------------
+    def free(self) -> list[Lease]:
+        """Ready leases with room for another batch."""
+        return [ls for ls in self.leases.values() if ls.ready and not ls.dead and len(ls.outstanding) < DEPTH]
+
+    def send(self, ls: Lease, chunk: Any) -> Sent:
+        sent = Sent(chunk, ls)
+        ls.outstanding.append(sent)
+        if self.token in ls.tokens:
+            blob = None
+        else:
+            blob = self.blob
+            ls.tokens.add(self.token)
+        sent.handle = self._run(self._send(sent, (self.token, blob, self.star, self.options)))
+        return sent
+
+    async def _send(self, sent: Sent, run: tuple) -> None:
+        from distributed.protocol import to_serialize
+
+        ls = sent.lease
+        try:
+            answer = await self.client.rpc(ls.addr).jc_batch(
+                lease=ls.id, secret=self.secret, run=to_serialize(Packed(run)) if run[1] is not None else run,
+                items=to_serialize(Packed(sent.chunk.items)), budget=sent.chunk.budget,
+            )  # fmt: skip
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - sorted out by the map's thread
+            self.events.put(("error", sent, exc))
+            return
+        self.events.put(("answer", sent, answer))
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.client.loop.asyncio_loop)
+
+    def poll(self, timeout: float) -> list[tuple]:
+        """Events that happened, waiting up to ``timeout`` seconds for the first."""
+        try:
+            out = [self.events.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                out.append(self.events.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self, keep: bool = False) -> None:
+        """Stop using the leases: idle ones go back to the client's pool (``keep``), the rest end now."""
+        if self.closed:
+            return
+        self.closed = True
+        ending, keeping = [], []
+        for ls in self.leases.values():
+            if ls.dead:
+                continue
+            busy = bool(ls.outstanding)
+            for sent in ls.outstanding:
+                if sent.handle is not None:
+                    sent.handle.cancel()
+            ls.outstanding.clear()
+            if keep and not busy and ls.pooled and self.pool.linger > 0:
+                keeping.append(ls)
+            else:
+                ending.append(ls)
+        if keeping:
+            self.pool.give(self.key, keeping)
+        end_leases(self.client, self.secret, ending)
+
+
+def _lease_done(ls: Lease) -> None:
+    """A lease task ended: tell the map using it, or drop it from the pool."""
+    owner = ls.owner
+    if owner is not None:
+        owner.events.put(("lease-done", ls, None))
+    else:
+        ls.dead = True
