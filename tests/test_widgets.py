@@ -20,21 +20,111 @@ def _topic(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:6]}"
 
 
+def _cells(table: str) -> list[str]:
+    """The text of every header and data cell of an HTML table, in order."""
+    import html
+    import re
+
+    return [html.unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", table, re.S)]
+
+
 # -- cluster widget -------------------------------------------------------------------------
 def test_cluster_widget_shows_workers_totals_and_link_and_refreshes(cluster):
     w = cluster_mod.ClusterWidget(cluster)
     m = w.model_data
     assert m["n_workers"] == 2 and m["cores"] == 2
+    cells = _cells(w.table.value)
     for worker in m["workers"]:
-        assert f"<td>{worker['name']}</td>" in w.table.value
-    assert "<td>total</td><td>2 workers</td>" in w.table.value
-    assert "tasks running" in w.table.value and "memory (used / limit)" in w.table.value
+        assert worker["name"] in cells
+    assert cells[cells.index("total") + 1] == "2 workers"
+    assert "tasks running" in cells and "memory (used / limit)" in cells
     assert cluster.dashboard_link in w.header.value
     assert w.scale_n.value == 2 and not w.scale_button.disabled
     first = w.model_data
     wait_for(lambda: w.model_data is not first, timeout=15, message="a live refresh")
     w.close()
     assert not w.wanted
+
+
+def test_cluster_widget_columns_are_spaced_and_stay_on_one_line(cluster):
+    """Every header and cell has room on both sides and does not wrap, so "CPU" and "tasks running",
+    or a worker's threads, memory and CPU, no longer run together."""
+    import re
+
+    w = cluster_mod.ClusterWidget(cluster, live=False)
+    cells = re.findall(r"<(t[hd])( style='[^']*')?>", w.table.value)
+    assert len(cells) == 6 * (1 + 2 + 1)  # header, 2 workers, totals
+    for tag, style in cells:
+        assert "padding:2px 12px" in style and "white-space:nowrap" in style, (tag, style)
+    w.close()
+
+
+def test_tasks_column_counts_the_tasks_running_now(cluster):
+    """The workers' "tasks" column comes from what the installed distributed reports
+    (2026.8: ``metrics["task_counts"]``), so a long task shows as running."""
+    from distributed import Event
+
+    release = Event(f"release-{uuid.uuid4().hex[:6]}", client=cluster.client)
+
+    def hold(event_name):
+        from distributed import Event
+
+        Event(event_name).wait(60)
+        return 1
+
+    futures = [cluster.client.submit(hold, release.name, key=f"hold-{i}-{uuid.uuid4().hex[:6]}") for i in range(2)]
+    try:
+        running = wait_for(lambda: sum(wk["executing"] for wk in cluster.model()["workers"]) == 2, timeout=20,
+                           message="both tasks counted as running")
+        assert running
+        w = cluster_mod.ClusterWidget(cluster, live=False)
+        cells = _cells(w.table.value)
+        assert cells[-1] == "2"  # the totals row's tasks
+        assert [cells[i + 5] for i in range(6, 18, 6)] == ["1", "1"]  # one per worker
+        w.close()
+    finally:
+        release.set()
+    assert cluster.client.gather(futures) == [1, 1]
+    wait_for(lambda: sum(wk["executing"] for wk in cluster.model()["workers"]) == 0, timeout=20, message="the count back at 0")
+
+
+def test_attach_by_name_keeps_name_and_dashboard_and_says_why_it_cannot_scale(tmp_path):
+    """``%cluster connect NAME`` to a cluster another process owns: the cluster's own name and
+    dashboard link, its owner's registry record untouched (also after detaching), and a widget with
+    no Scale/Adapt controls but one line saying why."""
+    import subprocess
+    import sys
+
+    from jupyter_cluster import registry
+
+    name = _topic("owned")
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import sys\nimport jupyter_cluster as jc\n\nif __name__ == '__main__':\n"
+        f"    h = jc.start(name={name!r}, workers=1)\n    sys.stdin.read()\n    h.close()\n"
+    )
+    owner = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        record = wait_for(lambda: registry.read(name), timeout=90, message="the owner's cluster in the registry")
+        assert record.dashboard_link
+        handle = session.connect(name)
+        try:
+            assert handle.name == name and handle.dashboard_link == record.dashboard_link
+            assert not handle.owns_cluster and "attached by name" in handle.attachment
+            assert handle.client.submit(pow, 2, 5).result() == 32
+            assert registry.read(name).owner_pid == owner.pid  # the owner's record is still the owner's
+            w = cluster_mod.ClusterWidget(handle, live=False)
+            assert record.dashboard_link in w.header.value and f"<b>{name}</b>" in w.header.value
+            assert w.scale_button not in w.children and "scale or adapt it where it was started" in w.controls.value
+            w.scale(3)
+            assert "cannot be scaled from here" in w.message.value
+            w.close()
+        finally:
+            session.stop(name)  # detaches
+        assert registry.read(name) is not None and registry.read(name).owner_pid == owner.pid
+    finally:
+        owner.communicate("", timeout=60)
+    assert owner.returncode == 0
 
 
 def test_cluster_widget_reports_a_refused_scale_in_its_message_line(cluster):
@@ -55,6 +145,19 @@ def test_handle_display_is_status_text_in_a_terminal_and_a_widget_in_a_kernel(ip
 
 
 # -- launcher -------------------------------------------------------------------------------
+def test_launcher_labels_have_room_for_the_longest_one():
+    """ "memory limit" was cut to "memory li…" by ipywidgets' default label width."""
+    from jupyter_cluster.widgets.launcher import Launcher
+
+    launcher = Launcher()
+    fields = [launcher.backend, launcher.name, launcher.workers, launcher.threads, launcher.memory_limit]
+    widths = {f.style.description_width for f in fields}
+    assert len(widths) == 1  # the fields line up
+    width = widths.pop()
+    assert width.endswith("px") and int(width[:-2]) >= 8 * len("memory limit")
+    launcher.close()
+
+
 def test_launcher_starts_a_current_cluster_scales_and_stops_it():
     from jupyter_cluster.widgets.launcher import Launcher
 

@@ -35,10 +35,16 @@ def _bar(fraction: float, text: str) -> str:
     pct = max(0.0, min(1.0, fraction)) * 100
     colour = "#d9534f" if pct > 85 else ("#f0ad4e" if pct > 60 else "#5cb85c")
     return (
-        "<div style='position:relative;width:140px;height:1.2em;background:var(--jp-layout-color2,#eee);border-radius:2px'>"
+        "<div style='position:relative;min-width:190px;height:1.3em;background:var(--jp-layout-color2,#eee);border-radius:2px'>"
         f"<div style='width:{pct:.0f}%;height:100%;background:{colour};border-radius:2px'></div>"
-        f"<span style='position:absolute;left:4px;top:0;font-size:0.85em'>{html.escape(text)}</span></div>"
+        f"<span style='position:absolute;left:6px;top:0;font-size:0.85em;line-height:1.5em;white-space:nowrap'>{html.escape(text)}</span></div>"
     )
+
+
+#: every cell: room between columns, one line each, numbers right-aligned
+_CELL = "padding:2px 12px;white-space:nowrap"
+_TD = f"<td style='{_CELL}'>"
+_NUM = f"<td style='{_CELL};text-align:right'>"
 
 
 def workers_table(m: dict[str, Any]) -> str:
@@ -48,25 +54,27 @@ def workers_table(m: dict[str, Any]) -> str:
         mem, lim = wk.get("memory") or 0, wk.get("memory_limit") or 0
         rows.append(
             "<tr>"
-            f"<td>{html.escape(str(wk['name']))}</td><td>{html.escape(str(wk['status']))}</td>"
-            f"<td style='text-align:right'>{wk['nthreads']}</td>"
-            f"<td>{_bar(mem / lim if lim else 0.0, f'{_fmt_bytes(mem)} / {_fmt_bytes(lim)}')}</td>"
-            f"<td style='text-align:right'>{wk.get('cpu') or 0:.0f} %</td>"
-            f"<td style='text-align:right'>{wk.get('executing') or 0}</td>"
+            f"{_TD}{html.escape(str(wk['name']))}</td>{_TD}{html.escape(str(wk['status']))}</td>"
+            f"{_NUM}{wk['nthreads']}</td>"
+            f"{_TD}{_bar(mem / lim if lim else 0.0, f'{_fmt_bytes(mem)} / {_fmt_bytes(lim)}')}</td>"
+            f"{_NUM}{wk.get('cpu') or 0:.0f} %</td>"
+            f"{_NUM}{wk.get('executing') or 0}</td>"
             "</tr>"
         )
     cpu = sum(wk.get("cpu") or 0 for wk in m["workers"])
     tasks = sum(wk.get("executing") or 0 for wk in m["workers"])
     rows.append(
-        "<tr style='font-weight:bold'>"
-        f"<td>total</td><td>{m['n_workers']} workers</td><td style='text-align:right'>{m['cores']}</td>"
-        f"<td>{html.escape(_fmt_bytes(m.get('memory')))} / {html.escape(_fmt_bytes(m.get('memory_limit')))}</td>"
-        f"<td style='text-align:right'>{cpu:.0f} %</td><td style='text-align:right'>{tasks}</td>"
+        "<tr style='font-weight:bold;border-top:1px solid var(--jp-border-color2,#ccc)'>"
+        f"{_TD}total</td>{_TD}{m['n_workers']} workers</td>{_NUM}{m['cores']}</td>"
+        f"{_TD}{html.escape(_fmt_bytes(m.get('memory')))} / {html.escape(_fmt_bytes(m.get('memory_limit')))}</td>"
+        f"{_NUM}{cpu:.0f} %</td>{_NUM}{tasks}</td>"
         "</tr>"
     )
+    heads = [("worker", "left"), ("status", "left"), ("threads", "right"), ("memory (used / limit)", "left"), ("CPU", "right"), ("tasks running", "right")]
+    head = "".join(f"<th style='{_CELL};text-align:{align}'>{name}</th>" for name, align in heads)
     return (
         "<table class='jupyter-cluster-workers' style='border-collapse:collapse'>"
-        "<thead><tr><th>worker</th><th>status</th><th>threads</th><th>memory (used / limit)</th><th>CPU</th><th>tasks running</th></tr></thead>"
+        f"<thead><tr style='border-bottom:1px solid var(--jp-border-color2,#ccc)'>{head}</tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
 
@@ -109,12 +117,12 @@ class ClusterWidget(w.VBox):
         self.adapt_button = w.Button(description="Adapt", tooltip="let the number of workers follow the load")
         self.scale_button.on_click(lambda _: self.scale(self.scale_n.value))
         self.adapt_button.on_click(lambda _: self.adapt(self.adapt_min.value, self.adapt_max.value))
-        controls = w.HBox([self.scale_n, self.scale_button, self.adapt_min, self.adapt_max, self.adapt_button])
-        if not getattr(handle, "owns_cluster", True):
-            for c in (self.scale_n, self.scale_button, self.adapt_min, self.adapt_max, self.adapt_button):
-                c.disabled = True
-            self.scale_button.tooltip = self.adapt_button.tooltip = "attached by address: scale it where it was started"
-        super().__init__([self.header, self.table, controls, self.message], **kwargs)
+        if getattr(handle, "owns_cluster", True):
+            self.controls: w.Widget = w.HBox([self.scale_n, self.scale_button, self.adapt_min, self.adapt_max, self.adapt_button])
+        else:  # no controls that cannot work; say why instead
+            how = getattr(handle, "attachment", "attached")
+            self.controls = w.HTML(f"<i>{html.escape(f'{how}: scale or adapt it where it was started.')}</i>")
+        super().__init__([self.header, self.table, self.controls, self.message], **kwargs)
         # count views where the front-end supports it, so a cleared output stops the refresh
         self._view_count = 0
         self._ever_viewed = False

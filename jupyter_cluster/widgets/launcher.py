@@ -35,12 +35,14 @@ class Launcher(w.VBox):
     def __init__(self, **kwargs: Any) -> None:
         self.handle: Any = None
         names = sorted(backends.available())
+        # wide enough for the longest label ("memory limit"), the same for all so the fields line up
+        label = {"description_width": "100px"}
         default = config.get("backend") or "local"
-        self.backend = w.Dropdown(options=names, value=default if default in names else names[0], description="backend")
-        self.name = w.Text(value="", placeholder="automatic", description="name")
-        self.workers = w.BoundedIntText(value=_default_workers(), min=0, max=100_000, description="workers")
-        self.threads = w.BoundedIntText(value=int(config.get("local.threads") or 1), min=1, max=1024, description="threads")
-        self.memory_limit = w.Text(value=str(config.get("local.memory-limit") or "auto"), description="memory limit")
+        self.backend = w.Dropdown(options=names, value=default if default in names else names[0], description="backend", style=label)
+        self.name = w.Text(value="", placeholder="automatic", description="name", style=label)
+        self.workers = w.BoundedIntText(value=_default_workers(), min=0, max=100_000, description="workers", style=label)
+        self.threads = w.BoundedIntText(value=int(config.get("local.threads") or 1), min=1, max=1024, description="threads", style=label)
+        self.memory_limit = w.Text(value=str(config.get("local.memory-limit") or "auto"), description="memory limit", style=label)
         self.start_button = w.Button(description="Start", button_style="primary", icon="play")
         self.scale_button = w.Button(description="Scale", icon="arrows-v", disabled=True)
         self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
