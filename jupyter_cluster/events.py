@@ -1049,8 +1049,9 @@ def metrics(topic: str = "default", cluster=None):
     Returns
     -------
     pandas.DataFrame or list of dict
-        Columns ``step``, ``time``, ``worker``, the identity fields, then one
-        column per value (vectors hold lists).  A DataFrame when pandas is
+        Columns ``step``, ``time`` (when it was reported, a UTC datetime
+        column; epoch seconds in the list form), ``worker``, the identity
+        fields, then one column per value (vectors hold lists).  A DataFrame when pandas is
         installed, else a list of dicts.  ``.attrs["dropped"]`` (DataFrame)
         says how many reports never arrived.
 
@@ -1071,6 +1072,7 @@ def metrics(topic: str = "default", cluster=None):
     except ImportError:
         return rows
     df = pd.DataFrame(rows, columns=_columns(rows))
+    df["time"] = pd.to_datetime(df["time"], unit="s", utc=True)
     df.attrs["topic"] = topic
     df.attrs["dropped"] = st.dropped
     return df

@@ -323,3 +323,17 @@ def test_saved_notebook_holds_every_chart_point_when_the_cell_ends_at_once(monke
     charts = {m["state"]["topic"]: m["state"]["data"] for m in states.values() if "topic" in m.get("state", {})}
     assert [p[0] for p in charts["nb"]["scalars"]["reward"]["all"]] == list(range(10))
     assert sorted(p[0] for p in charts["tasks"]["scalars"]["loss"]["all"]) == list(range(6))
+
+
+def test_metrics_table_time_is_a_datetime_column():
+    """``metrics()`` gave ``time`` as float epoch seconds (1.796072e+09); it is a pandas datetime column."""
+    import pandas as pd
+
+    topic = _topic("when")
+    before = pd.Timestamp.now(tz="UTC")
+    events.report(step=0, topic=topic, loss=1.0)
+    events.report(step=1, topic=topic, loss=0.5)
+    df = events.metrics(topic)
+    assert pd.api.types.is_datetime64_any_dtype(df["time"])
+    assert before - pd.Timedelta(seconds=1) <= df["time"].min() <= df["time"].max() <= pd.Timestamp.now(tz="UTC")
+    assert pd.api.types.is_datetime64_any_dtype(events.metrics(_topic("empty"))["time"])
