@@ -37,6 +37,8 @@ import cloudpickle
 ITEM_NAME = "__jc_item__"
 RESULT_NAME = "__jc_result__"
 _CANCEL_CHECK_S = 0.05
+#: Most characters of printed output kept per item (the rest is counted and dropped).
+MAX_OUTPUT_CHARS = 1_000_000
 
 
 class CellFunction:
@@ -188,15 +190,26 @@ class _Capture:
     worker's cost per no-op item.
     """
 
-    __slots__ = ("buf",)
+    __slots__ = ("buf", "size")
 
     def __init__(self):
         self.buf = None
+        self.size = 0
 
     def write(self, s: str) -> int:
         if self.buf is None:
             self.buf = io.StringIO()
-        return self.buf.write(s)
+        n = len(s)
+        if self.size < MAX_OUTPUT_CHARS:
+            room = MAX_OUTPUT_CHARS - self.size
+            self.buf.write(s if n <= room else s[:room] + f"\n[jupyter_cluster: output beyond {MAX_OUTPUT_CHARS:,} characters dropped]\n")
+        self.size += n
+        return n
+
+    def clear(self) -> None:
+        """Forget what was written (a retried item keeps only its last attempt's output)."""
+        self.buf = None
+        self.size = 0
 
     def getvalue(self) -> str:
         return self.buf.getvalue() if self.buf is not None else ""
@@ -461,9 +474,20 @@ def run_chunk(token: str, blob: bytes | None, big: dict[str, Any] | None, items:
             args = item if star else (item,)
             buf = _Capture() if capture else None
             t0 = perf()
+            stopped = False
             for attempt in range(retries + 1):
-                if buf is not None and attempt:
-                    buf.write(f"--- retry {attempt} of {retries} ---\n")
+                if attempt:
+                    # A retry storm (retries=10**9 on an item that always
+                    # raises) must still stop when the map is cancelled, and
+                    # its output must stay bounded: only the last attempt's is kept.
+                    if perf() >= next_check:
+                        next_check = perf() + _CANCEL_CHECK_S
+                        if cancelled():
+                            stopped = True
+                            break
+                    if buf is not None:
+                        buf.clear()
+                        buf.write(f"--- retry {attempt} of {retries} ---\n")
                 try:
                     if runner is not None:
                         value = runner.run(fn, args, buf)
@@ -478,6 +502,8 @@ def run_chunk(token: str, blob: bytes | None, big: dict[str, Any] | None, items:
                         continue
                     errors[pos] = error_info(exc)
                     value = None
+                break
+            if stopped:  # cancelled between retries: the item counts as not run
                 break
             t1 = perf()
             values.append(value)
