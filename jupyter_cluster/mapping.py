@@ -1343,8 +1343,9 @@ def check_options(
     if resources:
         for name, amount in resources.items():
             if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount <= 0:
+                shown = f"{amount:g}" if isinstance(amount, (int, float)) and not isinstance(amount, bool) else repr(amount)
                 raise ValueError(
-                    f"resources {name}={amount!r} is not a positive amount, so no worker could ever run the map; "
+                    f"resources {name}={shown} is not a positive amount, so no worker could ever run the map; "
                     f"ask for a positive amount such as {name}=1, or drop it."
                 )
     return timeout

@@ -408,6 +408,10 @@ class ParallelMagics(Magics):
             raise UsageError("%%parallel: --retries must be 0 or more and --timeout a positive number of seconds.")
         chunksize = _chunksize(args.chunksize)
         resources = _parse_resources(args.resources)
+        try:  # the map engine's own checks (shared with Pool and jupyter_cluster.map), before anything runs
+            mapping.check_options(errors=args.errors, chunksize=chunksize, retries=args.retries, timeout=args.timeout, resources=resources)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"%%parallel: {exc}") from None
         if args.all_workers:
             if header:
                 raise CellError("--all-workers runs the cell once on every worker, so it takes no `TARGETS in ITERABLE`; drop the header.")

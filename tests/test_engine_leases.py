@@ -316,3 +316,18 @@ def test_unreachable_workers_fall_back_to_plain_tasks_with_one_line(tmp_path):
         for ns in created:
             subprocess.run(["ip", "netns", "pids", ns], capture_output=True)
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+def test_parallel_magic_rejects_bad_options_in_one_line(ip, cluster):
+    """Issue 18.5/18.7/18.10 through %%parallel: a UsageError naming the option, nothing runs."""
+    from IPython.core.error import UsageError
+
+    for line, words in [
+        ("x in range(3) --resources GPU=0", "GPU=0 is not a positive amount"),
+        ("x in range(3) --resources GPU=-1", "GPU=-1 is not a positive amount"),
+        ("x in range(3) --timeout nan", "not nan"),
+        ("x in range(3) --timeout 1e12", "longer than"),
+        ("x in range(3) --chunksize 100000000000000000000", "is larger than any input"),
+    ]:
+        with pytest.raises(UsageError, match=words):
+            ip.run_cell_magic("parallel", line, "x\n")
