@@ -3,13 +3,14 @@
  * settings.  Registration only; the panel lives in panel.ts.
  */
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { ICommandPalette, InputDialog } from '@jupyterlab/apputils';
+import { ICommandPalette, IThemeManager, InputDialog, MainAreaWidget } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 
 import { requestAPI } from './api';
 import { IClusterSummary, connectCode } from './model';
 import { ClusterPanel, DEFAULT_SETTINGS, IPanelSettings, clusterIcon } from './panel';
+import { TopicView } from './topicView';
 
 const PLUGIN_ID = 'jupyter-cluster:plugin';
 
@@ -19,6 +20,7 @@ namespace CommandIDs {
   export const stop = 'jupyter-cluster:stop';
   export const scale = 'jupyter-cluster:scale';
   export const insertConnect = 'jupyter-cluster:insert-connect';
+  export const openTopic = 'jupyter-cluster:open-topic';
 }
 
 /** The cluster named in the command's args, the panel's selection, or one the user picks. */
@@ -52,17 +54,32 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description: 'Every Dask cluster on the machine: workers, map jobs and live metrics.',
   autoStart: true,
-  optional: [ICommandPalette, ISettingRegistry, INotebookTracker, ILayoutRestorer],
+  optional: [ICommandPalette, ISettingRegistry, INotebookTracker, ILayoutRestorer, IThemeManager],
   activate: (
     app: JupyterFrontEnd,
     palette: ICommandPalette | null,
     settingRegistry: ISettingRegistry | null,
     notebooks: INotebookTracker | null,
-    restorer: ILayoutRestorer | null
+    restorer: ILayoutRestorer | null,
+    themes: IThemeManager | null
   ): void => {
     const panel = new ClusterPanel();
     app.shell.add(panel, 'left', { rank: 250 });
     restorer?.add(panel, 'jupyter-cluster-panel');
+
+    // charts follow the theme, including those drawn before it changed
+    const views = new Set<TopicView>();
+    const dark = (): boolean | undefined => (themes?.theme ? !themes.isLight(themes.theme) : undefined);
+    if (themes) {
+      themes.themeChanged.connect((_, change) => {
+        const isDark = !themes.isLight(change.newValue);
+        panel.setDark(isDark);
+        views.forEach(v => v.setDark(isDark));
+      });
+      if (themes.theme) {
+        panel.setDark(!themes.isLight(themes.theme));
+      }
+    }
 
     const insertConnect = (name: string): void => {
       const current = notebooks?.currentWidget;
@@ -78,6 +95,32 @@ const plugin: JupyterFrontEndPlugin<void> = {
     panel.onConnect = notebooks ? insertConnect : null;
 
     const { commands } = app;
+    commands.addCommand(CommandIDs.openTopic, {
+      label: args => (args.topic ? `Open Metrics ${String(args.topic)} in the Main Area` : 'Open Metrics Topic'),
+      execute: args => {
+        const cluster = String(args.cluster ?? panel.selected ?? '');
+        const topic = String(args.topic ?? '');
+        if (!cluster || !topic) {
+          return;
+        }
+        const content = new TopicView(cluster, topic, dark());
+        const existing = [...views].find(v => v.id === content.id);
+        if (existing) {
+          content.dispose();
+          app.shell.activateById(existing.parent?.id ?? existing.id);
+          return;
+        }
+        const widget = new MainAreaWidget({ content });
+        widget.id = `${content.id}-area`;
+        widget.title.label = content.title.label;
+        widget.title.icon = clusterIcon;
+        views.add(content);
+        content.disposed.connect(() => views.delete(content));
+        app.shell.add(widget, 'main', { mode: 'split-right' });
+        app.shell.activateById(widget.id);
+      }
+    });
+    panel.onOpenTopic = (cluster, topic) => void commands.execute(CommandIDs.openTopic, { cluster, topic });
     commands.addCommand(CommandIDs.open, {
       label: 'Show the Dask Clusters Panel',
       icon: clusterIcon,
@@ -117,7 +160,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     if (palette) {
       const category = 'Dask Clusters';
-      for (const command of Object.values(CommandIDs)) {
+      for (const command of Object.values(CommandIDs).filter(c => c !== CommandIDs.openTopic)) {
         palette.addItem({ command, category });
       }
     }

@@ -63,9 +63,19 @@ export interface IJob {
   updated: number;
 }
 
+/** A stopped cluster whose jobs and metrics the server kept (name: "NAME.stopped-HHMMSS"). */
+export interface IHistoryCluster extends IClusterSummary {
+  /** the cluster's own name */
+  cluster: string;
+  /** when it stopped (seconds since the epoch) */
+  stopped: number | null;
+}
+
 export interface IJobs {
   running: IJob[];
   recent: IJob[];
+  /** stopped clusters kept for their history, newest first */
+  history?: IHistoryCluster[];
 }
 
 /** What one metrics topic holds (GET clusters/NAME/metrics). */
@@ -100,6 +110,12 @@ export interface IPanelState {
   /** series keys the user switched off, per topic */
   hidden: { [topic: string]: string[] };
   error: string | null;
+  /** stopped clusters kept for their history */
+  history: IHistoryCluster[];
+  /** hold the selection; otherwise it follows the cluster where work starts */
+  pinned: boolean;
+  /** finished jobs updated before this time (seconds) are hidden ("Clear finished") */
+  clearedBefore: number;
 }
 
 export function initialState(): IPanelState {
@@ -112,8 +128,20 @@ export function initialState(): IPanelState {
     topic: null,
     metrics: null,
     hidden: {},
-    error: null
+    error: null,
+    history: [],
+    pinned: false,
+    clearedBefore: 0
   };
+}
+
+/** Whether `name` is a stopped cluster kept for its history (its data comes over REST, once). */
+export function isStopped(state: Pick<IPanelState, 'history' | 'clusters'>, name: string | null): boolean {
+  return name !== null && !state.clusters.some(c => c.name === name) && state.history.some(h => h.name === name);
+}
+
+function cleared(state: IPanelState, selected: string | null): IPanelState {
+  return { ...state, selected, detail: null, topics: [], topic: null, metrics: null };
 }
 
 /**
@@ -124,20 +152,23 @@ export function reduce(state: IPanelState, msg: ServerMessage): IPanelState {
   switch (msg.type) {
     case 'clusters': {
       const names = msg.clusters.map(c => c.name);
-      const selected = state.selected !== null && names.includes(state.selected) ? state.selected : (names[0] ?? null);
-      const changed = selected !== state.selected;
-      return {
-        ...state,
-        clusters: msg.clusters,
-        selected,
-        detail: changed ? null : state.detail,
-        topics: changed ? [] : state.topics,
-        topic: changed ? null : state.topic,
-        metrics: changed ? null : state.metrics
-      };
+      const next = { ...state, clusters: msg.clusters };
+      const sel = state.selected;
+      if (sel !== null && (names.includes(sel) || state.history.some(h => h.name === sel))) {
+        return next;
+      }
+      if (sel !== null && state.topics.length > 0) {
+        // the selected cluster stopped: keep its curves; the jobs message that
+        // follows names the history the server kept for it
+        return { ...next, detail: null };
+      }
+      return names[0] === sel ? next : cleared(next, names[0] ?? null);
     }
     case 'jobs':
-      return { ...state, jobs: { running: msg.running, recent: msg.recent } };
+      return followJobs(
+        { ...state, jobs: { running: msg.running, recent: msg.recent }, history: msg.history ?? [] },
+        state.jobs.running
+      );
     case 'cluster':
       return msg.name === state.selected ? { ...state, detail: msg.model } : state;
     case 'topics': {
@@ -165,12 +196,59 @@ export function reduce(state: IPanelState, msg: ServerMessage): IPanelState {
   }
 }
 
+/**
+ * After a jobs message: move a selection whose cluster stopped onto the
+ * history the server kept for it (curves stay), and, unless pinned, follow
+ * the cluster where a new job started (after Run All the panel shows the
+ * notebook's cluster, not another one's empty metrics).
+ */
+export function followJobs(state: IPanelState, before: IJob[]): IPanelState {
+  const live = state.clusters.map(c => c.name);
+  let next = state;
+  const sel = state.selected;
+  if (sel !== null && !live.includes(sel) && !state.history.some(h => h.name === sel)) {
+    const kept = state.history.find(h => h.cluster === sel);
+    next = kept ? { ...state, selected: kept.name, detail: null } : cleared(state, live[0] ?? null);
+  }
+  if (next.pinned) {
+    return next;
+  }
+  const seen = new Set(before.map(j => j.job));
+  const started = next.jobs.running
+    .filter(j => !seen.has(j.job) && live.includes(j.cluster))
+    .sort((a, b) => b.started - a.started)[0];
+  if (started && started.cluster !== next.selected) {
+    return cleared(next, started.cluster);
+  }
+  return next;
+}
+
 /** Select a cluster (clears what belonged to the previous one). */
 export function select(state: IPanelState, name: string | null): IPanelState {
   if (name === state.selected) {
     return state;
   }
-  return { ...state, selected: name, detail: null, topics: [], topic: null, metrics: null };
+  return cleared(state, name);
+}
+
+/** Pin the selection (or let it follow new work again). */
+export function setPinned(state: IPanelState, pinned: boolean): IPanelState {
+  return pinned === state.pinned ? state : { ...state, pinned };
+}
+
+/** Hide the finished jobs there are now ("Clear finished"). */
+export function clearFinished(state: IPanelState): IPanelState {
+  const newest = state.jobs.recent.reduce((m, j) => Math.max(m, j.updated), state.clearedBefore);
+  return { ...state, clearedBefore: newest };
+}
+
+/**
+ * The job rows to draw: every running job, then at most `limit` finished
+ * ones not cleared; `more` counts the finished ones left out.
+ */
+export function visibleJobs(state: IPanelState, limit = 5): { rows: IJob[]; more: number } {
+  const finished = state.jobs.recent.filter(j => j.updated > state.clearedBefore);
+  return { rows: [...state.jobs.running, ...finished.slice(0, limit)], more: Math.max(0, finished.length - limit) };
 }
 
 /** Select a metrics topic of the selected cluster. */
@@ -277,14 +355,24 @@ export function ownerText(c: Pick<IClusterSummary, 'owner_kind' | 'owner_pid' | 
   return c.attached ? `${base} (attached)` : base;
 }
 
-/** Progress of a job: fraction done (null when the total is unknown) and a label. */
-export function jobProgress(job: IJob): { fraction: number | null; text: string } {
+/**
+ * Progress of a job: fraction done and fraction failed (the bar's red part,
+ * so a finished collect-mode job with failures fills its bar), null when the
+ * total is unknown, and a label.
+ */
+export function jobProgress(job: IJob): { fraction: number | null; failedFraction: number; text: string } {
   const failed = job.failed > 0 ? `, ${job.failed} failed` : '';
   if (job.total === null || job.total === undefined || job.total <= 0) {
-    return { fraction: job.state === 'running' ? null : 1, text: `${job.done} done${failed}` };
+    const processed = job.done + job.failed;
+    return {
+      fraction: job.state === 'running' ? null : processed > 0 ? job.done / processed : 1,
+      failedFraction: job.state === 'running' || processed === 0 ? 0 : job.failed / processed,
+      text: `${job.done} done${failed}`
+    };
   }
   const fraction = Math.min(1, job.done / job.total);
-  return { fraction, text: `${job.done} / ${job.total}${failed}` };
+  const failedFraction = Math.min(1 - fraction, job.failed / job.total);
+  return { fraction, failedFraction, text: `${job.done} / ${job.total}${failed}` };
 }
 
 /**

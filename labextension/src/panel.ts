@@ -12,15 +12,19 @@ import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { eventsURL, postAPI, requestAPI } from './api';
-import { MetricsCharts } from './charts/charts';
+import { IMetricsModel, MetricsCharts } from './charts/charts';
 import {
   IClusterSummary,
+  IHistoryCluster,
   IJob,
   IPanelState,
+  ITopicSummary,
   ServerMessage,
+  clearFinished,
   filterSeries,
   formatBytes,
   initialState,
+  isStopped,
   jobProgress,
   memoryFraction,
   ownerText,
@@ -29,7 +33,9 @@ import {
   select,
   selectTopic,
   seriesKeys,
+  setPinned,
   toggleSeries,
+  visibleJobs,
   validName,
   watchMessage
 } from './model';
@@ -52,7 +58,7 @@ export interface IPanelSettings {
   defaultWorkers: number | null;
 }
 
-export const DEFAULT_SETTINGS: IPanelSettings = { refreshRate: 1000, defaultWorkers: null };
+export const DEFAULT_SETTINGS: IPanelSettings = { refreshRate: 250, defaultWorkers: null };
 
 function el<K extends keyof HTMLElementTagNameMap>(tag: K, className = '', text?: string): HTMLElementTagNameMap[K] {
   const node = document.createElement(tag);
@@ -75,11 +81,22 @@ function button(label: string, className: string, title: string, onClick: () => 
   return b;
 }
 
-/** A dialog body with labelled inputs; getValue() returns their current values. */
-class FormBody extends Widget implements Dialog.IBodyWidget<{ [name: string]: string }> {
-  private readonly inputs = new Map<string, HTMLInputElement>();
+type FormValues = { [name: string]: string };
 
-  constructor(fields: { name: string; label: string; value: string; placeholder?: string }[]) {
+/**
+ * A dialog body with labelled inputs; getValue() returns their current values.
+ * `check` returns an error sentence for values that cannot be sent; it is
+ * shown in the dialog as the user types, as is `error` (a refusal from before).
+ */
+class FormBody extends Widget implements Dialog.IBodyWidget<FormValues> {
+  private readonly inputs = new Map<string, HTMLInputElement>();
+  private readonly errorNode = el('div', 'jc-form-error');
+
+  constructor(
+    fields: { name: string; label: string; value: string; placeholder?: string }[],
+    error = '',
+    private readonly check: (values: FormValues) => string | null = () => null
+  ) {
     super();
     this.addClass('jc-form');
     for (const f of fields) {
@@ -89,10 +106,18 @@ class FormBody extends Widget implements Dialog.IBodyWidget<{ [name: string]: st
       input.name = f.name;
       input.value = f.value;
       input.placeholder = f.placeholder ?? '';
+      input.addEventListener('input', () => this.showError(this.check(this.getValue()) ?? ''));
       label.append(input);
       this.node.append(label);
       this.inputs.set(f.name, input);
     }
+    this.node.append(this.errorNode);
+    this.showError(error);
+  }
+
+  private showError(message: string): void {
+    this.errorNode.textContent = message;
+    this.errorNode.style.display = message ? '' : 'none';
   }
 
   getValue(): { [name: string]: string } {
@@ -115,6 +140,10 @@ export class ClusterPanel extends Widget {
   private charts: MetricsCharts | null = null;
   private drawn: { [part: string]: string } = {};
   private chartInput: { metrics: unknown; off: unknown } = { metrics: null, off: null };
+  private dark: boolean | null = null;
+  private showAllJobs = false;
+  /** what was fetched over REST for a stopped cluster ("cluster\0topic") */
+  private fetched = '';
 
   private readonly errorNode = el('div', 'jc-error');
   private readonly listNode = el('div', 'jc-clusters');
@@ -124,6 +153,16 @@ export class ClusterPanel extends Widget {
   private readonly seriesNode = el('div', 'jc-series');
   private readonly chartsHost = el('div', 'jc-charts');
   private readonly metricsEmpty = el('div', 'jc-empty', 'No metrics yet: call jupyter_cluster.report(...) in a task.');
+  private readonly pinButton = button('Follow', 'jc-pin', '', () => {
+    this.setState(setPinned(this.state, !this.state.pinned));
+  });
+  private readonly historyNode = el('div', 'jc-history');
+  private readonly openButton = button('Open', 'jc-open-topic', 'Open this topic in the main area', () => {
+    const { selected, topic } = this.state;
+    if (selected && topic) {
+      this.onOpenTopic?.(selected, topic);
+    }
+  });
 
   constructor() {
     super();
@@ -142,17 +181,28 @@ export class ClusterPanel extends Widget {
         () => void this.newCluster()
       )
     );
-    this.node.append(header, this.errorNode, this.listNode);
+    header.append(this.pinButton);
+    this.node.append(header, this.errorNode, this.listNode, this.historyNode);
 
     this.node.append(this.section('Workers', this.workersNode));
-    this.node.append(this.section('Jobs', this.jobsNode));
+    const jobsTools = el('div', 'jc-jobs-tools');
+    jobsTools.append(
+      button('Clear finished', 'jc-clear-jobs', 'Hide the finished jobs listed now', () =>
+        this.setState(clearFinished(this.state))
+      )
+    );
+    const jobs = el('div');
+    jobs.append(jobsTools, this.jobsNode);
+    this.node.append(this.section('Jobs', jobs));
     const metrics = el('div', 'jc-metrics-section');
     this.topicSelect.title = 'Metrics topic';
     this.topicSelect.addEventListener('change', () => {
       this.setState(selectTopic(this.state, this.topicSelect.value || null));
       this.sendWatch();
     });
-    metrics.append(this.topicSelect, this.seriesNode, this.metricsEmpty, this.chartsHost);
+    const topicRow = el('div', 'jc-topic-row');
+    topicRow.append(this.topicSelect, this.openButton);
+    metrics.append(topicRow, this.seriesNode, this.metricsEmpty, this.chartsHost);
     this.node.append(this.section('Metrics', metrics));
     this.render();
   }
@@ -166,6 +216,15 @@ export class ClusterPanel extends Widget {
   get clusters(): IClusterSummary[] {
     return this.state.clusters;
   }
+
+  /** Re-style the charts for a dark or light theme. */
+  setDark(dark: boolean): void {
+    this.dark = dark;
+    this.charts?.setDark(dark);
+  }
+
+  /** Set by the plugin: opens a topic's charts in the main area. */
+  onOpenTopic: ((cluster: string, topic: string) => void) | null = null;
 
   /** Apply new settings (refresh rate is sent to the server at once). */
   configure(settings: Partial<IPanelSettings>): void {
@@ -195,6 +254,12 @@ export class ClusterPanel extends Widget {
   protected onAfterShow(msg: Message): void {
     super.onAfterShow(msg);
     this.start();
+    this.charts?.resize();
+  }
+
+  protected onResize(msg: Widget.ResizeMessage): void {
+    super.onResize(msg);
+    this.charts?.resize();
   }
 
   protected onAfterAttach(msg: Message): void {
@@ -272,6 +337,33 @@ export class ClusterPanel extends Widget {
   private setState(state: IPanelState): void {
     this.state = state;
     this.render();
+    this.fetchStopped();
+  }
+
+  /**
+   * A stopped cluster's topics and metrics no longer change and are not
+   * pushed: read them once over REST.
+   */
+  private fetchStopped(): void {
+    const { selected, topic, topics, metrics } = this.state;
+    if (!selected || !isStopped(this.state, selected)) {
+      return;
+    }
+    const key = `${selected}\u0000${topic ?? ''}\u0000${topics.length}\u0000${metrics ? 1 : 0}`;
+    if (key === this.fetched) {
+      return;
+    }
+    this.fetched = key;
+    const base = `clusters/${encodeURIComponent(selected)}/metrics`;
+    if (topics.length === 0) {
+      void requestAPI<{ topics: ITopicSummary[] }>(base)
+        .then(reply => this.dispatch({ type: 'topics', cluster: selected, topics: reply.topics }))
+        .catch(error => console.warn('jupyter-cluster:', (error as Error).message));
+    } else if (topic && !metrics) {
+      void requestAPI<IMetricsModel>(`${base}/${encodeURIComponent(topic)}`)
+        .then(data => this.dispatch({ type: 'metrics', cluster: selected, topic, data }))
+        .catch(error => console.warn('jupyter-cluster:', (error as Error).message));
+    }
   }
 
   private setError(message: string | null): void {
@@ -283,44 +375,68 @@ export class ClusterPanel extends Widget {
   /** Ask for a name and a worker count, then start a cluster from the server. */
   async newCluster(): Promise<void> {
     const defaults = this.settings.defaultWorkers;
-    const body = new FormBody([
-      { name: 'name', label: 'Name', value: '', placeholder: 'automatic' },
-      {
-        name: 'workers',
-        label: 'Workers',
-        value: defaults === null ? '' : String(defaults),
-        placeholder: 'configured default'
+    const check = (v: FormValues): string | null => {
+      const name = v.name.trim();
+      if (name && !validName(name)) {
+        return `${JSON.stringify(name)} is not a valid cluster name; use letters, digits, '-', '_' or '.'.`;
       }
-    ]);
-    const result = await showDialog({
-      title: 'Start a cluster',
-      body,
-      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Start' })]
-    });
-    if (!result.button.accept || !result.value) {
+      const parsed = v.workers.trim() ? parseWorkers(v.workers) : { value: 0 };
+      return 'error' in parsed ? parsed.error : null;
+    };
+    const values = await this.ask(
+      'Start a cluster',
+      'Start',
+      [
+        { name: 'name', label: 'Name', value: '', placeholder: 'automatic' },
+        {
+          name: 'workers',
+          label: 'Workers',
+          value: defaults === null ? '' : String(defaults),
+          placeholder: 'configured default'
+        }
+      ],
+      check
+    );
+    if (!values) {
       return;
     }
     const request: { name?: string; workers?: number } = {};
-    const name = result.value.name.trim();
-    if (name) {
-      if (!validName(name)) {
-        await showErrorMessage(
-          'Invalid name',
-          `${JSON.stringify(name)} is not a valid cluster name; use letters, digits, '-', '_' or '.'.`
-        );
-        return;
-      }
-      request.name = name;
+    if (values.name.trim()) {
+      request.name = values.name.trim();
     }
-    if (result.value.workers.trim()) {
-      const parsed = parseWorkers(result.value.workers);
-      if ('error' in parsed) {
-        await showErrorMessage('Invalid worker count', parsed.error);
-        return;
-      }
-      request.workers = parsed.value;
+    if (values.workers.trim()) {
+      request.workers = (parseWorkers(values.workers) as { value: number }).value;
     }
     await this.startCluster(request);
+  }
+
+  /**
+   * Show a form until its values pass `check` (the error stays in the dialog,
+   * with what the user typed); null when cancelled.
+   */
+  private async ask(
+    title: string,
+    label: string,
+    fields: { name: string; label: string; value: string; placeholder?: string }[],
+    check: (values: FormValues) => string | null
+  ): Promise<FormValues | null> {
+    let error = '';
+    for (;;) {
+      const result = await showDialog({
+        title,
+        body: new FormBody(fields, error, check),
+        buttons: [Dialog.cancelButton(), Dialog.okButton({ label })]
+      });
+      if (!result.button.accept || !result.value) {
+        return null;
+      }
+      const values = result.value;
+      error = check(values) ?? '';
+      if (!error) {
+        return values;
+      }
+      fields = fields.map(f => ({ ...f, value: values[f.name] ?? f.value }));
+    }
   }
 
   /** Start a cluster through the server; returns its name. */
@@ -344,51 +460,50 @@ export class ClusterPanel extends Widget {
   async scaleCluster(name: string, workers?: number): Promise<void> {
     if (workers === undefined) {
       const current = this.state.clusters.find(c => c.name === name)?.n_workers ?? 1;
-      const body = new FormBody([{ name: 'workers', label: 'Workers', value: String(current) }]);
-      const result = await showDialog({
-        title: `Scale ${name}`,
-        body,
-        buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Scale' })]
-      });
-      if (!result.button.accept || !result.value) {
+      const values = await this.ask(
+        `Scale ${name}`,
+        'Scale',
+        [{ name: 'workers', label: 'Workers', value: String(current) }],
+        v => {
+          const parsed = parseWorkers(v.workers);
+          return 'error' in parsed ? parsed.error : null;
+        }
+      );
+      if (!values) {
         return;
       }
-      const parsed = parseWorkers(result.value.workers);
-      if ('error' in parsed) {
-        await showErrorMessage('Invalid worker count', parsed.error);
-        return;
-      }
-      workers = parsed.value;
+      workers = (parseWorkers(values.workers) as { value: number }).value;
     }
     await this.act(`Could not scale ${name}`, () => postAPI(`clusters/${encodeURIComponent(name)}/scale`, { workers }));
   }
 
   /** Ask for bounds and let ``name`` adapt between them. */
   async adaptCluster(name: string): Promise<void> {
-    const body = new FormBody([
-      { name: 'minimum', label: 'Minimum', value: '0' },
-      {
-        name: 'maximum',
-        label: 'Maximum',
-        value: String(Math.max(4, this.state.clusters.find(c => c.name === name)?.n_workers ?? 1))
+    const values = await this.ask(
+      `Adapt ${name}`,
+      'Adapt',
+      [
+        { name: 'minimum', label: 'Minimum', value: '0' },
+        {
+          name: 'maximum',
+          label: 'Maximum',
+          value: String(Math.max(4, this.state.clusters.find(c => c.name === name)?.n_workers ?? 1))
+        }
+      ],
+      v => {
+        for (const parsed of [parseWorkers(v.minimum, 'minimum'), parseWorkers(v.maximum, 'maximum')]) {
+          if ('error' in parsed) {
+            return parsed.error;
+          }
+        }
+        return Number(v.maximum) < Number(v.minimum) ? 'maximum must be at least minimum.' : null;
       }
-    ]);
-    const result = await showDialog({
-      title: `Adapt ${name}`,
-      body,
-      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Adapt' })]
-    });
-    if (!result.button.accept || !result.value) {
+    );
+    if (!values) {
       return;
     }
-    const minimum = parseWorkers(result.value.minimum, 'minimum');
-    const maximum = parseWorkers(result.value.maximum, 'maximum');
-    for (const parsed of [minimum, maximum]) {
-      if ('error' in parsed) {
-        await showErrorMessage('Invalid bounds', parsed.error);
-        return;
-      }
-    }
+    const minimum = parseWorkers(values.minimum, 'minimum');
+    const maximum = parseWorkers(values.maximum, 'maximum');
     await this.act(`Could not make ${name} adaptive`, () =>
       postAPI(`clusters/${encodeURIComponent(name)}/adapt`, {
         minimum: (minimum as { value: number }).value,
@@ -449,7 +564,9 @@ export class ClusterPanel extends Widget {
 
   private render(): void {
     this.renderError();
+    this.renderPin();
     this.renderClusters();
+    this.renderHistory();
     this.renderWorkers();
     this.renderJobs();
     this.renderMetrics();
@@ -458,6 +575,60 @@ export class ClusterPanel extends Widget {
   private renderError(): void {
     this.errorNode.textContent = this.state.error ?? '';
     this.errorNode.style.display = this.state.error ? '' : 'none';
+  }
+
+  private renderPin(): void {
+    const pinned = this.state.pinned;
+    this.pinButton.textContent = pinned ? 'Pinned' : 'Follow';
+    this.pinButton.classList.toggle('jc-pinned', pinned);
+    this.pinButton.title = pinned
+      ? 'The selection is held; click to follow the cluster where new work starts'
+      : 'Following the cluster where new work starts; click to hold the selection';
+  }
+
+  /** Stopped clusters whose jobs and metrics the server kept. */
+  private renderHistory(): void {
+    const { history, selected } = this.state;
+    if (!this.changed('history', [history.map(h => [h.name, h.topics]), selected])) {
+      return;
+    }
+    this.historyNode.replaceChildren();
+    if (history.length === 0) {
+      return;
+    }
+    this.historyNode.append(el('div', 'jc-history-title', 'Stopped (history kept)'));
+    for (const h of history) {
+      this.historyNode.append(this.historyRow(h, h.name === selected));
+    }
+  }
+
+  private historyRow(h: IHistoryCluster, isSelected: boolean): HTMLElement {
+    const item = el('div', `jc-cluster jc-cluster-stopped${isSelected ? ' jc-selected' : ''}`);
+    item.dataset.name = h.name;
+    item.addEventListener('click', () => {
+      this.setState(select(this.state, h.name));
+      this.sendWatch();
+    });
+    const when = h.stopped ? new Date(h.stopped * 1000).toLocaleTimeString() : '';
+    const title = el('div', 'jc-cluster-title');
+    title.append(
+      el('span', 'jc-cluster-name', h.cluster),
+      el('span', 'jc-status jc-status-stopped', `stopped ${when}`)
+    );
+    const topics = h.topics.length ? `metrics: ${h.topics.join(', ')}` : 'jobs only';
+    item.append(title, el('div', 'jc-cluster-meta', topics));
+    const actions = el('div', 'jc-cluster-actions');
+    actions.append(
+      button('Forget', 'jc-forget', `Delete the kept jobs and metrics of ${h.cluster}`, () => void this.forget(h.name))
+    );
+    item.append(actions);
+    return item;
+  }
+
+  private async forget(key: string): Promise<void> {
+    await this.act('Could not delete the history', () =>
+      requestAPI(`clusters/${encodeURIComponent(key)}`, { method: 'DELETE' })
+    );
   }
 
   private renderClusters(): void {
@@ -513,13 +684,24 @@ export class ClusterPanel extends Widget {
 
   private renderWorkers(): void {
     const detail = this.state.detail;
-    if (!this.changed('workers', detail ? [detail.name, detail.workers] : null)) {
+    const key = detail
+      ? [detail.name, detail.workers]
+      : [this.state.selected, isStopped(this.state, this.state.selected)];
+    if (!this.changed('workers', key)) {
       return;
     }
     this.workersNode.replaceChildren();
     if (!detail) {
       this.workersNode.append(
-        el('div', 'jc-empty', this.state.selected ? 'Waiting for the scheduler…' : 'No cluster selected.')
+        el(
+          'div',
+          'jc-empty',
+          isStopped(this.state, this.state.selected)
+            ? 'Stopped: its jobs and metrics are kept below.'
+            : this.state.selected
+              ? 'Waiting for the scheduler…'
+              : 'No cluster selected.'
+        )
       );
       return;
     }
@@ -572,30 +754,50 @@ export class ClusterPanel extends Widget {
   }
 
   private renderJobs(): void {
-    const { running, recent } = this.state.jobs;
-    if (!this.changed('jobs', [running, recent])) {
+    const { rows, more } = visibleJobs(this.state, this.showAllJobs ? 20 : 4);
+    if (!this.changed('jobs', [rows, more, this.showAllJobs])) {
       return;
     }
     this.jobsNode.replaceChildren();
-    if (running.length === 0 && recent.length === 0) {
+    if (rows.length === 0) {
       this.jobsNode.append(el('div', 'jc-empty', 'No maps yet: run a %%parallel cell or Pool.map.'));
       return;
     }
-    for (const job of [...running, ...recent.slice(0, 8)]) {
+    for (const job of rows) {
       this.jobsNode.append(this.jobRow(job));
+    }
+    if (more > 0 || this.showAllJobs) {
+      const toggle = button(
+        this.showAllJobs ? 'Show fewer' : `${more} more finished`,
+        'jc-more-jobs',
+        'Show or hide older finished jobs',
+        () => {
+          this.showAllJobs = !this.showAllJobs;
+          this.renderJobs();
+        }
+      );
+      this.jobsNode.append(toggle);
     }
   }
 
   private jobRow(job: IJob): HTMLElement {
     const row = el('div', `jc-job jc-job-${job.state}`);
     row.dataset.job = job.job;
-    const { fraction, text } = jobProgress(job);
+    const { fraction, failedFraction, text } = jobProgress(job);
     const head = el('div', 'jc-job-head');
-    head.append(el('span', 'jc-job-label', job.label), el('span', 'jc-job-state', job.state));
+    const label = el('span', 'jc-job-label', job.label);
+    label.title = job.label;
+    head.append(label, el('span', 'jc-job-state', job.state));
     const bar = el('div', `jc-bar jc-progress${fraction === null ? ' jc-indeterminate' : ''}`);
     const fill = el('div', 'jc-bar-fill');
     fill.style.width = `${((fraction ?? 1) * 100).toFixed(1)}%`;
     bar.append(fill);
+    if (failedFraction > 0) {
+      const failed = el('div', 'jc-bar-failed');
+      failed.style.width = `${(failedFraction * 100).toFixed(1)}%`;
+      failed.title = `${job.failed} failed`;
+      bar.append(failed);
+    }
     const foot = el('div', 'jc-job-foot');
     foot.append(
       el('span', 'jc-job-count', text),
@@ -622,6 +824,7 @@ export class ClusterPanel extends Widget {
       this.topicSelect.style.display = topics.length ? '' : 'none';
     }
     this.metricsEmpty.style.display = topics.length ? 'none' : '';
+    this.openButton.style.display = topic && this.onOpenTopic ? '' : 'none';
     if (!topic || !metrics) {
       if (this.charts && !topic) {
         this.charts.dispose();
@@ -649,7 +852,7 @@ export class ClusterPanel extends Widget {
       }
     }
     if (!this.charts) {
-      this.charts = new MetricsCharts(this.chartsHost, { height: 200 });
+      this.charts = new MetricsCharts(this.chartsHost, { height: 200, dark: this.dark ?? undefined });
     }
     if (this.chartInput.metrics !== metrics || this.chartInput.off !== off) {
       this.chartInput = { metrics, off };

@@ -1,15 +1,20 @@
 """The sidebar panel in a real JupyterLab, driven through Debian's Chromium.
 
-One scenario, as a user would do it: open the panel, start a cluster from it,
-open a notebook that attaches to that cluster and maps a cell which reports a
-scalar and a vector metric, then check the panel shows the worker rows, the
-job's progress, a line chart and a heatmap with data.  Screenshots go to
-test-artifacts/.
+One scenario, as a user would do it: open the panel, start two clusters from
+it, open a notebook that attaches to the second and maps a cell which reports
+a scalar and a vector metric (three runs of different scale), then check the
+panel follows the notebook's work to its cluster and shows the worker rows, the
+job's progress, a line chart and the heatmaps of every run on one colour
+scale; that the charts follow the sidebar's width, re-style on a theme switch
+and round their tooltips; that a bad Scale value keeps the dialog open with its
+error; and that stopping the cluster keeps its jobs and curves.  Screenshots go
+to test-artifacts/.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import nbformat
@@ -18,6 +23,7 @@ import pytest
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
 CLUSTER = "ui-panel"
+OTHER = "ui-other"  # started first, so the panel selects it after a reload
 ITEMS = 48
 
 NOTEBOOK_CELLS = [
@@ -27,8 +33,8 @@ NOTEBOOK_CELLS = [
 import time
 import jupyter_cluster
 time.sleep(0.15)
-jupyter_cluster.report(step=i // 3, topic="ui", member=i % 3, reward=(i // 3) ** 0.5 + i % 3,
-                       tokens_per_expert=[((i // 3) * (k + 1)) % 7 for k in range(8)])
+jupyter_cluster.report(step=i // 3, topic="ui", member=i % 3, reward=(i // 3) ** 0.5 + i % 3 + 0.123456789,
+                       tokens_per_expert=[((i // 3) * (k + 1)) % 7 * (i % 3 + 1) for k in range(8)])
 i * 2""",
     f'assert doubled == [2 * i for i in range({ITEMS})]\nprint("mapped", len(doubled))',
 ]
@@ -67,6 +73,24 @@ async () => {
 """
 
 
+# Light pixels in the chart's title (top left): none in the light theme, where
+# the title is dark text on a transparent background; many in the dark theme.
+TITLE_LIGHT_PIXELS_JS = """
+(panel) => {
+  const canvas = panel.querySelector('canvas');
+  const dpr = canvas.width / canvas.getBoundingClientRect().width;
+  const data = canvas.getContext('2d').getImageData(0, 0, Math.round(70 * dpr), Math.round(20 * dpr)).data;
+  let n = 0;
+  for (let i = 0; i < data.length; i += 4) {
+    if (data[i + 3] > 160 && Math.min(data[i], data[i + 1], data[i + 2]) > 170) n++;
+  }
+  return n;
+}
+"""
+
+CANVAS_WIDTH_JS = "(e) => Math.round(e.querySelector('canvas').getBoundingClientRect().width)"
+
+
 def _write_notebook(path: str) -> None:
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS]
@@ -75,10 +99,38 @@ def _write_notebook(path: str) -> None:
 
 
 def _open_panel(page) -> None:
-    panel = page.locator("#jupyter-cluster-panel")
-    if not panel.is_visible():
-        page.locator('.jp-SideBar .lm-TabBar-tab[data-id="jupyter-cluster-panel"]').click()
-    panel.wait_for(state="visible", timeout=30_000)
+    """Show the panel through its command (a tab click would close it if the restored layout showed it)."""
+    page.wait_for_function(
+        "!!window.jupyterapp && window.jupyterapp.commands.hasCommand('jupyter-cluster:open')", timeout=60_000
+    )
+    page.evaluate("window.jupyterapp.commands.execute('jupyter-cluster:open')")
+    page.locator("#jupyter-cluster-panel").wait_for(state="visible", timeout=30_000)
+
+
+def _drag_sidebar_to(page, x: float) -> None:
+    """Drag the handle between the left sidebar and the main area to ``x``."""
+    handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle").first
+    box = handle.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(x, box["y"] + box["height"] / 2, steps=5)
+    page.mouse.up()
+
+
+def _chart_fits(page, width_range: tuple[float, float]) -> int:
+    """Wait until the first line chart's canvas is within ``width_range`` px and inside the panel; its width."""
+    lo, hi = width_range
+    page.wait_for_function(
+        f"""() => {{
+          const p = document.querySelector('#jupyter-cluster-panel');
+          const c = p && p.querySelector('.jc-metrics-line canvas');
+          if (!c) return false;
+          const w = c.getBoundingClientRect().width;
+          return w >= {lo} && w <= {hi} && w <= p.clientWidth;
+        }}""",
+        timeout=10_000,
+    )
+    return page.locator("#jupyter-cluster-panel .jc-metrics-line").first.evaluate(CANVAS_WIDTH_JS)
 
 
 def _shot(page, artifacts: str, name: str, selector: str | None = None) -> str:
@@ -103,6 +155,12 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         # -- the panel, and a cluster started from it --------------------------------
         _open_panel(page)
         page.wait_for_selector("#jupyter-cluster-panel .jc-clusters", timeout=30_000)
+        # an older cluster, which the panel selects first after a reload
+        page.click("#jupyter-cluster-panel .jc-new")
+        page.fill(".jp-Dialog .jc-input-name", OTHER)
+        page.fill(".jp-Dialog .jc-input-workers", "1")
+        page.click(".jp-Dialog .jp-mod-accept")
+        page.locator(f'#jupyter-cluster-panel .jc-cluster[data-name="{OTHER}"]').wait_for(timeout=120_000)
         page.click("#jupyter-cluster-panel .jc-new")
         page.fill(".jp-Dialog .jc-input-name", CLUSTER)
         page.fill(".jp-Dialog .jc-input-workers", "2")
@@ -124,10 +182,14 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         picker = page.locator(".jp-Dialog .jp-mod-accept")
         if picker.count():  # a kernel picker despite autoStartDefaultKernel: take the default
             picker.click()
-        page.evaluate(RUN_ALL_WHEN_READY_JS)
         _open_panel(page)
-        # after the reload the panel selects the oldest cluster: pick ours (other tests' may live)
-        page.click(f'#jupyter-cluster-panel .jc-cluster[data-name="{CLUSTER}"] .jc-cluster-name')
+        # after the reload the panel selects the oldest cluster, not the notebook's ...
+        page.wait_for_selector(f'#jupyter-cluster-panel .jc-cluster.jc-selected[data-name="{OTHER}"]', timeout=30_000)
+        page.evaluate(RUN_ALL_WHEN_READY_JS)
+        # ... and follows the notebook's work to its cluster once the map starts (no click)
+        page.wait_for_selector(
+            f'#jupyter-cluster-panel .jc-cluster.jc-selected[data-name="{CLUSTER}"]', timeout=120_000
+        )
         # the job appears while it runs, then finishes with every item done
         job = page.locator("#jupyter-cluster-panel .jc-job").first
         job.wait_for(timeout=120_000)
@@ -162,6 +224,34 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         heat_pixels = panels.nth(1).evaluate(COLOURED_PIXELS_JS)
         assert line_pixels > 200, f"the line chart looks empty ({line_pixels} coloured pixels)"
         assert heat_pixels > 2000, f"the heatmap looks empty ({heat_pixels} coloured pixels)"
+        # every run has its heatmap, all on one colour scale (member 2's cells reach 18, member 0's 6);
+        # the index axis is named by the reported key
+        heat = page.locator("#jupyter-cluster-panel .jc-metrics-heat").first
+        assert heat.get_attribute("data-runs") == "member=0,member=1,member=2"
+        assert heat.get_attribute("data-range") == "0,18"
+        assert heat.get_attribute("data-axis") == "expert"
+        # a difference of two runs on its own scale
+        heat.locator("select.jc-diff").select_option(index=1)
+        page.wait_for_function(
+            "document.querySelector('#jupyter-cluster-panel .jc-metrics-heat').dataset.diff === 'member=0,member=1'",
+            timeout=5_000,
+        )
+        _shot(page, artifacts, "panel-heatmaps-shared-scale.png", "#jupyter-cluster-panel .jc-metrics-heat")
+        heat.locator("select.jc-diff").select_option(index=0)
+        # tooltips: rounded numbers, short series names
+        line = page.locator("#jupyter-cluster-panel .jc-metrics-line").first
+        line.scroll_into_view_if_needed()
+        box = line.locator("canvas").first.bounding_box()
+        page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.4)
+        tip = page.wait_for_function(
+            "[...document.querySelectorAll('#jupyter-cluster-panel .jc-metrics-line div')]"
+            ".map(d => d.innerText || '').find(t => t.startsWith('step ')) || null",
+            timeout=10_000,
+        ).json_value()
+        assert "member 1" in tip and "member=" not in tip, tip
+        assert not re.search(r"\d\.\d{5,}", tip), f"unrounded numbers in the tooltip: {tip!r}"
+        assert re.match(r"step \d+\n", tip), tip
+        page.mouse.move(5, 5)
         # series selection: switching a member off redraws without it
         series = page.locator("#jupyter-cluster-panel .jc-series-item")
         assert series.count() == 3
@@ -169,6 +259,48 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         assert series.nth(0).locator("input").is_checked() is False
         _shot(page, artifacts, "panel-workers-jobs-metrics.png", "#jupyter-cluster-panel")
         _shot(page, artifacts, "lab-notebook-and-panel.png")
+
+        # -- the charts follow the sidebar's width: narrow -> wide -> narrow ---------------
+        narrow = _chart_fits(page, (150, 320))
+        _drag_sidebar_to(page, 760)
+        wide = _chart_fits(page, (550, 760))
+        _shot(page, artifacts, "panel-wide.png")
+        _drag_sidebar_to(page, 300)
+        again = _chart_fits(page, (150, 300))
+        assert wide > narrow + 250 and again < wide - 250, (narrow, wide, again)
+        _shot(page, artifacts, "panel-narrow.png", "#jupyter-cluster-panel")
+
+        # -- a theme switch re-styles the charts already drawn ------------------------------
+        line = page.locator("#jupyter-cluster-panel .jc-metrics-line").first
+        widget = page.locator(".jp-NotebookPanel .jc-metrics-line").first
+        assert line.evaluate(TITLE_LIGHT_PIXELS_JS) < 5 and widget.evaluate(TITLE_LIGHT_PIXELS_JS) < 5
+        page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+        page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+        # the panel's charts and the notebook widget's charts, drawn before the switch, turn dark
+        for where in ("#jupyter-cluster-panel", ".jp-NotebookPanel"):
+            page.wait_for_function(
+                f"(() => {{ const f = {TITLE_LIGHT_PIXELS_JS}; "
+                f"return f(document.querySelector('{where} .jc-metrics-line')) > 40; }})()",
+                timeout=10_000,
+            )
+        # and still fill their boxes
+        page.wait_for_function(
+            "[...document.querySelectorAll('.jc-metrics-panel')].every(p => "
+            "Math.abs(p.querySelector('canvas').getBoundingClientRect().width - p.clientWidth) <= 1)",
+            timeout=10_000,
+        )
+        _shot(page, artifacts, "lab-dark-theme.png")
+        page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+        page.wait_for_function("document.body.dataset.jpThemeLight === 'true'", timeout=30_000)
+
+        # -- notebook widgets follow their cell's width -------------------------------------
+        page.set_viewport_size({"width": 900, "height": 1000})
+        page.wait_for_function(
+            "[...document.querySelectorAll('.jp-NotebookPanel .jc-metrics-panel')].every(p => {"
+            " const c = p.querySelector('canvas'); return c && c.getBoundingClientRect().width <= p.clientWidth + 1; })",
+            timeout=10_000,
+        )
+        page.set_viewport_size({"width": 1500, "height": 1000})
 
         # -- buttons: Connect inserts the magic into the notebook, Scale asks the owner ----
         item.locator(".jc-connect").click()
@@ -178,6 +310,11 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
             timeout=15_000,
         )
         item.locator(".jc-scale").click()
+        # a bad value keeps the dialog open, says why and keeps what was typed
+        page.fill(".jp-Dialog .jc-input-workers", "two")
+        page.click(".jp-Dialog .jp-mod-accept")
+        page.wait_for_selector(".jp-Dialog .jc-form-error >> text=whole number", timeout=5_000)
+        assert page.locator(".jp-Dialog .jc-input-workers").input_value() == "two"
         page.fill(".jp-Dialog .jc-input-workers", "1")
         page.click(".jp-Dialog .jp-mod-accept")
         page.wait_for_function(
@@ -208,16 +345,68 @@ def test_panel_in_notebook_7(lab, browser, artifacts):
         page.click(f'#jupyter-cluster-panel .jc-cluster[data-name="{CLUSTER}"] .jc-cluster-name', timeout=30_000)
         page.wait_for_selector("#jupyter-cluster-panel .jc-worker", timeout=30_000)
         _shot(page, artifacts, "notebook7-panel.png")
-        # Stop, confirmed in the dialog: the cluster leaves the list
-        page.click(f'#jupyter-cluster-panel .jc-cluster[data-name="{CLUSTER}"] .jc-stop')
-        page.click(".jp-Dialog .jp-mod-accept")
-        page.wait_for_selector(f'#jupyter-cluster-panel .jc-cluster[data-name="{CLUSTER}"]', state="detached", timeout=60_000)
-        # the notebook's attachment to it ("ui-panel-attached-1") is no cluster either
+    finally:
+        _shot(page, artifacts, "notebook7-last-state.png")
+        context.close()
+
+
+def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
+    """Stop the cluster the notebook mapped on: its job and its charts stay, under "Stopped"."""
+    context = browser.new_context(viewport={"width": 1500, "height": 1000})
+    page = context.new_page()
+    log_start = os.path.getsize(lab.log_path)
+    try:
+        page.goto(f"{lab.url}lab?token={lab.token}", timeout=90_000)
+        page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
+        _open_panel(page)
+        page.click(f'#jupyter-cluster-panel .jc-cluster[data-name="{CLUSTER}"] .jc-cluster-name', timeout=30_000)
         page.wait_for_function(
-            f"![...document.querySelectorAll('#jupyter-cluster-panel .jc-cluster')]"
+            "document.querySelectorAll('#jupyter-cluster-panel .jc-metrics-panel canvas').length >= 2", timeout=30_000
+        )
+        # Stop, confirmed in the dialog: the cluster leaves the live list
+        page.click(f'#jupyter-cluster-panel .jc-clusters .jc-cluster[data-name="{CLUSTER}"] .jc-stop')
+        page.click(".jp-Dialog .jp-mod-accept")
+        page.wait_for_selector(
+            f'#jupyter-cluster-panel .jc-clusters .jc-cluster[data-name="{CLUSTER}"]', state="detached", timeout=60_000
+        )
+        # the notebook's attachment to it ("ui-panel-attached-1") is no live cluster either
+        page.wait_for_function(
+            f"![...document.querySelectorAll('#jupyter-cluster-panel .jc-clusters .jc-cluster')]"
             f".some(e => e.dataset.name.startsWith('{CLUSTER}'))",
             timeout=15_000,
         )
+        # ... but its history is kept and stays selected: the job and the curves are still there
+        kept = page.locator(f'#jupyter-cluster-panel .jc-history .jc-cluster.jc-selected[data-name^="{CLUSTER}.stopped-"]')
+        kept.wait_for(timeout=15_000)
+        assert "metrics: ui" in kept.inner_text()
+        assert page.locator("#jupyter-cluster-panel .jc-job", has_text=f"{ITEMS} / {ITEMS}").count() >= 1
+        page.wait_for_function(
+            "document.querySelectorAll('#jupyter-cluster-panel .jc-charts .jc-metrics-panel canvas').length >= 2",
+            timeout=15_000,
+        )
+        time.sleep(0.5)  # let ECharts finish its frame before reading pixels
+        line = page.locator("#jupyter-cluster-panel .jc-charts .jc-metrics-panel").first
+        assert line.evaluate(COLOURED_PIXELS_JS) > 200
+        _shot(page, artifacts, "panel-after-stop.png", "#jupyter-cluster-panel")
+        # a reload reads the kept history over REST
+        page.reload()
+        _open_panel(page)
+        page.click(f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{CLUSTER}.stopped-"] .jc-cluster-name')
+        page.wait_for_function(
+            f"(document.querySelector('#jupyter-cluster-panel .jc-metrics-status') || {{}}).textContent"
+            f"?.includes('{ITEMS} reports')",
+            timeout=30_000,
+        )
+        # no traceback in the server's log for an expected event
+        with open(lab.log_path, errors="replace") as f:
+            f.seek(log_start)
+            log = f.read()
+        assert "Traceback" not in log and "ConnectionRefusedError" not in log, log[-3000:]
+        # Forget deletes the kept history
+        page.locator(f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{CLUSTER}.stopped-"] .jc-forget').click()
+        page.wait_for_selector(
+            f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{CLUSTER}.stopped-"]', state="detached", timeout=15_000
+        )
     finally:
-        _shot(page, artifacts, "notebook7-last-state.png")
+        _shot(page, artifacts, "panel-history-last-state.png")
         context.close()

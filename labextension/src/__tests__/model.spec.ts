@@ -6,7 +6,10 @@ import type { IMetricsModel } from '../charts/charts';
 import {
   IClusterModel,
   IClusterSummary,
+  IHistoryCluster,
   IJob,
+  IPanelState,
+  clearFinished,
   connectCode,
   filterSeries,
   formatBytes,
@@ -19,8 +22,10 @@ import {
   select,
   selectTopic,
   seriesKeys,
+  setPinned,
   toggleSeries,
   validName,
+  visibleJobs,
   watchMessage
 } from '../model';
 
@@ -192,9 +197,9 @@ describe('formatting', () => {
   });
 
   it('describes job progress, with failures and unknown totals', () => {
-    expect(jobProgress(job())).toEqual({ fraction: 0.4, text: '4 / 10' });
+    expect(jobProgress(job())).toEqual({ fraction: 0.4, failedFraction: 0, text: '4 / 10' });
     expect(jobProgress(job({ failed: 2 })).text).toBe('4 / 10, 2 failed');
-    expect(jobProgress(job({ total: null }))).toEqual({ fraction: null, text: '4 done' });
+    expect(jobProgress(job({ total: null }))).toEqual({ fraction: null, failedFraction: 0, text: '4 done' });
     expect(jobProgress(job({ total: null, state: 'finished' })).fraction).toBe(1);
     expect(jobProgress(job({ done: 12 })).fraction).toBe(1);
   });
@@ -222,5 +227,97 @@ describe('input checks', () => {
 
   it('writes the connect code', () => {
     expect(connectCode('sweep')).toBe('%load_ext jupyter_cluster\n%cluster connect sweep');
+  });
+});
+
+function kept(name: string, key: string): IHistoryCluster {
+  return { ...cluster(key), status: 'stopped', cluster: name, stopped: 100, topics: ['rl'] };
+}
+
+function withMetrics(name: string): IPanelState {
+  let s = reduce(initialState(), { type: 'clusters', clusters: [cluster('a'), cluster(name)] });
+  s = select(s, name);
+  const topics = [{ topic: 'rl', version: 1, received: 1, dropped: 0, scalars: ['reward'], vectors: [], series: 3 }];
+  s = reduce(s, { type: 'topics', cluster: name, topics });
+  return reduce(s, { type: 'metrics', cluster: name, topic: 'rl', data: metrics });
+}
+
+describe('stopping a cluster keeps what the panel showed', () => {
+  it('keeps the curves when the selected cluster stops, then moves onto its kept history', () => {
+    let s = withMetrics('b');
+    // %cluster stop: b leaves the live list ...
+    s = reduce(s, { type: 'clusters', clusters: [cluster('a')] });
+    expect(s.selected).toBe('b');
+    expect(s.metrics).toBe(metrics);
+    // ... and the jobs message names the history the server kept for it
+    s = reduce(s, {
+      type: 'jobs',
+      running: [],
+      recent: [job({ cluster: 'b', state: 'finished' })],
+      history: [kept('b', 'b.stopped-120000')]
+    });
+    expect(s.selected).toBe('b.stopped-120000');
+    expect(s.metrics).toBe(metrics);
+    expect(s.topic).toBe('rl');
+    expect(s.jobs.recent).toHaveLength(1);
+    // a later clusters message does not take the selection away
+    s = reduce(s, { type: 'clusters', clusters: [cluster('a')] });
+    expect(s.selected).toBe('b.stopped-120000');
+    expect(s.metrics).toBe(metrics);
+  });
+
+  it('falls back when a stopped cluster had nothing kept', () => {
+    let s = withMetrics('b');
+    s = reduce(s, { type: 'clusters', clusters: [cluster('a')] });
+    s = reduce(s, { type: 'jobs', running: [], recent: [], history: [] });
+    expect(s.selected).toBe('a');
+    expect(s.metrics).toBeNull();
+  });
+});
+
+describe('the selection follows new work unless pinned', () => {
+  it('moves to the cluster where a job starts (Run All in a notebook on another cluster)', () => {
+    let s = reduce(initialState(), { type: 'clusters', clusters: [cluster('a'), cluster('b')] });
+    expect(s.selected).toBe('a');
+    s = reduce(s, { type: 'jobs', running: [job({ job: 'j1', cluster: 'b' })], recent: [] });
+    expect(s.selected).toBe('b');
+    // the user picks a; the same running job does not pull the selection back
+    s = select(s, 'a');
+    s = reduce(s, { type: 'jobs', running: [job({ job: 'j1', cluster: 'b', done: 5 })], recent: [] });
+    expect(s.selected).toBe('a');
+  });
+
+  it('holds the selection when pinned', () => {
+    let s = reduce(initialState(), { type: 'clusters', clusters: [cluster('a'), cluster('b')] });
+    s = setPinned(s, true);
+    s = reduce(s, { type: 'jobs', running: [job({ job: 'j2', cluster: 'b' })], recent: [] });
+    expect(s.selected).toBe('a');
+  });
+});
+
+describe('jobs list', () => {
+  const finished = (i: number): IJob => job({ job: `f${i}`, state: 'finished', done: 10, updated: 10 + i });
+
+  it('is bounded and can be cleared', () => {
+    let s = reduce(initialState(), { type: 'clusters', clusters: [cluster('a')] });
+    const recent = Array.from({ length: 10 }, (_, i) => finished(9 - i));
+    s = reduce(s, { type: 'jobs', running: [job({ job: 'r' })], recent });
+    const { rows, more } = visibleJobs(s, 4);
+    expect(rows.map(j => j.job)).toEqual(['r', 'f9', 'f8', 'f7', 'f6']);
+    expect(more).toBe(6);
+    s = clearFinished(s);
+    expect(visibleJobs(s, 4)).toEqual({ rows: [s.jobs.running[0]], more: 0 });
+    // a job that finishes later is listed again
+    s = reduce(s, { type: 'jobs', running: [], recent: [finished(20), ...recent] });
+    expect(visibleJobs(s, 4).rows.map(j => j.job)).toEqual(['f20']);
+  });
+
+  it('fills the bar of a finished job with failures (collect mode): done plus failed', () => {
+    const p = jobProgress(job({ state: 'finished', total: 80, done: 72, failed: 8 }));
+    expect(p.fraction).toBeCloseTo(0.9);
+    expect(p.failedFraction).toBeCloseTo(0.1);
+    expect(p.fraction! + p.failedFraction).toBeCloseTo(1);
+    const unknown = jobProgress(job({ state: 'finished', total: null, done: 3, failed: 1 }));
+    expect(unknown.fraction! + unknown.failedFraction).toBeCloseTo(1);
   });
 });

@@ -4,8 +4,10 @@
  *
  * Input is the shared metrics data model (see IMetricsModel), already
  * downsampled on the Python side.  Each scalar value gets one line chart with
- * one line per series; each vector value gets a heatmap over steps with a
- * colour scale (one series at a time, picked from a menu).
+ * one line per series; each vector value gets small multiples: one heatmap per
+ * run on one shared colour scale, and optionally the difference of two runs.
+ * Charts follow their container's size (a ResizeObserver per chart) and lay
+ * out for narrow hosts (the sidebar's 250 px) as well as wide ones.
  */
 import * as echarts from 'echarts/core';
 import { HeatmapChart, LineChart } from 'echarts/charts';
@@ -14,10 +16,30 @@ import {
   GridComponent,
   LegendComponent,
   TitleComponent,
+  ToolboxComponent,
   TooltipComponent,
   VisualMapComponent
 } from 'echarts/components';
 import { CanvasRenderer } from 'echarts/renderers';
+
+import type { IMetricsModel, IVectorSeries, Point } from './data';
+import {
+  absMax,
+  diffVectors,
+  ema,
+  emptyModel,
+  formatNumber,
+  matchSeries,
+  metricsCode,
+  naturalCompare,
+  seriesLabel,
+  sharedRange,
+  toCSV,
+  vectorAxisName
+} from './data';
+
+export type { IMetricsModel, IVectorSeries, Point } from './data';
+export { emptyModel } from './data';
 
 echarts.use([
   LineChart,
@@ -28,57 +50,41 @@ echarts.use([
   VisualMapComponent,
   DataZoomComponent,
   TitleComponent,
+  ToolboxComponent,
   CanvasRenderer
 ]);
 
-/** One point of a line: [step, value]; null values leave a gap. */
-export type Point = [number, number | null];
-
-/** A vector value of one series: one row per step. */
-export interface IVectorSeries {
-  steps: number[];
-  rows: (number | null)[][];
-}
-
-/** The shared metrics data model (mirrors TopicStore.model() in jupyter_cluster/events.py). */
-export interface IMetricsModel {
-  topic: string;
-  /** value name -> series key ("member=3", or "all") -> points */
-  scalars: { [value: string]: { [series: string]: Point[] } };
-  /** value name -> series key -> rows over steps */
-  vectors: { [value: string]: { [series: string]: IVectorSeries } };
-  /** reports that were sent but never arrived */
-  dropped: number;
-  /** reports received (optional) */
-  received?: number;
-}
-
 export interface IChartOptions {
-  /** height of each chart in pixels */
+  /** height of each line chart in pixels */
   height?: number;
   /** series above which the legend scrolls and the tooltip shows one line only */
   manySeries?: number;
+  /** the charts' initial theme (default: JupyterLab's body attribute) */
+  dark?: boolean;
 }
 
-/** An empty model, e.g. before the first data arrives. */
-export function emptyModel(topic = ''): IMetricsModel {
-  return { topic, scalars: {}, vectors: {}, dropped: 0, received: 0 };
+/** How a line chart is drawn (the toolbar's choices). */
+export interface ILineView {
+  /** EMA weight in [0, 1) */
+  smoothing: number;
+  logY: boolean;
+  /** narrow host: fewer ticks, no paging legend */
+  compact: boolean;
 }
 
-function isDark(): boolean {
+/** Below this chart width the layout is compact (the sidebar's default is 250 px). */
+export const COMPACT_WIDTH = 420;
+
+const VIRIDIS = ['#440154', '#3b528b', '#21918c', '#5ec962', '#fde725'];
+const DIVERGING = ['#2166ac', '#92c5de', '#f7f7f7', '#f4a582', '#b2182b'];
+
+/** Whether JupyterLab's current theme is dark (from the body attribute it sets). */
+export function isDark(): boolean {
   const body = typeof document !== 'undefined' ? document.body : null;
   return !!body && body.getAttribute('data-jp-theme-light') === 'false';
 }
 
-interface IPanel {
-  root: HTMLElement;
-  chart: echarts.EChartsType;
-  /** keys of the series drawn (line charts) */
-  drawn: string;
-  select?: HTMLSelectElement;
-}
-
-/** Summary line: topic, received and (in red) dropped reports. */
+/** Summary line: topic, received reports and series. */
 export function statusText(model: IMetricsModel): string {
   const received = model.received ?? 0;
   const nSeries = new Set<string>();
@@ -91,101 +97,326 @@ export function statusText(model: IMetricsModel): string {
   return `${model.topic}: ${received.toLocaleString()} reports, ${nSeries.size} series`;
 }
 
+interface IAxisParam {
+  seriesId?: string;
+  seriesName?: string;
+  marker?: string;
+  value?: unknown;
+  axisValue?: unknown;
+}
+
+function axisTooltip(params: unknown, limit: number): string {
+  const list = (Array.isArray(params) ? params : [params]) as IAxisParam[];
+  const shown = list.filter(p => !(p.seriesId ?? '').startsWith('raw:'));
+  const x = Number(shown[0]?.axisValue ?? (shown[0]?.value as Point | undefined)?.[0]);
+  const rows = shown
+    .map(p => ({ p, y: (p.value as Point | undefined)?.[1] ?? null }))
+    .sort((a, b) => (b.y ?? -Infinity) - (a.y ?? -Infinity));
+  const lines = rows
+    .slice(0, limit)
+    .map(({ p, y }) => `${p.marker ?? ''}${escapeHTML(p.seriesName ?? '')}: <b>${formatNumber(y)}</b>`);
+  if (rows.length > limit) {
+    lines.push(`… ${rows.length - limit} more`);
+  }
+  return [`step ${formatNumber(x)}`, ...lines].join('<br/>');
+}
+
+function escapeHTML(s: string): string {
+  return s.replace(/[&<>"]/g, c => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' })[c] ?? c);
+}
+
 /** Option for one scalar value's line chart. */
 export function lineOption(
   name: string,
   bySeries: { [series: string]: Point[] },
-  manySeries = 12
+  manySeries = 12,
+  view: Partial<ILineView> = {}
 ): echarts.EChartsCoreOption {
   const keys = Object.keys(bySeries).sort(naturalCompare);
   const many = keys.length > manySeries;
-  return {
-    animation: false,
-    backgroundColor: 'transparent',
-    title: { text: name, left: 'center', top: 0, textStyle: { fontSize: 12 } },
-    tooltip: many ? { trigger: 'item' } : { trigger: 'axis', axisPointer: { type: 'line' }, confine: true },
-    legend: {
-      show: keys.length > 1,
-      type: 'scroll',
-      bottom: 0,
-      textStyle: { fontSize: 10 }
-    },
-    grid: { left: 56, right: 16, top: 28, bottom: keys.length > 1 ? 48 : 28 },
-    xAxis: { type: 'value', name: 'step', nameLocation: 'end', min: 'dataMin', max: 'dataMax' },
-    yAxis: { type: 'value', scale: true },
-    dataZoom: [{ type: 'inside', filterMode: 'none' }],
-    series: keys.map(key => ({
+  const compact = !!view.compact;
+  const smoothing = view.smoothing ?? 0;
+  const legend = keys.length > 1 && (compact ? keys.length <= 3 : true);
+  const series: object[] = [];
+  for (const key of keys) {
+    const data = bySeries[key];
+    if (smoothing > 0) {
+      series.push({
+        id: `raw:${key}`,
+        name: seriesLabel(key),
+        type: 'line',
+        data,
+        showSymbol: false,
+        silent: true,
+        lineStyle: { width: 1, opacity: 0.25 },
+        tooltip: { show: false },
+        z: 1
+      });
+    }
+    series.push({
       id: key,
-      name: key,
+      name: seriesLabel(key),
       type: 'line',
-      data: bySeries[key],
-      showSymbol: bySeries[key].length < 2,
+      data: smoothing > 0 ? ema(data, smoothing) : data,
+      showSymbol: data.length < 2,
       symbolSize: 4,
       sampling: 'lttb',
       large: true,
       connectNulls: false,
       lineStyle: { width: many ? 1 : 1.5 },
-      emphasis: { focus: 'series' }
-    }))
-  };
-}
-
-/** Option for one vector value's heatmap (steps across, vector index down). */
-export function heatmapOption(name: string, series: string, data: IVectorSeries): echarts.EChartsCoreOption {
-  const width = data.rows.reduce((m, r) => Math.max(m, r.length), 0);
-  const cells: [number, number, number][] = [];
-  let lo = Infinity;
-  let hi = -Infinity;
-  data.rows.forEach((row, i) => {
-    row.forEach((v, j) => {
-      if (v !== null && Number.isFinite(v)) {
-        cells.push([i, j, v]);
-        lo = Math.min(lo, v);
-        hi = Math.max(hi, v);
-      }
+      emphasis: { focus: 'series' },
+      z: 2
     });
-  });
-  if (!Number.isFinite(lo)) {
-    lo = 0;
-    hi = 1;
-  } else if (lo === hi) {
-    hi = lo + 1;
   }
   return {
     animation: false,
     backgroundColor: 'transparent',
-    title: { text: `${name} (${series})`, left: 'center', top: 0, textStyle: { fontSize: 12 } },
-    tooltip: {
-      position: 'top',
-      formatter: (p: unknown) => {
-        const v = (p as { value: [number, number, number] }).value;
-        return `step ${data.steps[v[0]]}, index ${v[1]}: ${v[2].toPrecision(4)}`;
+    title: { text: name, left: 4, top: 2, textStyle: { fontSize: 12 } },
+    tooltip: many
+      ? { trigger: 'item', confine: true, valueFormatter: (v: unknown) => formatNumber(Number(v)) }
+      : {
+          trigger: 'axis',
+          axisPointer: { type: 'line' },
+          confine: true,
+          formatter: (p: unknown) => axisTooltip(p, compact ? 6 : 12)
+        },
+    toolbox: {
+      right: 4,
+      top: 0,
+      itemSize: 12,
+      itemGap: 6,
+      feature: {
+        dataZoom: { yAxisIndex: 'none', title: { zoom: 'zoom (drag)', back: 'reset zoom' } },
+        saveAsImage: { title: 'PNG', name: name.replace(/\W+/g, '_'), pixelRatio: 2 }
       }
     },
-    grid: { left: 56, right: 80, top: 28, bottom: 28 },
-    xAxis: { type: 'category', name: 'step', data: data.steps.map(s => String(s)) },
+    legend: {
+      show: legend,
+      type: 'scroll',
+      bottom: 0,
+      itemWidth: 14,
+      itemHeight: 8,
+      textStyle: { fontSize: 10 },
+      data: keys.map(seriesLabel)
+    },
+    grid: { left: compact ? 44 : 56, right: compact ? 10 : 16, top: 26, bottom: legend ? 52 : 34 },
+    xAxis: {
+      type: 'value',
+      name: 'step',
+      nameLocation: 'middle',
+      nameGap: 20,
+      nameTextStyle: { fontSize: 10 },
+      min: 'dataMin',
+      max: 'dataMax',
+      splitNumber: compact ? 3 : 6,
+      axisLabel: { hideOverlap: true, fontSize: 10, formatter: (v: number) => formatNumber(v) }
+    },
     yAxis: {
-      type: 'category',
-      name: 'index',
-      data: Array.from({ length: width }, (_, j) => String(j))
+      type: view.logY ? 'log' : 'value',
+      scale: true,
+      splitNumber: compact ? 3 : 5,
+      axisLabel: { fontSize: 10, formatter: (v: number) => formatNumber(v) }
     },
-    visualMap: {
-      min: lo,
-      max: hi,
-      calculable: true,
-      orient: 'vertical',
-      right: 0,
-      top: 'middle',
-      itemHeight: 120,
-      inRange: { color: ['#440154', '#3b528b', '#21918c', '#5ec962', '#fde725'] }
-    },
-    series: [{ id: 'cells', type: 'heatmap', data: cells, progressive: 10000 }]
+    dataZoom: [{ type: 'inside', filterMode: 'none' }],
+    series
   };
 }
 
-function naturalCompare(a: string, b: string): number {
-  return a.localeCompare(b, undefined, { numeric: true });
+/** How the small multiples of one vector value are laid out in a chart of `width` pixels. */
+export function heatmapLayout(
+  n: number,
+  width: number
+): { cols: number; rows: number; cellHeight: number; height: number } {
+  const cols = Math.max(1, Math.min(n, Math.floor(width / 300)));
+  const rows = Math.ceil(n / cols);
+  const cellHeight = width < COMPACT_WIDTH ? 96 : 130;
+  return { cols, rows, cellHeight, height: HEAT_TOP + rows * (cellHeight + HEAT_BLOCK) + HEAT_BOTTOM };
 }
+
+const HEAT_TOP = 24; // the value's title
+const HEAT_BLOCK = 44; // a run's label above its grid and the step labels below
+const HEAT_BOTTOM = 40; // the colour bars
+
+/**
+ * Option for one vector value: one heatmap per run (steps across, vector
+ * index down) sharing one colour scale, plus `diff` (a - b) on a diverging
+ * scale of its own when given.
+ */
+export function heatmapOption(
+  name: string,
+  bySeries: { [series: string]: IVectorSeries },
+  width: number,
+  diff: [string, string] | null = null
+): echarts.EChartsCoreOption {
+  const keys = Object.keys(bySeries).sort(naturalCompare);
+  const panels: { title: string; data: IVectorSeries; isDiff: boolean }[] = keys.map(k => ({
+    title: seriesLabel(k),
+    data: bySeries[k],
+    isDiff: false
+  }));
+  if (diff && bySeries[diff[0]] && bySeries[diff[1]]) {
+    panels.push({
+      title: `${seriesLabel(diff[0])} − ${seriesLabel(diff[1])}`,
+      data: diffVectors(bySeries[diff[0]], bySeries[diff[1]]),
+      isDiff: true
+    });
+  }
+  const layout = heatmapLayout(panels.length, width);
+  const [lo, hi] = sharedRange(bySeries);
+  const axisName = vectorAxisName(name);
+  const colWidth = width / layout.cols;
+  const left = 40;
+  const titles: object[] = [{ text: name, left: 4, top: 2, textStyle: { fontSize: 12 } }];
+  const grids: object[] = [];
+  const xAxes: object[] = [];
+  const yAxes: object[] = [];
+  const series: object[] = [];
+  const runIndices: number[] = [];
+  const diffIndices: number[] = [];
+  panels.forEach((p, i) => {
+    const col = i % layout.cols;
+    const row = Math.floor(i / layout.cols);
+    const x = col * colWidth + left;
+    const y = HEAT_TOP + row * (layout.cellHeight + HEAT_BLOCK) + 16;
+    const gridWidth = Math.max(40, colWidth - left - 10);
+    titles.push({
+      text: p.title,
+      left: x,
+      top: y - 16,
+      textStyle: { fontSize: 11, fontWeight: 'normal' }
+    });
+    grids.push({ left: x, top: y, width: gridWidth, height: layout.cellHeight });
+    const vecWidth = p.data.rows.reduce((m, r) => Math.max(m, r.length), 0);
+    xAxes.push({
+      type: 'category',
+      gridIndex: i,
+      data: p.data.steps.map(s => formatNumber(s)),
+      axisLabel: { fontSize: 10, hideOverlap: true },
+      axisTick: { show: false }
+    });
+    yAxes.push({
+      type: 'category',
+      gridIndex: i,
+      name: axisName,
+      nameLocation: 'middle',
+      nameGap: 24,
+      nameTextStyle: { fontSize: 10 },
+      data: Array.from({ length: vecWidth }, (_, j) => String(j)),
+      axisLabel: { fontSize: 9, hideOverlap: true }
+    });
+    const cells: [number, number, number][] = [];
+    p.data.rows.forEach((r, si) =>
+      r.forEach((v, j) => {
+        if (v !== null && Number.isFinite(v)) {
+          cells.push([si, j, v]);
+        }
+      })
+    );
+    (p.isDiff ? diffIndices : runIndices).push(i);
+    series.push({
+      id: p.isDiff ? 'diff' : `run:${keys[i]}`,
+      name: p.title,
+      type: 'heatmap',
+      xAxisIndex: i,
+      yAxisIndex: i,
+      data: cells,
+      progressive: 10000
+    });
+  });
+  const barLength = Math.max(60, Math.min(180, (diffIndices.length ? width / 2 : width) - 110));
+  const visualMap: object[] = [
+    {
+      seriesIndex: runIndices,
+      min: lo,
+      max: hi,
+      calculable: true,
+      orient: 'horizontal',
+      left: 4,
+      bottom: 4,
+      itemWidth: 10,
+      itemHeight: barLength,
+      textStyle: { fontSize: 10 },
+      formatter: (v: number) => formatNumber(v),
+      inRange: { color: VIRIDIS }
+    }
+  ];
+  if (diffIndices.length) {
+    const m = absMax((panels[panels.length - 1] as { data: IVectorSeries }).data);
+    visualMap.push({
+      seriesIndex: diffIndices,
+      min: -m,
+      max: m,
+      calculable: true,
+      orient: 'horizontal',
+      right: 4,
+      bottom: 4,
+      itemWidth: 10,
+      itemHeight: barLength,
+      textStyle: { fontSize: 10 },
+      formatter: (v: number) => formatNumber(v),
+      inRange: { color: DIVERGING }
+    });
+  }
+  return {
+    animation: false,
+    backgroundColor: 'transparent',
+    title: titles,
+    tooltip: {
+      confine: true,
+      formatter: (p: unknown) => {
+        const { seriesIndex, value } = p as { seriesIndex: number; value: [number, number, number] };
+        const panel = panels[seriesIndex];
+        const step = panel ? panel.data.steps[value[0]] : value[0];
+        return `${escapeHTML(panel?.title ?? '')}<br/>step ${formatNumber(step)}, ${axisName} ${value[1]}: <b>${formatNumber(value[2])}</b>`;
+      }
+    },
+    toolbox: {
+      right: 4,
+      top: 0,
+      itemSize: 12,
+      feature: { saveAsImage: { title: 'PNG', name: name.replace(/\W+/g, '_'), pixelRatio: 2 } }
+    },
+    grid: grids,
+    xAxis: xAxes,
+    yAxis: yAxes,
+    visualMap,
+    series
+  };
+}
+
+interface IPanel {
+  kind: 'line' | 'heat';
+  name: string;
+  root: HTMLElement;
+  box: HTMLElement;
+  chart: echarts.EChartsType;
+  /** what the last full draw depended on (series keys, layout, view) */
+  drawn: string;
+  /** heatmaps: the "difference of two runs" picker */
+  diff?: HTMLSelectElement;
+}
+
+function el<K extends keyof HTMLElementTagNameMap>(tag: K, className = '', text?: string): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  if (className) {
+    node.className = className;
+  }
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+function download(filename: string, blob: Blob): void {
+  const url = URL.createObjectURL(blob);
+  const a = el('a');
+  a.href = url;
+  a.download = filename;
+  a.click();
+  window.setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+const SMOOTHING = [0, 0.6, 0.8, 0.9, 0.95, 0.99];
 
 /**
  * Charts of one metrics topic inside `host`.  Call update() with every new
@@ -194,137 +425,317 @@ function naturalCompare(a: string, b: string): number {
 export class MetricsCharts {
   readonly node: HTMLElement;
   private readonly status: HTMLElement;
+  private readonly toolbar: HTMLElement;
   private readonly grid: HTMLElement;
   private readonly panels = new Map<string, IPanel>();
-  private readonly options: Required<IChartOptions>;
+  private readonly options: Required<Omit<IChartOptions, 'dark'>>;
   private readonly resizer: ResizeObserver | null;
   private model: IMetricsModel = emptyModel();
+  private shown: IMetricsModel = emptyModel();
+  private dark: boolean;
+  private smoothing = 0;
+  private logY = false;
+  private filter = '';
+  private frame = 0;
+  private themeFrame = 0;
+  private readonly resized = new Set<Element>();
+  private readonly smoothingSelect: HTMLSelectElement;
+  private readonly logInput: HTMLInputElement;
+  private readonly filterInput: HTMLInputElement;
 
   constructor(host: HTMLElement, options: IChartOptions = {}) {
     this.options = { height: options.height ?? 260, manySeries: options.manySeries ?? 12 };
-    this.node = document.createElement('div');
-    this.node.className = 'jc-metrics';
-    this.status = document.createElement('div');
-    this.status.className = 'jc-metrics-status';
-    this.status.style.cssText = 'font-size: 12px; margin: 2px 0 6px 0;';
-    this.grid = document.createElement('div');
-    this.grid.className = 'jc-metrics-grid';
-    this.grid.style.cssText = 'display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 8px;';
-    this.node.append(this.status, this.grid);
+    this.dark = options.dark ?? isDark();
+    this.node = el('div', 'jc-metrics');
+    this.node.dataset.theme = this.dark ? 'dark' : 'light';
+    this.status = el('div', 'jc-metrics-status');
+    this.status.style.cssText = 'font-size: 12px; margin: 2px 0 4px 0;';
+
+    // toolbar: smoothing, log y, series filter, exports
+    this.toolbar = el('div', 'jc-metrics-toolbar');
+    this.toolbar.style.cssText =
+      'display: flex; flex-wrap: wrap; align-items: center; gap: 4px 10px; font-size: 11px; margin-bottom: 4px;';
+    const smoothLabel = el('label', 'jc-tool', 'smooth ');
+    this.smoothingSelect = el('select', 'jc-smoothing');
+    this.smoothingSelect.title = 'Exponential moving average, as in TensorBoard (raw data stays faint behind)';
+    for (const w of SMOOTHING) {
+      const o = el('option', '', w === 0 ? 'off' : String(w));
+      o.value = String(w);
+      this.smoothingSelect.append(o);
+    }
+    this.smoothingSelect.addEventListener('change', () => {
+      this.smoothing = Number(this.smoothingSelect.value) || 0;
+      this.redraw();
+    });
+    smoothLabel.append(this.smoothingSelect);
+    const logLabel = el('label', 'jc-tool');
+    this.logInput = el('input', 'jc-log-y');
+    this.logInput.type = 'checkbox';
+    this.logInput.addEventListener('change', () => {
+      this.logY = this.logInput.checked;
+      this.redraw();
+    });
+    logLabel.append(this.logInput, document.createTextNode(' log y'));
+    this.filterInput = el('input', 'jc-series-filter');
+    this.filterInput.type = 'search';
+    this.filterInput.placeholder = 'filter series';
+    this.filterInput.style.cssText = 'width: 8em; font-size: 11px;';
+    this.filterInput.addEventListener('input', () => {
+      this.filter = this.filterInput.value;
+      this.redraw();
+    });
+    const csv = el('button', 'jc-export-csv', 'CSV');
+    csv.title = 'Download the drawn data as CSV';
+    csv.addEventListener('click', () =>
+      download(`${this.model.topic || 'metrics'}.csv`, new Blob([toCSV(this.shown)], { type: 'text/csv' }))
+    );
+    const copy = el('button', 'jc-copy-code', 'copy code');
+    copy.title = 'Copy the notebook code that loads the full history as a DataFrame';
+    copy.addEventListener('click', () => void this.copyCode(copy));
+    for (const b of [csv, copy]) {
+      b.style.cssText = 'font-size: 11px; padding: 0 4px;';
+    }
+    this.toolbar.append(smoothLabel, logLabel, this.filterInput, csv, copy);
+
+    this.grid = el('div', 'jc-metrics-grid');
+    this.grid.style.cssText =
+      'display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 360px), 1fr)); gap: 8px;';
+    this.node.append(this.status, this.toolbar, this.grid);
     host.appendChild(this.node);
-    this.resizer =
-      typeof ResizeObserver !== 'undefined'
-        ? new ResizeObserver(() => this.panels.forEach(p => p.chart.resize()))
-        : null;
-    this.resizer?.observe(this.node);
+    this.resizer = typeof ResizeObserver !== 'undefined' ? new ResizeObserver(entries => this.onResize(entries)) : null;
   }
 
   /** Draw `model` (the whole current state of the topic). */
   update(model: IMetricsModel): void {
     this.model = model;
-    this.status.textContent = statusText(model);
-    if (model.dropped > 0) {
-      const dropped = document.createElement('span');
+    this.redraw();
+  }
+
+  /** Switch between the dark and the light look; existing charts are re-styled. */
+  setDark(dark: boolean): void {
+    if (dark === this.dark) {
+      return;
+    }
+    this.dark = dark;
+    this.node.dataset.theme = dark ? 'dark' : 'light';
+    // chart.setTheme() leaves components already laid out in the old colours:
+    // draw each chart anew in the new theme, in the next frame (while JupyterLab
+    // swaps its theme's CSS the boxes may measure 0 for a moment)
+    window.cancelAnimationFrame(this.themeFrame);
+    this.themeFrame = window.requestAnimationFrame(() => {
+      this.panels.forEach(p => {
+        p.chart.dispose();
+        p.chart = echarts.init(p.box, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
+        p.drawn = '';
+        this.draw(p);
+      });
+    });
+  }
+
+  /** Fit every chart to its box now (e.g. after the host was shown or resized). */
+  resize(): void {
+    this.panels.forEach(p => this.fit(p));
+  }
+
+  /** Remove every chart and the DOM this object made. */
+  dispose(): void {
+    this.resizer?.disconnect();
+    window.cancelAnimationFrame(this.frame);
+    window.cancelAnimationFrame(this.themeFrame);
+    this.panels.forEach(p => p.chart.dispose());
+    this.panels.clear();
+    this.node.remove();
+  }
+
+  private async copyCode(button: HTMLButtonElement): Promise<void> {
+    const code = metricsCode(this.model.topic);
+    try {
+      await navigator.clipboard.writeText(code);
+      button.textContent = 'copied';
+    } catch {
+      window.prompt('Copy this code:', code);
+    }
+    window.setTimeout(() => (button.textContent = 'copy code'), 1500);
+  }
+
+  private redraw(): void {
+    const model = matchSeries(this.model, this.filter);
+    this.shown = model;
+    this.status.textContent = statusText(this.model);
+    if (this.model.dropped > 0) {
+      const dropped = el('span', '', `, ${this.model.dropped.toLocaleString()} dropped`);
       dropped.style.color = '#d9534f';
-      dropped.textContent = `, ${model.dropped.toLocaleString()} dropped`;
       this.status.appendChild(dropped);
     }
     const wanted = new Set<string>();
     for (const name of Object.keys(model.scalars).sort(naturalCompare)) {
       const id = `scalar:${name}`;
       wanted.add(id);
-      this.updateLine(id, name, model.scalars[name]);
+      this.draw(this.panel(id, 'line', name));
     }
     for (const name of Object.keys(model.vectors).sort(naturalCompare)) {
       const id = `vector:${name}`;
       wanted.add(id);
-      this.updateHeatmap(id, name, model.vectors[name]);
+      this.draw(this.panel(id, 'heat', name));
     }
     for (const [id, panel] of this.panels) {
       if (!wanted.has(id)) {
+        this.resizer?.unobserve(panel.box);
         panel.chart.dispose();
         panel.root.remove();
         this.panels.delete(id);
       }
     }
-    if (this.panels.size === 0) {
-      this.status.textContent = `${statusText(model)} (waiting for reports)`;
+    const hasVectors = Object.keys(this.model.vectors).length > 0;
+    const hasScalars = Object.keys(this.model.scalars).length > 0;
+    this.toolbar.style.display = hasScalars || hasVectors ? 'flex' : 'none';
+    if (Object.keys(this.model.scalars).length + Object.keys(this.model.vectors).length === 0) {
+      this.status.textContent = `${statusText(this.model)} (waiting for reports)`;
     }
   }
 
-  /** Remove every chart and the DOM this object made. */
-  dispose(): void {
-    this.resizer?.disconnect();
-    this.panels.forEach(p => p.chart.dispose());
-    this.panels.clear();
-    this.node.remove();
-  }
-
-  private panel(id: string, withSelect: boolean): IPanel {
+  private panel(id: string, kind: 'line' | 'heat', name: string): IPanel {
     const existing = this.panels.get(id);
     if (existing) {
       return existing;
     }
-    const root = document.createElement('div');
-    root.className = 'jc-metrics-panel';
-    let select: HTMLSelectElement | undefined;
-    if (withSelect) {
-      select = document.createElement('select');
-      select.style.cssText = 'font-size: 11px; margin-bottom: 2px;';
-      select.addEventListener('change', () => {
-        const name = id.slice('vector:'.length);
-        const bySeries = this.model.vectors[name];
-        if (bySeries) {
-          this.updateHeatmap(id, name, bySeries);
+    const root = el('div', `jc-metrics-panel jc-metrics-${kind}`);
+    root.dataset.value = name;
+    // a grid item may shrink below its content's width, so the canvas follows the column
+    root.style.cssText = 'min-width: 0;';
+    let diff: HTMLSelectElement | undefined;
+    if (kind === 'heat') {
+      diff = el('select', 'jc-diff');
+      diff.title = 'Show the difference of two runs on its own colour scale';
+      diff.style.cssText = 'font-size: 11px; margin-bottom: 2px; max-width: 100%;';
+      diff.addEventListener('change', () => {
+        const p = this.panels.get(id);
+        if (p) {
+          this.draw(p);
         }
       });
-      root.appendChild(select);
+      root.appendChild(diff);
     }
-    const box = document.createElement('div');
+    const box = el('div', 'jc-chart-box');
     box.style.cssText = `width: 100%; height: ${this.options.height}px;`;
     root.appendChild(box);
     this.grid.appendChild(root);
-    const chart = echarts.init(box, isDark() ? 'dark' : undefined, { renderer: 'canvas' });
-    const panel: IPanel = { root, chart, drawn: '', select };
+    const chart = echarts.init(box, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
+    const panel: IPanel = { kind, name, root, box, chart, drawn: '', diff };
     this.panels.set(id, panel);
+    this.resizer?.observe(box);
     return panel;
   }
 
-  private updateLine(id: string, name: string, bySeries: { [series: string]: Point[] }): void {
-    const panel = this.panel(id, false);
-    const keys = Object.keys(bySeries).sort(naturalCompare).join('\u0000');
-    const option = lineOption(name, bySeries, this.options.manySeries);
-    if (panel.drawn === keys) {
-      // same series: replace the data only, so the user's zoom survives
-      panel.chart.setOption({ series: option.series }, { lazyUpdate: true });
+  private onResize(entries: ResizeObserverEntry[]): void {
+    entries.forEach(e => this.resized.add(e.target));
+    // draw in the next frame (a redraw inside the observer's callback would loop),
+    // every box that changed since the last one
+    if (this.frame) {
+      return;
+    }
+    this.frame = window.requestAnimationFrame(() => {
+      this.frame = 0;
+      const boxes = new Set(this.resized);
+      this.resized.clear();
+      this.panels.forEach(p => {
+        if (boxes.has(p.box)) {
+          this.fit(p);
+        }
+      });
+    });
+  }
+
+  private fit(panel: IPanel): void {
+    if (!panel.box.clientWidth) {
+      return; // hidden: the observer calls again when it is shown
+    }
+    panel.chart.resize();
+    // the layout depends on the width: redraw when it crossed a threshold
+    this.draw(panel);
+  }
+
+  private width(panel: IPanel): number {
+    return panel.box.clientWidth || panel.chart.getWidth() || 360;
+  }
+
+  private draw(panel: IPanel): void {
+    if (panel.kind === 'line') {
+      this.drawLine(panel);
     } else {
-      panel.chart.setOption(option, { notMerge: true });
-      panel.drawn = keys;
+      this.drawHeatmap(panel);
     }
   }
 
-  private updateHeatmap(id: string, name: string, bySeries: { [series: string]: IVectorSeries }): void {
-    const keys = Object.keys(bySeries).sort(naturalCompare);
-    const panel = this.panel(id, keys.length > 1);
-    let chosen = keys[0];
-    if (panel.select) {
-      const current = panel.select.value;
-      if (panel.select.options.length !== keys.length) {
-        panel.select.replaceChildren(
-          ...keys.map(k => {
-            const o = document.createElement('option');
-            o.value = k;
-            o.textContent = k;
-            return o;
-          })
-        );
-      }
-      chosen = keys.includes(current) ? current : keys[0];
-      panel.select.value = chosen;
-    }
-    if (chosen === undefined) {
+  private drawLine(panel: IPanel): void {
+    const bySeries = this.shown.scalars[panel.name];
+    if (!bySeries) {
       return;
     }
-    panel.chart.setOption(heatmapOption(name, chosen, bySeries[chosen]), { notMerge: true });
+    const view: ILineView = {
+      smoothing: this.smoothing,
+      logY: this.logY,
+      compact: this.width(panel) < COMPACT_WIDTH
+    };
+    const keys = Object.keys(bySeries).sort(naturalCompare).join('\u0000');
+    const drawn = JSON.stringify([keys, view]);
+    const option = lineOption(panel.name, bySeries, this.options.manySeries, view);
+    if (panel.drawn === drawn) {
+      // same series and view: replace the data only, so the user's zoom survives
+      panel.chart.setOption({ series: option.series }, { lazyUpdate: true });
+    } else {
+      panel.chart.setOption(option, { notMerge: true });
+      panel.drawn = drawn;
+    }
+  }
+
+  private drawHeatmap(panel: IPanel): void {
+    const bySeries = this.shown.vectors[panel.name];
+    if (!bySeries) {
+      return;
+    }
+    const keys = Object.keys(bySeries).sort(naturalCompare);
+    const select = panel.diff!;
+    // the picker is rebuilt whenever the runs change, so a run that arrives late is offered too
+    const pairs: [string, string][] = [];
+    for (const a of keys) {
+      for (const b of keys) {
+        if (a !== b && pairs.length < 30) {
+          pairs.push([a, b]);
+        }
+      }
+    }
+    const values = pairs.map(p => JSON.stringify(p));
+    const current = select.value;
+    if (select.options.length !== values.length + 1 || select.dataset.runs !== keys.join('\u0000')) {
+      select.replaceChildren(el('option', '', 'difference of two runs: off'));
+      select.options[0].value = '';
+      for (const [i, [a, b]] of pairs.entries()) {
+        const o = el('option', '', `difference: ${seriesLabel(a)} − ${seriesLabel(b)}`);
+        o.value = values[i];
+        select.append(o);
+      }
+      select.dataset.runs = keys.join('\u0000');
+      select.value = values.includes(current) ? current : '';
+    }
+    select.style.display = keys.length > 1 ? '' : 'none';
+    const diff = select.value ? (JSON.parse(select.value) as [string, string]) : null;
+    const width = this.width(panel);
+    const layout = heatmapLayout(keys.length + (diff ? 1 : 0), width);
+    const height = `${layout.height}px`;
+    if (panel.box.style.height !== height) {
+      panel.box.style.height = height;
+      panel.chart.resize();
+    }
+    panel.chart.setOption(heatmapOption(panel.name, bySeries, width, diff), { notMerge: true });
+    panel.drawn = JSON.stringify([keys, width, diff]);
+    // what is drawn, for tests and for the curious: runs, the shared colour scale, the index axis
+    const [lo, hi] = sharedRange(bySeries);
+    Object.assign(panel.root.dataset, {
+      runs: keys.join(','),
+      range: `${lo},${hi}`,
+      axis: vectorAxisName(panel.name),
+      diff: diff ? diff.join(',') : ''
+    });
   }
 }

@@ -3,7 +3,7 @@
  * trait (the shared metrics data model) with the chart code in charts.ts.
  * Bundled by `jlpm build:widget` into jupyter_cluster/widgets/static/metrics.js.
  */
-import { IMetricsModel, MetricsCharts, emptyModel } from './charts';
+import { IMetricsModel, MetricsCharts, emptyModel, isDark } from './charts';
 
 /** The part of anywidget's model API this module uses. */
 interface IWidgetModel {
@@ -35,7 +35,11 @@ function render({ model, el }: IRenderProps): () => void {
   };
   redraw();
   model.on('change:data', redraw);
+  // JupyterLab marks its theme on <body>; charts drawn before a theme switch are re-styled
+  const theme = new MutationObserver(() => charts.setDark(isDark()));
+  theme.observe(document.body, { attributes: true, attributeFilter: ['data-jp-theme-light'] });
   return () => {
+    theme.disconnect();
     model.off('change:data', redraw);
     charts.dispose();
   };

@@ -1,0 +1,227 @@
+/**
+ * Pure data handling for the metric charts (no DOM, no ECharts): number and
+ * series-name formatting, smoothing, shared colour scales, run differences
+ * and exports.  Shared by the sidebar panel and the notebook widget, and
+ * unit-tested with Jest.
+ */
+
+/** One point of a line: [step, value]; null values leave a gap. */
+export type Point = [number, number | null];
+
+/** A vector value of one series: one row per step. */
+export interface IVectorSeries {
+  steps: number[];
+  rows: (number | null)[][];
+}
+
+/** The shared metrics data model (mirrors TopicStore.model() in jupyter_cluster/events.py). */
+export interface IMetricsModel {
+  topic: string;
+  /** value name -> series key ("member=3", or "all") -> points */
+  scalars: { [value: string]: { [series: string]: Point[] } };
+  /** value name -> series key -> rows over steps */
+  vectors: { [value: string]: { [series: string]: IVectorSeries } };
+  /** reports that were sent but never arrived */
+  dropped: number;
+  /** reports received (optional) */
+  received?: number;
+}
+
+/** An empty model, e.g. before the first data arrives. */
+export function emptyModel(topic = ''): IMetricsModel {
+  return { topic, scalars: {}, vectors: {}, dropped: 0, received: 0 };
+}
+
+export function naturalCompare(a: string, b: string): number {
+  return a.localeCompare(b, undefined, { numeric: true });
+}
+
+/**
+ * A number for a tooltip or label: integers as integers, others with four
+ * significant digits (3.6996850967407227 -> "3.7", 121 -> "121", 0.000012345 -> "1.234e-5").
+ */
+export function formatNumber(v: number | null | undefined): string {
+  if (v === null || v === undefined || !Number.isFinite(v)) {
+    return '-';
+  }
+  if (Number.isInteger(v) && Math.abs(v) < 1e6) {
+    return String(v);
+  }
+  const a = Math.abs(v);
+  if (a !== 0 && (a < 1e-3 || a >= 1e6)) {
+    return v
+      .toExponential(3)
+      .replace(/\.?0+e/, 'e')
+      .replace('e+', 'e');
+  }
+  return String(Number(v.toPrecision(4)));
+}
+
+/**
+ * A series key as a short legend name: "walk=walk 0" -> "walk 0",
+ * "member=3" -> "member 3", "run=lr=0.1" -> "lr=0.1", "all" -> "all".
+ */
+export function seriesLabel(key: string): string {
+  if (key === 'all') {
+    return key;
+  }
+  return key
+    .split(', ')
+    .map(part => {
+      const eq = part.indexOf('=');
+      if (eq <= 0) {
+        return part;
+      }
+      const field = part.slice(0, eq);
+      const value = part.slice(eq + 1);
+      if (/^-?\d+(\.\d+)?$/.test(value)) {
+        return `${field} ${value}`;
+      }
+      return value;
+    })
+    .join(', ');
+}
+
+/** The name of a vector's index axis from its value name: "tokens_per_expert" -> "expert". */
+export function vectorAxisName(name: string): string {
+  const m = /(?:^|_)per_([A-Za-z][A-Za-z0-9]*)$/.exec(name);
+  return m ? m[1] : 'index';
+}
+
+/**
+ * TensorBoard's smoothing: an exponential moving average with the start-up
+ * bias removed, so the first points are not pulled towards zero.  Gaps
+ * (null) are kept and do not reset the average.  weight 0 returns the input.
+ */
+export function ema(points: Point[], weight: number): Point[] {
+  if (!(weight > 0)) {
+    return points;
+  }
+  const w = Math.min(weight, 0.999);
+  let last = 0;
+  let n = 0;
+  return points.map(([x, y]) => {
+    if (y === null || !Number.isFinite(y)) {
+      return [x, y];
+    }
+    last = last * w + (1 - w) * y;
+    n++;
+    return [x, last / (1 - Math.pow(w, n))];
+  });
+}
+
+/** One colour scale for every run of a vector value: [min, max] over all their cells. */
+export function sharedRange(bySeries: { [series: string]: IVectorSeries }): [number, number] {
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const s of Object.values(bySeries)) {
+    for (const row of s.rows) {
+      for (const v of row) {
+        if (v !== null && Number.isFinite(v)) {
+          lo = Math.min(lo, v);
+          hi = Math.max(hi, v);
+        }
+      }
+    }
+  }
+  if (!Number.isFinite(lo)) {
+    return [0, 1];
+  }
+  return lo === hi ? [lo, lo + 1] : [lo, hi];
+}
+
+/** The largest absolute value in a vector series (for a difference's symmetric scale). */
+export function absMax(data: IVectorSeries): number {
+  let m = 0;
+  for (const row of data.rows) {
+    for (const v of row) {
+      if (v !== null && Number.isFinite(v)) {
+        m = Math.max(m, Math.abs(v));
+      }
+    }
+  }
+  return m || 1;
+}
+
+/**
+ * The cell-by-cell difference a - b of two runs, at the steps both have.
+ * Entries missing in either run are null.
+ */
+export function diffVectors(a: IVectorSeries, b: IVectorSeries): IVectorSeries {
+  const rowOf = new Map<number, (number | null)[]>();
+  b.steps.forEach((s, i) => rowOf.set(s, b.rows[i]));
+  const steps: number[] = [];
+  const rows: (number | null)[][] = [];
+  a.steps.forEach((s, i) => {
+    const other = rowOf.get(s);
+    if (!other) {
+      return;
+    }
+    const mine = a.rows[i];
+    const width = Math.max(mine.length, other.length);
+    const row: (number | null)[] = [];
+    for (let j = 0; j < width; j++) {
+      const x = mine[j];
+      const y = other[j];
+      row.push(x === null || x === undefined || y === null || y === undefined ? null : x - y);
+    }
+    steps.push(s);
+    rows.push(row);
+  });
+  return { steps, rows };
+}
+
+/** Keep the series whose key or label contains `text` (case-insensitive); "" keeps all. */
+export function matchSeries(model: IMetricsModel, text: string): IMetricsModel {
+  const needle = text.trim().toLowerCase();
+  if (!needle) {
+    return model;
+  }
+  const keep = (key: string): boolean =>
+    key.toLowerCase().includes(needle) || seriesLabel(key).toLowerCase().includes(needle);
+  const pick = <T>(byValue: { [v: string]: { [s: string]: T } }): { [v: string]: { [s: string]: T } } => {
+    const out: { [v: string]: { [s: string]: T } } = {};
+    for (const [name, bySeries] of Object.entries(byValue)) {
+      const kept = Object.entries(bySeries).filter(([k]) => keep(k));
+      if (kept.length) {
+        out[name] = Object.fromEntries(kept);
+      }
+    }
+    return out;
+  };
+  return { ...model, scalars: pick(model.scalars), vectors: pick(model.vectors) };
+}
+
+function csvField(s: string): string {
+  return /[",\n]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
+}
+
+/** The drawn data as CSV: one line per point (scalars) or cell (vectors). */
+export function toCSV(model: IMetricsModel): string {
+  const lines = ['value,series,step,index,y'];
+  for (const name of Object.keys(model.scalars).sort(naturalCompare)) {
+    for (const key of Object.keys(model.scalars[name]).sort(naturalCompare)) {
+      for (const [x, y] of model.scalars[name][key]) {
+        lines.push([csvField(name), csvField(key), String(x), '', y === null ? '' : String(y)].join(','));
+      }
+    }
+  }
+  for (const name of Object.keys(model.vectors).sort(naturalCompare)) {
+    for (const key of Object.keys(model.vectors[name]).sort(naturalCompare)) {
+      const { steps, rows } = model.vectors[name][key];
+      rows.forEach((row, i) =>
+        row.forEach((y, j) =>
+          lines.push(
+            [csvField(name), csvField(key), String(steps[i]), String(j), y === null ? '' : String(y)].join(',')
+          )
+        )
+      );
+    }
+  }
+  return lines.join('\n') + '\n';
+}
+
+/** The notebook code that gets a topic's full history as a DataFrame. */
+export function metricsCode(topic: string): string {
+  return `import jupyter_cluster as jc\ndf = jc.metrics(${JSON.stringify(topic)})`;
+}
