@@ -248,16 +248,20 @@ def _pick_members(live: dict[str, dict], n: int | None) -> list[str]:
     return order[: (n if n is not None else len(order))]
 
 
+def _ranks(n: int) -> str:
+    return f"{n} rank" + ("s" if n != 1 else "")
+
+
 def _describe_change(old: Group, live: dict[str, dict], members: list[str]) -> str:
     gone = [f"rank {r} (worker {old.names[r]})" for r, a in enumerate(old.workers) if a not in live]
     if gone:
         why = f"{', '.join(gone)} left the cluster"
     elif len(members) != old.world_size:
-        why = f"{len(members)} ranks were asked for instead of {old.world_size}"
+        why = f"{_ranks(len(members))} {'were' if len(members) > 1 else 'was'} asked for instead of {old.world_size}"
     else:
         why = "the workers changed"
     return (
-        f"%%spmd: {why}; rebuilt the process group with {len(members)} ranks "
+        f"%%spmd: {why}; rebuilt the process group with {_ranks(len(members))} "
         "(per-rank state from earlier cells is gone: rerun the cells that built it)."
     )
 

@@ -26,6 +26,7 @@ NOTEBOOKS = [
     "02-evolution-strategies.ipynb",
     "03-population-based-training.ipynb",
     "04-mixture-of-experts.ipynb",
+    "05-expert-parallel-moe.ipynb",
 ]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -177,3 +178,24 @@ def test_mixture_of_experts_shows_collapse_and_balance(ci_size):
         experts = int(re.search(r"E=(\d+)", key).group(1))
         assert len(heat["rows"]) == 200 and all(len(row) == experts for row in heat["rows"]), key
     print(f"04-mixture-of-experts: {seconds:.1f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_expert_parallel_moe_matches_its_reference_and_balances(ci_size):
+    nb, seconds = _execute("05-expert-parallel-moe.ipynb")
+    check = _text(_cell(nb, "worst = max("))
+    found = re.search(r"largest difference ([\d.e+-]+) \(tolerance 1e-09\)", check)
+    assert found and float(found.group(1)) < 1e-9, check
+    assert check.count("expert grads") == 2  # both ranks compared their shards
+    assert "confirmed on the expert-parallel layer" in _text(_cell(nb, "summary = summaries[0]"))
+    chart = _chart(nb, "moe-ep")  # per run: the heatmap over all experts of all ranks, and the per-step lines
+    heatmaps = chart["vectors"]["tokens_per_expert"]
+    assert len(heatmaps) == 2
+    for key, heat in heatmaps.items():
+        assert len(heat["rows"]) == 200 and all(len(row) == 8 for row in heat["rows"]), key
+    for name in ("loss", "aux_loss", "dropped_tokens", "a2a_ms", "tokens_per_s"):
+        assert len(chart["scalars"][name]) == 2, name
+    scaling = _text(_cell(nb, "for n in RANK_COUNTS"))
+    assert re.search(r"^1 rank: [\d,]+ tokens/s", scaling, re.M) and re.search(r"^2 ranks: [\d,]+ tokens/s", scaling, re.M), scaling
+    print(f"05-expert-parallel-moe: {seconds:.1f} s")
