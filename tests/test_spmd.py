@@ -322,3 +322,40 @@ def test_reset_drops_the_state(shell, cluster, capsys):
     res = run_cell(shell, "%%spmd --out fresh\n'secret' in globals()\n")
     assert res.error_in_exec is None
     assert shell.user_ns["fresh"] == {0: False, 1: False}
+
+
+def test_large_notebook_values_reach_every_rank(shell, cluster):
+    import numpy as np
+
+    shell.user_ns["big"] = np.arange(400_000, dtype=np.float64)  # 3.2 MB: scattered to the ranks' workers once
+    res = run_cell(shell, "%%spmd --out sums\nfloat(big.sum()) + rank\n")
+    assert res.error_in_exec is None, res.error_in_exec
+    total = float(np.arange(400_000, dtype=np.float64).sum())
+    assert shell.user_ns["sums"] == {0: total, 1: total + 1}
+
+
+def test_ranks_stuck_inside_torch_are_restarted_by_the_next_cell(shell, cluster, capsys):
+    """A deadlock in C++ (both ranks in recv) ignores KeyboardInterrupt: the notebook still returns, and
+    the next cell restarts the stuck workers instead of queueing behind them."""
+    holder = {}
+
+    def mark():
+        holder["at"] = time.monotonic()
+        _thread.interrupt_main()
+
+    timer = threading.Timer(1.5, mark)
+    timer.start()
+    res = run_cell(shell, "%%spmd\nimport torch, torch.distributed as dist\nt = torch.zeros(1)\ndist.recv(t, src=1 - rank)\n")
+    returned = time.monotonic()
+    timer.join()
+    assert isinstance(res.error_in_exec, KeyboardInterrupt)
+    assert returned - holder["at"] < 2.0
+    assert all(s["running"] for s in _statuses(cluster).values())  # really stuck in torch
+    _out(capsys)
+    t0 = time.monotonic()
+    res = run_cell(shell, "%%spmd --out ok\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()\n")
+    assert res.error_in_exec is None, res.error_in_exec
+    assert shell.user_ns["ok"] == {0: 2.0, 1: 2.0}
+    out = _out(capsys)
+    assert "was still blocked in the earlier cell (inside torch); restarting their workers" in out, out
+    assert time.monotonic() - t0 < 60
