@@ -20,7 +20,7 @@ from .errors import CellError, ClusterError, SerializationError
 CLUSTER_USAGE = """\
 %cluster                         status of the current cluster
 %cluster start [--backend B] [--name N] [--workers W] [--threads T] [--memory-limit M]
-               [--port P] [--host H] [--tls] [--gpus [DEVICES]]
+               [--port P] [--host H] [--no-tls] [--gpus [DEVICES]]
                kubernetes: [--image I] [--namespace NS] [--worker-cpu C] [--worker-memory M]
                [--worker-gpu G] [--env KEY=VALUE ...] [--adapt-min A] [--adapt-max B] [--dry-run]
 %cluster connect ADDRESS|NAME    attach to a running scheduler (tcp://host:port) or a listed cluster
@@ -67,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int)
     s.add_argument("--host")
     s.add_argument("--tls", action="store_true", default=None)
+    s.add_argument("--no-tls", dest="tls", action="store_false")
     s.add_argument("--no-wait", action="store_true")
     s.add_argument("--gpus", nargs="?", const=True, default=None)
     s.add_argument("--image")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,6 +21,17 @@ from typing import Any
 import psutil
 
 from . import config
+from .errors import ClusterError
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+#: files kept beside a record, removed with it (credentials, see backends.local)
+SIDECARS = (".tls", ".pem")
+
+
+def valid_name(name: object) -> bool:
+    """Whether ``name`` can name a cluster (and so a file in the registry folder)."""
+    return isinstance(name, str) and NAME_RE.fullmatch(name) is not None
 
 
 @dataclass
@@ -44,6 +57,24 @@ class ClusterRecord:
         """Whether the process that wrote this record still runs."""
         return _process_start_time(self.owner_pid) == self.owner_started != 0.0
 
+    def owner_is_panel_host(self) -> bool:
+        """Whether the owner is provably the panel's host process for this cluster, run by this user.
+
+        Checked before the Jupyter server signals an owner: a record alone
+        (which could be stale or planted) never decides which process is killed.
+        """
+        if not self.owner_alive():
+            return False
+        try:
+            process = psutil.Process(self.owner_pid)
+            cmdline = process.cmdline()
+            uid = process.uids().real
+        except (psutil.Error, OSError):
+            return False
+        if uid != os.getuid() or "jupyter_cluster.server.host" not in cmdline:
+            return False
+        return "--name" in cmdline and cmdline.index("--name") + 1 < len(cmdline) and cmdline[cmdline.index("--name") + 1] == self.name
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -59,17 +90,33 @@ def _process_start_time(pid: int) -> float:
 
 
 def registry_dir() -> str:
-    """The folder that holds the records (created on demand)."""
+    """The folder that holds the records: created 0700 on demand, tightened to 0700, ours only.
+
+    Raises
+    ------
+    ClusterError
+        When the folder is not a directory of this user (someone else made it,
+        or it is a link): records and credentials there could be planted or read.
+    """
     path = config.get("registry-dir")
     if not path:
         from jupyter_core.paths import jupyter_runtime_dir
 
         path = os.path.join(jupyter_runtime_dir(), "jupyter-cluster")
     os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise ClusterError(
+            f"the cluster registry folder {path} is not a folder of this user; remove it or set jupyter-cluster.registry-dir to a private folder."
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, 0o700)  # made by an older version or by hand: others must not list, plant or read records
     return path
 
 
 def _record_path(name: str) -> str:
+    if not valid_name(name):
+        raise ClusterError(f"{name!r} is not a valid cluster name; use letters, digits, '-', '_' or '.' (at most 63).")
     return os.path.join(registry_dir(), f"{name}.json")
 
 
@@ -83,11 +130,13 @@ def write(record: ClusterRecord) -> None:
 
 
 def remove(name: str) -> None:
-    """Forget the record of ``name`` (no error if there is none)."""
-    try:
-        os.remove(_record_path(name))
-    except FileNotFoundError:
-        pass
+    """Forget the record of ``name`` and the files kept beside it (no error if there are none)."""
+    path = _record_path(name)
+    for p in (path, *(path[: -len(".json")] + suffix for suffix in SIDECARS)):
+        try:
+            os.remove(p)
+        except FileNotFoundError:
+            pass
 
 
 def read(name: str) -> ClusterRecord | None:
@@ -113,11 +162,16 @@ def live_records(cleanup: bool = True) -> list[ClusterRecord]:
             continue
         path = os.path.join(directory, entry)
         try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                continue  # a link or another user's file: never trusted
             with open(path) as f:
                 data = json.load(f)
             record = ClusterRecord(**data)
         except (OSError, ValueError, TypeError):
             continue  # half-written or foreign file: not ours to judge
+        if record.name != entry[: -len(".json")] or not valid_name(record.name) or type(record.owner_pid) is not int:
+            continue  # a record must be named after its own file (no "../victim")
         if record.owner_alive():
             records.append(record)
         elif cleanup:

@@ -56,6 +56,7 @@ class ClusterHandle:
         #: the registry record of the cluster when attached by name (None otherwise)
         self.attached_record: registry.ClusterRecord | None = None
         self._cleanup = list(started.cleanup)
+        self.extra = dict(started.extra)
 
     # -- state -----------------------------------------------------------
     @property
@@ -349,6 +350,7 @@ def _register(handle: ClusterHandle, attached: bool) -> None:
             dashboard_link=handle.dashboard_link,
             owner_kind=_owner_kind,
             attached=attached,
+            extra=handle.extra,
         )
     )
 

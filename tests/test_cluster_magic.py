@@ -25,7 +25,7 @@ def test_start_status_list_stop(ip, capsys):
     handle = run(ip, "start --workers 2 --threads 1 --memory-limit 1GiB --name sweep")
     assert handle.name == "sweep" and handle.backend == "local"
     assert handle.address.startswith("tls://127.0.0.1:")  # TLS by default (issue 18.2)
-    assert handle.dashboard_link and "127.0.0.1" in handle.dashboard_link
+    assert handle.dashboard_link and handle.dashboard_link.endswith("/jupyter-cluster/dashboard/sweep/status")  # through the Jupyter server
     model = handle.model()
     assert model["n_workers"] == 2 and model["cores"] == 2
     assert all(w["memory_limit"] == 2**30 for w in model["workers"])

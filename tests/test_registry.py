@@ -55,3 +55,105 @@ def test_registry_dir_follows_config(tmp_path):
     with dask.config.set({"jupyter-cluster.registry-dir": str(tmp_path / "reg")}):
         assert registry.registry_dir() == str(tmp_path / "reg")
         assert oct(os.stat(tmp_path / "reg").st_mode & 0o777) == "0o700"
+
+
+# -- records are not trusted on read (issue 18.6) ---------------------------------------
+def test_an_existing_open_registry_folder_is_tightened(tmp_path):
+    import dask
+
+    folder = tmp_path / "open"
+    folder.mkdir()
+    os.chmod(folder, 0o777)
+    with dask.config.set({"jupyter-cluster.registry-dir": str(folder)}):
+        registry.registry_dir()
+    assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
+
+
+def test_a_registry_folder_of_another_user_is_refused(tmp_path):
+    import dask
+    import pytest
+
+    from jupyter_cluster.errors import ClusterError
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a folder owned by another user")
+    folder = tmp_path / "theirs"
+    folder.mkdir(mode=0o700)
+    os.chown(folder, 65534, 65534)
+    with dask.config.set({"jupyter-cluster.registry-dir": str(folder)}):
+        with pytest.raises(ClusterError, match="not a folder of this user"):
+            registry.registry_dir()
+
+
+def test_a_record_naming_a_path_outside_the_folder_is_ignored_and_nothing_outside_is_deleted(tmp_path):
+    import dask
+
+    folder = tmp_path / "reg"
+    victim = tmp_path / "victim.json"
+    victim.write_text("{}")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with dask.config.set({"jupyter-cluster.registry-dir": str(folder)}):
+        d = registry.registry_dir()
+        with open(os.path.join(d, "planted.json"), "w") as f:
+            json.dump({"name": "../victim", "backend": "local", "address": "tcp://127.0.0.1:1", "owner_pid": dead.pid,
+                       "owner_started": 1.0}, f)
+        assert registry.live_records() == []
+        import pytest
+
+        from jupyter_cluster.errors import ClusterError
+
+        with pytest.raises(ClusterError, match="not a valid cluster name"):
+            registry.remove("../victim")
+    assert victim.exists()
+
+
+def test_records_that_are_links_or_belong_to_another_user_are_ignored(tmp_path):
+    import dask
+
+    folder = tmp_path / "reg2"
+    with dask.config.set({"jupyter-cluster.registry-dir": str(folder)}):
+        d = registry.registry_dir()
+        real = registry.ClusterRecord(name="real", backend="local", address="tcp://127.0.0.1:5")
+        registry.write(real)
+        os.symlink(os.path.join(d, "real.json"), os.path.join(d, "linked.json"))
+        names = {r.name for r in registry.live_records()}
+        assert names == {"real"}
+        if os.geteuid() == 0:
+            registry.write(registry.ClusterRecord(name="foreign", backend="local", address="tcp://127.0.0.1:6"))
+            os.chown(os.path.join(d, "foreign.json"), 65534, 65534)
+            assert {r.name for r in registry.live_records()} == {"real"}
+
+
+def test_the_panel_never_signals_a_process_a_record_merely_names(tmp_path):
+    """A planted "panel" record naming an unrelated live process: DELETE must not kill it."""
+    import asyncio
+
+    import dask
+    import pytest
+
+    from jupyter_cluster.errors import ClusterError
+    from jupyter_cluster.server.manager import ClusterManager
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        with dask.config.set({"jupyter-cluster.registry-dir": str(tmp_path / "reg3")}):
+            rec = registry.ClusterRecord(name="planted", backend="local", address="tcp://127.0.0.1:1",
+                                         owner_pid=bystander.pid, owner_kind="panel")
+            assert rec.owner_alive() and not rec.owner_is_panel_host()
+            registry.write(rec)
+
+            async def stop():
+                manager = ClusterManager()
+                try:
+                    await manager.refresh()
+                    await manager.stop("planted", timeout=2)
+                finally:
+                    await manager.close()
+
+            with pytest.raises(ClusterError):
+                asyncio.run(stop())
+        assert bystander.poll() is None, "the bystander process was signalled"
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -44,6 +44,8 @@ class StartedCluster:
     cleanup : list
         Callables run after the cluster is stopped (e.g. deleting its
         credential files).
+    extra : dict
+        Backend facts for the registry record (e.g. ``dashboard_socket``).
     """
 
     address: str
@@ -52,6 +54,7 @@ class StartedCluster:
     security: Any = None
     worker_plugins: list = field(default_factory=list)
     cleanup: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
 
 
 class Backend:

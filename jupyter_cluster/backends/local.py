@@ -275,6 +275,37 @@ def forget_security(name: str) -> None:
             os.remove(path)
 
 
+# -- dashboard -------------------------------------------------------------------------
+def dashboard_on_unix_socket(cluster: Any) -> str:
+    """Move the scheduler's dashboard from its TCP port to a Unix socket only this user can open.
+
+    A loopback port is open to every user of the machine; a socket in a fresh
+    0700 folder is not.  Browsers reach it through the Jupyter server, behind
+    its authentication (:mod:`jupyter_cluster.server.dashboard`).  The
+    scheduler runs in this process (local clusters), so its HTTP server is
+    rebound on its own event loop.  Returns the socket's path.
+    """
+    from tornado.netutil import bind_unix_socket
+
+    folder = tempfile.mkdtemp(prefix="jupyter-cluster-")  # 0700; short, as socket paths must be (< 108 bytes)
+    path = os.path.join(folder, "dashboard.sock")
+
+    async def rebind() -> None:
+        server = cluster.scheduler.http_server
+        server.stop()
+        server.add_socket(bind_unix_socket(path, mode=0o600))
+
+    cluster.sync(rebind)
+    return path
+
+
+def _remove_dashboard_socket(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.remove(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(path))
+
+
 # -- backend -----------------------------------------------------------------------
 def _os_error_in(exc: BaseException) -> OSError | None:
     seen = 0
@@ -462,16 +493,27 @@ class LocalBackend(Backend):
             if security is not None and cluster is None:
                 forget_security(cred_name)
         cleanup = []
+        extra: dict[str, Any] = {}
+        dashboard_link = cluster.dashboard_link
         if security is not None:
             cleanup.append(lambda: forget_security(cred_name))
             weakref.finalize(cluster, forget_security, cred_name)  # a cluster dropped without stop
+            if getattr(cluster, "scheduler", None) is not None and getattr(cluster.scheduler, "http_server", None) is not None:
+                from ..server.dashboard import public_link
+
+                sock = dashboard_on_unix_socket(cluster)
+                cleanup.append(lambda: _remove_dashboard_socket(sock))
+                weakref.finalize(cluster, _remove_dashboard_socket, sock)
+                extra["dashboard_socket"] = sock
+                dashboard_link = public_link(cred_name)
         return StartedCluster(
             address=cluster.scheduler_address,
-            dashboard_link=cluster.dashboard_link,
+            dashboard_link=dashboard_link,
             cluster=cluster,
             security=security,
             worker_plugins=[IgnoreSigint()] if kwargs["processes"] else [],
             cleanup=cleanup,
+            extra=extra,
         )
 
     @staticmethod

@@ -8,6 +8,7 @@ requests), so tornado and jupyter_server are imported only by :func:`load`.
 * :mod:`.control` - scale/adapt/stop requests to a cluster's owner over Dask events
 * :mod:`.host` - the process that owns clusters started from the panel
 * :mod:`.handlers` - REST and websocket routes under ``<base_url>/jupyter-cluster/api/``
+* :mod:`.dashboard` - the Dask dashboards of local clusters, under ``<base_url>/jupyter-cluster/dashboard/``
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def load(serverapp: Any) -> None:
     from .handlers import setup_handlers
     from .manager import ClusterManager
 
-    manager = ClusterManager()
+    manager = ClusterManager(base_url=serverapp.base_url)
     setup_handlers(serverapp.web_app, manager)
 
     def start() -> None:

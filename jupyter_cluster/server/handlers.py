@@ -362,4 +362,6 @@ def setup_handlers(web_app: Any, manager: ClusterManager) -> None:
         (r"/config/?", ConfigHandler),
         (r"/events/?", EventsSocket),
     ]
-    web_app.add_handlers(".*$", [(base + pattern, handler) for pattern, handler in routes])
+    from . import dashboard
+
+    web_app.add_handlers(".*$", [(base + pattern, handler) for pattern, handler in routes] + [dashboard.route(web_app.settings["base_url"])])

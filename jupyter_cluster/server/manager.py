@@ -78,8 +78,9 @@ def _pid_alive(pid: int) -> bool:
 class Connection:
     """One live registry record and the server's client to its scheduler."""
 
-    def __init__(self, record: registry.ClusterRecord):
+    def __init__(self, record: registry.ClusterRecord, base_url: str = "/"):
         self.record = record
+        self.base_url = base_url
         self.name = record.name
         self.client: Any = None
         self.status = "connecting"  # "running" | "unreachable" | "connecting"
@@ -235,13 +236,22 @@ class Connection:
             raise ClusterError(reply.get("error") or f"the owner of {self.name!r} refused to {op} it.")
 
     # -- views -----------------------------------------------------------------
+    @property
+    def dashboard_link(self) -> str | None:
+        """The dashboard as the browser reaches it: through this server when it listens on a private socket."""
+        if (self.record.extra or {}).get("dashboard_socket"):
+            from .dashboard import link
+
+            return link(self.base_url, self.name)
+        return self.record.dashboard_link
+
     def summary(self) -> dict[str, Any]:
         r = self.record
         return {
             "name": r.name,
             "backend": r.backend,
             "address": r.address,
-            "dashboard_link": r.dashboard_link,
+            "dashboard_link": self.dashboard_link,
             "owner_kind": r.owner_kind,
             "owner_pid": r.owner_pid,
             "attached": r.attached,
@@ -258,7 +268,7 @@ class Connection:
         if self.client is None:
             raise ClusterError(f"the scheduler of {self.name!r} at {self.record.address} does not answer right now.")
         info = await asyncio.wait_for(self.client.scheduler.identity(n_workers=-1), 10)
-        model = session.ClusterHandle.model(_RemoteView(self.record, info.get("workers", {})))  # type: ignore[arg-type]
+        model = session.ClusterHandle.model(_RemoteView(self.record, info.get("workers", {}), self.dashboard_link))  # type: ignore[arg-type]
         model.update({k: v for k, v in self.summary().items() if k not in model})
         return model
 
@@ -269,11 +279,11 @@ class _RemoteView:
     Lets the one function that shapes a cluster for display serve the panel too.
     """
 
-    def __init__(self, record: registry.ClusterRecord, workers: dict[str, Any]):
+    def __init__(self, record: registry.ClusterRecord, workers: dict[str, Any], dashboard_link: str | None = None):
         self.name = record.name
         self.backend = record.backend
         self.address = record.address
-        self.dashboard_link = record.dashboard_link
+        self.dashboard_link = dashboard_link
         self.owns_cluster = not record.attached
         self._workers_info = workers
 
@@ -301,10 +311,13 @@ class ClusterManager:
     ----------
     interval : float
         Seconds between registry scans and scheduler polls.
+    base_url : str
+        The Jupyter server's base URL (dashboard links go through it).
     """
 
-    def __init__(self, interval: float = 0.5):
+    def __init__(self, interval: float = 0.5, base_url: str = "/"):
         self.interval = interval
+        self.base_url = base_url
         self.connections: dict[str, Connection] = {}
         self.version = 0  # bumped whenever the cluster list changes
         self._last_list: Any = None
@@ -360,7 +373,7 @@ class ClusterManager:
                     self._retire(conn)
             for name, rec in records.items():
                 if name not in self.connections:
-                    self.connections[name] = Connection(rec)
+                    self.connections[name] = Connection(rec, self.base_url)
             conns = list(self.connections.values())
             await asyncio.gather(*(self._tick(c) for c in conns))
             for c in conns:
@@ -590,7 +603,7 @@ class ClusterManager:
             except (asyncio.TimeoutError, ClusterError):
                 asked = False
         if not asked:
-            if rec.owner_kind == "panel" and rec.owner_alive():
+            if rec.owner_kind == "panel" and rec.owner_is_panel_host():  # never signal a process not proven ours
                 os.kill(rec.owner_pid, signal.SIGTERM)
             elif conn.client is not None:
                 try:

@@ -1,0 +1,215 @@
+"""The Dask dashboard of local clusters, served through the authenticated Jupyter server.
+
+A TLS local cluster (the default) takes its scheduler's dashboard off TCP: it
+listens on a Unix socket in a private folder (:func:`jupyter_cluster.backends.local.dashboard_on_unix_socket`),
+which other users of the machine cannot open.  Browsers reach it here::
+
+    <base_url>jupyter-cluster/dashboard/<name>/<path>   HTTP and websockets (Bokeh)
+
+behind Jupyter's own authentication (token, cookie, XSRF for writes).  The
+proxy strips the prefix (the dashboard's pages use relative links, as they do
+behind jupyter-server-proxy), never forwards the user's Jupyter cookies or
+token, and only connects to sockets owned by this user in a folder only this
+user can enter.  Kept import-light: the kernel imports :func:`public_link`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from typing import Any
+
+ROUTE = "jupyter-cluster/dashboard"
+
+#: request headers never sent on to the dashboard (Jupyter's credentials, hop-by-hop)
+_DROP_REQUEST = {"cookie", "authorization", "host", "connection", "upgrade", "keep-alive", "proxy-authorization",
+                 "te", "trailer", "transfer-encoding", "content-length", "x-xsrftoken", "accept-encoding"}
+#: response headers not copied back (tornado sets its own)
+_DROP_RESPONSE = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date",
+                  "set-cookie"}
+
+
+def link(base_url: str, name: str) -> str:
+    """The browser link of cluster ``name``'s dashboard under a server at ``base_url``."""
+    return "/" + "/".join(p.strip("/") for p in (base_url, ROUTE, name, "status") if p.strip("/"))
+
+
+def _server_base_url() -> str:
+    """Best guess, in a kernel, of the base URL of the Jupyter server that runs it ("/" if none)."""
+    try:
+        import psutil
+        from jupyter_server.serverapp import list_running_servers
+
+        ancestors = {p.pid for p in psutil.Process().parents()}
+        servers = list(list_running_servers())
+    except Exception:  # no jupyter_server, unreadable runtime dir: fall back below
+        servers, ancestors = [], set()
+    for info in servers:
+        if info.get("pid") in ancestors:
+            return info.get("base_url") or "/"
+    return os.environ.get("JUPYTERHUB_SERVICE_PREFIX") or "/"
+
+
+def public_link(name: str) -> str:
+    """The dashboard link a kernel shows for its cluster ``name`` (a path on its Jupyter server)."""
+    return link(_server_base_url(), name)
+
+
+def socket_is_ours(path: Any) -> bool:
+    """Whether ``path`` is a Unix socket of this user in a folder only this user can enter."""
+    if not isinstance(path, str) or not os.path.isabs(path):
+        return False
+    try:
+        st = os.lstat(path)
+        folder = os.lstat(os.path.dirname(path))
+    except OSError:
+        return False
+    return (
+        stat.S_ISSOCK(st.st_mode)
+        and st.st_uid == os.getuid()
+        and stat.S_ISDIR(folder.st_mode)
+        and folder.st_uid == os.getuid()
+        and stat.S_IMODE(folder.st_mode) & 0o077 == 0
+    )
+
+
+def _resolver(path: str):
+    from tornado.netutil import Resolver
+
+    class UnixResolver(Resolver):
+        """Every host name resolves to the dashboard's Unix socket."""
+
+        def initialize(self, **kwargs: Any) -> None:  # Configurable hook
+            pass
+
+        async def resolve(self, host: str, port: int, family: Any = socket.AF_UNSPEC) -> list:
+            return [(socket.AF_UNIX, path)]
+
+    return UnixResolver()
+
+
+def make_handler():
+    """The tornado handler class (built lazily: tornado and jupyter_server are server-only imports)."""
+    import tornado.web
+    import tornado.websocket
+    from jupyter_server.auth.decorator import ws_authenticated
+    from jupyter_server.base.handlers import JupyterHandler
+    from tornado.httpclient import HTTPRequest
+    from tornado.simple_httpclient import SimpleAsyncHTTPClient
+
+    from .. import registry
+
+    class DashboardProxy(JupyterHandler, tornado.websocket.WebSocketHandler):
+        """HTTP and websocket proxy to a cluster's dashboard socket; Jupyter's auth applies."""
+
+        upstream: Any = None
+
+        def _socket(self, name: str) -> str:
+            record = registry.read(name) if registry.valid_name(name) else None
+            path = (record.extra or {}).get("dashboard_socket") if record is not None else None
+            if not socket_is_ours(path):
+                raise tornado.web.HTTPError(404, f"cluster {name!r} has no dashboard served through this server")
+            return path
+
+        def _target(self, path: str) -> str:
+            query = self.request.query
+            return f"http://dashboard/{path}" + (f"?{query}" if query else "")
+
+        def _upstream_headers(self) -> dict[str, str]:
+            return {k: v for k, v in self.request.headers.get_all() if k.lower() not in _DROP_REQUEST
+                    and not k.lower().startswith("sec-websocket")}
+
+        # -- plain HTTP --------------------------------------------------------------
+        async def _proxy(self, name: str, path: str) -> None:
+            sock = self._socket(name)
+            client = SimpleAsyncHTTPClient(force_instance=True, resolver=_resolver(sock))
+            try:
+                body = self.request.body if self.request.method in ("POST", "PUT", "PATCH") else None
+                response = await client.fetch(
+                    HTTPRequest(self._target(path), method=self.request.method, headers=self._upstream_headers(), body=body,
+                                follow_redirects=False, request_timeout=60, allow_nonstandard_methods=True),
+                    raise_error=False,
+                )
+            finally:
+                client.close()
+            if response.code == 599:  # no answer from the socket
+                raise tornado.web.HTTPError(502, f"the dashboard of {name!r} does not answer")
+            self.clear()
+            self.clear_header("Content-Type")
+            self.set_status(response.code, response.reason)
+            prefix = link(self.base_url, name)[: -len("status")]
+            for key, value in response.headers.get_all():
+                if key.lower() in _DROP_RESPONSE:
+                    continue
+                if key.lower() == "location" and value.startswith("/"):
+                    value = prefix + value.lstrip("/")
+                self.add_header(key, value)
+            if response.body and response.code not in (204, 304):
+                self.write(response.body)
+            await self.finish()
+
+        @tornado.web.authenticated
+        async def post(self, name: str, path: str) -> None:
+            await self._proxy(name, path)
+
+        async def get(self, name: str, path: str) -> None:  # type: ignore[override]
+            # the auth decorators answer (redirect, 403) without a coroutine to await
+            if self.request.headers.get("Upgrade", "").lower() == "websocket":
+                result = self._websocket(name, path)
+            else:
+                result = self._get(name, path)
+            if result is not None:
+                await result
+
+        @tornado.web.authenticated
+        async def _get(self, name: str, path: str) -> None:
+            await self._proxy(name, path)
+
+        # -- websockets (Bokeh's live updates) ---------------------------------------------
+        @ws_authenticated
+        async def _websocket(self, name: str, path: str) -> None:
+            sock = self._socket(name)
+            protocols = [p.strip() for p in self.request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
+            request = HTTPRequest(self._target(path).replace("http://", "ws://", 1), headers=self._upstream_headers(), connect_timeout=10)
+            try:
+                self.upstream = await tornado.websocket.websocket_connect(
+                    request, subprotocols=protocols or None, resolver=_resolver(sock),
+                    on_message_callback=self._from_upstream, max_message_size=256 * 2**20,
+                )
+            except Exception as exc:
+                raise tornado.web.HTTPError(502, f"the dashboard of {name!r} refused the websocket: {exc}") from None
+            await tornado.websocket.WebSocketHandler.get(self, name, path)
+
+        def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+            chosen = getattr(self.upstream, "selected_subprotocol", None)
+            return chosen if chosen in subprotocols else None
+
+        def check_origin(self, origin: str) -> bool:
+            return JupyterHandler.check_origin(self, origin)
+
+        def _from_upstream(self, message: Any) -> None:
+            if message is None:  # the dashboard closed it
+                self.close()
+                return
+            try:
+                self.write_message(message, binary=isinstance(message, bytes))
+            except tornado.websocket.WebSocketClosedError:
+                pass
+
+        def on_message(self, message: Any) -> None:
+            if self.upstream is not None:
+                self.upstream.write_message(message, binary=isinstance(message, bytes))
+
+        def on_close(self) -> None:
+            if self.upstream is not None:
+                self.upstream.close()
+
+    return DashboardProxy
+
+
+def route(base_url: str) -> tuple[str, Any]:
+    """The (pattern, handler) pair to add to the Jupyter server's application."""
+    from jupyter_server.utils import url_path_join
+
+    return url_path_join(base_url, ROUTE, r"(?P<name>[^/]+)/?(?P<path>.*)"), make_handler()
