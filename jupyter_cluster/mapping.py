@@ -60,26 +60,15 @@ from typing import Any, Callable, Iterable, Iterator
 import cloudpickle
 
 from . import cellfunc
+from .engine import planner
 from .capture import LARGE_VALUE_BYTES
 from .errors import ClusterError, WorkerLostError
 from .liveness import SchedulerWatch
 
 logger = logging.getLogger(__name__)
 
-#: Work per chunk the auto chunker aims for, in seconds.
-TARGET_TASK_SECONDS = 0.2
-#: Smallest work per chunk once item durations are known (tail chunks), in seconds.
-MIN_TASK_SECONDS = 0.01
-#: Most items in a probe chunk (sent before any item duration is known).
-PROBE_ITEMS = 256
-#: Bytes of items a probe chunk may carry (large items make smaller probes).
-PROBE_BYTES = 256 * 1024
-#: Time budget of a probe chunk, in seconds.
-PROBE_BUDGET_SECONDS = 0.03
-#: A sized chunk's budget is this many times its expected duration (at least TARGET_TASK_SECONDS).
-BUDGET_FACTOR = 2.0
-#: Largest number of items in one chunk.
-MAX_CHUNK_ITEMS = 10_000
+from .engine.planner import MAX_CHUNK_ITEMS
+
 #: Observers hear about progress at most this often, in seconds.
 PROGRESS_INTERVAL = 0.1
 #: Longest --timeout accepted, in seconds (Python's own limit on a thread wait, about 292 years at most).
@@ -161,31 +150,8 @@ def _run_items(packed: _Items, token: str, blob: bytes | None, big: dict | None,
     return cellfunc.run_chunk(token, blob, big, packed.items, star, options)
 
 
-#: Mean seconds per item of recently mapped code: duration key -> seconds.
-_remembered: "dict[tuple, float]" = {}
-_REMEMBER_MAX = 256
-
-
-def _duration_key(fn: Any) -> tuple | None:
-    """What identifies "the same work" across maps: the cell's text or the function's code."""
-    if isinstance(fn, cellfunc.CellFunction):
-        return ("cell", fn.body, fn.targets)
-    target = getattr(fn, "func", fn)  # functools.partial
-    code = getattr(target, "__code__", None)
-    if code is not None:
-        return ("code", code.co_filename, code.co_firstlineno, code.co_name)
-    name = getattr(target, "__qualname__", None)
-    module = getattr(target, "__module__", None)
-    return ("callable", module, name) if name else None
-
-
-def _remember_duration(key: tuple | None, per_item: float) -> None:
-    if key is None:
-        return
-    _remembered.pop(key, None)
-    _remembered[key] = per_item
-    while len(_remembered) > _REMEMBER_MAX:
-        _remembered.pop(next(iter(_remembered)))
+#: Mean seconds per item of recently mapped code (a map of the same code skips the probes).
+_remembered = planner.Remembered()
 
 
 def _item_bytes(item: Any) -> int:
@@ -367,7 +333,7 @@ class MapJob:
         self._durations: list[tuple[int, list]] = []
         self._time_sum = 0.0
         self._time_n = 0
-        self._duration_key = _duration_key(fn) if chunksize == "auto" else None
+        self._duration_key = planner.duration_key(fn) if chunksize == "auto" else None
         #: Mean seconds per item remembered from an earlier map of the same code (None: not known).
         self.remembered = _remembered.get(self._duration_key) if self._duration_key is not None else None
         #: Chunks that stopped at their time budget and sent their remaining items back.
@@ -390,6 +356,7 @@ class MapJob:
         self._next_place = 0.0
         self._next_check = 0.0
         self._allowed_failures: int | None = None
+        self._round_remaining: int | None = None
 
         from distributed import as_completed
 
@@ -598,36 +565,23 @@ class MapJob:
         return None
 
     def _next_size(self) -> tuple[int, float | None]:
-        """Items and time budget of the next chunk."""
+        """Items and time budget of the next chunk (:func:`.engine.planner.next_size`)."""
         if self.chunksize != "auto":
             return self.chunksize, None
-        w = self._threads
-        remaining = self._remaining()
-        per_item = self._per_item()
-        if per_item is None:
-            # Probe: nothing is known yet, so send plenty of items and let the
-            # budget decide how many run; the rest come back and are re-chunked.
-            size = self._probe_size()
-            if remaining is not None:
-                size = min(size, max(math.ceil(remaining / (2 * w)), 1))
-            budget = PROBE_BUDGET_SECONDS
+        if self._round_remaining is not None:  # direct path: one share per lease for this round of sends
+            remaining, spread = self._round_remaining, self._threads
         else:
-            size = TARGET_TASK_SECONDS / per_item
-            floor = math.ceil(MIN_TASK_SECONDS / per_item)
-            if remaining is not None:
-                size = min(size, max(math.ceil(remaining / (2 * w)), floor))
-            budget = max(BUDGET_FACTOR * per_item * size, TARGET_TASK_SECONDS)
-        if remaining is not None:
-            size = min(size, remaining)
-        return int(max(1, min(size, MAX_CHUNK_ITEMS))), budget
+            remaining, spread = self._remaining(), 2 * self._threads
+        per_item = self._per_item()
+        probe = self._probe_size() if per_item is None else 1
+        return planner.next_size(remaining=remaining, per_item=per_item, spread=spread, probe=probe)
 
     def _probe_size(self) -> int:
         if self._probe_items is None:
             if not self._buffer and not self._exhausted:
                 self._take_ahead(1)
             first = self._returned[0][1][0] if self._returned else (self._buffer[0] if self._buffer else None)
-            per = _item_bytes(first) if first is not None else 1
-            self._probe_items = int(max(1, min(PROBE_ITEMS, PROBE_BYTES // max(per, 1))))
+            self._probe_items = planner.probe_items(_item_bytes(first) if first is not None else 1)
         return self._probe_items
 
     def _take_ahead(self, want: int) -> None:
@@ -964,7 +918,13 @@ class MapJob:
             return
         room = sum(DEPTH - len(lease.outstanding) for lease in free)
         fresh: list[_Chunk] = []
-        self._fill_into(fresh, len(self._inflight) + room)
+        # Batches of one round of sends share the remaining work equally
+        # (guided self-scheduling over the leases).
+        self._round_remaining = self._remaining()
+        try:
+            self._fill_into(fresh, len(self._inflight) + room)
+        finally:
+            self._round_remaining = None
         # Each chunk goes to the emptiest lease: every lease gets running work
         # before any gets a second, queued batch.
         for chunk in fresh:
@@ -1269,7 +1229,7 @@ class MapJob:
             self._leases.close(keep=True)
         self._release_shared()
         if self._time_n:
-            _remember_duration(self._duration_key, self._time_sum / self._time_n)
+            _remembered.put(self._duration_key, self._time_sum / self._time_n)
         if self.total is None:
             self.total = self._next_index
         self._end("finished")

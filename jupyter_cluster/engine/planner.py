@@ -1,0 +1,116 @@
+"""Batch sizing: how many items the next batch of a map carries, and its time budget.
+
+Pure functions of what a map knows (no Dask, no I/O), so they are tested
+without a cluster.
+
+The policy
+----------
+Until a duration is known, batches are *probes*: up to :data:`PROBE_ITEMS`
+items (fewer for large items, :func:`probe_items`) with a budget of
+:data:`PROBE_BUDGET_SECONDS`; the worker stops at the budget and the items
+left over come back to be re-batched.  Once the mean item duration is known
+(measured in this map, or remembered from an earlier map of the same code,
+:class:`Remembered`), a batch aims at :data:`TARGET_TASK_SECONDS` of work,
+but never more than the remaining work divided by ``spread`` once the end of
+the input is known (guided self-scheduling: the tail is balanced), and never
+less than :data:`MIN_TASK_SECONDS` of work.  A sized batch's budget is
+:data:`BUDGET_FACTOR` times its expected duration, so a stale estimate costs
+one short batch, not a long imbalance.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: Work per batch aimed at, in seconds.
+TARGET_TASK_SECONDS = 0.2
+#: Smallest work per batch once item durations are known (tail batches), in seconds.
+MIN_TASK_SECONDS = 0.01
+#: Most items in a probe batch (sent before any item duration is known).
+PROBE_ITEMS = 256
+#: Bytes of items a probe batch may carry (large items make smaller probes).
+PROBE_BYTES = 256 * 1024
+#: Time budget of a probe batch, in seconds.
+PROBE_BUDGET_SECONDS = 0.03
+#: A sized batch's budget is this many times its expected duration (at least TARGET_TASK_SECONDS).
+BUDGET_FACTOR = 2.0
+#: Largest number of items in one batch.
+MAX_CHUNK_ITEMS = 10_000
+
+
+def probe_items(item_bytes: int) -> int:
+    """Items in a probe batch, for items of about ``item_bytes`` bytes."""
+    return int(max(1, min(PROBE_ITEMS, PROBE_BYTES // max(int(item_bytes), 1))))
+
+
+def next_size(
+    *, remaining: int | None, per_item: float | None, spread: int, probe: int
+) -> tuple[int, float]:
+    """Items and time budget (seconds) of the next auto-sized batch.
+
+    Parameters
+    ----------
+    remaining : int or None
+        Items not yet sent (None while the end of the input is unknown).
+    per_item : float or None
+        Mean seconds per item (None: unknown, so the batch is a probe).
+    spread : int
+        Batches the remaining work is spread over in the tail: ``2 × threads``
+        on the task path (one running and one queued per thread), the number
+        of leases on the direct path (where ``remaining`` is taken once per
+        round of sends, so one round gives every lease an equal share).
+    probe : int
+        Items in a probe batch (:func:`probe_items`).
+    """
+    spread = max(int(spread), 1)
+    if per_item is None:
+        size: float = probe
+        if remaining is not None:
+            size = min(size, max(math.ceil(remaining / spread), 1))
+        budget = PROBE_BUDGET_SECONDS
+    else:
+        per_item = max(per_item, 1e-7)
+        size = TARGET_TASK_SECONDS / per_item
+        floor = math.ceil(MIN_TASK_SECONDS / per_item)
+        if remaining is not None:
+            size = min(size, max(math.ceil(remaining / spread), floor))
+    if remaining is not None:
+        size = min(size, remaining)
+    n = int(max(1, min(size, MAX_CHUNK_ITEMS)))
+    if per_item is not None:  # the budget of the batch actually sent (a long item is one whole item)
+        budget = max(BUDGET_FACTOR * per_item * n, TARGET_TASK_SECONDS)
+    return n, budget
+
+
+def duration_key(fn: Any) -> tuple | None:
+    """What identifies "the same work" across maps: a cell's text, or a function's code."""
+    body, targets = getattr(fn, "body", None), getattr(fn, "targets", None)
+    if isinstance(body, str) and hasattr(fn, "cell_text"):  # a %%parallel CellFunction
+        return ("cell", body, targets)
+    target = getattr(fn, "func", fn)  # functools.partial, Pool's task wrapper
+    code = getattr(target, "__code__", None)
+    if code is not None:
+        return ("code", code.co_filename, code.co_firstlineno, code.co_name)
+    name = getattr(target, "__qualname__", None)
+    module = getattr(target, "__module__", None)
+    return ("callable", module, name) if name else None
+
+
+class Remembered:
+    """Mean seconds per item of recently mapped code, the most recent ``limit`` kept."""
+
+    def __init__(self, limit: int = 256):
+        self.limit = limit
+        self._d: dict[tuple, float] = {}
+
+    def get(self, key: tuple | None) -> float | None:
+        return self._d.get(key) if key is not None else None
+
+    def put(self, key: tuple | None, per_item: float) -> None:
+        if key is None:
+            return
+        self._d.pop(key, None)
+        self._d[key] = per_item
+        while len(self._d) > self.limit:
+            self._d.pop(next(iter(self._d)))
