@@ -330,6 +330,50 @@ def _make_group(handle, members: list[str], live: dict[str, dict], requested: st
     )
 
 
+class _OutputRouter:
+    """One subscription per client to the ranks' live output; chunks are queued per job."""
+
+    def __init__(self, client):
+        self.queues: dict[str, Any] = {}
+        self.lock = threading.Lock()
+        client.subscribe_topic(_worker_module().OUTPUT_TOPIC, self._on_event)
+
+    def _on_event(self, event) -> None:  # on the client's event loop
+        msg = event[1] if isinstance(event, (tuple, list)) and len(event) == 2 else event
+        if not isinstance(msg, dict):
+            return
+        with self.lock:
+            queue = self.queues.get(msg.get("job"))
+        if queue is not None:
+            queue.append(msg)
+
+    def register(self, job: str):
+        from collections import deque
+
+        queue: deque = deque()
+        with self.lock:
+            self.queues[job] = queue
+        return queue
+
+    def unregister(self, job: str) -> None:
+        with self.lock:
+            self.queues.pop(job, None)
+
+
+_routers: dict[str, _OutputRouter] = {}
+
+
+def _router(client) -> _OutputRouter | None:
+    with _lock:
+        router = _routers.get(client.id)
+        if router is None:
+            try:
+                router = _routers[client.id] = _OutputRouter(client)
+            except Exception:  # no live output; the results still carry it
+                return None
+        return router
+
+
 def _worker_module():
     from . import spmd_worker
 
@@ -496,11 +540,16 @@ def run(
     payload = _ship(client, group, payload)
     job = SpmdJob(label, group.world_size, client, getattr(handle, "name", None))
     job.group = group
+    stream_out = getattr(on_output, "live", None)
+    router = _router(client) if stream_out is not None else None
+    chunks = router.register(job.id) if router is not None else None
+    wants = getattr(on_output, "wants", lambda rank: False)
     futures = []
     for rank, addr in enumerate(group.workers):
+        spec = dict(group.spec(rank, timeout), job=job.id, stream=chunks is not None and wants(rank))
         fut = client.submit(
             _worker_module().run_rank,
-            group.spec(rank, timeout),
+            spec,
             payload,
             key=f"spmd-{group.id[:8]}-{group.runs}-rank-{rank}",
             workers=[addr],
@@ -536,6 +585,9 @@ def run(
                     if first_failure is None:
                         first_failure = time.monotonic()
                 observe("job_progress", job)
+            while chunks:
+                chunk = chunks.popleft()
+                stream_out(chunk["rank"], chunk["offset"], chunk["text"])
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + LIVENESS_INTERVAL_S
@@ -551,17 +603,25 @@ def run(
                     _interrupt_ranks(handle, group, [r for r in range(group.world_size) if r not in results and r not in lost])
                 elif interrupted_others and now - first_failure > FAILURE_GRACE_S + STOP_WAIT_S + 1.0:
                     break  # a rank stuck inside torch: the next cell restarts its worker
-    except KeyboardInterrupt:
+    except BaseException as exc:  # Ctrl-C, or anything else: no rank is left running unattended
+        if router is not None:
+            router.unregister(job.id)
         _interrupt_ranks(handle, group, [r for r in range(group.world_size) if r not in results])
         group.pending = [(group.workers[r], f) for r, f in enumerate(futures) if not f.done()]
         group.port = None
         job._finish("cancelled")
         observe("job_finished", job)
-        notice(
-            "%%spmd: interrupted; every rank was sent KeyboardInterrupt and the process group will be "
-            "re-initialised by the next %%spmd cell (per-rank state is kept)."
-        )
+        if isinstance(exc, KeyboardInterrupt):
+            notice(
+                "%%spmd: interrupted; every rank was sent KeyboardInterrupt and the process group will be "
+                "re-initialised by the next %%spmd cell (per-rank state is kept)."
+            )
         raise
+    if router is not None:
+        while chunks:
+            chunk = chunks.popleft()
+            stream_out(chunk["rank"], chunk["offset"], chunk["text"])
+        router.unregister(job.id)
     unfinished = [f for r, f in enumerate(futures) if r not in results]
     group.pending = [(group.workers[r], f) for r, f in enumerate(futures) if r not in results and not f.done()]
     for rank in lost:
@@ -734,10 +794,18 @@ def spmd(
 
 
 class OutputPrinter:
-    """Prints the chosen ranks' output (and every failing rank's), each line block labelled ``[rank r]``."""
+    """Prints the chosen ranks' output (and every failing rank's), each line labelled ``[rank r]``.
+
+    Lines appear as the ranks print them (:meth:`live`, fed from the workers'
+    stream); what had not arrived when the cell ended is printed from the
+    result (:meth:`__call__`), so every line appears once, in order per rank.
+    """
 
     def __init__(self, show: str | int | list[int] | None = 0):
         self.show = show
+        self._consumed: dict[int, int] = {}
+        self._partial: dict[int, str] = {}
+        self._pending: dict[int, dict[int, str]] = {}
 
     def wants(self, rank: int) -> bool:
         s = self.show
@@ -749,11 +817,39 @@ class OutputPrinter:
             return rank == s
         return rank in set(s)
 
-    def __call__(self, rank: int, text: str, failed: bool) -> None:
-        if not text or not (failed or self.wants(rank)):
+    def live(self, rank: int, offset: int, text: str) -> None:
+        """A chunk of ``rank``'s output starting at character ``offset``; whole lines are printed now."""
+        if not self.wants(rank):
             return
+        pending = self._pending.setdefault(rank, {})
+        pending[offset] = text
+        while True:
+            got = self._consumed.get(rank, 0)
+            starts = [o for o in pending if o <= got]
+            if not starts:
+                return
+            for o in starts:
+                chunk = pending.pop(o)
+                if o + len(chunk) > got:
+                    self._emit(rank, chunk[got - o :], failed=False, final=False)
+                    break
+
+    def _emit(self, rank: int, text: str, failed: bool, final: bool) -> None:
+        self._consumed[rank] = self._consumed.get(rank, 0) + len(text)
+        lines = (self._partial.pop(rank, "") + text).split("\n")
+        if not final:
+            self._partial[rank] = lines.pop()  # an unfinished line waits for the rest
+        elif lines and lines[-1] == "":
+            lines.pop()
         tag = f"[rank {rank}{', failed' if failed else ''}] "
-        lines = text.rstrip("\n").split("\n")
-        print(tag + lines[0])
-        for ln in lines[1:]:
-            print(" " * len(tag) + ln)
+        for line in lines:
+            print(tag + line)
+
+    def __call__(self, rank: int, text: str, failed: bool) -> None:
+        """The cell ended: print what of ``rank``'s whole output ``text`` was not printed yet."""
+        if not (failed or self.wants(rank)):
+            return
+        self._pending.pop(rank, None)
+        rest = text[self._consumed.get(rank, 0) :]
+        if rest or self._partial.get(rank):
+            self._emit(rank, rest, failed, final=True)

@@ -51,6 +51,12 @@ COLLATERAL_MARKERS = (
 )
 
 
+#: Dask event topic carrying ranks' printed output to the notebook while a cell runs
+OUTPUT_TOPIC = "jupyter-cluster:spmd-output"
+#: seconds between a rank's first unsent write and its flush
+OUTPUT_FLUSH_S = 0.2
+
+
 class _RankState:
     def __init__(self) -> None:
         self.group: str | None = None
@@ -74,13 +80,46 @@ _STATE = _RankState()
 
 # -- output capture ----------------------------------------------------------------------
 class _Capture:
-    __slots__ = ("buf",)
+    """A rank's printed output: kept whole for the result, and streamed to the notebook as it grows.
 
-    def __init__(self) -> None:
+    The first write after a flush arms a flush on the worker's event loop
+    ``OUTPUT_FLUSH_S`` later, which sends the new text (with its offset in the
+    output) on :data:`OUTPUT_TOPIC`; the notebook prints whole lines as they
+    arrive and the rest from the result, so nothing is printed twice.
+    """
+
+    def __init__(self, worker=None, job: str | None = None, rank: int | None = None):
         self.buf = io.StringIO()
+        self.worker, self.job, self.rank = worker, job, rank
+        self.sent = 0
+        self.armed = False
+        self.closed = False
 
     def write(self, s: str) -> int:
-        return self.buf.write(s)
+        n = self.buf.write(s)
+        if self.worker is not None and not self.armed and not self.closed:
+            self.armed = True
+            try:
+                self.worker.loop.add_callback(self._arm)
+            except Exception:  # a closing worker: the result still carries the output
+                self.worker = None
+        return n
+
+    def _arm(self) -> None:
+        self.worker.loop.call_later(OUTPUT_FLUSH_S, self._flush)
+
+    def _flush(self) -> None:  # on the worker's event loop
+        self.armed = False
+        if self.closed:
+            return
+        text = self.buf.getvalue()
+        if len(text) <= self.sent:
+            return
+        offset, self.sent = self.sent, len(text)
+        try:
+            self.worker.log_event(OUTPUT_TOPIC, {"job": self.job, "rank": self.rank, "offset": offset, "text": text[offset:]})
+        except Exception:  # the result still carries the output
+            pass
 
     def getvalue(self) -> str:
         return self.buf.getvalue()
@@ -343,7 +382,15 @@ def run_rank(spec: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
 
     st = _STATE
     _install_streams()
-    cap = _Capture()
+    worker = None
+    if spec.get("stream"):
+        try:
+            from distributed import get_worker
+
+            worker = get_worker()
+        except Exception:  # not in a Dask task: the output comes with the result
+            worker = None
+    cap = _Capture(worker, spec.get("job"), spec["rank"])
     started = time.time()
     with st.lock:
         st.thread, st.running, st.interrupted = threading.get_ident(), spec["group"], False
@@ -370,6 +417,7 @@ def run_rank(spec: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
         st.local.buf = None
         with st.lock:
             st.thread = st.running = None
+        cap.closed = True
         result["output"] = cap.getvalue()
         result["ended"] = time.time()
     return result

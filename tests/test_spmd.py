@@ -134,6 +134,50 @@ print("counter", counter)
     assert "[rank 0] counter 1" in out and "[rank 1] counter 101" in out  # --show all
 
 
+class _TimedStream:
+    """A real text stream that notes when each line was written."""
+
+    def __init__(self, below):
+        self.below = below
+        self.lines: list[tuple[float, str]] = []
+
+    def write(self, text):
+        for line in text.splitlines():
+            if line.strip():
+                self.lines.append((time.monotonic(), line))
+        return self.below.write(text)
+
+    def flush(self):
+        self.below.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.below, name)
+
+
+def test_output_appears_while_the_cell_runs(shell, cluster, monkeypatch):
+    import sys
+
+    stream = _TimedStream(sys.stdout)
+    monkeypatch.setattr(sys, "stdout", stream)
+    res = run_cell(
+        shell,
+        """%%spmd --show all --no-progress
+import time
+print(f"start {rank}")
+time.sleep(2.5)
+print(f"end {rank}", end="")
+""",
+    )
+    ended = time.monotonic()
+    monkeypatch.undo()
+    assert res.error_in_exec is None, res.error_in_exec
+    when = {line: t for t, line in stream.lines}
+    assert set(when) >= {"[rank 0] start 0", "[rank 1] start 1", "[rank 0] end 0", "[rank 1] end 1"}, stream.lines
+    for r in (0, 1):
+        assert ended - when[f"[rank {r}] start {r}"] > 1.5, "the first line waited for the end of the cell"
+    assert [line for _, line in stream.lines].count("[rank 0] start 0") == 1  # printed once, not again at the end
+
+
 def test_python_api_shares_the_group_and_state(shell, cluster):
     def grab(rank, world_size, state, offset=0):
         import torch
