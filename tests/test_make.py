@@ -1,0 +1,56 @@
+"""The Makefile's entry points, read through ``make -n`` (what they would run, nothing run).
+
+Real runs (a scratch ``VENV``, as root, ``jupyter lab`` answering on the given port; a
+``.venv-bench`` with ipyparallel over a core-only ``.venv``) are too slow for the suite; these
+checks pin what those runs showed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def _dry(*args: str) -> list[str]:
+    out = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_make_lab_runs_as_root_and_takes_user_options(tmp_path):
+    lines = _dry("lab", f"VENV={tmp_path}/venv", "LAB_ARGS=--port 9999 --no-browser")
+    lab = [ln for ln in lines if "/bin/jupyter lab " in ln]
+    assert len(lab) == 1 and lab[0].endswith("--port 9999 --no-browser")
+    # Jupyter refuses to start as root without --allow-root (it died after ~3 min of set-up)
+    assert ("--allow-root" in lab[0]) == (os.geteuid() == 0)
+
+
+def test_peer_systems_stay_out_of_the_lab_and_test_environment(tmp_path):
+    venv, bench = f"{tmp_path}/venv", f"{tmp_path}/bench"
+    for target in ("lab", "test"):
+        lines = "\n".join(_dry(target, f"VENV={venv}", f"BENCH_VENV={bench}"))
+        assert "bench" not in lines and "ipyparallel" not in lines, target
+    lines = _dry("bench", f"VENV={venv}", f"BENCH_VENV={bench}")
+    installs = [ln for ln in lines if "pip install" in ln and "bench)" in ln]
+    assert installs and all(ln.startswith(f"{bench}/bin/python -m pip install") for ln in installs)
+    assert lines[-1].startswith(f"{bench}/bin/python benchmarks/bench_peers.py")
+
+
+def test_lean_lab_installs_the_core_only_and_the_readme_says_how_to_add_examples(tmp_path):
+    lines = _dry("lab", f"VENV={tmp_path}/venv", "EXTRAS=")
+    assert not [ln for ln in lines if "examples" in ln or "torch" in ln]
+    assert any(ln.endswith("pip install --quiet -e .") for ln in lines)
+    full = "\n".join(_dry("lab", f"VENV={tmp_path}/venv"))
+    assert "examples" in full
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    assert "make lab EXTRAS=" in readme and "5.8 GB" in readme and "290 MB" in readme
+    assert '.venv/bin/pip install "numpy>=1.24" "pandas>=2" "gymnasium>=0.29"' in readme
+    assert 'LAB_ARGS="--port 9999' in readme
