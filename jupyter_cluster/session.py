@@ -75,6 +75,15 @@ class ClusterHandle:
         owner = {"panel": "the JupyterLab cluster panel", "kernel": "another kernel"}.get(rec.owner_kind, "another process")
         return f"attached by name (started by {owner}, pid {rec.owner_pid})"
 
+    def scheduler_gone(self) -> bool:
+        """Whether the scheduler has stopped or no longer answers (the handle itself is still open)."""
+        if self.closed:
+            return False
+        status = getattr(getattr(getattr(self.cluster, "scheduler", None), "status", None), "name", None)
+        if status in ("closing", "closed", "failed"):  # a local cluster's scheduler, in this process
+            return True
+        return getattr(self.client, "status", "running") not in ("running", "newly-created")
+
     def _check_open(self) -> None:
         if self.closed:
             raise ClusterError(f"cluster {self.name!r} is stopped; start a new one with %cluster start.")
@@ -164,6 +173,7 @@ class ClusterHandle:
     def close(self) -> None:
         """Stop the cluster (or detach from it, if it was only attached)."""
         global _current
+        gone = self.scheduler_gone()
         with _lock:
             if self.closed:
                 raise ClusterError(f"cluster {self.name!r} is already stopped.")
@@ -174,10 +184,13 @@ class ClusterHandle:
         if self.attached_record is None:  # an attached-by-name cluster's record is its owner's
             registry.remove(self.name)
         try:
-            self.client.close(timeout=5)
+            self.client.close(timeout=1 if gone else 5)
         except Exception:  # the scheduler may already be gone; closing must still finish
             pass
         if self.cluster is not None:
+            if gone and hasattr(self.cluster, "shutdown_scheduler"):
+                # Nothing to shut down; asking a dead scheduler would wait out the whole timeout.
+                self.cluster.shutdown_scheduler = False
             try:
                 self.cluster.close(timeout=10)
             except Exception:
@@ -518,6 +531,11 @@ def current(start_default: bool = False, announce: Callable[[str], None] | None 
     """
     with _lock:
         handle = _handles.get(_current) if _current else None
+    if handle is not None and start_default and handle.scheduler_gone():
+        raise ClusterError(
+            f"the scheduler of cluster {handle.name!r} at {handle.address} has stopped or does not answer; "
+            "%cluster stop forgets it, then %cluster start makes a new one."
+        )
     if handle is None and start_default:
         handle = start()
         if announce is not None:
@@ -550,6 +568,9 @@ def clusters() -> list[dict[str, Any]]:
     """Every live cluster on this machine, from the registry (dicts, oldest first)."""
     out = []
     for rec in registry.live_records():
+        held = _handles.get(rec.name)
+        if held is not None and rec.owner_pid == _pid() and held.scheduler_gone():
+            continue  # ours, but its scheduler died: nothing anyone can use
         d = rec.to_dict()
         d["here"] = rec.name in _handles and rec.owner_pid == _pid()
         d["current"] = d["here"] and rec.name == _current

@@ -9,6 +9,7 @@ from IPython.core.error import UsageError
 
 import jupyter_cluster as jc
 from jupyter_cluster import registry, session
+from .conftest import wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -101,6 +102,9 @@ def test_scale_adapt_restart(ip):
         ("stop nothere", "no cluster named 'nothere' is held"),
         ("start --backend address --workers 2", "does not take --workers"),
         ("restart", "no cluster is running in this kernel"),
+        ("start --workers 100000", "--workers 100000 is more worker processes than this machine can run"),
+        ("start --port 99999", "--port must be a TCP port from 0 to 65535"),
+        ("start --port -1", "--port must be a TCP port from 0 to 65535"),
     ],
 )
 def test_bad_input_is_one_clear_sentence(ip, line, message):
@@ -178,3 +182,58 @@ def test_map_on_a_cluster_without_workers_says_so_and_runs_once_scaled(capfd):
     finally:
         timer.cancel()
     assert "has no workers, so the map is waiting" in capfd.readouterr().err
+
+
+# -- after the scheduler died (issue 18.11) -------------------------------------------
+DEAD_SCHEDULER = """
+import asyncio
+from distributed import Scheduler
+
+async def main():
+    async with Scheduler(host="127.0.0.1", port=0, dashboard=False) as s:
+        print(s.address, flush=True)
+        await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("kind", ["local", "attached"])
+def test_a_dead_scheduler_is_not_listed_is_a_clear_error_and_stops_fast(ip, capsys, kind):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    proc = None
+    if kind == "local":
+        handle = run(ip, "start --workers 1 --name dies-local")
+        pids = list(handle.client.run(os.getpid).values())
+        handle.cluster.sync(handle.cluster.scheduler.close)  # the scheduler ends, the kernel lives on
+    else:
+        proc = subprocess.Popen([sys.executable, "-c", DEAD_SCHEDULER], stdout=subprocess.PIPE, text=True)
+        address = proc.stdout.readline().strip()
+        handle = run(ip, f"connect {address}")
+        proc.kill()
+        proc.wait()
+    try:
+        wait_for(handle.scheduler_gone, timeout=30, message="the client to notice")
+        capsys.readouterr()
+        run(ip, "list")
+        assert handle.name not in capsys.readouterr().out
+        with pytest.raises(UsageError, match=f"the scheduler of cluster '{handle.name}' .* has stopped or does not answer"):
+            ip.run_cell_magic("parallel", "x in range(3)", "x\n")
+        t0 = time.monotonic()
+        run(ip, "stop")
+        assert time.monotonic() - t0 < 5
+        if kind == "local":  # fast, and still no worker left behind
+            wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids),
+                     timeout=30, message="the workers to exit")
+        assert jc.current() is None or jc.current() is not handle
+    finally:
+        if not handle.closed:
+            handle.close()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
