@@ -24,8 +24,9 @@ import inspect
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .errors import ClusterError
 
@@ -634,7 +635,7 @@ def run(
             if res.get("unsendable"):
                 notice(f"%%spmd: rank {rank}'s result was left on the worker: {res['unsendable']}.")
         else:
-            exc, tname, msg, text, frames = res["error"]
+            exc, _tname, _msg, text, frames = res["error"]
             job.errors[rank] = exc
             job.tracebacks[rank] = (text, frames)
     failed = [r for r, res in results.items() if not res.get("ok")]

@@ -24,10 +24,11 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from . import capture, session
-from .spmd import BACKENDS, OutputPrinter, group as spmd_group, prepare, reset, run
 from .cellfunc import CellFunction
 from .errors import CellError, ClusterError, SerializationError
 from .magics import MagicArgumentParser
+from .spmd import BACKENDS, OutputPrinter, prepare, reset, run
+from .spmd import group as spmd_group
 
 DEFAULT_OUT = "_spmd"
 JOB_NAME = "_spmd_job"
@@ -126,17 +127,17 @@ class SpmdMagics(Magics):
         if cmd == "reset" and len(words) == 1:
             had = reset()
             print("%spmd: the group was torn down; the next %%spmd cell builds a new one." if had else "%spmd: there is no group to reset.")
-            return None
+            return
         if cmd == "status" and len(words) <= 1:
             handle = session.current()
             group = spmd_group(handle) if handle is not None else None
             if group is None:
                 print("No %%spmd group on the current cluster; the first %%spmd cell builds one.")
-                return None
+                return
             print(f"%%spmd group: {group.world_size} ranks, backend {group.backend}, rendezvous at {group.hosts[0]}")
             for r, name in enumerate(group.names):
                 print(f"  rank {r}: worker {name} ({group.workers[r]})")
-            return None
+            return
         raise UsageError(f"%spmd takes `reset` or nothing, not {line.strip()!r}.\n\n{SPMD_USAGE}")
 
     def _cell_filename(self, line: str, cell: str) -> tuple[str, str]:
@@ -196,7 +197,7 @@ class SpmdMagics(Magics):
         user_ns[args.out] = dict(job.values)
         if job.failed_rank is None:
             job.group.assigned |= set(analysis.assigned)
-            return None
+            return
         rank = job.failed_rank
         exc = job.errors.get(rank)
         text_tb, frames = job.tracebacks.get(rank, ("", None))

@@ -20,11 +20,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-import jupyter_cluster as jc  # noqa: E402
-from jupyter_cluster import spmd_worker  # noqa: E402
-from jupyter_cluster.errors import ClusterError  # noqa: E402
+import jupyter_cluster as jc
+from jupyter_cluster import spmd_worker
+from jupyter_cluster.errors import ClusterError
 
-from .conftest import wait_for  # noqa: E402
+from .conftest import wait_for
 
 spmd_mod = importlib.import_module("jupyter_cluster.spmd")  # jc.spmd is the function
 
