@@ -171,6 +171,31 @@ def test_bad_json_body(api):
     assert r.status_code == 400 and r.json()["message"] == "the request body is not valid JSON."
 
 
+def test_deeply_nested_json_is_a_400_not_a_500(api, server):
+    """JSON nested 100,000 deep overflowed the parser's recursion: a 500 (issue 18.12)."""
+    import websocket
+
+    deep = "[" * 100_000 + "]" * 100_000
+    for path in ("clusters", "clusters/x/scale", "clusters/x/adapt"):
+        r = api("POST", path, data=deep)
+        assert r.status_code == 400 and r.json()["message"] == "the request body is not valid JSON.", (path, r.status_code)
+    ws = websocket.create_connection(server.api("events").replace("http://", "ws://"),
+                                     header=[f"Authorization: token {server.token}"], timeout=20)
+    try:
+        ws.send('{"type": ' + deep + "}")
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            msg = json.loads(ws.recv())
+            if msg["type"] == "error":
+                assert msg["message"].startswith("bad message")
+                break
+        else:
+            pytest.fail("no error message for a deeply nested websocket message")
+        ws.send(json.dumps({"type": "interval", "ms": 500}))  # the socket still works
+    finally:
+        ws.close()
+
+
 def test_config_names_the_default_backend(api):
     cfg = api.ok("GET", "config")
     assert cfg["backend"] == "local" and "local" in cfg["backends"]

@@ -71,7 +71,7 @@ class BaseHandler(APIHandler):
             return {}
         try:
             data = json.loads(self.request.body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             self.fail(400, "the request body is not valid JSON.")
         if not isinstance(data, dict):
             self.fail(400, "the request body must be a JSON object.")
@@ -283,6 +283,9 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
                 self.interval = min(max(float(ms) / 1000, 0.2), 60.0)
             else:
                 raise ValueError(f"unknown message type {kind!r}")
+        except RecursionError:
+            self._send({"type": "error", "message": "bad message: JSON nested too deeply."})
+            return
         except (ValueError, KeyError, TypeError, ClusterError) as exc:
             self._send({"type": "error", "message": f"bad message: {exc}"})
             return
