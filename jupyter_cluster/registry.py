@@ -139,6 +139,18 @@ def remove(name: str) -> None:
             pass
 
 
+def _remove_dashboard_socket(path: object) -> None:
+    """Delete a dead cluster's dashboard socket and its private folder, if they are provably ours."""
+    from .server.dashboard import socket_is_ours
+
+    if socket_is_ours(path):
+        try:
+            os.remove(path)  # type: ignore[arg-type]
+            os.rmdir(os.path.dirname(path))  # type: ignore[arg-type]
+        except OSError:
+            pass
+
+
 def read(name: str) -> ClusterRecord | None:
     """The live record called ``name``, or None."""
     for record in live_records():
@@ -176,5 +188,6 @@ def live_records(cleanup: bool = True) -> list[ClusterRecord]:
             records.append(record)
         elif cleanup:
             remove(record.name)
+            _remove_dashboard_socket((record.extra or {}).get("dashboard_socket") if isinstance(record.extra, dict) else None)
     records.sort(key=lambda r: r.started)
     return records

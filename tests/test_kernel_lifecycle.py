@@ -72,7 +72,11 @@ def test_kill_9_of_the_kernel_leaves_no_worker_and_no_live_record():
         )
         worker_pids = json.loads(out.strip().splitlines()[-1])
         assert len(worker_pids) == 2 and all(psutil.pid_exists(p) for p in worker_pids)
-        assert registry.read("doomed") is not None
+        record = registry.read("doomed")
+        assert record is not None
+        sock = record.extra["dashboard_socket"]
+        secrets = [os.path.join(registry.registry_dir(), f"doomed{suffix}") for suffix in (".pem", ".tls")]
+        assert all(os.path.exists(p) for p in [sock, *secrets])
 
         kernel_pid = km.provisioner.process.pid
         os.kill(kernel_pid, signal.SIGKILL)
@@ -90,6 +94,8 @@ def test_kill_9_of_the_kernel_leaves_no_worker_and_no_live_record():
         wait_for(workers_gone, timeout=30, message="worker processes to exit after kill -9 of their kernel")
         assert registry.read("doomed") is None
         assert "doomed" not in {r.name for r in registry.live_records()}
+        # the dead owner's credentials and dashboard socket go with its record
+        assert not any(os.path.exists(p) for p in secrets) and not os.path.exists(os.path.dirname(sock))
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
