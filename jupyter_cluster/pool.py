@@ -2,7 +2,7 @@
 
 The pool owns no processes.  ``apply``/``apply_async`` are single Dask tasks;
 ``map``/``imap``/``starmap`` and their async forms are front ends to the one map
-engine (:mod:`jupyter_cluster.mapping`), which brings chunking, backpressure
+engine (:mod:`jupyter_cluster.engine`), which brings chunking, backpressure
 and survival of lost workers.  What is left here is ``multiprocessing``'s
 contract: the states (running, closed, terminated) and their errors, result
 objects, callbacks run from a result thread in this process, ``processes`` as
@@ -26,8 +26,8 @@ import weakref
 from multiprocessing import TimeoutError
 from typing import Any, Callable, Iterable
 
-from .errors import ClusterError, WorkerLostError
-from .liveness import SchedulerWatch
+from .engine.dask import SchedulerWatch, translate_error
+from .errors import ClusterError
 
 __all__ = ["Pool", "AsyncResult", "ApplyResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"]
 
@@ -589,30 +589,13 @@ class Pool:
             )
 
     def _translate(self, exc: BaseException, future: Any, name: str) -> BaseException:
-        """Dask's ways of saying "the cluster failed" in our words; task errors pass unchanged."""
-        from distributed import KilledWorker
-        from distributed.client import FutureCancelledError
-
-        if isinstance(exc, KilledWorker):
-            lost = WorkerLostError(
-                f"apply_async({name}) killed the worker process running it every time it was tried, so it was given up; "
-                "look for what in the call crashes the process (memory, a native library, os._exit)."
-            )
-            lost.__cause__ = exc
-            return lost
-        if isinstance(exc, (FutureCancelledError, OSError)) and not isinstance(exc, TimeoutError):
-            gone = ClusterError(
-                f"apply_async({name}) was lost because the connection to cluster {self._handle.name!r} "
-                "broke (was the cluster stopped?); start or connect a cluster and a new Pool."
-            )
-            gone.__cause__ = exc
-            return gone
-        return exc
+        """Dask's ways of saying "the cluster failed" in our words (shared with the map engine)."""
+        return translate_error(exc, f"apply_async({name})", self._handle.name)
 
     # -- map family ----------------------------------------------------------
     def _job(self, task: _PoolTask, iterable: Iterable, chunksize: Any, label: str, **options: Any) -> Any:
         """A map job of the engine for this pool (not started: jobs advance as they are iterated)."""
-        from .mapping import MapJob
+        from .engine.job import MapJob
 
         chunk = _check_chunksize(chunksize)
         return MapJob(

@@ -35,6 +35,7 @@ import threading
 import time
 from typing import Any
 
+from ..errors import ClusterError, WorkerLostError
 from .worker import ATTACH_WAIT_SECONDS, EnginePlugin, Packed, lease
 
 logger = logging.getLogger(__name__)
@@ -446,3 +447,120 @@ def _lease_done(ls: Lease) -> None:
         owner.events.put(("lease-done", ls, None))
     else:
         ls.dead = True
+
+
+# -- the client and its scheduler ---------------------------------------------------------
+def client_of(client: Any) -> tuple[Any, Any]:
+    """``(distributed.Client, cluster name or scheduler address)`` from a Client or a ClusterHandle."""
+    if client is None:
+        raise TypeError("a map needs a client or a cluster handle; jupyter_cluster.map() finds the current cluster for you.")
+    if hasattr(client, "client") and hasattr(client, "address"):  # ClusterHandle
+        return client.client, client.name
+    return client, getattr(client, "scheduler", None) and str(client.scheduler.address)
+
+
+def cached_threads(client: Any) -> int | None:
+    """Worker threads as of the client's own periodic scheduler update (no round trip)."""
+    ident = getattr(client, "_scheduler_identity", None) or {}
+    n = ident.get("total_threads")
+    return int(n) if n is not None else None
+
+
+def total_threads(client: Any) -> int:
+    n = cached_threads(client)
+    if n is None:  # before the client's first update only
+        try:
+            n = sum(client.nthreads().values())
+        except Exception:
+            n = 0
+    return max(int(n or 0), 1)
+
+
+async def scheduler_workers(client: Any) -> dict:
+    """Every worker's entry of the scheduler's identity (runs on the client's loop)."""
+    info = await client.scheduler.identity(n_workers=-1)
+    return info.get("workers", {})
+
+
+async def gather_skipping_errors(client: Any, futures: dict) -> dict:
+    # Runs on the client's event loop (see MapJob._fetch).
+    return await client.gather(futures, errors="skip", asynchronous=True)
+
+
+def item_bytes(item: Any) -> int:
+    """Size of one item in bytes (an estimate for the whole input), 1 KB when it cannot be told.
+
+    Dask's ``sizeof`` knows arrays and frames without copying them; pickling
+    the item to measure it would cost as much as sending it.
+    """
+    from dask.sizeof import sizeof
+
+    try:
+        return int(sizeof(item))
+    except Exception:
+        return 1024
+
+
+# -- telling a scheduler that went away from one that blinked -----------------------------
+# Dask's futures stay pending while a client tries to reconnect, which looks
+# like a hang to the user.  The map engine and ``Pool`` both ask a
+# SchedulerWatch whether to give up.
+
+#: How long the client may be disconnected from the scheduler before work fails, in seconds.
+DISCONNECT_GRACE_SECONDS = 2.0
+
+
+class SchedulerWatch:
+    """Follows one client's connection to its scheduler.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    grace : float
+        Seconds a reconnecting client is given before :meth:`lost` says so.
+    """
+
+    def __init__(self, client: Any, grace: float = DISCONNECT_GRACE_SECONDS):
+        self.client = client
+        self.grace = grace
+        self._since: float | None = None
+
+    def reset(self) -> None:
+        """Forget an earlier disconnection (nothing is waiting on the scheduler)."""
+        self._since = None
+
+    def lost(self) -> bool:
+        """Whether the scheduler is gone for good: closed, or away longer than the grace period."""
+        status = getattr(self.client, "status", "running")
+        if status == "running":
+            self._since = None
+            return False
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        return status in ("closed", "closing") or now - self._since > self.grace
+
+
+def translate_error(exc: BaseException, what: str, cluster: str) -> BaseException:
+    """Dask's ways of saying "the cluster failed" in our words; a task's own error passes unchanged.
+
+    ``what`` names the call (``"apply_async(f)"``), ``cluster`` the cluster.
+    """
+    from distributed import KilledWorker
+    from distributed.client import FutureCancelledError
+
+    if isinstance(exc, KilledWorker):
+        lost = WorkerLostError(
+            f"{what} killed the worker process running it every time it was tried, so it was given up; "
+            "look for what in the call crashes the process (memory, a native library, os._exit)."
+        )
+        lost.__cause__ = exc
+        return lost
+    if isinstance(exc, (FutureCancelledError, OSError)) and not isinstance(exc, TimeoutError):
+        gone = ClusterError(
+            f"{what} was lost because the connection to cluster {cluster!r} "
+            "broke (was the cluster stopped?); start or connect a cluster and a new Pool."
+        )
+        gone.__cause__ = exc
+        return gone
+    return exc

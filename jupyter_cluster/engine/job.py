@@ -1,0 +1,1247 @@
+"""One map's state and its dispatch loop (:class:`MapJob`), on either path.
+
+How work flows
+--------------
+Items are read lazily from the input and grouped into *chunks* (batches),
+sized by :mod:`.planner`.  On the direct path (the default) a chunk is one
+message to a lease (:mod:`.dask`, :mod:`.worker`): each lease has at most
+two chunks outstanding, one running and one queued, so no thread idles and a
+generator of 10^6 items never becomes 10^6 messages in flight.  On the task
+path (when the workers cannot be reached directly, or for
+``--all-workers``) a chunk is one Dask task around
+:func:`.worker.run_items`, at most ``2 × threads + 2`` in flight.  Either way
+Dask's per-task cost is paid per chunk or per lease, not per item.
+
+Every auto-sized chunk carries a time budget: the worker stops after the item
+that takes the chunk past it, and the items left over go back to the front
+of the queue to be re-chunked with what is now known.  The end of a generator
+is seen early because the job reads a bounded distance ahead of what it has
+sent.  The mean item duration of a function (or a cell) is remembered for the
+next map of the same code, which then skips the probes.
+
+The function (or the cell) is pickled once per map and cached per worker
+process; values of 1 MB or more are scattered once per worker
+(``broadcast=True``) and reach the map's leases (or chunks) as Dask
+dependencies.
+
+Resilience
+----------
+A worker that dies mid-map (SIGKILL, memory limit) costs nothing but time:
+its chunks run again elsewhere and every chunk's result is taken exactly
+once.  A chunk that was running when its worker died is split into single
+items run one at a time ("suspects"); an item that kills more workers than
+Dask's ``allowed-failures`` fails with
+:class:`~jupyter_cluster.errors.WorkerLostError` naming it.  A scheduler that
+goes away raises :class:`~jupyter_cluster.errors.ClusterError` within
+seconds.  ``KeyboardInterrupt`` while waiting cancels outstanding work
+(workers stop between items) and keeps the results computed so far in the
+:class:`MapJob` (``job.results``), also reachable as :func:`last_job`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import math
+import reprlib
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Any, Callable, Iterator
+
+import cloudpickle
+
+from ..capture import LARGE_VALUE_BYTES
+from ..errors import ClusterError, WorkerLostError
+from . import planner
+from .dask import SchedulerWatch, cached_threads, client_of, gather_skipping_errors, item_bytes, scheduler_workers, total_threads
+from .planner import MAX_CHUNK_ITEMS
+from .worker import Items, run_items
+
+logger = logging.getLogger(__name__)
+
+#: Observers hear about progress at most this often, in seconds.
+PROGRESS_INTERVAL = 0.1
+#: Longest --timeout accepted, in seconds (Python's own limit on a thread wait, about 292 years at most).
+MAX_TIMEOUT_SECONDS = float(min(threading.TIMEOUT_MAX, 10**9))
+#: How long a map waits on a cluster without workers before saying so, in seconds.
+NO_WORKERS_NOTICE_SECONDS = 5.0
+
+_observer_factories: list[Callable] = []
+_last_job: "MapJob | None" = None
+
+
+def add_observer_factory(factory: Callable) -> None:
+    """Register ``factory(job, progress) -> observer | None``, called for every new map.
+
+    The observer may define ``job_started(job)``, ``job_progress(job)`` (called
+    at most every :data:`PROGRESS_INTERVAL` seconds) and ``job_finished(job)``.
+    ``progress`` is the user's ``progress`` argument (None = automatic).
+    """
+    if factory not in _observer_factories:
+        _observer_factories.append(factory)
+
+
+def remove_observer_factory(factory: Callable) -> None:
+    """Undo :func:`add_observer_factory`."""
+    if factory in _observer_factories:
+        _observer_factories.remove(factory)
+
+
+def last_job() -> "MapJob | None":
+    """The most recently started map in this process (keeps its results after an interrupt)."""
+    return _last_job
+
+
+#: While a batch of results is being fetched, look at the scheduler this often, in seconds.
+FETCH_CHECK_SECONDS = 1.0
+
+
+class RemoteItemError(Exception):
+    """Stands for an exception raised on a worker that could not be sent back as itself."""
+
+
+_abbrev = reprlib.Repr()
+_abbrev.maxstring = 60
+_abbrev.maxother = 60
+_abbrev.maxlist = _abbrev.maxtuple = _abbrev.maxdict = _abbrev.maxset = 6
+
+
+def abbreviate(value: Any) -> str:
+    """A short repr of an item for messages."""
+    try:
+        return _abbrev.repr(value)
+    except Exception:
+        return f"<{type(value).__qualname__}>"
+
+
+#: Mean seconds per item of recently mapped code (a map of the same code skips the probes).
+_remembered = planner.Remembered()
+
+
+class _Chunk:
+    __slots__ = ("start", "items", "suspect", "resubmits", "pin", "budget", "deaths")
+
+    def __init__(
+        self, start: int, items: list, suspect: bool = False, pin: str | None = None, budget: float | None = None, deaths: int = 0
+    ):
+        self.start = start
+        self.items = items
+        self.suspect = suspect
+        self.resubmits = 0
+        self.pin = pin
+        self.budget = budget
+        self.deaths = deaths  # worker processes lost while running it (direct path)
+
+
+class MapJob:
+    """One map over a cluster: a lazy iterator over results plus its live record.
+
+    Iterate it to get results (input order, or completion order when
+    ``ordered=False``); work advances while you iterate.  Created by
+    :func:`imap` and :func:`map`.
+
+    Attributes
+    ----------
+    id : str
+        Unique id (also in the Dask task keys and the progress events).
+    label : str
+        What the map is called in progress displays.
+    total : int or None
+        Number of items, None while the input's length is unknown.
+    done, failed : int
+        Items finished successfully / with an error so far.
+    started : float
+        ``time.time()`` when the map started.
+    finished : bool
+        True once every item has a result, or the map failed or was cancelled.
+    state : str
+        ``"running"``, ``"finished"``, ``"failed"`` or ``"cancelled"``.
+    results : dict
+        Input index -> result for every result received so far (with
+        ``retain=False``, only those not yet yielded).  After an interrupt the
+        finished items' results stay here.
+    outputs : dict
+        Input index -> text the item printed.
+    errors : dict
+        Input index -> exception, for items that failed.
+    tracebacks : dict
+        Input index -> ``(text, frames)`` of the remote traceback (frames:
+        a ``tblib`` dict, or None).
+    failed_items : dict
+        Input index -> ``(item, worker address)`` for failed items.
+    remembered : float or None
+        Mean seconds per item remembered from an earlier map of the same
+        function or cell (None: not known, so the first chunks are probes).
+    chunks_cut : int
+        Chunks that stopped at their time budget and sent items back to be
+        re-chunked.
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        iterables: tuple,
+        *,
+        chunksize: int | str = "auto",
+        ordered: bool = True,
+        retries: int = 0,
+        timeout: float | None = None,
+        errors: str = "raise",
+        resources: dict | None = None,
+        progress: Any = None,
+        client: Any = None,
+        label: str | None = None,
+        shared: dict | None = None,
+        retain: bool = True,
+        capture_output: bool = True,
+        on_output: Callable[[int, str, bool], None] | None = None,
+        pin_workers: list[str] | None = None,
+        concurrency: int | None = None,
+    ):
+        global _last_job
+        timeout = check_options(errors=errors, chunksize=chunksize, retries=retries, timeout=timeout, resources=resources)
+        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1):
+            raise ValueError(f"concurrency must be a positive integer or None, not {concurrency!r}.")
+        if not iterables:
+            raise TypeError("map() needs at least one iterable.")
+        #: Most chunks running at once (``Pool(processes=N)``); None: every worker thread.
+        self.concurrency = concurrency
+        self.client, self.cluster = client_of(client)
+        self.id = uuid.uuid4().hex[:12]
+        self.label = label or getattr(fn, "__name__", None) or type(fn).__name__
+        self.fn = fn
+        self.chunksize = chunksize
+        self.ordered = ordered
+        self.retries = retries
+        self.timeout = timeout
+        self.errors_mode = errors
+        self.resources = dict(resources) if resources else None
+        self.progress = progress
+        self.retain = retain
+        self.on_output = on_output
+        self.options = {"retries": retries, "timeout": timeout, "capture": capture_output}
+
+        self.total = _known_length(iterables)
+        self.done = 0
+        self.failed = 0
+        self.started = time.time()
+        self.finished = False
+        self.state = "running"
+        self.results: dict[int, Any] = {}
+        self.outputs: dict[int, str] = {}
+        self.errors: dict[int, BaseException] = {}
+        self.tracebacks: dict[int, tuple] = {}
+        self.failed_items: dict[int, tuple] = {}  # index -> (item, worker address or None)
+        self.workers_used: dict[str, int] = {}
+        self.chunks_submitted = 0
+        self.chunk_log: list[tuple] = []  # (first index, items, worker, start time, busy seconds)
+        self.peak_in_flight = 0
+        self.items_read = 0
+        self.ended: float | None = None
+
+        self._star = len(iterables) > 1
+        self._source: Iterator = iter(iterables[0]) if len(iterables) == 1 else zip(*iterables)
+        self._pin = list(pin_workers) if pin_workers else None
+        self._buffer: deque = deque()
+        self._exhausted = False
+        self._next_index = 0  # index of the first buffered (unsubmitted) item
+        self._inflight: dict[Any, _Chunk] = {}
+        self._suspects: deque[_Chunk] = deque()
+        self._suspect_running = False
+        self._resubmit: deque[_Chunk] = deque()
+        self._returned: deque[tuple[int, list]] = deque()  # (first index, items) a budget sent back
+        self._returned_n = 0
+        self._durations: list[tuple[int, list]] = []
+        self._time_sum = 0.0
+        self._time_n = 0
+        self._duration_key = planner.duration_key(fn) if chunksize == "auto" else None
+        #: Mean seconds per item remembered from an earlier map of the same code (None: not known).
+        self.remembered = _remembered.get(self._duration_key) if self._duration_key is not None else None
+        #: Chunks that stopped at their time budget and sent their remaining items back.
+        self.chunks_cut = 0
+        self._probe_items: int | None = None
+        self._order: deque[int] = deque()  # completion order (unordered iteration / list)
+        self._completion: list[int] = []
+        self._yield_next = 0
+        self._cancelled_by_us: set = set()
+        self._scheduler_watch = SchedulerWatch(self.client)
+        self._terminal_since: dict = {}
+        self._last_progress = 0.0
+        self._threads = total_threads(self.client)
+        self._threads_checked = time.monotonic()
+        self._no_workers_since: float | None = None
+        self._no_workers_warned = False
+        #: "direct" (leases fed over Dask's comm) or "tasks" (one Dask task per chunk); decided on the first step.
+        self.path: str | None = None
+        self._leases: Any = None  # engine.dask.Leases on the direct path
+        self._next_place = 0.0
+        self._next_check = 0.0
+        self._allowed_failures: int | None = None
+        self._round_remaining: int | None = None
+
+        from distributed import as_completed
+
+        # Completion only: results are fetched per drained batch in _fetch (one
+        # gather for many chunks instead of one per chunk).
+        self._ac = as_completed(with_results=False, loop=self.client.loop)
+        if self.resources:
+            self._check_resources()
+        self._token = self.id
+        self._shared_values = dict(shared or {})
+        self._blob: bytes | None = cloudpickle.dumps(fn)
+        if len(self._blob) >= LARGE_VALUE_BYTES:
+            self._shared_values["__fn__"] = fn
+            self._blob = None
+        self._shared: dict[str, Any] | None = None
+        self._scatter()
+        self._observers = []
+        for factory in list(_observer_factories):
+            try:
+                obs = factory(self, progress)
+            except Exception:  # a broken display must never break a map
+                logger.exception("jupyter_cluster: progress observer factory failed")
+                continue
+            if obs is not None:
+                self._observers.append(obs)
+        _last_job = self
+        self._notify("job_started")
+
+    # -- public --------------------------------------------------------------------
+    def __repr__(self) -> str:
+        total = "?" if self.total is None else self.total
+        return f"<MapJob {self.label!r} {self.state}: {self.done}/{total} done, {self.failed} failed, {self.elapsed:.2f} s>"
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the map started (until it ended)."""
+        return (self.ended or time.time()) - self.started
+
+    @property
+    def in_flight(self) -> int:
+        """Chunks submitted and not yet returned."""
+        return len(self._inflight)
+
+    @property
+    def max_in_flight(self) -> int:
+        """The bound on chunks in flight (``2 × threads + 2``: one running and one queued per thread, plus slack)."""
+        n = 2 * self._threads + 2
+        return n if self.concurrency is None else min(n, self.concurrency)
+
+    @property
+    def leases(self) -> int:
+        """Lease tasks this map placed (direct path; 0 on the task path)."""
+        return self._leases.placed if self._leases is not None else 0
+
+    @property
+    def durations(self) -> dict[int, float]:
+        """Input index -> seconds the item took on its worker."""
+        out: dict[int, float] = {}
+        for start, ds in self._durations:
+            out.update(zip(range(start, start + len(ds)), ds))
+        return out
+
+    def result_list(self) -> list:
+        """All results as a list: input order, or completion order for ``ordered=False``."""
+        if not self.ordered:
+            return [self.results[i] for i in self._completion]
+        n = self.total if self.total is not None else len(self.results)
+        return [self.results[i] for i in range(n)]
+
+    def cancel(self) -> None:
+        """Stop the map: outstanding chunks are cancelled; results so far stay in ``results``."""
+        if not self.finished:
+            self._stop("cancelled")
+
+    close = cancel
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while True:
+            if self.ordered:
+                i = self._yield_next
+                if i in self.results:
+                    self._yield_next += 1
+                    return self.results[i] if self.retain else self.results.pop(i)
+                if self.total is not None and i >= self.total and self._exhausted_all():
+                    if not self.finished:  # observers (progress, job events) hear that it ended
+                        self._finish()
+                    raise StopIteration
+            else:
+                if self._order:
+                    i = self._order.popleft()
+                    return self.results[i] if self.retain else self.results.pop(i)
+            if self.finished:
+                raise StopIteration
+            self._step()
+
+    def run(self) -> "MapJob":
+        """Drive the map to its end without yielding (what :func:`map` does)."""
+        while not self.finished:
+            self._step()
+        return self
+
+    # -- driving ---------------------------------------------------------------------
+    def _exhausted_all(self) -> bool:
+        return (
+            self._exhausted and not self._buffer and not self._inflight and not self._suspects
+            and not self._resubmit and not self._returned
+        )
+
+    def _step(self) -> None:
+        """Submit what may be submitted, then wait for and handle one batch of results."""
+        try:
+            if self.path is None:
+                self._choose_path()
+            if self.path == "direct":
+                self._direct_step()
+                return
+            self._fill()
+            if not self._inflight:
+                self._finish()
+                return
+            for fut, result in self._fetch(self._wait_batch()):
+                self._handle(fut, result)
+            self._maybe_progress()
+        except KeyboardInterrupt:
+            self._stop("cancelled")
+            raise
+        except BaseException:
+            if not self.finished:
+                self._stop("failed")
+            raise
+
+    def _refresh_threads(self) -> None:
+        now = time.monotonic()
+        if now - self._threads_checked > 2.0:
+            self._threads_checked = now
+            self._threads = total_threads(self.client)
+
+    def _fill(self) -> None:
+        self._refresh_threads()
+        limit = self.max_in_flight
+        fresh: list[_Chunk] = []
+        try:
+            self._fill_into(fresh, limit)
+        finally:
+            if fresh:
+                self._submit_many(fresh)
+
+    def _fill_into(self, fresh: list, limit: int) -> None:
+        # New chunks collect in ``fresh`` and go to the scheduler together (one
+        # graph update instead of one per chunk); the rarer special chunks
+        # (resubmits, suspects, pinned) go one by one.
+        while len(self._inflight) + len(fresh) < limit:
+            if self._resubmit:
+                fresh.append(self._resubmit.popleft())
+                continue
+            if self._suspects:
+                if self._suspect_running:
+                    pass
+                else:
+                    self._suspect_running = True
+                    fresh.append(self._suspects.popleft())
+                    continue
+            if self._pin is not None:
+                if self._next_index >= len(self._pin):
+                    self._exhausted = True
+                    return
+                i = self._next_index
+                self._next_index += 1
+                self.items_read += 1
+                fresh.append(_Chunk(i, [self._pin[i]], pin=self._pin[i]))
+                continue
+            size, budget = self._next_size()
+            if self._returned:
+                start, items = self._take_returned(size)
+            else:
+                items = self._take(size)
+                start = self._next_index - len(items)
+            if not items:
+                return
+            fresh.append(_Chunk(start, items, budget=budget))
+
+    def _take_returned(self, size: int) -> tuple[int, list]:
+        start, items = self._returned.popleft()
+        if len(items) > size:
+            self._returned.appendleft((start + size, items[size:]))
+            items = items[:size]
+        self._returned_n -= len(items)
+        return start, items
+
+    def _remaining(self) -> int | None:
+        if self.total is not None:
+            return self.total - self._next_index + self._returned_n
+        if self._exhausted:
+            return len(self._buffer) + self._returned_n
+        return None
+
+    def _per_item(self) -> float | None:
+        """Mean seconds per item: measured in this map, else remembered from an earlier one."""
+        if self._time_n:
+            return max(self._time_sum / self._time_n, 1e-7)
+        if self.remembered is not None:
+            return max(self.remembered, 1e-7)
+        return None
+
+    def _next_size(self) -> tuple[int, float | None]:
+        """Items and time budget of the next chunk (:func:`.engine.planner.next_size`)."""
+        if self.chunksize != "auto":
+            return self.chunksize, None
+        if self._round_remaining is not None:  # direct path: one share per lease for this round of sends
+            remaining, spread = self._round_remaining, self._threads
+        else:
+            remaining, spread = self._remaining(), 2 * self._threads
+        per_item = self._per_item()
+        probe = self._probe_size() if per_item is None else 1
+        return planner.next_size(remaining=remaining, per_item=per_item, spread=spread, probe=probe)
+
+    def _probe_size(self) -> int:
+        if self._probe_items is None:
+            if not self._buffer and not self._exhausted:
+                self._take_ahead(1)
+            first = self._returned[0][1][0] if self._returned else (self._buffer[0] if self._buffer else None)
+            self._probe_items = planner.probe_items(item_bytes(first) if first is not None else 1)
+        return self._probe_items
+
+    def _take_ahead(self, want: int) -> None:
+        buf = self._buffer
+        if not self._exhausted and len(buf) < want:
+            # islice reads in C; next() per item cost ~1 µs per item on 10^5 no-ops.
+            need = want - len(buf)
+            before = len(buf)
+            buf.extend(itertools.islice(self._source, need))
+            if len(buf) - before < need:
+                self._exhausted = True
+                if self.total is None:
+                    self.total = self._next_index + len(buf)
+
+    def _take(self, size: int) -> list:
+        # Read ahead of what is submitted, so the end of a generator is seen
+        # while there is still time to shrink chunks for a balanced tail.
+        # The distance is capped, so memory stays bounded by about
+        # (chunks in flight + 1) × MAX_CHUNK_ITEMS items.
+        ahead = min(size * 2 * self._threads, MAX_CHUNK_ITEMS) if self.chunksize == "auto" else 0
+        self._take_ahead(size + ahead)
+        buf = self._buffer
+        n = min(size, len(buf))
+        if n == len(buf):
+            items = list(buf)
+            buf.clear()
+        else:
+            items = [buf.popleft() for _ in range(n)]
+        self._next_index += n
+        self.items_read = self._next_index + len(buf)
+        return items
+
+    def _scatter(self) -> None:
+        if not self._shared_values:
+            self._shared = None
+            return
+        names = list(self._shared_values)
+        try:
+            futures = self.client.scatter([self._shared_values[n] for n in names], broadcast=True, hash=False)
+        except Exception as exc:
+            raise ClusterError(f"sending the large values {', '.join(names)} to the workers failed: {exc}.") from exc
+        self._shared = dict(zip(names, futures))
+
+    def _shared_lost(self) -> bool:
+        return bool(self._shared) and any(f.status != "finished" for f in self._shared.values())
+
+    def _submit(self, chunk: _Chunk) -> None:
+        if self._shared_lost():
+            self._scatter()
+        kwargs: dict[str, Any] = {"pure": False, "key": f"jc-{self.id}-{self.chunks_submitted}"}
+        if self.resources:
+            kwargs["resources"] = self.resources
+        if chunk.pin is not None:
+            kwargs["workers"] = [chunk.pin]
+            kwargs["allow_other_workers"] = False
+        fut = self.client.submit(
+            run_items, Items(chunk.items, chunk.budget), self._token, self._blob, self._shared, self._star, self.options, **kwargs
+        )
+        self.chunks_submitted += 1
+        self._inflight[fut] = chunk
+        self._ac.add(fut)
+        if len(self._inflight) > self.peak_in_flight:
+            self.peak_in_flight = len(self._inflight)
+
+    def _submit_many(self, chunks: list) -> None:
+        """Submit chunks: pinned and suspect ones one by one, the others in one ``client.map`` call."""
+        special = [c for c in chunks if c.pin is not None or c.suspect]
+        for chunk in special:
+            self._submit(chunk)
+        chunks = [c for c in chunks if c.pin is None and not c.suspect]
+        if not chunks:
+            return
+        if len(chunks) == 1:
+            self._submit(chunks[0])
+            return
+        if self._shared_lost():
+            self._scatter()
+        first = self.chunks_submitted
+        keys = [f"jc-{self.id}-{first + k}" for k in range(len(chunks))]
+        kwargs: dict[str, Any] = {}
+        if self.resources:
+            kwargs["resources"] = self.resources
+        futures = self.client.map(
+            run_items, [Items(c.items, c.budget) for c in chunks], key=keys, pure=False,
+            token=self._token, blob=self._blob, big=self._shared, star=self._star, options=self.options, **kwargs,
+        )
+        self.chunks_submitted += len(chunks)
+        for fut, chunk in zip(futures, chunks):
+            self._inflight[fut] = chunk
+        self._ac.update(futures)
+        if len(self._inflight) > self.peak_in_flight:
+            self.peak_in_flight = len(self._inflight)
+
+    def _wait_batch(self) -> list:
+        ac = self._ac
+        cond = ac.thread_condition
+        last_check = time.monotonic()
+        while True:
+            with cond:
+                if ac.queue.empty():
+                    cond.wait(0.2)
+                if not ac.queue.empty():
+                    break
+            # The checks run with the condition released: some ask the
+            # scheduler synchronously (scheduler_info for pinned workers),
+            # which needs the client's event loop, and as_completed's
+            # callbacks on that loop take this same condition -- holding it
+            # here deadlocked maps.
+            self._check_connection()
+            now = time.monotonic()
+            if now - last_check > 1.0:
+                last_check = now
+                self._warn_if_no_workers(now)
+                if self._pin is not None:
+                    self._check_pinned_workers()
+                stale = self._stale()
+                if stale:
+                    return stale
+        batch = []
+        while not ac.queue.empty():
+            batch.append(ac.queue.get_nowait())
+        return batch
+
+    def _fetch(self, futures: list) -> list:
+        """``(future, result)`` for the finished chunks among ``futures``, fetched in one gather.
+
+        Futures that ended otherwise come back with ``None`` (``_handle``
+        looks at their status).  A chunk whose result was lost with its worker
+        between finishing and the fetch is being re-run by Dask; it goes back
+        to the completion tracker and is reported again when it is done.
+        """
+        done, out = [], []
+        for f in futures:
+            status = f.status
+            if status == "finished":
+                if f in self._inflight:
+                    done.append(f)
+            elif status in ("error", "cancelled"):
+                out.append((f, None))
+            else:  # reported, then reset: Dask is re-running it after losing its result
+                self._ac.add(f)
+        if not done:
+            return out
+        # The gather runs on the client's loop; this thread waits for it in
+        # slices and looks at the scheduler in between.  A slow gather (a
+        # swamped scheduler) is never cancelled and retried, which could go
+        # on for ever; a lost scheduler ends it within a slice.
+        pending = asyncio.run_coroutine_threadsafe(
+            gather_skipping_errors(self.client, {f.key: f for f in done}), self.client.loop.asyncio_loop
+        )
+        try:
+            while True:
+                try:
+                    data = pending.result(timeout=FETCH_CHECK_SECONDS)
+                    break
+                except concurrent.futures.TimeoutError:
+                    self._check_connection()
+        except Exception as exc:  # noqa: BLE001 - sorted out below
+            if self._scheduler_watch.lost() or getattr(self.client, "status", "running") != "running":
+                raise self._lost_scheduler() from exc
+            if not isinstance(exc, OSError):
+                raise
+            data = {}  # the fetch failed (a worker went away): every chunk of the batch is reported again
+        finally:
+            if not pending.done():
+                pending.cancel()
+        for f in done:
+            value = data.get(f.key)
+            if value is not None:
+                out.append((f, value))
+            elif f.status in ("error", "cancelled"):
+                out.append((f, None))
+            else:
+                self._ac.add(f)
+        return out
+
+    def _warn_if_no_workers(self, now: float) -> None:
+        """Say once why nothing happens when the cluster has no workers.
+
+        Waiting is right (an adaptive cluster will add workers, a scaled one
+        is starting them), so this informs rather than fails.
+        """
+        if self._no_workers_warned:
+            return
+        # The client refreshes this every 2 s by itself; asking the scheduler
+        # here once a second cost a round trip that grows with the cluster.
+        threads = cached_threads(self.client)
+        if threads is None:
+            return
+        has_workers = threads > 0
+        if has_workers:
+            self._no_workers_since = None
+            return
+        if self._no_workers_since is None:
+            self._no_workers_since = now
+        elif now - self._no_workers_since > NO_WORKERS_NOTICE_SECONDS:
+            self._no_workers_warned = True
+            where = f"cluster {self.cluster!r}" if isinstance(self.cluster, str) else "the cluster"
+            print(
+                f"jupyter_cluster: {where} has no workers, so the map is waiting; add some with %cluster scale N "
+                "(or jupyter_cluster.current().scale(N)), or interrupt to stop.",
+                file=sys.stderr,
+            )
+
+    def _stale(self) -> list:
+        """Futures that ended more than a second ago but were never reported (a safety net)."""
+        now = time.monotonic()
+        out = []
+        for fut in self._inflight:
+            if fut.status in ("error", "cancelled"):
+                first = self._terminal_since.setdefault(fut.key, now)
+                if now - first > 1.0:
+                    out.append(fut)
+        return out
+
+    def _check_connection(self) -> None:
+        if self._scheduler_watch.lost():
+            raise self._lost_scheduler()
+
+    def _lost_scheduler(self) -> ClusterError:
+        address = getattr(getattr(self.client, "scheduler", None), "address", "?")
+        return ClusterError(
+            f"the scheduler at {address} stopped answering while {self.done} of "
+            f"{self.total if self.total is not None else '?'} items were done; their results are in "
+            "jupyter_cluster.last_job().results. Start or reconnect a cluster (%cluster start / %cluster connect) and run the map again."
+        )
+
+    def _check_pinned_workers(self) -> None:
+        try:
+            alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        except Exception:
+            return
+        for fut, chunk in list(self._inflight.items()):
+            if chunk.pin not in alive:
+                self._inflight.pop(fut)
+                self._cancelled_by_us.add(fut.key)
+                fut.cancel()
+                err = WorkerLostError(f"worker {chunk.pin} left the cluster before the cell ran there.")
+                self._record_failure(chunk.start, err)
+
+    # -- the direct path: leases fed over Dask's comm ----------------------------------------
+    def _choose_path(self) -> None:
+        """Leases and direct batches when the workers answer this client; plain tasks otherwise."""
+        from .. import config
+        from . import dask as engine_dask
+
+        self.path = "tasks"
+        if self._pin is not None or config.get("engine.path", "auto") == "tasks":
+            return
+        if self.total == 0:
+            return  # nothing to run: no lease worth placing
+        if not engine_dask.direct_reachable(self.client):
+            return
+        self.path = "direct"
+        self._leases = engine_dask.Leases(
+            self.client, self.id, self.resources, self.concurrency, (self._token, self._blob, self._star, self.options), big=self._shared
+        )
+        # Idle leases of this client's previous map start this one at once (no scheduler round trip).
+        cap = self.concurrency if self.concurrency is not None else cached_threads(self.client)
+        if cap and self._leases.adopt(cap) >= cap:
+            self._threads = max(len(self._leases.live()), 1)
+            self._next_place = time.monotonic() + 2.0
+
+    def _direct_step(self) -> None:
+        leases = self._leases
+        now = time.monotonic()
+        if now >= self._next_place:
+            self._place_leases()
+            if self.path != "direct":
+                return
+        self._fill_direct()
+        if self._exhausted_all():
+            self._finish()
+            return
+        for event in leases.poll(0.2):
+            self._direct_event(*event)
+            if self.finished:
+                return
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + 0.5
+            self._check_connection()
+            self._warn_if_no_workers(now)
+        self._maybe_progress()
+
+    def _place_leases(self) -> None:
+        from . import dask as engine_dask
+
+        self._next_place = time.monotonic() + 2.0
+        self._check_connection()
+        if getattr(self.client, "status", "running") != "running":
+            return  # reconnecting: the connection check decides when to give up
+        workers = self._wait_on_loop(scheduler_workers(self.client))
+        if workers is None:
+            return
+        if workers and getattr(self.client, "_jc_direct", None) is None and not engine_dask.direct_reachable(self.client):
+            self._fall_back()
+            return
+        for lease in self._leases.place(workers):
+            self._lease_lost(lease)
+        self._threads = max(self._leases.wanted, 1)
+
+    def _wait_on_loop(self, coro) -> Any:
+        """Run ``coro`` on the client's loop; wait in slices, checking the scheduler (None if it failed)."""
+        pending = asyncio.run_coroutine_threadsafe(coro, self.client.loop.asyncio_loop)
+        try:
+            while True:
+                try:
+                    return pending.result(timeout=FETCH_CHECK_SECONDS)
+                except concurrent.futures.TimeoutError:
+                    self._check_connection()
+        except Exception:  # noqa: BLE001 - a scheduler that went away is noticed by the connection check
+            self._check_connection()
+            return None
+        finally:
+            if not pending.done():
+                pending.cancel()
+
+    def _fall_back(self) -> None:
+        """Carry on over plain tasks (the workers cannot be reached directly from here)."""
+        leases, self._leases = self._leases, None
+        for sent in list(self._inflight):
+            self._resubmit.append(sent.chunk)
+        self._inflight.clear()
+        leases.close()
+        self.path = "tasks"
+        self._threads = total_threads(self.client)
+
+    def _fill_direct(self) -> None:
+        from .dask import DEPTH
+
+        free = self._leases.free()
+        if not free:
+            return
+        room = sum(DEPTH - len(lease.outstanding) for lease in free)
+        fresh: list[_Chunk] = []
+        # Batches of one round of sends share the remaining work equally
+        # (guided self-scheduling over the leases).
+        self._round_remaining = self._remaining()
+        try:
+            self._fill_into(fresh, len(self._inflight) + room)
+        finally:
+            self._round_remaining = None
+        # Each chunk goes to the emptiest lease: every lease gets running work
+        # before any gets a second, queued batch.
+        for chunk in fresh:
+            lease = min(free, key=lambda ls: len(ls.outstanding))
+            self._inflight[self._leases.send(lease, chunk)] = chunk
+            self.chunks_submitted += 1
+            if len(lease.outstanding) >= DEPTH:
+                free.remove(lease)
+        if len(self._inflight) > self.peak_in_flight:
+            self.peak_in_flight = len(self._inflight)
+
+    def _direct_event(self, kind: str, obj: Any, data: Any) -> None:
+        leases = self._leases
+        if kind == "ready":
+            if not obj.dead:
+                obj.ready = True
+            return
+        if kind == "lost":  # the worker of a lease did not answer
+            self._lease_lost(obj)
+            return
+        if kind == "lease-done":
+            self._lease_ended(obj)
+            return
+        sent = obj
+        if sent not in self._inflight:  # written off already (its worker left), or the map stopped
+            return
+        if kind == "error" and isinstance(data, (OSError, asyncio.TimeoutError)):
+            # The connection broke: the worker died (or left).  Every batch of
+            # the lease goes elsewhere; the oldest was the one running.
+            self._lease_lost(sent.lease)
+            return
+        chunk = self._inflight.pop(sent)
+        if sent in sent.lease.outstanding:
+            sent.lease.outstanding.remove(sent)
+        if chunk.suspect:
+            self._suspect_running = False
+        if kind == "error":
+            last = chunk.start + len(chunk.items) - 1
+            span = f"item {chunk.start}" if last == chunk.start else f"items {chunk.start}..{last}"
+            _add_note(data, f"jupyter_cluster: the batch running {span} failed as a whole.")
+            for k in range(len(chunk.items)):
+                self._record_failure(chunk.start + k, data)
+            return
+        status = data.get("status") if isinstance(data, dict) else None
+        if status == "ok":
+            result = data["result"]
+            self._record(chunk, getattr(result, "value", result))
+        elif status == "need-fn":  # the worker process dropped the function from its cache: send it again
+            sent.lease.tokens.discard(self._token)
+            self._requeue(chunk)
+        elif status == "gone":  # the lease ended before it ran the batch: send it elsewhere
+            leases.kill(sent.lease)
+            self._requeue(chunk)
+            self._next_place = 0.0
+        else:
+            raise ClusterError(f"worker {sent.lease.addr} refused a batch of this map ({data!r}); run the map again.")
+
+    def _requeue(self, chunk: _Chunk) -> None:
+        if chunk.suspect:
+            self._suspects.appendleft(chunk)
+        else:
+            self._resubmit.append(chunk)
+
+    def _lease_ended(self, lease: Any) -> None:
+        """The lease task ended without us ending it: a lost worker, or a failure of the lease itself."""
+        if lease.dead and not lease.outstanding:
+            return
+        fut = lease.future
+        if fut.status == "error":
+            from distributed.scheduler import KilledWorker
+
+            try:
+                exc = fut.exception(timeout=10)
+            except Exception as err:  # noqa: BLE001
+                exc = err
+            if not isinstance(exc, KilledWorker):
+                raise ClusterError(f"a lease task of this map failed on worker {lease.addr}: {type(exc).__name__}: {exc}; check that jupyter_cluster is installed on the workers.")
+        self._lease_lost(lease, deaths=fut.status == "error")
+
+    def _lease_lost(self, lease: Any, deaths: bool = True) -> None:
+        """A lease's worker is gone: its batches go elsewhere, the one it was running counted as a death."""
+        self._leases.kill(lease)
+        outstanding, lease.outstanding = list(lease.outstanding), []
+        self._next_place = 0.0
+        for k, sent in enumerate(outstanding):
+            chunk = self._inflight.pop(sent, None)
+            if sent.handle is not None:
+                sent.handle.cancel()
+            if chunk is None:
+                continue
+            if chunk.suspect:
+                self._suspect_running = False
+            if k == 0 and deaths:
+                self._chunk_died(chunk)
+            else:
+                self._requeue(chunk)
+            if self.finished:
+                return
+
+    def _chunk_died(self, chunk: _Chunk) -> None:
+        """A worker process died while running ``chunk``: run it again, split it, or give up on its item."""
+        chunk.deaths += 1
+        allowed = self._allowed_deaths()
+        if len(chunk.items) > 1:
+            # Which item killed it is not known: re-run each one alone, one
+            # at a time, so the one that kills again is found.
+            for k, item in enumerate(chunk.items):
+                self._suspects.append(_Chunk(chunk.start + k, [item], suspect=True, deaths=chunk.deaths))
+            return
+        if chunk.deaths <= allowed:
+            chunk.suspect = True
+            self._suspects.appendleft(chunk)
+            return
+        err = WorkerLostError(
+            f"item {chunk.start} ({abbreviate(chunk.items[0])}) killed {chunk.deaths} worker processes that ran it "
+            "(it crashed its process or ran out of memory), so it was not tried again; the cluster is still usable."
+        )
+        self.failed_items[chunk.start] = (chunk.items[0], None)
+        self._record_failure(chunk.start, err)
+
+    def _allowed_deaths(self) -> int:
+        """Dask's ``allowed-failures`` as the scheduler has it (a process started with its own setting)."""
+        if self._allowed_failures is None:
+            known = getattr(self.client, "_jc_allowed_failures", None)
+            if known is None:
+                import dask.config
+
+                known = dask.config.get("distributed.scheduler.allowed-failures", 3)
+            self._allowed_failures = int(known)
+        return self._allowed_failures
+
+    # -- results -------------------------------------------------------------------------
+    def _handle(self, fut, result) -> None:
+        chunk = self._inflight.pop(fut, None)
+        if chunk is None:  # cancelled by us, or already handled
+            return
+        if chunk.suspect:
+            self._suspect_running = False
+        self._terminal_since.pop(fut.key, None)
+        status = fut.status
+        if result is not None:
+            self._record(chunk, result)
+        elif status == "error":
+            try:
+                exc = fut.exception(timeout=10)
+            except Exception as err:  # the reason itself could not be fetched
+                exc = err
+            self._task_error(chunk, exc)
+        else:  # cancelled without us asking
+            if getattr(self.client, "status", "running") != "running":
+                raise self._lost_scheduler()
+            chunk.resubmits += 1
+            if chunk.resubmits > 3:
+                raise ClusterError(
+                    f"the cluster cancelled the chunk with items {chunk.start}..{chunk.start + len(chunk.items) - 1} {chunk.resubmits} times; check the workers' logs."
+                )
+            self._resubmit.append(chunk)
+
+    def _task_error(self, chunk: _Chunk, exc: BaseException) -> None:
+        from distributed.scheduler import KilledWorker
+
+        if isinstance(exc, KilledWorker):
+            if not chunk.suspect:
+                # Dask blames every task queued on a dying worker, so a killed
+                # chunk may be innocent.  Re-run each of its items as a
+                # "suspect", one suspect at a time: a suspect that still ends
+                # in KilledWorker is the item that kills workers.
+                for k, item in enumerate(chunk.items):
+                    self._suspects.append(_Chunk(chunk.start + k, [item], suspect=True, pin=chunk.pin))
+                return
+            attempts = getattr(exc, "allowed_failures", 0) + 1
+            err = WorkerLostError(
+                f"item {chunk.start} ({abbreviate(chunk.items[0])}) killed {attempts} worker processes that ran it "
+                "(it crashed its process or ran out of memory), so it was not tried again; the cluster is still usable."
+            )
+            self.failed_items[chunk.start] = (chunk.items[0], None)
+            self._record_failure(chunk.start, err)
+            return
+        # A failure of the task itself (not of an item): arguments or result
+        # that could not be (de)serialised, and the like.
+        last = chunk.start + len(chunk.items) - 1
+        span = f"item {chunk.start}" if last == chunk.start else f"items {chunk.start}..{last}"
+        _add_note(exc, f"jupyter_cluster: the task running {span} failed as a whole.")
+        for k in range(len(chunk.items)):
+            self._record_failure(chunk.start + k, exc)
+
+    def _record(self, chunk: _Chunk, result: tuple) -> None:
+        values, durations, outputs, errors, worker, t_start = result
+        n = len(values)
+        self.chunk_log.append((chunk.start, n, worker, t_start, sum(durations)))
+        start = chunk.start
+        if n < len(chunk.items):  # the budget ran out (or the task was stopped): run the rest again
+            if chunk.suspect or chunk.pin is not None or chunk.budget is None:
+                self._resubmit.append(_Chunk(start + n, chunk.items[n:], suspect=chunk.suspect, pin=chunk.pin))
+            else:  # back to the front of the queue, to be chunked anew with what is now known
+                self.chunks_cut += 1
+                self._returned.appendleft((start + n, chunk.items[n:]))
+                self._returned_n += len(chunk.items) - n
+        if worker:
+            self.workers_used[worker] = self.workers_used.get(worker, 0) + n
+        self._durations.append((start, durations))
+        self._time_sum += sum(durations)
+        self._time_n += n
+        idx = range(start, start + n)
+        self.results.update(zip(idx, values))
+        self._completion.extend(idx)
+        if not self.ordered:
+            self._order.extend(idx)
+        if outputs:
+            for pos, text in outputs.items():
+                self.outputs[start + pos] = text
+        n_failed = len(errors) if errors else 0
+        self.done += n - n_failed
+        if outputs and self.on_output is not None:
+            for pos in sorted(outputs):
+                if not errors or pos not in errors:
+                    self._call_output(start + pos, outputs[pos], False)
+        if errors:
+            for pos in sorted(errors):
+                self._item_failed(start + pos, chunk.items[pos], errors[pos], worker, outputs)
+                if self.finished:
+                    return
+
+    def _call_output(self, index: int, text: str, failed: bool) -> None:
+        try:
+            self.on_output(index, text, failed)
+        except Exception:
+            logger.exception("jupyter_cluster: output callback failed")
+
+    def _item_failed(self, index: int, item: Any, info: tuple, worker: str | None, outputs: dict | None) -> None:
+        exc, tname, msg, text, frames = info
+        if exc is None:
+            exc = RemoteItemError(f"{tname}: {msg}")
+        where = f" on worker {worker}" if worker else ""
+        _add_note(exc, f"jupyter_cluster: item {index} ({abbreviate(item)}) failed{where}.\nRemote traceback:\n{text.rstrip()}")
+        self.tracebacks[index] = (text, frames)
+        self.failed_items[index] = (item, worker)
+        self._record_failure(index, exc, in_results=True)
+
+    def _record_failure(self, index: int, exc: BaseException, in_results: bool = False) -> None:
+        """Count a failed item; with errors="raise" stop the map and raise ``exc``."""
+        self.results[index] = exc
+        if not in_results:
+            self._completion.append(index)
+            if not self.ordered:
+                self._order.append(index)
+        self.failed += 1
+        self.errors[index] = exc
+        if self.on_output is not None:
+            self._call_output(index, self.outputs.get(index, ""), True)
+        if self.errors_mode == "raise":
+            self._stop("failed")
+            raise exc
+
+    def _check_resources(self) -> None:
+        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        need = self.resources or {}
+        if not any(all(w.get("resources", {}).get(k, 0) >= v for k, v in need.items()) for w in workers.values()):
+            wanted = ",".join(f"{k}={v}" for k, v in need.items())
+            raise ClusterError(
+                f"no worker of this cluster has the resources {wanted}; start workers that have them "
+                f"(e.g. `dask worker ADDRESS --resources {wanted}`) or drop --resources."
+            )
+
+    # -- ending ------------------------------------------------------------------------------
+    def _cancel_outstanding(self) -> None:
+        if self._leases is not None:
+            self._leases.close()
+            self._inflight.clear()
+        futures = [] if self.path == "direct" else list(self._inflight)
+        self._inflight.clear()
+        self._suspects.clear()
+        self._resubmit.clear()
+        self._returned.clear()
+        self._returned_n = 0
+        if futures and getattr(self.client, "status", None) == "running":
+            try:
+                self.client.cancel(futures, reason="jupyter-cluster map stopped")
+            except TypeError:  # older distributed without reason=
+                self.client.cancel(futures)
+            except Exception:
+                logger.debug("cancelling futures failed", exc_info=True)
+        self._release_shared()
+
+    def _release_shared(self) -> None:
+        if self._shared:
+            for f in self._shared.values():
+                try:
+                    f.release()
+                except Exception:
+                    pass
+            self._shared = None
+
+    def _stop(self, state: str) -> None:
+        if self.finished:
+            return
+        self._cancel_outstanding()
+        self._end(state)
+
+    def _finish(self) -> None:
+        if self._leases is not None:
+            self._leases.close(keep=True)
+        self._release_shared()
+        if self._time_n:
+            _remembered.put(self._duration_key, self._time_sum / self._time_n)
+        if self.total is None:
+            self.total = self._next_index
+        self._end("finished")
+
+    def _end(self, state: str) -> None:
+        self.finished = True
+        self.state = state
+        self.ended = time.time()
+        self._notify("job_progress")
+        self._notify("job_finished")
+
+    def _maybe_progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_progress >= PROGRESS_INTERVAL:
+            self._last_progress = now
+            self._notify("job_progress")
+
+    def _notify(self, method: str) -> None:
+        for obs in self._observers:
+            fn = getattr(obs, method, None)
+            if fn is None:
+                continue
+            try:
+                fn(self)
+            except Exception:
+                logger.exception("jupyter_cluster: progress observer %s failed", method)
+
+    def __del__(self):
+        # An abandoned lazy iterator must not leave work running on the cluster.
+        try:
+            if not self.finished and (self._inflight or self._leases is not None):
+                self._cancel_outstanding()
+        except Exception:
+            pass
+
+
+def check_options(
+    *, errors: str = "raise", chunksize: Any = "auto", retries: int = 0, timeout: Any = None, resources: dict | None = None
+) -> float | None:
+    """Check a map's options (every front end passes through here); returns the timeout to use.
+
+    Raises ``ValueError``/``TypeError`` with one sentence naming the option
+    and the fix.  ``timeout=inf`` means no limit.
+    """
+    if errors not in ("raise", "collect"):
+        raise ValueError(f"errors must be 'raise' or 'collect', not {errors!r}.")
+    if chunksize != "auto":
+        if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
+            raise ValueError(f"chunksize must be a positive integer or 'auto', not {chunksize!r}.")
+        if chunksize > sys.maxsize:
+            raise ValueError(f"chunksize {chunksize} is larger than any input can be read at once; use at most {sys.maxsize} (or 'auto').")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be a whole number, 0 or more, not {retries!r}.")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}.")
+        if math.isnan(timeout) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}.")
+        if math.isinf(timeout):
+            timeout = None  # no limit, which is what "infinite" asks for
+        elif timeout > MAX_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"timeout {timeout:g} s is longer than the {MAX_TIMEOUT_SECONDS:g} s an item can be waited for; "
+                "use a smaller number, or inf (or no timeout) for no limit."
+            )
+    if resources:
+        for name, amount in resources.items():
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount <= 0:
+                shown = f"{amount:g}" if isinstance(amount, (int, float)) and not isinstance(amount, bool) else repr(amount)
+                raise ValueError(
+                    f"resources {name}={shown} is not a positive amount, so no worker could ever run the map; "
+                    f"ask for a positive amount such as {name}=1, or drop it."
+                )
+    return timeout
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+
+
+def _known_length(iterables: tuple) -> int | None:
+    lengths = []
+    for it in iterables:
+        try:
+            lengths.append(len(it))
+        except TypeError:
+            return None
+    return min(lengths) if lengths else None
