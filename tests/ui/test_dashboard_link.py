@@ -1,0 +1,51 @@
+"""The panel's dashboard link in a real browser, under JupyterLab with a non-root base_url (issue 15.6).
+
+The link goes through the Jupyter server (``<base_url>jupyter-cluster/dashboard/NAME/status``),
+works with the browser's Jupyter login cookie and with nothing else.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import jupyter_cluster as jc
+
+from .test_panel import _open_panel
+
+
+@pytest.fixture
+def kernel_cluster():
+    handle = jc.start(workers=1, threads=1, name="ui-dash")
+    yield handle
+    if not handle.closed:
+        handle.close()
+
+
+def test_dashboard_link_opens_through_jupyter_under_base_url(lab, browser, kernel_cluster):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(f"{lab.url}lab?token={lab.token}", timeout=90_000)
+        page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
+        _open_panel(page)
+        row = page.locator('#jupyter-cluster-panel .jc-cluster[data-name="ui-dash"]')
+        row.wait_for(timeout=60_000)
+        link = row.locator("a.jc-dashboard")
+        href = link.get_attribute("href")
+        assert href == "/hub/user/tester/jupyter-cluster/dashboard/ui-dash/status"
+        # Following it in the same browser (Jupyter's login cookie, no token in the URL) shows the dashboard.
+        dash = context.new_page()
+        response = dash.goto(f"http://127.0.0.1:{lab.port}{href}", timeout=60_000)
+        assert response.status == 200
+        assert "Dask" in dash.content() or "bokeh" in dash.content().lower()
+        dash.close()
+        # A browser without the login gets Jupyter's login page, not the dashboard.
+        stranger = browser.new_context()
+        try:
+            other = stranger.new_page()
+            other.goto(f"http://127.0.0.1:{lab.port}{href}", timeout=60_000)
+            assert "/hub/user/tester/login" in other.url
+        finally:
+            stranger.close()
+    finally:
+        context.close()
