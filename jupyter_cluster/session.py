@@ -143,7 +143,20 @@ class ClusterHandle:
             raise ClusterError("the number of workers must be 0 or more.")
         if self.cluster is None:
             raise ClusterError(f"cluster {self.name!r} was {self.attachment}, so it cannot be scaled from here; scale it where it was started.")
+        self._check_limit(n)
         self.cluster.scale(n)
+
+    def _check_limit(self, n: int) -> None:
+        """Refuse more workers than the backend can give (``Backend.max_workers``, where it has one)."""
+        try:
+            limit_of = getattr(get_backend(self.backend), "max_workers", None)
+        except ClusterError:
+            return
+        limit = limit_of() if limit_of is not None else None
+        if limit is not None and n > limit:
+            raise ClusterError(
+                f"{n} workers is more than the {self.backend} backend can run here (at most {limit}); ask for fewer."
+            )
 
     def adapt(self, minimum: int = 0, maximum: int | None = None) -> None:
         """Let the number of workers follow the load, between ``minimum`` and ``maximum``."""
@@ -154,6 +167,7 @@ class ClusterHandle:
             )
         if minimum < 0 or (maximum is not None and maximum < minimum):
             raise ClusterError("adapt needs 0 <= --minimum <= --maximum.")
+        self._check_limit(maximum if maximum is not None else minimum)
         self.cluster.adapt(minimum=minimum, maximum=maximum if maximum is not None else max(minimum, 1) * 4)
 
     def restart(self) -> None:

@@ -237,3 +237,15 @@ def test_a_dead_scheduler_is_not_listed_is_a_clear_error_and_stops_fast(ip, caps
             handle.close()
         if proc is not None and proc.poll() is None:
             proc.kill()
+
+
+def test_scale_and_adapt_beyond_the_machine_are_refused(ip):
+    handle = run(ip, "start --workers 0 --no-wait --name too-many")
+    try:
+        with pytest.raises(UsageError, match="100000 workers is more than the local backend can run here"):
+            run(ip, "scale 100000")
+        with pytest.raises(UsageError, match="100000 workers is more than the local backend can run here"):
+            run(ip, "adapt --minimum 0 --maximum 100000")
+        assert len(handle.cluster.worker_spec) == 0
+    finally:
+        run(ip, "stop")

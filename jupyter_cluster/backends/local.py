@@ -413,6 +413,11 @@ class LocalBackend(Backend):
     name = "local"
     options = ("name", "workers", "threads", "memory_limit", "port", "host", "tls", "processes", "gpus")
 
+    @staticmethod
+    def max_workers() -> int:
+        """The most worker processes this machine can run (see :func:`max_local_workers`)."""
+        return max_local_workers()
+
     def start(
         self,
         name: str | None = None,
