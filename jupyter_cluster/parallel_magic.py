@@ -313,7 +313,9 @@ def _code_files(namespace: dict) -> dict:
     def add(obj, depth=0):
         obj = getattr(obj, "__wrapped__", obj)
         if isinstance(obj, (types.FunctionType, types.MethodType)):
-            add_code(getattr(obj, "__func__", obj).__code__)
+            func = getattr(obj, "__func__", obj)
+            if getattr(func, "__module__", None) == "__main__":  # what cloudpickle sends by value
+                add_code(func.__code__)
         elif isinstance(obj, type) and depth == 0 and getattr(obj, "__module__", None) == "__main__":
             for value in vars(obj).values():
                 add(getattr(value, "__func__", value), 1)
