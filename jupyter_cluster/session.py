@@ -197,6 +197,10 @@ class ClusterHandle:
                 _current = next(reversed(_handles), None) if _handles else None
         if self.attached_record is None:  # an attached-by-name cluster's record is its owner's
             registry.remove(self.name)
+        if not gone:  # idle map leases end first, rather than being cut off by the cluster's close
+            from .engine.dask import release_leases
+
+            release_leases(self.client)
         try:
             self.client.close(timeout=1 if gone else 5)
         except Exception:  # the scheduler may already be gone; closing must still finish

@@ -25,6 +25,7 @@ values places its own leases (Dask hands them the values) and ends them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import math
@@ -122,7 +123,7 @@ class LeasePool:
         self.timer.daemon = True
         self.timer.start()
 
-    def reap(self, everything: bool = False) -> None:
+    def reap(self, everything: bool = False, wait: float = 0.0) -> None:
         """End the leases idle longer than ``linger`` (or all of them)."""
         now = time.monotonic()
         ending = []
@@ -140,7 +141,14 @@ class LeasePool:
                 idle[:] = keep
             if oldest is not None:
                 self._arm(max(oldest + self.linger - now, 0.01))
-        end_leases(self.client, self.secret, ending)
+        end_leases(self.client, self.secret, ending, wait=wait)
+
+
+def release_leases(client: Any) -> None:
+    """End ``client``'s idle leases now (before the client or its cluster closes, so no task is cut off)."""
+    pool = getattr(client, "_jc_lease_pool", None)
+    if pool is not None:
+        pool.reap(everything=True, wait=1.0)
 
 
 def pool_for(client: Any) -> LeasePool:
@@ -150,17 +158,22 @@ def pool_for(client: Any) -> LeasePool:
     return pool
 
 
-def end_leases(client: Any, secret: str, leases: list[Lease]) -> None:
-    """End ``leases`` now: a ``jc_close`` to each (frees the thread at once) and Dask's cancel (frees it for sure)."""
+def end_leases(client: Any, secret: str, leases: list[Lease], wait: float = 0.0) -> None:
+    """End ``leases`` now: a ``jc_close`` to each (frees the thread at once) and Dask's cancel (frees it for sure).
+
+    ``wait``: seconds to wait for the workers to take the ``jc_close`` (before a cluster closes).
+    """
     if not leases:
         return
     loop = client.loop.asyncio_loop
-    futures = []
+    futures, closing = [], []
     for ls in leases:
-        if ls.ready and not ls.dead:
-            asyncio.run_coroutine_threadsafe(_close(client, ls, secret), loop)
+        if not ls.dead:
+            closing.append(asyncio.run_coroutine_threadsafe(_close(client, ls, secret, wait), loop))
         ls.dead = True
         futures.append(ls.future)
+    if wait > 0 and closing:
+        concurrent.futures.wait(closing, timeout=wait)
     if getattr(client, "status", None) == "running":
         try:
             client.cancel(futures, reason="jupyter-cluster lease ended")
@@ -170,9 +183,9 @@ def end_leases(client: Any, secret: str, leases: list[Lease]) -> None:
             logger.debug("cancelling leases failed", exc_info=True)
 
 
-async def _close(client: Any, ls: Lease, secret: str) -> None:
+async def _close(client: Any, ls: Lease, secret: str, wait: float = 0.0) -> None:
     try:
-        await client.rpc(ls.addr).jc_close(lease=ls.id, secret=secret, reply=False)
+        await client.rpc(ls.addr).jc_close(lease=ls.id, secret=secret, wait=wait, reply=wait > 0)
     except Exception:  # noqa: BLE001 - Dask's cancellation ends the lease anyway
         pass
 

@@ -57,7 +57,7 @@ class Packed:
 
 
 class _Lease:
-    __slots__ = ("id", "secret", "mailbox", "loop", "closed")
+    __slots__ = ("id", "secret", "mailbox", "loop", "closed", "ended")
 
     def __init__(self, lease_id: str, secret: str, loop):
         self.id = lease_id
@@ -65,6 +65,7 @@ class _Lease:
         self.mailbox: queue.SimpleQueue = queue.SimpleQueue()
         self.loop = loop
         self.closed = False
+        self.ended = False  # the lease function has returned
 
 
 class _Registry:
@@ -139,11 +140,18 @@ async def _batch(comm=None, lease=None, secret=None, run=None, items=None, budge
     return {"status": "ok", "result": to_serialize(Packed(result))}
 
 
-async def _close(comm=None, lease=None, secret=None):
-    """End ``lease`` now (the map is over), instead of when it next sees that Dask cancelled it."""
+async def _close(comm=None, lease=None, secret=None, wait=0.0):
+    """End ``lease`` now (the map is over), instead of when it next sees that Dask cancelled it.
+
+    With ``wait`` > 0, answer once the lease's task has returned (at most
+    ``wait`` seconds): a cluster about to close then finds no task to cut off.
+    """
     found = _REGISTRY.leases.get(lease)
     if _matches(found, secret):
         found.mailbox.put(None)
+        deadline = asyncio.get_running_loop().time() + float(wait)
+        while not found.ended and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
     return "OK"
 
 
@@ -241,6 +249,7 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
                 break
             if entry is not None:
                 loop.call_soon_threadsafe(_set, entry[-1], None)
+        me.ended = True
 
 
 class Items:
