@@ -13,6 +13,8 @@ Systems (``--systems``, comma separated):
 ``jc-parallel`` ``%%parallel x in items`` through a real IPython shell
 ``jc-pool``     ``jupyter_cluster.Pool().map(fn, items)``
 ``jc-map``      ``jupyter_cluster.map(fn, items)``
+``jc-map-tasks`` the same on the task path (``engine.path=tasks``: one Dask task per
+                chunk, the engine before leases), for a side-by-side of the two paths
 =============== =================================================================
 
 jupyter_cluster runs with its defaults (``chunksize="auto"``), untuned.
@@ -70,8 +72,8 @@ if HERE not in sys.path:
 
 import workloads as wl  # noqa: E402  (after the path set-up above)
 
-ALL_SYSTEMS = ["mp", "mp+50", "dask", "dask+50", "ipp", "fiber", "ray", "jc-parallel", "jc-pool", "jc-map"]
-JC_SYSTEMS = ["jc-parallel", "jc-pool", "jc-map"]
+ALL_SYSTEMS = ["mp", "mp+50", "dask", "dask+50", "ipp", "fiber", "ray", "jc-parallel", "jc-pool", "jc-map", "jc-map-tasks"]
+JC_SYSTEMS = ["jc-parallel", "jc-pool", "jc-map", "jc-map-tasks"]
 PEER_VENV_SYSTEMS = {"fiber", "ray"}  # not in the project's venv; run with --peer-python
 ALL_WORKLOADS = ["noop", "noop100k", "sleep1ms", "sleep10ms", "cpu10ms", "tail", "bigarray", "progress"]
 # Which systems run which special workloads (the others run everywhere).
@@ -309,6 +311,18 @@ class JcMapAdapter(JcAdapter):
             progress.set_renderer(None)
 
 
+
+class JcMapTasksAdapter(JcMapAdapter):
+    """``jupyter_cluster.map`` forced onto the task path (one Dask task per chunk, the engine before leases)."""
+
+    describe = "jupyter_cluster.map(fn, items), engine.path=tasks (one Dask task per chunk)"
+
+    def start(self):
+        import dask
+
+        dask.config.set({"jupyter-cluster.engine.path": "tasks"})
+        super().start()
+
 class JcPoolAdapter(JcAdapter):
     describe = "jupyter_cluster.Pool().map(fn, items) (chunksize=None: auto)"
 
@@ -387,6 +401,7 @@ def make_adapter(system: str, workers: int) -> Adapter:
         "jc-parallel": lambda: JcParallelAdapter(workers),
         "jc-pool": lambda: JcPoolAdapter(workers),
         "jc-map": lambda: JcMapAdapter(workers),
+        "jc-map-tasks": lambda: JcMapTasksAdapter(workers),
     }
     if system not in factories:
         raise SystemExit(f"unknown system {system!r}; choose from {', '.join(ALL_SYSTEMS)}.")
