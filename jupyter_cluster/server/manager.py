@@ -37,6 +37,27 @@ from .jobs import JobsStore
 
 logger = logging.getLogger(__name__)
 
+
+class _QuietSchedulerLoss(logging.Filter):
+    """Keep an expected event out of the server log: a cluster that stops.
+
+    The server's client to a stopped scheduler starts reconnecting; the manager
+    then closes it (the registry record went away), which cancels the reconnect,
+    and distributed logs that ``CancelledError`` with a ConnectionRefusedError
+    traceback (or "Failed to reconnect" had it run out first).  The panel shows
+    the cluster as gone; the log needs nothing.  Only the server process imports
+    this module, so kernels' own clients keep their messages.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, asyncio.CancelledError):
+            return False
+        return not record.getMessage().startswith("Failed to reconnect to scheduler")
+
+
+logging.getLogger("distributed.client").addFilter(_QuietSchedulerLoss())
+
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 MAX_WORKERS = 10_000
 
