@@ -1021,15 +1021,61 @@ def attach(client=None) -> Hub:
     return hub
 
 
-def sync(timeout: float = 2.0) -> bool:
+def sync(timeout: float = 2.0, workers: bool = False) -> bool:
     """Wait until the reports already at the schedulers this process follows have arrived here.
 
     Used when a cell ends, so the live charts saved with the notebook are
-    complete.  Returns False if a scheduler did not answer within ``timeout``.
+    complete.
+
+    Parameters
+    ----------
+    timeout : float
+        Seconds to wait for each step (workers, then the scheduler).
+    workers : bool
+        First have every worker send the reports it still buffers (they
+        leave on a ~100 ms timer, or at the end of a task; a map's direct
+        batches end no task).
+
+    Returns
+    -------
+    bool
+        False if a worker or a scheduler did not answer in time.
     """
     with _hubs_lock:
         hubs = [h for h in _hubs.values() if h.ready.is_set()]
-    return all([hub.sync(timeout) for hub in hubs])
+    ok = True
+    for hub in hubs:
+        if workers:
+            ok = _flush_workers(hub.client, timeout) and ok
+        ok = hub.sync(timeout) and ok
+    return ok
+
+
+async def _send_buffered(dask_worker=None) -> int:
+    """On a worker (``Client.run``): send the buffered reports, returning once the scheduler has them."""
+    batches = _producer.take()
+    for dask_topic, msg in batches:
+        if isinstance(msg, dict):
+            msg.setdefault("worker", dask_worker.address)  # what the scheduler adds to a worker's stream events
+        await dask_worker.scheduler.log_event(topic=dask_topic, msg=msg)
+    return len(batches)
+
+
+def _flush_workers(client, timeout: float) -> bool:
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as FuturesTimeout
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="jupyter-cluster-flush")
+    try:
+        pool.submit(client.run, _send_buffered, on_error="ignore").result(timeout)
+        return True
+    except FuturesTimeout:  # a worker whose event loop is busy: its reports come on its timer
+        return False
+    except Exception:  # a closing client or cluster
+        logger.debug("could not flush the workers' reports", exc_info=True)
+        return False
+    finally:
+        pool.shutdown(wait=False)
 
 
 def attached(client) -> bool:

@@ -100,9 +100,9 @@ def flush_charts(sync: bool = False) -> int:
     Parameters
     ----------
     sync : bool
-        First wait (at most :data:`SYNC_TIMEOUT` s) until the reports the
-        scheduler already has, e.g. from the tasks of a map that just ended,
-        have arrived in this kernel.
+        First have the workers send what they still buffer and wait (at most
+        :data:`SYNC_TIMEOUT` s per step) until those reports and the others
+        the scheduler has, e.g. from a map that just ended, are in this kernel.
 
     Returns
     -------
@@ -113,7 +113,7 @@ def flush_charts(sync: bool = False) -> int:
     if not followers:
         return 0
     if sync:
-        events.sync(SYNC_TIMEOUT)
+        events.sync(SYNC_TIMEOUT, workers=True)
     return sum(1 for f in followers if f.push())
 
 
