@@ -95,7 +95,7 @@ def test_stop_button_leaves_the_local_cluster_working(kernel):
     time.sleep(1.0)  # a worker killed by the signal would be gone by now; the nanny would not bring it back
     assert _alive(pids), "a worker process died from the kernel's interrupt"
     assert _worker_pids(kc) == pids  # the same processes, not restarted ones
-    out = _execute(kc, "%%parallel x in range(8) --out squares\nx * x\n")
+    _execute(kc, "%%parallel x in range(8) --out squares\nx * x\n")
     _execute(kc, "assert squares == [x * x for x in range(8)], squares")
     # An interrupt in the middle of a map: the map stops, the cluster stays.
     reply = _interrupt_busy_kernel(km, kc, "%%parallel x in range(4)\nimport time\ntime.sleep(30)\n")
@@ -103,7 +103,6 @@ def test_stop_button_leaves_the_local_cluster_working(kernel):
     assert _alive(pids)
     _execute(kc, "%%parallel x in range(6) --out again\nx + 1\n")
     _execute(kc, "assert again == list(range(1, 7)), again\n%cluster stop")
-    del out
 
 
 def test_interrupts_while_workers_start_do_not_kill_them(kernel):

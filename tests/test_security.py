@@ -138,3 +138,33 @@ def test_key_generation_is_fast():
         local.new_security(f"keygen-{i}")
         local.forget_security(f"keygen-{i}")
     assert (time.perf_counter() - t0) / 20 < 0.05  # RSA-2048 (Security.temporary) takes ~0.05-0.1 s each
+
+
+def test_no_plain_http_port_is_left_open_by_the_workers():
+    """Workers' HTTP servers (Prometheus metrics) stop listening, like the scheduler's dashboard."""
+    import urllib.request
+
+    import psutil
+
+    from .conftest import wait_for
+
+    handle = jc.start(workers=2, threads=1, name="sec-http")
+    try:
+        pids = list(handle.client.run(os.getpid).values())
+
+        def open_http_ports():
+            found = []
+            for pid in pids:
+                for conn in psutil.Process(pid).net_connections(kind="inet"):
+                    if conn.status != psutil.CONN_LISTEN:
+                        continue
+                    try:
+                        urllib.request.urlopen(f"http://127.0.0.1:{conn.laddr.port}/metrics", timeout=2).read(1)
+                        found.append((pid, conn.laddr.port))
+                    except OSError:
+                        pass  # the worker's TLS comm port: no plain HTTP there
+            return found
+
+        wait_for(lambda: not open_http_ports(), timeout=20, message="the workers' HTTP ports to close")
+    finally:
+        handle.close()

@@ -407,6 +407,23 @@ class IgnoreSigint(WorkerPlugin):
             loop.add_callback(_ignore_sigint)
 
 
+class NoWorkerHttp(WorkerPlugin):
+    """Worker plugin: the worker's HTTP server (Prometheus metrics, health) stops listening on TCP.
+
+    Like the scheduler's dashboard (:func:`dashboard_on_unix_socket`), a
+    loopback port would be open to every user of the machine; nothing of a
+    local cluster needs the workers' HTTP servers.
+    """
+
+    idempotent = True
+    name = "jupyter-cluster-no-worker-http"
+
+    def setup(self, worker) -> None:
+        server = getattr(worker, "http_server", None)
+        if server is not None:
+            worker.loop.add_callback(server.stop)
+
+
 class LocalBackend(Backend):
     """One single-threaded worker process per core, bound to 127.0.0.1 by default."""
 
@@ -516,7 +533,7 @@ class LocalBackend(Backend):
             dashboard_link=dashboard_link,
             cluster=cluster,
             security=security,
-            worker_plugins=[IgnoreSigint()] if kwargs["processes"] else [],
+            worker_plugins=([IgnoreSigint()] if kwargs["processes"] else []) + ([NoWorkerHttp()] if security is not None else []),
             cleanup=cleanup,
             extra=extra,
         )
