@@ -33,7 +33,7 @@ from distributed import Client
 from .. import config, events, registry, session
 from ..errors import ClusterError
 from . import control
-from .jobs import JobsStore
+from .jobs import HistoryFolder, JobsStore, KeptCluster
 
 logger = logging.getLogger(__name__)
 
@@ -345,9 +345,10 @@ class ClusterManager:
         self._task: asyncio.Task | None = None
         self._hosts: dict[str, Any] = {}
         self._lock = asyncio.Lock()
-        #: stopped clusters' connections (no client), kept for their jobs and
-        #: metrics under a key of their own ("NAME.stopped-HHMMSS"), oldest first
-        self.history: dict[str, Connection] = {}
+        #: stopped clusters' jobs and metrics under a key of their own
+        #: ("NAME.stopped-HHMMSS"), oldest first; on disk too, so a restarted server has them
+        self._disk = HistoryFolder(keep=HISTORY_KEEP)
+        self.history: dict[str, KeptCluster] = {k.key: k for k in self._disk.load()}
         self._history_version = 0
 
     # -- lifecycle -------------------------------------------------------------
@@ -416,37 +417,31 @@ class ClusterManager:
         """Keep a stopped cluster's jobs and metrics (when it had any) for the panel."""
         if not conn.jobs.jobs and not conn.metrics:
             return
-        for j in conn.jobs.jobs.values():
-            if j["state"] == "running":
-                j["state"] = "lost"
-        conn.status = "stopped"
-        conn.stopped = time.time()  # type: ignore[attr-defined]
         base = f"{conn.name[:40]}.stopped-{time.strftime('%H%M%S')}"
         key, i = base, 1
         while key in self.history or key in self.connections:
             i += 1
             key = f"{base}-{i}"
-        self.history[key] = conn
+        kept = KeptCluster.from_connection(key, conn, PANEL_MODEL)
+        self.history[key] = kept
+        self._disk.save(kept)
         while len(self.history) > HISTORY_KEEP:
             del self.history[next(iter(self.history))]
         self._history_version += 1
 
     def history_list(self) -> list[dict[str, Any]]:
         """Summaries of the stopped clusters kept for their history, newest first."""
-        out = []
-        for key, conn in self.history.items():
-            summary = dict(conn.summary(), name=key, cluster=conn.name, stopped=getattr(conn, "stopped", None))
-            out.append(summary)
-        return out[::-1]
+        return [kept.summary() for kept in reversed(self.history.values())]
 
     def forget(self, key: str) -> None:
         """Drop a stopped cluster's kept history."""
         if self.history.pop(key, None) is None:
             raise NotFound(f"no stopped cluster {key!r} is kept.")
+        self._disk.delete(key)
         self._history_version += 1
 
     # -- queries ---------------------------------------------------------------
-    def get(self, name: str) -> Connection:
+    def get(self, name: str) -> Connection | KeptCluster:
         conn = self.connections.get(name) or self.history.get(name)
         if conn is None:
             raise NotFound(f"no live cluster named {name!r}; the list shows the running ones.")

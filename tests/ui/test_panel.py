@@ -155,7 +155,7 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         # -- the panel, and a cluster started from it --------------------------------
         _open_panel(page)
         page.wait_for_selector("#jupyter-cluster-panel .jc-clusters", timeout=30_000)
-        # an older cluster, which the panel selects first after a reload
+        # another cluster, which the panel will show when the notebook starts its work
         page.click("#jupyter-cluster-panel .jc-new")
         page.fill(".jp-Dialog .jc-input-name", OTHER)
         page.fill(".jp-Dialog .jc-input-workers", "1")
@@ -427,11 +427,34 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
             f.seek(log_start)
             log = f.read()
         assert "Traceback" not in log and "ConnectionRefusedError" not in log, log[-3000:]
-        # Forget deletes the kept history
+        # a server restart keeps the history (on disk in Jupyter's runtime area)
+        kept_dir = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "jupyter-cluster-history")
+        assert any(n.startswith(f"{CLUSTER}.stopped-") for n in os.listdir(kept_dir))
+        lab.stop()
+        lab.start(timeout=120)
+        page.reload()
+        _open_panel(page)
+        page.click(
+            f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{CLUSTER}.stopped-"] .jc-cluster-name',
+            timeout=60_000,
+        )
+        page.wait_for_function(
+            f"(document.querySelector('#jupyter-cluster-panel .jc-metrics-status') || {{}}).textContent"
+            f"?.includes('{ITEMS} reports')",
+            timeout=30_000,
+        )
+        page.wait_for_function(
+            "document.querySelectorAll('#jupyter-cluster-panel .jc-charts .jc-metrics-panel canvas').length >= 2",
+            timeout=15_000,
+        )
+        assert page.locator("#jupyter-cluster-panel .jc-job", has_text=f"{ITEMS} / {ITEMS}").count() >= 1
+        _shot(page, artifacts, "panel-after-server-restart.png", "#jupyter-cluster-panel")
+        # Forget deletes the kept history, on disk too
         page.locator(f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{CLUSTER}.stopped-"] .jc-forget').click()
         page.wait_for_selector(
             f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{CLUSTER}.stopped-"]', state="detached", timeout=15_000
         )
+        assert not any(n.startswith(f"{CLUSTER}.stopped-") for n in os.listdir(kept_dir))
     finally:
         _shot(page, artifacts, "panel-history-last-state.png")
         context.close()
