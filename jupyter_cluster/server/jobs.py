@@ -140,7 +140,7 @@ class KeptCluster:
         self.metrics = {t.topic: t for t in (KeptTopic(d) for d in topics)}
 
     @classmethod
-    def from_connection(cls, key: str, conn: Any, model_args: dict[str, Any]) -> "KeptCluster":
+    def from_connection(cls, key: str, conn: Any, model_args: dict[str, Any]) -> KeptCluster:
         """Snapshot a connection whose cluster stopped (running jobs count as lost)."""
         jobs = []
         for j in conn.jobs.jobs.values():
@@ -175,7 +175,7 @@ class KeptCluster:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "KeptCluster":
+    def from_json(cls, data: dict[str, Any]) -> KeptCluster:
         return cls(str(data["key"]), dict(data["summary"]), list(data.get("jobs") or []), list(data.get("topics") or []))
 
     async def model(self) -> dict[str, Any]:
