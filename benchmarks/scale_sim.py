@@ -24,9 +24,11 @@ Per configuration (engine × N): time per iteration (median), the ideal (the
 population's total sleep ÷ N, or the longest rollout if larger), efficiency =
 ideal ÷ time, items per second, Dask tasks per second (the scheduler's
 dispatch rate: one task per item for plain Dask, one per chunk for
-jupyter_cluster) and the CPU used per role.  Engines: ``jc``
-(``jupyter_cluster.map`` with its defaults) and ``dask`` (``client.map``, one
-task per item).
+jupyter_cluster's task path; for its direct path the column counts batches
+sent straight to the leases, not scheduler tasks) and the CPU used per role.
+Engines: ``jc`` (``jupyter_cluster.map`` with its defaults: leases and direct
+batches), ``jc-tasks`` (the same on the task path, ``engine.path=tasks``) and
+``dask`` (``client.map``, one task per item).
 
 Run::
 
@@ -226,8 +228,13 @@ def run_engine(engine: str, cluster: SimCluster, args) -> dict:
     rng = random.Random(1234)
     n = cluster.n
 
-    if engine == "jc":
+    if engine in ("jc", "jc-tasks"):
+        import dask
+
         from jupyter_cluster import mapping
+
+        # jc-tasks: the same map on the task path (one Dask task per chunk, the engine before leases).
+        dask.config.set({"jupyter-cluster.engine.path": "tasks" if engine == "jc-tasks" else "auto"})
 
         def evaluate(pop):
             # progress=False: a script has no widget, and a text bar would flood the log.
