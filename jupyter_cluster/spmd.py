@@ -287,9 +287,10 @@ def _restart_stuck(handle, group: Group, notice: Callable[[str], None]) -> None:
     if not addrs:
         return
     ranks = ", ".join(str(group.workers.index(a)) for a in addrs if a in group.workers)
+    one = len(addrs) == 1
     notice(
-        f"%%spmd: rank {ranks} was still blocked in the earlier cell (inside torch); restarting "
-        f"{'its worker' if len(addrs) == 1 else 'their workers'} so no rank stays stuck."
+        f"%%spmd: rank{'' if one else 's'} {ranks} {'was' if one else 'were'} still busy with an earlier cell, inside a call "
+        f"Python cannot interrupt; restarting {'its worker' if one else 'their workers'} so no rank stays stuck."
     )
     try:
         handle.client.restart_workers(addrs, timeout=60, raise_for_error=False)
@@ -476,10 +477,13 @@ def _choose_failure(results: dict[int, dict]) -> int:
     return min(pool, key=lambda kv: (kv[1].get("failed_at", float("inf")), kv[0]))[0]
 
 
-def _interrupt_ranks(handle, group: Group, ranks: list[int]) -> None:
+def _interrupt_ranks(handle, group: Group, ranks: list[int], wait_s: float = STOP_WAIT_S) -> None:
+    """Raise KeyboardInterrupt in these ranks' cells; waits at most ``wait_s`` (the request still goes out)."""
     addrs = [group.workers[r] for r in ranks]
+    if not addrs:
+        return
     try:
-        _run_on(handle.client, _worker_module().interrupt, group.id, workers=addrs, timeout=STOP_WAIT_S)
+        _run_on(handle.client, _worker_module().interrupt, group.id, workers=addrs, timeout=wait_s)
     except Exception:  # the notebook must not wait on a worker that does not answer
         pass
 
@@ -545,26 +549,27 @@ def run(
     router = _router(client) if stream_out is not None else None
     chunks = router.register(job.id) if router is not None else None
     wants = getattr(on_output, "wants", lambda rank: False)
-    futures = []
-    for rank, addr in enumerate(group.workers):
-        spec = dict(group.spec(rank, timeout), job=job.id, stream=chunks is not None and wants(rank))
-        fut = client.submit(
-            _worker_module().run_rank,
-            spec,
-            payload,
-            key=f"spmd-{group.id[:8]}-{group.runs}-rank-{rank}",
-            workers=[addr],
-            allow_other_workers=False,
-            pure=False,
-            retries=0,
-        )
-        futures.append(fut)
+    futures: list = []
     observe = _Observer(job, progress)
     results: dict[int, dict] = {}
     lost: list[int] = []
     first_failure: float | None = None
     interrupted_others = False
     try:
+        for rank, addr in enumerate(group.workers):
+            spec = dict(group.spec(rank, timeout), job=job.id, stream=chunks is not None and wants(rank))
+            futures.append(
+                client.submit(
+                    _worker_module().run_rank,
+                    spec,
+                    payload,
+                    key=f"spmd-{group.id[:8]}-{group.runs}-rank-{rank}",
+                    workers=[addr],
+                    allow_other_workers=False,
+                    pure=False,
+                    retries=0,
+                )
+            )
         next_check = 0.0
         while len(results) < group.world_size:
             waiting = [f for r, f in enumerate(futures) if r not in results and r not in lost]
@@ -607,7 +612,7 @@ def run(
     except BaseException as exc:  # Ctrl-C, or anything else: no rank is left running unattended
         if router is not None:
             router.unregister(job.id)
-        _interrupt_ranks(handle, group, [r for r in range(group.world_size) if r not in results])
+        _interrupt_ranks(handle, group, [r for r in range(len(futures)) if r not in results], wait_s=0.3)
         group.pending = [(group.workers[r], f) for r, f in enumerate(futures) if not f.done()]
         group.port = None
         job._finish("cancelled")

@@ -87,9 +87,14 @@ def _remote_renderer(shell, exc: BaseException, frames: dict, note: str):
     """A ``_render_traceback_`` showing the failed rank's frames with the cell's own lines."""
 
     def render():
-        from tblib import Traceback
+        try:  # frames start at the worker's first lines, so a kernel puts the arrow on the failing line
+            from .parallel_magic import rebuild_traceback
 
-        tb = Traceback.from_dict(frames).as_traceback()
+            tb = rebuild_traceback(frames, shell.user_ns)
+        except ImportError:
+            from tblib import Traceback
+
+            tb = Traceback.from_dict(frames).as_traceback()
         notes = getattr(exc, "__notes__", None)
         try:
             exc.__notes__ = [note]
@@ -115,6 +120,12 @@ class SpmdMagics(Magics):
             return self._cell(line, cell)
         except (ClusterError, CellError, SerializationError) as exc:
             raise UsageError(str(exc)) from None
+        except KeyboardInterrupt as exc:
+            # one line: the frames of the magic and the wait would only bury the notice above (and
+            # rendering them took seconds on a busy machine, past the stop button's 2 s)
+            if not hasattr(exc, "_render_traceback_"):
+                exc._render_traceback_ = lambda: ["\x1b[0;31mKeyboardInterrupt\x1b[0m: the %%spmd cell was interrupted; see the line above."]
+            raise
 
     spmd.__doc__ = "Run a cell on every worker as the ranks of a torch.distributed group.\n\n" + SPMD_USAGE
 
@@ -146,10 +157,14 @@ class SpmdMagics(Magics):
         compiler = getattr(self.shell, "compile", None)
         if compiler is None or not hasattr(compiler, "cache"):
             return "<cell>", text
+        # IPython 9 has counted the cell before its magics run: the cell's own number is on the result
+        result = getattr(getattr(self.shell, "displayhook", None), "exec_result", None)
+        number = getattr(result, "execution_count", None)
+        number = number if isinstance(number, int) else self.shell.execution_count
         try:
-            name = compiler.cache(text, self.shell.execution_count, raw_code=text + "\n# %%spmd body\n")
+            name = compiler.cache(text, number, raw_code=text + "\n# %%spmd body\n")
         except TypeError:  # older IPython without raw_code
-            name = compiler.cache(text, self.shell.execution_count)
+            name = compiler.cache(text, number)
         return name, text
 
     def _cell(self, line: str, cell: str):

@@ -8,7 +8,6 @@ Ctrl-C all end the cell within seconds, and the next ``%%spmd`` cell works.
 
 from __future__ import annotations
 
-import _thread
 import importlib
 import os
 import re
@@ -64,6 +63,27 @@ def _out(capsys) -> str:
 
 def _statuses(cluster):
     return cluster.client.run(spmd_worker.status)
+
+
+def _interrupt_when_running(cluster, holder, settle=0.3):
+    """Ctrl-C the notebook once every rank is inside the cell (polled from this thread)."""
+
+    def go():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if all(s["running"] for s in _statuses(cluster).values()):
+                    break
+            except Exception:  # noqa: BLE001 - a worker busy starting: ask again
+                pass
+            time.sleep(0.1)
+        time.sleep(settle)
+        holder["at"] = time.monotonic()
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # what the stop button sends
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    return thread
 
 
 # -- what runs, and where --------------------------------------------------------------------
@@ -284,6 +304,41 @@ dist.all_reduce(torch.ones(2))      # rank 0 blocks here until rank 1's failure 
     assert time.monotonic() - t0 < 15
 
 
+def test_group_timeout_releases_a_rank_whose_peer_never_comes(shell, cluster, capsys):
+    res = run_cell(shell, "%%spmd --timeout 2\nimport torch, torch.distributed as dist\ndist.all_reduce(torch.ones(1))\n")
+    assert res.error_in_exec is None, res.error_in_exec  # the live group took the new timeout
+    t0 = time.monotonic()
+    res = run_cell(
+        shell,
+        """%%spmd --timeout 2
+import time, torch, torch.distributed as dist
+if rank == 1:
+    for _ in range(3000):           # computing (in Python), never reaching the collective
+        time.sleep(0.01)
+dist.all_reduce(torch.ones(1))      # rank 0 gives up after 2 s
+""",
+    )
+    elapsed = time.monotonic() - t0
+    assert res.error_in_exec is not None and "Timed out" in str(res.error_in_exec), res.error_in_exec
+    assert shell.user_ns["_spmd_job"].failed_rank == 0
+    assert elapsed < 10, f"took {elapsed:.1f} s"
+    _out(capsys)
+    wait_for(lambda: not any(s["running"] for s in _statuses(cluster).values()), timeout=10, message="rank 1 to stop")
+
+
+def test_the_cell_shows_progress_and_is_published_as_a_job(shell, cluster):
+    from jupyter_cluster import progress
+
+    res = run_cell(shell, "%%spmd\nimport time\ntime.sleep(1.5)\n")
+    assert res.error_in_exec is None, res.error_in_exec
+    job = shell.user_ns["_spmd_job"]
+    observer = next(o for o in reversed(progress.recent) if o.job is job)
+    assert observer.shown  # the bar appeared: the cell outlasted the progress delay
+    states = [m["state"] for m in observer.published]
+    assert states[0] == "running" and states[-1] == "finished"
+    assert observer.published[-1]["total"] == 2 and observer.published[-1]["done"] == 2
+
+
 def test_interrupt_returns_within_two_seconds(shell, cluster, capsys):
     run_cell(shell, "%%spmd\nsurvivor = rank\n")
     _out(capsys)
@@ -294,13 +349,7 @@ while time.time() - started < 120:
     time.sleep(0.01)
 """
     holder = {}
-
-    def mark():
-        holder["at"] = time.monotonic()
-        _thread.interrupt_main()
-
-    timer = threading.Timer(1.5, mark)
-    timer.start()
+    timer = _interrupt_when_running(cluster, holder)
     res = run_cell(shell, code)
     returned = time.monotonic()
     timer.join()
@@ -382,13 +431,7 @@ def test_ranks_stuck_inside_torch_are_restarted_by_the_next_cell(shell, cluster,
     """A deadlock in C++ (both ranks in recv) ignores KeyboardInterrupt: the notebook still returns, and
     the next cell restarts the stuck workers instead of queueing behind them."""
     holder = {}
-
-    def mark():
-        holder["at"] = time.monotonic()
-        _thread.interrupt_main()
-
-    timer = threading.Timer(1.5, mark)
-    timer.start()
+    timer = _interrupt_when_running(cluster, holder, settle=1.0)  # both ranks reach recv
     res = run_cell(shell, "%%spmd\nimport torch, torch.distributed as dist\nt = torch.zeros(1)\ndist.recv(t, src=1 - rank)\n")
     returned = time.monotonic()
     timer.join()
@@ -401,5 +444,5 @@ def test_ranks_stuck_inside_torch_are_restarted_by_the_next_cell(shell, cluster,
     assert res.error_in_exec is None, res.error_in_exec
     assert shell.user_ns["ok"] == {0: 2.0, 1: 2.0}
     out = _out(capsys)
-    assert "was still blocked in the earlier cell (inside torch); restarting their workers" in out, out
+    assert "were still busy with an earlier cell, inside a call Python cannot interrupt; restarting their workers" in out, out
     assert time.monotonic() - t0 < 60
