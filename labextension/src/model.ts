@@ -355,6 +355,16 @@ export function ownerText(c: Pick<IClusterSummary, 'owner_kind' | 'owner_pid' | 
   return c.attached ? `${base} (attached)` : base;
 }
 
+/** Jobs grouped by where they run ("cluster · kernel N"), groups in order of first appearance. */
+export function groupJobs(jobs: IJob[]): Map<string, IJob[]> {
+  const groups = new Map<string, IJob[]>();
+  for (const job of jobs) {
+    const where = `${job.cluster}${job.kernel ? ` · kernel ${job.kernel}` : ''}`;
+    groups.set(where, [...(groups.get(where) ?? []), job]);
+  }
+  return groups;
+}
+
 /**
  * Progress of a job: fraction done and fraction failed (the bar's red part,
  * so a finished collect-mode job with failures fills its bar), null when the

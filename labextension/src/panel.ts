@@ -23,6 +23,7 @@ import {
   clearFinished,
   filterSeries,
   formatBytes,
+  groupJobs,
   initialState,
   isStopped,
   jobProgress,
@@ -763,8 +764,13 @@ export class ClusterPanel extends Widget {
       this.jobsNode.append(el('div', 'jc-empty', 'No maps yet: run a %%parallel cell or Pool.map.'));
       return;
     }
-    for (const job of rows) {
-      this.jobsNode.append(this.jobRow(job));
+    // grouped by where they run: cluster and kernel (a header only when there are several)
+    const groups = groupJobs(rows);
+    for (const [where, jobs] of groups) {
+      if (groups.size > 1) {
+        this.jobsNode.append(el('div', 'jc-job-group', where));
+      }
+      jobs.forEach(job => this.jobsNode.append(this.jobRow(job)));
     }
     if (more > 0 || this.showAllJobs) {
       const toggle = button(

@@ -239,6 +239,19 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         )
         _shot(page, artifacts, "panel-heatmaps-shared-scale.png", "#jupyter-cluster-panel .jc-metrics-heat")
         heat.locator("select.jc-diff").select_option(index=0)
+        # the topic opens in the main area, as a dockable tab with the same charts
+        page.click("#jupyter-cluster-panel .jc-open-topic")
+        page.wait_for_function(
+            "document.querySelectorAll('.jc-topic-view .jc-metrics-panel canvas').length >= 2", timeout=30_000
+        )
+        page.wait_for_function(
+            "(document.querySelector('.jc-topic-view .jc-metrics-status') || {}).textContent?.includes('48 reports')",
+            timeout=30_000,
+        )
+        time.sleep(0.5)  # let ECharts finish its frame before the screenshot
+        _shot(page, artifacts, "main-area-topic.png")
+        page.evaluate("window.jupyterapp.commands.execute('application:close')")
+        page.wait_for_selector(".jc-topic-view", state="detached", timeout=10_000)
         # tooltips: rounded numbers, short series names
         line = page.locator("#jupyter-cluster-panel .jc-metrics-line").first
         line.scroll_into_view_if_needed()

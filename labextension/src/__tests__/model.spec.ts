@@ -13,6 +13,7 @@ import {
   connectCode,
   filterSeries,
   formatBytes,
+  groupJobs,
   initialState,
   jobProgress,
   memoryFraction,
@@ -319,5 +320,18 @@ describe('jobs list', () => {
     expect(p.fraction! + p.failedFraction).toBeCloseTo(1);
     const unknown = jobProgress(job({ state: 'finished', total: null, done: 3, failed: 1 }));
     expect(unknown.fraction! + unknown.failedFraction).toBeCloseTo(1);
+  });
+});
+
+describe('jobs grouped by cluster and kernel', () => {
+  it('keeps the order of first appearance', () => {
+    const groups = groupJobs([
+      job({ job: '1', cluster: 'a', kernel: 7 }),
+      job({ job: '2', cluster: 'b', kernel: 8 }),
+      job({ job: '3', cluster: 'a', kernel: 7 }),
+      job({ job: '4', cluster: 'a', kernel: null })
+    ]);
+    expect([...groups.keys()]).toEqual(['a · kernel 7', 'b · kernel 8', 'a']);
+    expect(groups.get('a · kernel 7')!.map(j => j.job)).toEqual(['1', '3']);
   });
 });
