@@ -46,7 +46,11 @@ def _execute(kc, code: str, timeout: float = 120) -> str:
         elif msg["msg_type"] == "error":
             out.append("\n".join(msg["content"]["traceback"]))
 
-    reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+    for _ in range(20):  # right after an error ipykernel aborts what was queued behind it
+        reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+        if reply["content"]["status"] != "aborted":
+            break
+        time.sleep(0.1)
     assert reply["content"]["status"] == "ok", "".join(out)
     return "".join(out)
 
@@ -142,3 +146,41 @@ def test_interrupts_while_workers_start_do_not_kill_them(kernel):
     _execute(kc, "assert jc.current().client.submit(sum, [1, 2]).result() == 3\n%cluster stop")
     wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids),
              timeout=30, message="workers to exit after %cluster stop")
+
+
+def test_stop_button_during_cluster_start_leaves_nothing_running(kernel):
+    """Pressed while `%cluster start` runs: the cell ends, and no worker, record or key is left."""
+    km, kc = kernel
+    _execute(kc, "%load_ext jupyter_cluster\nimport jupyter_cluster as jc, distributed")  # imports done: the start itself is interrupted
+    kernel_pid = km.provisioner.process.pid
+    for delay in (0.2, 0.5, 0.8, 1.2):  # in the imports, in LocalCluster(), while workers spawn, waiting for them
+        msg_id = kc.execute("%cluster start --workers 2 --name half-started")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            msg = kc.get_iopub_msg(timeout=30)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
+                break
+        time.sleep(delay)
+        km.interrupt_kernel()
+        while True:
+            reply = kc.get_shell_msg(timeout=60)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        # Whether the interrupt came in time or the start had finished, nothing may stay half-made.
+        _execute(kc, "%cluster stop half-started" if _registered(kc, "half-started") else "pass")
+
+        def workers_left():
+            return [p for p in psutil.Process(kernel_pid).children(recursive=True)
+                    if "resource_tracker" not in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE]
+
+        wait_for(lambda: not workers_left(), timeout=30, message=f"no worker process left after a start interrupted at {delay} s")
+        _execute(kc, "from jupyter_cluster import registry, session\n"
+                     "import os\n"
+                     "assert session.handles() == [], session.handles()\n"
+                     "left = [f for f in os.listdir(registry.registry_dir()) if f.startswith('half-started')]\n"
+                     "assert not left, left")
+
+
+def _registered(kc, name: str) -> bool:
+    out = _execute(kc, f"print('HELD', {name!r} in [h.name for h in jc.session.handles()])")
+    return "HELD True" in out

@@ -424,6 +424,20 @@ class NoWorkerHttp(WorkerPlugin):
             worker.loop.add_callback(server.stop)
 
 
+def _close_quietly(cluster: Any, wait_for_start: bool = False) -> None:
+    """Close ``cluster`` and its workers, also one whose start was interrupted half-way."""
+    import time
+
+    deadline = time.monotonic() + (60 if wait_for_start else 0)
+    # A cluster still starting ignores close(); its start goes on in its event loop thread.
+    while getattr(getattr(cluster, "status", None), "name", "running") in ("created", "starting") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        cluster.close(timeout=30)
+    except Exception:  # half-started: closing must still finish
+        pass
+
+
 class LocalBackend(Backend):
     """One single-threaded worker process per core, bound to 127.0.0.1 by default."""
 
@@ -495,6 +509,9 @@ class LocalBackend(Backend):
             kwargs["security"] = security
             kwargs["protocol"] = "tls://"
         cluster = None
+        from distributed.deploy.spec import SpecCluster
+
+        existing = set(SpecCluster._instances)
         try:
             with sigint_blocked_for_children():
                 if devices is None:
@@ -511,9 +528,26 @@ class LocalBackend(Backend):
             raise ClusterError(f"the local cluster could not start: {cause or exc}.") from exc
         except ValueError as exc:
             raise ClusterError(f"the local cluster could not start: {exc}.") from None
+        except BaseException:
+            # The stop button pressed during start-up: Python raises KeyboardInterrupt in the main
+            # thread wherever it is, even inside LocalCluster() (whose object we then never get).
+            # Close whatever cluster this call began, once it has finished starting.
+            for started in [cluster] if cluster is not None else set(SpecCluster._instances) - existing:
+                _close_quietly(started, wait_for_start=True)
+            raise
         finally:
             if security is not None and cluster is None:
                 forget_security(cred_name)
+        try:
+            return self._finish(cluster, security, cred_name, kwargs)
+        except BaseException:
+            _close_quietly(cluster)
+            if security is not None:
+                forget_security(cred_name)
+            raise
+
+    @staticmethod
+    def _finish(cluster: Any, security: Any, cred_name: str, kwargs: dict[str, Any]) -> StartedCluster:
         cleanup = []
         extra: dict[str, Any] = {}
         dashboard_link = cluster.dashboard_link
