@@ -364,8 +364,10 @@ def sigint_blocked_for_children():
     starts every worker process - at start, on scale-up, on restart - with
     SIGINT already blocked, before its first Python instruction: there is no
     start-up window.  The kernel's main thread gets its own mask back on exit,
-    so the stop button still interrupts the cell.  SIGTERM, which Dask uses to
-    stop workers, is untouched.
+    so the stop button still interrupts the cell (Python raises KeyboardInterrupt
+    in the main thread whichever thread takes the signal, even inside the
+    block; :meth:`LocalBackend.start` then closes the half-made cluster).
+    SIGTERM, which Dask uses to stop workers, is untouched.
     """
     if not hasattr(signal, "pthread_sigmask"):  # Windows: no process-group interrupts there
         yield
