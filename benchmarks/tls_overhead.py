@@ -83,6 +83,49 @@ def _handshake_rows(n: int) -> list[tuple[str, float, float]]:
     return rows
 
 
+def _raw_echo_row(rounds: int = 7, per_round: int = 20) -> tuple[float, float]:
+    """Seconds per 1 MiB round trip over bare Dask comms (no jupyter_cluster code): TCP, TLS.
+
+    The floor of what TLS costs in Dask itself (OpenSSL, tornado's SSL stream):
+    what the map shows above this is ours.
+    """
+    from distributed.comm import connect, listen
+
+    from jupyter_cluster.backends import local
+
+    async def echo(comm):
+        try:
+            while True:
+                await comm.write(await comm.read())
+        except Exception:  # the benchmark closed the connection
+            pass
+
+    async def run() -> tuple[float, float]:
+        security = local.new_security("bench-echo")
+        pairs = []
+        for proto, sec in (("tcp://", None), ("tls://", security)):
+            listener = listen(proto + "127.0.0.1:0", echo, **(sec.get_listen_args("scheduler") if sec else {}))
+            await listener.start()
+            comm = await connect(listener.contact_address, **(sec.get_connection_args("client") if sec else {}))
+            pairs.append((listener, comm))
+        payload = {"x": os.urandom(2**20)}
+        best = [float("inf"), float("inf")]
+        for _ in range(rounds):  # alternate, keep the best: a busy machine slows both alike
+            for i, (_, comm) in enumerate(pairs):
+                t0 = time.perf_counter()
+                for _ in range(per_round):
+                    await comm.write(payload)
+                    await comm.read()
+                best[i] = min(best[i], (time.perf_counter() - t0) / per_round)
+        for listener, comm in pairs:
+            await comm.close()
+            listener.stop()
+        local.forget_security("bench-echo")
+        return best[0], best[1]
+
+    return asyncio.run(run())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
@@ -120,6 +163,8 @@ def main() -> None:
     for name, by in results.items():
         (tcp_best, tcp_med), (tls_best, tls_med) = by["tcp"], by["tls"]
         print(f"{name:<24} {tcp_best:>6.3f} ({tcp_med:.3f}) {tls_best:>6.3f} ({tls_med:.3f}) {tls_best / tcp_best:>8.2f}")
+    tcp_echo, tls_echo = _raw_echo_row()
+    print(f"{'bare Dask comm, 1 MiB echo':<24} {tcp_echo * 1e3:>6.2f} ms       {tls_echo * 1e3:>6.2f} ms   {tls_echo / tcp_echo:>8.2f}")
     rows = _handshake_rows(args.connects)
     base = rows[0][2]
     print(f"\n{'connection':<36} {'make creds ms':>13} {'connect ms':>10} {'vs tcp':>7}")
