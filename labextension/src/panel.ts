@@ -419,7 +419,8 @@ export class ClusterPanel extends Widget {
     title: string,
     label: string,
     fields: { name: string; label: string; value: string; placeholder?: string }[],
-    check: (values: FormValues) => string | null
+    check: (values: FormValues) => string | null,
+    submit?: (values: FormValues) => Promise<void>
   ): Promise<FormValues | null> {
     let error = '';
     for (;;) {
@@ -433,6 +434,14 @@ export class ClusterPanel extends Widget {
       }
       const values = result.value;
       error = check(values) ?? '';
+      if (!error && submit) {
+        // a refusal from the server comes back in the dialog too, with what was typed
+        try {
+          await submit(values);
+        } catch (reason) {
+          error = String((reason as Error).message);
+        }
+      }
       if (!error) {
         return values;
       }
@@ -461,26 +470,27 @@ export class ClusterPanel extends Widget {
   async scaleCluster(name: string, workers?: number): Promise<void> {
     if (workers === undefined) {
       const current = this.state.clusters.find(c => c.name === name)?.n_workers ?? 1;
-      const values = await this.ask(
+      await this.ask(
         `Scale ${name}`,
         'Scale',
         [{ name: 'workers', label: 'Workers', value: String(current) }],
         v => {
           const parsed = parseWorkers(v.workers);
           return 'error' in parsed ? parsed.error : null;
-        }
+        },
+        v =>
+          postAPI(`clusters/${encodeURIComponent(name)}/scale`, {
+            workers: (parseWorkers(v.workers) as { value: number }).value
+          })
       );
-      if (!values) {
-        return;
-      }
-      workers = (parseWorkers(values.workers) as { value: number }).value;
+      return;
     }
     await this.act(`Could not scale ${name}`, () => postAPI(`clusters/${encodeURIComponent(name)}/scale`, { workers }));
   }
 
   /** Ask for bounds and let ``name`` adapt between them. */
   async adaptCluster(name: string): Promise<void> {
-    const values = await this.ask(
+    await this.ask(
       `Adapt ${name}`,
       'Adapt',
       [
@@ -498,18 +508,12 @@ export class ClusterPanel extends Widget {
           }
         }
         return Number(v.maximum) < Number(v.minimum) ? 'maximum must be at least minimum.' : null;
-      }
-    );
-    if (!values) {
-      return;
-    }
-    const minimum = parseWorkers(values.minimum, 'minimum');
-    const maximum = parseWorkers(values.maximum, 'maximum');
-    await this.act(`Could not make ${name} adaptive`, () =>
-      postAPI(`clusters/${encodeURIComponent(name)}/adapt`, {
-        minimum: (minimum as { value: number }).value,
-        maximum: (maximum as { value: number }).value
-      })
+      },
+      v =>
+        postAPI(`clusters/${encodeURIComponent(name)}/adapt`, {
+          minimum: (parseWorkers(v.minimum, 'minimum') as { value: number }).value,
+          maximum: (parseWorkers(v.maximum, 'maximum') as { value: number }).value
+        })
     );
   }
 

@@ -430,6 +430,15 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
             page.wait_for_selector(
                 f'#jupyter-cluster-panel .jc-clusters .jc-cluster[data-name="{handle.name}"] .jc-status-unreachable', timeout=30_000
             )
+            # the server's refusal to scale it comes back inside the dialog, with what was typed
+            page.click(f'#jupyter-cluster-panel .jc-clusters .jc-cluster[data-name="{handle.name}"] .jc-scale')
+            page.fill(".jp-Dialog .jc-input-workers", "3")
+            page.click(".jp-Dialog .jp-mod-accept")
+            page.wait_for_selector(".jp-Dialog .jc-form-error >> text=does not answer", timeout=15_000)
+            assert page.locator(".jp-Dialog .jc-input-workers").input_value() == "3"
+            _shot(page, artifacts, "dialog-server-refusal.png", ".jp-Dialog-content")
+            page.click(".jp-Dialog .jp-mod-reject")
+            page.wait_for_selector(".jp-Dialog", state="detached", timeout=5_000)
         finally:
             jc.stop(handle.name)
         page.wait_for_selector(
