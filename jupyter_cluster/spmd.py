@@ -76,6 +76,7 @@ class Group:
     requested: str
     generation: int = 0
     port: int | None = None
+    gpus: list[int] = field(default_factory=list)
     healthy: bool = False
     assigned: set[str] = field(default_factory=set)
     pending: list[Any] = field(default_factory=list)
@@ -329,6 +330,7 @@ def _make_group(handle, members: list[str], live: dict[str, dict], requested: st
         hosts=[_host(a) for a in members],
         backend=backend,
         requested=(requested or "auto").lower(),
+        gpus=gpus,
     )
 
 
@@ -401,8 +403,11 @@ def prepare(handle, n: int | None = None, backend: str | None = None, notice: Ca
     if old is not None:
         alive = all(a in live for a in old.workers)
         same_size = (n if n is not None else len(live)) == old.world_size
-        same_backend = requested == old.requested
-        if alive and same_size and same_backend and (n is not None or members == old.workers):
+        same_members = alive and same_size and (n is not None or members == old.workers)
+        # what the request means on the group's own ranks: `--backend gloo` after `auto` chose gloo keeps
+        # the group, and nccl asked of its CPU ranks is refused here, before anything runs
+        same_backend = requested == old.requested or (same_members and choose_backend(requested, old.gpus, old.names) == old.backend)
+        if same_members and same_backend:
             return old
         group = _make_group(handle, members, live, requested)
         if alive and same_size and members == old.workers:

@@ -256,7 +256,12 @@ def test_nccl_on_cpu_ranks_is_one_sentence(shell, cluster, capsys):
     assert msg.startswith("--backend nccl needs a GPU on every rank, but ranks 0 (worker")
     assert "--gpus" in msg and "--backend gloo" in msg
     assert _statuses(cluster) == before
-    assert spmd_mod.group(cluster).backend == "gloo"  # the existing group was left alone
+    before_group = spmd_mod.group(cluster)
+    assert before_group.backend == "gloo"  # the existing group was left alone
+    # asking for what `auto` already chose keeps the group (and its per-rank state)
+    res = run_cell(shell, "%%spmd --backend gloo --out b\nimport torch.distributed as dist\ndist.get_backend()\n")
+    assert res.error_in_exec is None and shell.user_ns["b"] == {0: "gloo", 1: "gloo"}
+    assert spmd_mod.group(cluster) is before_group and "rebuilt" not in _out(capsys)
 
 
 def test_backend_choice():
