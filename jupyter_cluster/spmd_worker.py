@@ -197,15 +197,20 @@ def open_store(group: str, generation: int, world_size: int, timeout: float) -> 
 
 
 def interrupt(group: str) -> bool:
-    """Raise ``KeyboardInterrupt`` in the thread running this group's cell (if any)."""
+    """Raise ``KeyboardInterrupt`` in the thread running this group's cell (if any).
+
+    Done under the state lock, which :func:`run_rank` also holds when it
+    forgets its thread, so the exception can only land inside the rank's
+    own code (where it is caught), never in Dask's thread after the cell.
+    """
+    import ctypes
+
     with _STATE.lock:
         ident = _STATE.thread if _STATE.running == group else None
         if ident is None:
             return False
         _STATE.interrupted = True
-    import ctypes
-
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
     return True
 
 
@@ -378,6 +383,16 @@ def run_rank(spec: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
     On failure the process group is destroyed at once, which releases every
     peer blocked in a collective with this rank.
     """
+    try:
+        return _run_rank(spec, payload)
+    except KeyboardInterrupt:  # an interrupt that landed as the cell was ending
+        now = time.time()
+        return {"rank": spec["rank"], "pid": os.getpid(), "ok": False, "started": now, "ended": now, "failed_at": now,
+                "error": (None, "KeyboardInterrupt", "", "KeyboardInterrupt\n", None), "collateral": True,
+                "interrupted": True, "output": ""}
+
+
+def _run_rank(spec: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
     from .cellfunc import error_info
 
     st = _STATE
