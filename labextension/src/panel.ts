@@ -13,6 +13,7 @@ import { Widget } from '@lumino/widgets';
 
 import { eventsURL, postAPI, requestAPI } from './api';
 import { IMetricsModel, MetricsCharts } from './charts/charts';
+import { seriesLabel } from './charts/data';
 import {
   IClusterSummary,
   IHistoryCluster,
@@ -856,7 +857,8 @@ export class ClusterPanel extends Widget {
           box.type = 'checkbox';
           box.checked = !off.includes(key);
           box.addEventListener('change', () => this.setState(toggleSeries(this.state, topic, key)));
-          label.append(box, document.createTextNode(key));
+          label.title = key;
+          label.append(box, document.createTextNode(seriesLabel(key)));
           this.seriesNode.append(label);
         }
       }

@@ -266,6 +266,15 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         assert not re.search(r"\d\.\d{5,}", tip), f"unrounded numbers in the tooltip: {tip!r}"
         assert re.match(r"step \d+\n", tip), tip
         page.mouse.move(5, 5)
+        # toolbar: EMA smoothing and a log y axis redraw the line chart (and back)
+        toolbar = page.locator("#jupyter-cluster-panel .jc-metrics-toolbar")
+        toolbar.locator("select.jc-smoothing").select_option("0.9")
+        toolbar.locator("input.jc-log-y").check()
+        time.sleep(0.5)  # let ECharts finish its frame before reading pixels
+        assert panels.nth(0).evaluate(COLOURED_PIXELS_JS) > 200
+        _shot(page, artifacts, "panel-smoothing-log-y.png", "#jupyter-cluster-panel .jc-metrics-line")
+        toolbar.locator("select.jc-smoothing").select_option("0")
+        toolbar.locator("input.jc-log-y").uncheck()
         # series selection: switching a member off redraws without it
         series = page.locator("#jupyter-cluster-panel .jc-series-item")
         assert series.count() == 3
