@@ -336,6 +336,25 @@ def _flush_on_worker(worker) -> None:
             logger.debug("could not send metrics batch on %s", dask_topic, exc_info=True)
 
 
+async def flush_to_scheduler(worker) -> None:
+    """Send this process's buffered reports and return once the scheduler holds them.
+
+    For results that do not pass the scheduler (the map engine's direct
+    batches): awaited before a batch's result is returned, so a task's reports
+    reach the scheduler before its result reaches the client, and a worker
+    lost right after its answer takes no report of a finished item with it.
+    The batched stream (:func:`_flush_on_worker`) gives no such moment.
+    Producer sequence numbers keep the stores exact whichever way a batch goes.
+    """
+    if not _producer.pending:
+        return
+    for dask_topic, msg in _producer.take():
+        try:
+            await worker.scheduler.log_event(topic=dask_topic, msg=msg)
+        except Exception:  # a scheduler that went away: the subscriber counts the gap
+            logger.debug("could not send metrics batch on %s", dask_topic, exc_info=True)
+
+
 def _arm_worker_flush(worker) -> None:
     def arm() -> None:
         worker.loop.call_later(_flush_interval(), _flush_on_worker, worker)
