@@ -8,7 +8,6 @@ import signal
 
 import nbformat
 import psutil
-import pytest
 from jupyter_client import KernelManager
 from nbclient import NotebookClient
 
