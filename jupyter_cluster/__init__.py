@@ -13,22 +13,58 @@ From Python: :func:`start`, :func:`connect`, :func:`current`, :func:`clusters`,
 
 from __future__ import annotations
 
+import importlib as _importlib
+import multiprocessing as _multiprocessing
+import sys as _sys
+
 from . import config  # noqa: F401  (registers dask.config defaults)
 from .errors import CellError, ClusterError, SerializationError
-from .session import ClusterHandle, clusters, connect, current, start, stop
-from .mapping import imap, last_job, map  # noqa: A004  (jupyter_cluster.map is the public map)
-from .pool import Pool
-from .dqueue import Queue
-from .actors import actor
-from .events import metrics, report
-from .widgets import launcher, show_metrics
-from .spmd import spmd  # noqa: E402  (the function; import the module's other names with `from jupyter_cluster.spmd import ...`)
 
 __version__ = "0.1.0"
 
-from .progress import install as _install_progress  # noqa: E402
+#: Public name -> module that defines it.
+_PUBLIC = {
+    "ClusterHandle": ".session", "clusters": ".session", "connect": ".session", "current": ".session",
+    "start": ".session", "stop": ".session", "imap": ".mapping", "last_job": ".mapping", "map": ".mapping",
+    "Pool": ".pool", "Queue": ".dqueue", "actor": ".actors", "metrics": ".events", "report": ".events",
+    "launcher": ".widgets", "show_metrics": ".widgets", "spmd": ".spmd",
+}  # fmt: skip
 
-_install_progress()  # progress bars for every map, once the map engine is importable
+
+def _in_dask_worker_process() -> bool:
+    """Whether this process is a Dask worker (started by a nanny, or by ``dask worker --no-nanny``)."""
+    if _multiprocessing.current_process().name == "Dask Worker process (from Nanny)":
+        return True
+    spec = getattr(_sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == "distributed.cli.dask_worker"
+
+
+def __getattr__(name: str):
+    # A worker process imports the package only to unpickle what runs there
+    # (engine.worker, cellfunc, a Pool task): the notebook side (sessions,
+    # telemetry hub, widgets, %%spmd) is imported on first use of its name,
+    # which cut 0.1-0.3 s per worker process off `%cluster start`.
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jupyter_cluster' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+if not _in_dask_worker_process():
+    from .session import ClusterHandle, clusters, connect, current, start, stop
+    from .mapping import imap, last_job, map  # noqa: A004  (jupyter_cluster.map is the public map)
+    from .pool import Pool
+    from .dqueue import Queue
+    from .actors import actor
+    from .events import metrics, report
+    from .widgets import launcher, show_metrics
+    from .spmd import spmd  # noqa: E402  (the function; import the module's other names with `from jupyter_cluster.spmd import ...`)
+
+    from .progress import install as _install_progress  # noqa: E402
+
+    _install_progress()  # progress bars for every map, once the map engine is importable
 
 __all__ = [
     "CellError",
