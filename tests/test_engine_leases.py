@@ -331,3 +331,17 @@ def test_parallel_magic_rejects_bad_options_in_one_line(ip, cluster):
     ]:
         with pytest.raises(UsageError, match=words):
             ip.run_cell_magic("parallel", line, "x\n")
+
+
+def loaded_modules(x):
+    return sorted(m for m in sys.modules if m.startswith(("jupyter_cluster", "IPython", "ipywidgets", "anywidget")))
+
+
+def test_worker_processes_import_only_what_runs_on_them(cluster):
+    """Issue 13 start-up: no notebook side (sessions, widgets, telemetry hub, IPython) in a worker process."""
+    mods = mapping.map(loaded_modules, [0], client=cluster, progress=False)[0]
+    assert "jupyter_cluster.engine.worker" in mods
+    notebook_side = [m for m in mods if m.split(".")[0] in ("IPython", "ipywidgets", "anywidget")
+                     or m in ("jupyter_cluster.session", "jupyter_cluster.mapping", "jupyter_cluster.engine.job",
+                              "jupyter_cluster.widgets", "jupyter_cluster.progress", "jupyter_cluster.magics")]  # fmt: skip
+    assert not notebook_side, f"worker processes imported {notebook_side}"
