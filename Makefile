@@ -4,7 +4,9 @@
 #                                    libraries (EXTRAS=examples: torch, gymnasium, pandas, numpy)
 #   make lab EXTRAS=                 the lean environment: jupyter_cluster and JupyterLab only
 #   make lab LAB_ARGS="--port 9999"  options for `jupyter lab` (--allow-root is added when run as root)
-#   make test                        the test suite (extras test, examples, kubernetes)
+#   make test                        `make lint`, then the test suite (extras test, examples, kubernetes)
+#   make lint                        ruff (lint + format check) on the Python, mypy on the package, eslint,
+#                                    prettier and tsc on the TypeScript; settings in pyproject.toml, package.json
 #   make bench                       the peer benchmark; the peer systems (ipyparallel) live in their own
 #                                    environment $(BENCH_VENV) on top of $(VENV), never in the one `make lab` runs
 PYTHON ?= python3
@@ -27,7 +29,7 @@ LABEXT := jupyter_cluster/labextension/package.json
 LABEXT_SRC := $(shell find labextension/src labextension/style labextension/schema -type f 2>/dev/null) package.json yarn.lock tsconfig.json
 JLPM := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/jlpm
 
-.PHONY: setup lab test bench clean
+.PHONY: setup lab lint test bench clean
 
 setup: $(CORE) $(call extra_stamps,$(EXTRAS)) $(LABEXT)
 
@@ -52,6 +54,14 @@ $(LABEXT): $(LABEXT_SRC) | $(CORE)
 
 lab: setup
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
+
+# What to check and which rules: [tool.ruff] and [tool.mypy] in pyproject.toml, eslint.config.mjs and
+# package.json's "lint" script.  The tools come from the test extra and package.json's devDependencies.
+lint: $(CORE) $(VENV)/.extra-test $(LABEXT)
+	$(PY) -m ruff check
+	$(PY) -m ruff format --check
+	$(PY) -m mypy
+	$(JLPM) lint
 
 test: $(CORE) $(call extra_stamps,$(TEST_EXTRAS)) $(LABEXT)
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
