@@ -72,7 +72,19 @@ if HERE not in sys.path:
 
 import workloads as wl  # noqa: E402  (after the path set-up above)
 
-ALL_SYSTEMS = ["mp", "mp+50", "dask", "dask+50", "ipp", "fiber", "ray", "jc-parallel", "jc-pool", "jc-map", "jc-map-tasks"]
+ALL_SYSTEMS = [
+    "mp",
+    "mp+50",
+    "dask",
+    "dask+50",
+    "ipp",
+    "fiber",
+    "ray",
+    "jc-parallel",
+    "jc-pool",
+    "jc-map",
+    "jc-map-tasks",
+]
 JC_SYSTEMS = ["jc-parallel", "jc-pool", "jc-map", "jc-map-tasks"]
 PEER_VENV_SYSTEMS = {"fiber", "ray"}  # not in the project's venv; run with --peer-python
 ALL_WORKLOADS = ["noop", "noop100k", "sleep1ms", "sleep10ms", "cpu10ms", "tail", "bigarray", "progress"]
@@ -141,8 +153,11 @@ class DaskAdapter(Adapter):
         from distributed import Client, LocalCluster
 
         self.cluster = LocalCluster(
-            n_workers=self.workers, threads_per_worker=1, processes=True,
-            host="127.0.0.1", dashboard_address="127.0.0.1:0",
+            n_workers=self.workers,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
         )
         self.client = Client(self.cluster)
 
@@ -311,7 +326,6 @@ class JcMapAdapter(JcAdapter):
             progress.set_renderer(None)
 
 
-
 class JcMapTasksAdapter(JcMapAdapter):
     """``jupyter_cluster.map`` forced onto the task path (one Dask task per chunk, the engine before leases)."""
 
@@ -322,6 +336,7 @@ class JcMapTasksAdapter(JcMapAdapter):
 
         dask.config.set({"jupyter-cluster.engine.path": "tasks"})
         super().start()
+
 
 class JcPoolAdapter(JcAdapter):
     describe = "jupyter_cluster.Pool().map(fn, items) (chunksize=None: auto)"
@@ -515,7 +530,9 @@ def write_json(path: str, obj) -> None:
 def results_match(got, expected) -> bool:
     if len(got) != len(expected):
         return False
-    return all(a == b or (isinstance(a, float) and abs(a - b) <= 1e-9 * max(1.0, abs(b))) for a, b in zip(got, expected))
+    return all(
+        a == b or (isinstance(a, float) and abs(a - b) <= 1e-9 * max(1.0, abs(b))) for a, b in zip(got, expected)
+    )
 
 
 def child_main(system: str, cfg: dict, out_path: str) -> None:
@@ -572,7 +589,9 @@ def child_main(system: str, cfg: dict, out_path: str) -> None:
             if name == "noop100k" and "noop" in rec["workloads"]:
                 projected = rec["workloads"]["noop"]["wall_s"] / len(wls["noop"][1]) * len(items)
                 if projected > cfg["max_projected"]:
-                    rec["skipped"][name] = f"would take about {projected:.0f} s (over --max-projected {cfg['max_projected']:.0f} s)"
+                    rec["skipped"][name] = (
+                        f"would take about {projected:.0f} s (over --max-projected {cfg['max_projected']:.0f} s)"
+                    )
                     continue
             wd.arm(f"warm-up of {name}", limit)
             ad.map(fn, items[: 2 * workers])
@@ -747,7 +766,16 @@ def run_child(system: str, cfg: dict, python: str, prefix: list[str], scratch: s
     env["JUPYTER_RUNTIME_DIR"] = os.path.join(scratch, "runtime")
     env["IPYTHONDIR"] = os.path.join(scratch, "ipython")
     env["PYTHONWARNINGS"] = "ignore"
-    cmd = prefix + [python, os.path.abspath(__file__), "--child", system, "--child-config", cfg_path, "--child-out", out_path]
+    cmd = prefix + [
+        python,
+        os.path.abspath(__file__),
+        "--child",
+        system,
+        "--child-config",
+        cfg_path,
+        "--child-out",
+        out_path,
+    ]
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=scratch)
@@ -825,14 +853,24 @@ def summarise(records: list[dict], systems: list[str], workloads: list[str]) -> 
                 "cpu_rest_s": median([w.get("cpu", {}).get("rest_s") for w in ws]),
                 "correct": all(w.get("correct", False) for w in ws),
             }
-            for key in ("transfers_per_worker", "mb_transferred", "deserialisations", "on_over_off", "wall_off_s", "efficiency_off"):
+            for key in (
+                "transfers_per_worker",
+                "mb_transferred",
+                "deserialisations",
+                "on_over_off",
+                "wall_off_s",
+                "efficiency_off",
+            ):
                 if key in ws[0]:
                     cell[key] = median([w.get(key) for w in ws])
             chunks = [w["job"]["chunks"] for w in ws if w.get("job") and w["job"].get("chunks") is not None]
             if chunks:
                 cell["chunks"] = median(chunks)
-            for base, key, field in (("mp", "ratio_to_mp", "wall_s"), ("ipp", "speedup_vs_ipp", "wall_s"),
-                                     ("ipp", "overhead_speedup_vs_ipp", "overhead_us_per_item")):
+            for base, key, field in (
+                ("mp", "ratio_to_mp", "wall_s"),
+                ("ipp", "speedup_vs_ipp", "wall_s"),
+                ("ipp", "overhead_speedup_vs_ipp", "overhead_us_per_item"),
+            ):
                 ratios = []
                 for k in reps:
                     mine, theirs = by.get((s, k)), by.get((base, k))
@@ -845,8 +883,11 @@ def summarise(records: list[dict], systems: list[str], workloads: list[str]) -> 
                 cell[key] = median(ratios)
             row["workloads"][name] = cell
         for base, key in (("mp", "startup_ratio_to_mp"),):
-            ratios = [by[(s, k)]["startup_s"] / by[(base, k)]["startup_s"] for k in reps
-                      if (s, k) in by and (base, k) in by and by[(s, k)].get("startup_s") and by[(base, k)].get("startup_s")]
+            ratios = [
+                by[(s, k)]["startup_s"] / by[(base, k)]["startup_s"]
+                for k in reps
+                if (s, k) in by and (base, k) in by and by[(s, k)].get("startup_s") and by[(base, k)].get("startup_s")
+            ]
             row[key] = median(ratios)
         out[s] = row
     return out
@@ -879,15 +920,23 @@ def tables(summary: dict, systems: list[str], workloads: list[str]) -> str:
         ("bigarray s", lambda r: _w(r, "bigarray", "wall_s", "s")),
         ("bigarray transfers/worker", lambda r: _w(r, "bigarray", "transfers_per_worker")),
     ]
-    keep = {"noop": "noop µs/item", "noop100k": "noop100k µs/item", "sleep1ms": "sleep1ms eff",
-            "sleep10ms": "sleep10ms eff", "cpu10ms": "cpu10ms eff", "tail": "tail eff",
-            "bigarray": "bigarray"}
+    keep = {
+        "noop": "noop µs/item",
+        "noop100k": "noop100k µs/item",
+        "sleep1ms": "sleep1ms eff",
+        "sleep10ms": "sleep10ms eff",
+        "cpu10ms": "cpu10ms eff",
+        "tail": "tail eff",
+        "bigarray": "bigarray",
+    }
     cols = [c for c in main_cols if not any(c[0].startswith(v) and k not in workloads for k, v in keep.items())]
     lines = ["| system | " + " | ".join(c[0] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for s in systems:
         if s in summary:
             lines.append(f"| `{s}` | " + " | ".join(c[1](summary[s]) for c in cols) + " |")
-    ratio_wls = [w for w in ("noop", "noop100k", "sleep1ms", "sleep10ms", "cpu10ms", "tail", "bigarray") if w in workloads]
+    ratio_wls = [
+        w for w in ("noop", "noop100k", "sleep1ms", "sleep10ms", "cpu10ms", "tail", "bigarray") if w in workloads
+    ]
     if "mp" in summary:
         lines += _ratio_tables(summary, systems, workloads, ratio_wls)
     else:
@@ -899,7 +948,11 @@ def tables(summary: dict, systems: list[str], workloads: list[str]) -> str:
 
 
 def _ratio_tables(summary, systems, workloads, ratio_wls):
-    lines = ["", "Wall time ÷ `mp` (multiprocessing.Pool, chunksize=1), median of per-repetition ratios (< 1: faster than mp):", ""]
+    lines = [
+        "",
+        "Wall time ÷ `mp` (multiprocessing.Pool, chunksize=1), median of per-repetition ratios (< 1: faster than mp):",
+        "",
+    ]
     lines += ["| system | start-up | " + " | ".join(ratio_wls) + " |", "|---" * (len(ratio_wls) + 2) + "|"]
     for s in systems:
         if s in summary:
@@ -910,8 +963,12 @@ def _ratio_tables(summary, systems, workloads, ratio_wls):
 
 
 def _ipp_table(summary, systems, workloads):
-    lines = ["", "Speed-up over ipyparallel: wall (ipp wall ÷ system wall) and overhead per item "
-             "((wall − ideal) ÷ items, ipp ÷ system); target for jupyter_cluster ≥ 30× on noop and sleep1ms.", ""]
+    lines = [
+        "",
+        "Speed-up over ipyparallel: wall (ipp wall ÷ system wall) and overhead per item "
+        "((wall − ideal) ÷ items, ipp ÷ system); target for jupyter_cluster ≥ 30× on noop and sleep1ms.",
+        "",
+    ]
     sp_wls = [w for w in ("noop", "sleep1ms", "sleep10ms", "cpu10ms") if w in workloads]
     head = [f"{w} wall" for w in sp_wls] + [f"{w} overhead" for w in sp_wls if w != "noop"]
     lines += ["| system | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
@@ -1008,8 +1065,10 @@ def parent_main(args) -> int:
             raise SystemExit(f"unknown system {s!r}; choose from {', '.join(ALL_SYSTEMS)}.")
         py = python_for(s, args)
         if py is None:
-            unavailable[s] = (f"not installed in {args.peer_python} (build it with "
-                              "`bash ../shared/anchors-bench/setup_env.sh /tmp/anchors-venv`, or pass --peer-python)")
+            unavailable[s] = (
+                f"not installed in {args.peer_python} (build it with "
+                "`bash ../shared/anchors-bench/setup_env.sh /tmp/anchors-venv`, or pass --peer-python)"
+            )
         else:
             pythons[s] = py
     systems = [s for s in systems if s in pythons]
@@ -1022,16 +1081,25 @@ def parent_main(args) -> int:
     prefix = netns_prefix(args.netns)
     started = time.time()
     load_before = os.getloadavg()
-    print(f"{len(systems)} systems × {args.reps} repetitions, workloads {','.join(workloads)}, scale {args.scale}; "
-          f"logs in {scratch}; netns {'on' if prefix else 'off'}; load average {load_before[0]:.2f}", file=sys.stderr)
+    print(
+        f"{len(systems)} systems × {args.reps} repetitions, workloads {','.join(workloads)}, scale {args.scale}; "
+        f"logs in {scratch}; netns {'on' if prefix else 'off'}; load average {load_before[0]:.2f}",
+        file=sys.stderr,
+    )
     records = []
     for rep in range(args.reps):
-        order = systems[rep % len(systems):] + systems[: rep % len(systems)]
+        order = systems[rep % len(systems) :] + systems[: rep % len(systems)]
         for s in order:
             cfg = {
-                "rep": rep, "workers": args.workers, "scale": args.scale, "workloads": workloads,
-                "spin_loops": spin_loops, "big_mb": args.big_mb, "stage_timeout": args.stage_timeout,
-                "max_projected": args.max_projected, "scratch": scratch,
+                "rep": rep,
+                "workers": args.workers,
+                "scale": args.scale,
+                "workloads": workloads,
+                "spin_loops": spin_loops,
+                "big_mb": args.big_mb,
+                "stage_timeout": args.stage_timeout,
+                "max_projected": args.max_projected,
+                "scratch": scratch,
             }
             rec = run_child(s, cfg, pythons[s], prefix, scratch, args.child_timeout)
             rec["load_avg"] = os.getloadavg()
@@ -1043,20 +1111,32 @@ def parent_main(args) -> int:
     meta = {
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
         "duration_s": round(time.time() - started, 1),
-        "machine": {"cpus": os.cpu_count(), "memory_gib": _mem_gib(), "platform": platform.platform(),
-                    "python": platform.python_version()},
-        "load_avg_start": load_before, "load_avg_end": load_after,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "memory_gib": _mem_gib(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "load_avg_start": load_before,
+        "load_avg_end": load_after,
         "load_avg_during": median([r["load_avg"][0] for r in records]),
-        "workers": args.workers, "reps": args.reps, "scale": args.scale, "spin_loops": spin_loops,
-        "big_mb": args.big_mb, "netns": bool(prefix), "unavailable": unavailable,
+        "workers": args.workers,
+        "reps": args.reps,
+        "scale": args.scale,
+        "spin_loops": spin_loops,
+        "big_mb": args.big_mb,
+        "netns": bool(prefix),
+        "unavailable": unavailable,
         "describe": {r["system"]: r.get("describe") for r in records},
         "versions": {k: v for r in records for k, v in (r.get("versions") or {}).items()},
     }
     text = tables(summary, systems, workloads)
     goal = targets(summary)
-    header = (f"{meta['date_utc']} UTC, {meta['machine']['cpus']} CPUs, {meta['machine']['memory_gib']:.0f} GiB, "
-              f"{args.workers} workers × 1 thread, medians of {args.reps} repetitions, scale {args.scale}, "
-              f"load average {load_before[0]:.2f} → {load_after[0]:.2f} (median during {meta['load_avg_during']:.2f})")
+    header = (
+        f"{meta['date_utc']} UTC, {meta['machine']['cpus']} CPUs, {meta['machine']['memory_gib']:.0f} GiB, "
+        f"{args.workers} workers × 1 thread, medians of {args.reps} repetitions, scale {args.scale}, "
+        f"load average {load_before[0]:.2f} → {load_after[0]:.2f} (median during {meta['load_avg_during']:.2f})"
+    )
     report = header + "\n\n" + text + ("\n\nTargets (jupyter_cluster front ends):\n\n" + goal if goal else "")
     if unavailable:
         report += "\n\nNot run: " + "; ".join(f"`{s}` {why}" for s, why in unavailable.items())
@@ -1079,7 +1159,9 @@ def _mem_gib() -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma-separated (default: all available)")
     ap.add_argument("--workloads", default=",".join(ALL_WORKLOADS))
     ap.add_argument("--reps", type=int, default=5, help="repetitions (fresh child per system and repetition)")
@@ -1090,8 +1172,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write raw + summarised results as JSON")
     ap.add_argument("--md", help="write the tables as Markdown")
     ap.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="interpreter that has fiber / ray")
-    ap.add_argument("--netns", choices=["auto", "on", "off"], default="auto",
-                    help="run children in a private loopback-only network namespace (root + unshare)")
+    ap.add_argument(
+        "--netns",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="run children in a private loopback-only network namespace (root + unshare)",
+    )
     ap.add_argument("--max-projected", type=float, default=60.0, help="skip noop100k for systems slower than this")
     ap.add_argument("--stage-timeout", type=float, default=120.0)
     ap.add_argument("--child-timeout", type=float, default=900.0)

@@ -24,7 +24,10 @@ def main() -> None:
     st = events.TopicStore("bench", history=args.series * args.points)
     t0 = time.perf_counter()
     for m in range(args.series):
-        recs = [{"step": s, "time": 0.0, "series": {"member": m}, "values": {"reward": (s * 7919 % 1000) / 1000}} for s in range(args.points)]
+        recs = [
+            {"step": s, "time": 0.0, "series": {"member": m}, "values": {"reward": (s * 7919 % 1000) / 1000}}
+            for s in range(args.points)
+        ]
         for i in range(0, args.points, 1000):
             st.add(f"p{m}", i, recs[i : i + 1000])
     ingest = time.perf_counter() - t0
@@ -33,7 +36,11 @@ def main() -> None:
     model = st.model()
     first = time.perf_counter() - t0
     for m in range(args.series):
-        st.add(f"p{m}", args.points, [{"step": args.points, "time": 0.0, "series": {"member": m}, "values": {"reward": 0.5}}])
+        st.add(
+            f"p{m}",
+            args.points,
+            [{"step": args.points, "time": 0.0, "series": {"member": m}, "values": {"reward": 0.5}}],
+        )
     t0 = time.perf_counter()
     model = st.model()
     again = time.perf_counter() - t0
@@ -44,7 +51,9 @@ def main() -> None:
     points = sum(len(p) for p in model["scalars"]["reward"].values())
     print(f"{args.series} series x {args.points:,} points = {n:,} reports")
     print(f"  ingest: {ingest:.2f} s ({ingest / n * 1e6:.1f} us per report)")
-    print(f"  chart model: first {first * 1000:.0f} ms, after 1 new point per series {again * 1000:.0f} ms, unchanged {cached * 1000:.1f} ms")
+    print(
+        f"  chart model: first {first * 1000:.0f} ms, after 1 new point per series {again * 1000:.0f} ms, unchanged {cached * 1000:.1f} ms"
+    )
     print(f"  sent to the browser: {points:,} points, {len(payload) / 1e6:.2f} MB JSON per update")
 
 

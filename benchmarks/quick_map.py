@@ -60,7 +60,9 @@ def main() -> None:
             out = mapping.map(noop, range(100_000), client=handle)
             best = min(best, time.perf_counter() - t0)
             assert out[-1] == 99_999
-        print(f"{'100000 x no-op':<22} {best / 100_000 * 1e6:6.2f} us per item ({mapping.last_job().chunks_submitted} tasks)")
+        print(
+            f"{'100000 x no-op':<22} {best / 100_000 * 1e6:6.2f} us per item ({mapping.last_job().chunks_submitted} tasks)"
+        )
         gen_t0 = time.perf_counter()
         n = sum(1 for _ in mapping.imap(noop, (i for i in range(100_000)), client=handle))
         print(f"{'100000 x no-op (gen)':<22} {(time.perf_counter() - gen_t0) / n * 1e6:6.2f} us per item")

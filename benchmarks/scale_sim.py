@@ -126,7 +126,10 @@ class SimCluster:
         log = open(os.path.join(self.scratch, f"proc-{len(self.procs)}.log"), "w")
         p = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), *args],
-            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env,
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
         log.close()
         self.procs.append(p)
@@ -147,7 +150,9 @@ class SimCluster:
         self.hosts = []
         while left > 0:
             k = min(left, self.per_host)
-            self.hosts.append(self._spawn("--role", "host", "--address", self.address, "--count", str(k), "--name", f"h{h}"))
+            self.hosts.append(
+                self._spawn("--role", "host", "--address", self.address, "--count", str(k), "--name", f"h{h}")
+            )
             left -= k
             h += 1
         from distributed import Client
@@ -242,6 +247,7 @@ def run_engine(engine: str, cluster: SimCluster, args) -> dict:
             job = mapping.last_job()
             return out, job.chunks_submitted
     elif engine == "dask":
+
         def evaluate(pop):
             futures = client.map(wl.sleep_item, pop, pure=False)
             return client.gather(futures), len(futures)
@@ -324,20 +330,30 @@ def overshoot() -> float:
 def _write(path: str, args, loads: list, rows: list) -> None:
     skip = ("role", "addr_file", "address", "count", "name")
     with open(path + ".tmp", "w") as f:
-        json.dump({"args": {k: v for k, v in vars(args).items() if k not in skip}, "load_avg": loads, "rows": rows}, f, indent=1)
+        json.dump(
+            {"args": {k: v for k, v in vars(args).items() if k not in skip}, "load_avg": loads, "rows": rows},
+            f,
+            indent=1,
+        )
     os.replace(path + ".tmp", path)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--workers", default="32,64,128,256,512,1024", help="simulated worker counts")
     ap.add_argument("--engines", default="jc,dask")
     ap.add_argument("--iterations", type=int, default=50)
     ap.add_argument("--per-worker", type=int, default=2, help="rollouts per worker per iteration")
     ap.add_argument("--rollout-ms", type=float, default=50.0, help="mean rollout (sleep) duration")
     ap.add_argument("--per-host", type=int, default=64, help="workers per worker-host process")
-    ap.add_argument("--max-seconds", type=float, default=90.0,
-                    help="stop a configuration's iterations after this long (reported: iterations actually run)")
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=90.0,
+        help="stop a configuration's iterations after this long (reported: iterations actually run)",
+    )
     ap.add_argument("--quick", action="store_true", help="32 and 128 workers, 5 iterations")
     ap.add_argument("--out", help="write the results as JSON")
     ap.add_argument("--md", help="write the table as Markdown")
@@ -364,9 +380,11 @@ def main(argv=None) -> int:
     scratch = tempfile.mkdtemp(prefix="jc-scale-sim-")
     started = time.time()
     load0 = os.getloadavg()
-    print(f"scale simulation: workers {counts}, engines {engines}, {args.iterations} iterations, "
-          f"{args.per_worker} rollouts/worker of ~{args.rollout_ms:.0f} ms; logs in {scratch}; load {load0[0]:.2f}",
-          file=sys.stderr)
+    print(
+        f"scale simulation: workers {counts}, engines {engines}, {args.iterations} iterations, "
+        f"{args.per_worker} rollouts/worker of ~{args.rollout_ms:.0f} ms; logs in {scratch}; load {load0[0]:.2f}",
+        file=sys.stderr,
+    )
     rows = []
     for n in counts:
         cluster = SimCluster(n, args.per_host, scratch)
@@ -381,14 +399,19 @@ def main(argv=None) -> int:
                 rows.append(row)
                 if args.out:  # written after every configuration, so an interrupted run keeps its rows
                     _write(args.out, args, [load0], rows)
-                print(f"  {engine:5s} {n:5d} workers: {row['iteration_s']:.3f} s/iteration (ideal {row['ideal_s']:.3f}), "
-                      f"{row['tasks_per_s']:,.0f} tasks/s, efficiency {row['efficiency']:.0%}", file=sys.stderr)
+                print(
+                    f"  {engine:5s} {n:5d} workers: {row['iteration_s']:.3f} s/iteration (ideal {row['ideal_s']:.3f}), "
+                    f"{row['tasks_per_s']:,.0f} tasks/s, efficiency {row['efficiency']:.0%}",
+                    file=sys.stderr,
+                )
         finally:
             cluster.close()
     load1 = os.getloadavg()
-    header = (f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(started))} UTC, {os.cpu_count()} CPUs, "
-              f"{args.iterations} iterations, {args.per_worker} rollouts per worker of {args.rollout_ms:.0f} ms ± 50 %, "
-              f"{args.per_host} workers per host process, load average {load0[0]:.2f} → {load1[0]:.2f}")
+    header = (
+        f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(started))} UTC, {os.cpu_count()} CPUs, "
+        f"{args.iterations} iterations, {args.per_worker} rollouts per worker of {args.rollout_ms:.0f} ms ± 50 %, "
+        f"{args.per_host} workers per host process, load average {load0[0]:.2f} → {load1[0]:.2f}"
+    )
     text = header + "\n\n" + table(rows)
     print(text)
     if args.out:

@@ -142,8 +142,10 @@ def main() -> None:
         f"{args.bulk} x 1 MiB items": (_bulk, [bytes([i % 256]) * 2**20 for i in range(args.bulk)]),
     }
     # Both clusters stay up and runs alternate, so a busy machine slows both alike.
-    handles = {label: jc.start(workers=args.workers, threads=1, tls=tls, name=f"bench-{label}")
-               for label, tls in (("tcp", False), ("tls", True))}
+    handles = {
+        label: jc.start(workers=args.workers, threads=1, tls=tls, name=f"bench-{label}")
+        for label, tls in (("tcp", False), ("tls", True))
+    }
     times: dict[str, dict[str, list[float]]] = {name: {"tcp": [], "tls": []} for name in workloads}
     try:
         for name, (fn, items) in workloads.items():
@@ -158,13 +160,19 @@ def main() -> None:
     results = {name: {label: (min(t), statistics.median(t)) for label, t in by.items()} for name, by in times.items()}
 
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"TLS overhead, {args.workers} local workers, best (median) of {args.repeats}; load average {load}, {os.cpu_count()} cores")
+    print(
+        f"TLS overhead, {args.workers} local workers, best (median) of {args.repeats}; load average {load}, {os.cpu_count()} cores"
+    )
     print(f"{'workload':<24} {'tcp s':>14} {'tls s':>14} {'tls/tcp':>8}")
     for name, by in results.items():
         (tcp_best, tcp_med), (tls_best, tls_med) = by["tcp"], by["tls"]
-        print(f"{name:<24} {tcp_best:>6.3f} ({tcp_med:.3f}) {tls_best:>6.3f} ({tls_med:.3f}) {tls_best / tcp_best:>8.2f}")
+        print(
+            f"{name:<24} {tcp_best:>6.3f} ({tcp_med:.3f}) {tls_best:>6.3f} ({tls_med:.3f}) {tls_best / tcp_best:>8.2f}"
+        )
     tcp_echo, tls_echo = _raw_echo_row()
-    print(f"{'bare Dask comm, 1 MiB echo':<24} {tcp_echo * 1e3:>6.2f} ms       {tls_echo * 1e3:>6.2f} ms   {tls_echo / tcp_echo:>8.2f}")
+    print(
+        f"{'bare Dask comm, 1 MiB echo':<24} {tcp_echo * 1e3:>6.2f} ms       {tls_echo * 1e3:>6.2f} ms   {tls_echo / tcp_echo:>8.2f}"
+    )
     rows = _handshake_rows(args.connects)
     base = rows[0][2]
     print(f"\n{'connection':<36} {'make creds ms':>13} {'connect ms':>10} {'vs tcp':>7}")

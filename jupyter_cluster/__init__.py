@@ -53,16 +53,15 @@ def __getattr__(name: str):
 
 
 if not _in_dask_worker_process():
-    from .session import ClusterHandle, clusters, connect, current, start, stop
+    from .actors import actor
+    from .dqueue import Queue
+    from .events import metrics, report
     from .mapping import imap, last_job, map  # noqa: A004  (jupyter_cluster.map is the public map)
     from .pool import Pool
-    from .dqueue import Queue
-    from .actors import actor
-    from .events import metrics, report
-    from .widgets import launcher, show_metrics
-    from .spmd import spmd  # noqa: E402  (the function; import the module's other names with `from jupyter_cluster.spmd import ...`)
-
     from .progress import install as _install_progress  # noqa: E402
+    from .session import ClusterHandle, clusters, connect, current, start, stop
+    from .spmd import spmd  # noqa: E402  (the function; import the module's other names with `from jupyter_cluster.spmd import ...`)
+    from .widgets import launcher, show_metrics
 
     _install_progress()  # progress bars for every map, once the map engine is importable
 

@@ -35,7 +35,7 @@ class ActorCall(Generic[T]):
 
     __slots__ = ("_future", "_handle", "_method")
 
-    def __init__(self, future: Any, handle: "ActorHandle", method: str):
+    def __init__(self, future: Any, handle: ActorHandle, method: str):
         self._future = future
         self._handle = handle
         self._method = method
@@ -114,6 +114,7 @@ class ActorHandle:
         except AttributeError:
             attr = None  # an instance attribute, set in __init__: read it remotely
         if attr is not None and callable(attr):
+
             def call(*args: Any, **kwargs: Any) -> ActorCall:
                 try:
                     fut = getattr(self._actor, name)(*args, **kwargs)
@@ -161,7 +162,7 @@ class ActorHandle:
         if self._future is not None:
             self._future.release()
 
-    def __enter__(self) -> "ActorHandle":
+    def __enter__(self) -> ActorHandle:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -227,7 +228,9 @@ def create(
         Worker address(es) allowed to hold the object.
     """
     if not isinstance(cls, type):
-        raise TypeError(f"actor needs a class, not {type(cls).__name__}; pass the class itself, e.g. actor(Env, 'CartPole-v1').")
+        raise TypeError(
+            f"actor needs a class, not {type(cls).__name__}; pass the class itself, e.g. actor(Env, 'CartPole-v1')."
+        )
     client = _find_client(client)
     future = client.submit(cls, *args, actor=True, pure=False, workers=workers, **(kwargs or {}))
     dask_actor = future.result()

@@ -30,7 +30,8 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 
@@ -104,7 +105,7 @@ class CellFunction:
         ast.fix_missing_locations(tree)
         return compile(tree, self.filename, "exec", dont_inherit=True)
 
-    def prepare(self) -> "_PreparedCell":
+    def prepare(self) -> _PreparedCell:
         """Worker side: compile, import modules, unpickle small values (once per worker)."""
         lines = self.cell_text.splitlines(True)
         linecache.cache[self.filename] = (len(self.cell_text), None, lines, self.filename)
@@ -202,7 +203,11 @@ class _Capture:
         n = len(s)
         if self.size < MAX_OUTPUT_CHARS:
             room = MAX_OUTPUT_CHARS - self.size
-            self.buf.write(s if n <= room else s[:room] + f"\n[jupyter_cluster: output beyond {MAX_OUTPUT_CHARS:,} characters dropped]\n")
+            self.buf.write(
+                s
+                if n <= room
+                else s[:room] + f"\n[jupyter_cluster: output beyond {MAX_OUTPUT_CHARS:,} characters dropped]\n"
+            )
         self.size += n
         return n
 
@@ -414,7 +419,9 @@ def _worker_address() -> str | None:
         return None
 
 
-def run_chunk(token: str, blob: bytes | None, big: dict[str, Any] | None, items: list, star: bool, options: dict) -> tuple:
+def run_chunk(
+    token: str, blob: bytes | None, big: dict[str, Any] | None, items: list, star: bool, options: dict
+) -> tuple:
     """Run one chunk of items on a worker.
 
     Parameters

@@ -27,6 +27,8 @@ from .errors import ClusterError
 # slice's worth of scheduler-side waiting is left behind (an item it takes then
 # is lost), instead of a wait that lasts forever.
 _SLICE = 2.0
+
+
 def _find_client(client: Any = None) -> Any:
     """The client to talk to the scheduler with: given, the task's, or the session's."""
     if client is not None:
@@ -98,7 +100,7 @@ class Queue:
         self.maxsize = self._call("jc_queue_create", maxsize=max(maxsize, 0))
 
     @classmethod
-    def _attach(cls, name: str, maxsize: int) -> "Queue":
+    def _attach(cls, name: str, maxsize: int) -> Queue:
         self = cls.__new__(cls)
         self.name, self.maxsize = name, maxsize
         self._client = None
@@ -220,7 +222,7 @@ class Queue:
                 pass
         self._closed = True
 
-    def __enter__(self) -> "Queue":
+    def __enter__(self) -> Queue:
         return self
 
     def __exit__(self, *exc: Any) -> None:

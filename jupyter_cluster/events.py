@@ -41,7 +41,8 @@ import time
 import uuid
 from array import array
 from collections import deque
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from . import config
 
@@ -166,8 +167,16 @@ def validate(step: Any, topic: Any, series: Any, fields: dict[str, Any]) -> tupl
     TypeError
         With one sentence naming the bad argument and what is accepted.
     """
-    if not isinstance(topic, str) or not topic or len(topic) > 200 or any(ord(c) < 32 for c in topic) or not _text_ok(topic):
-        raise TypeError(f"report(): topic must be a non-empty string of printable characters (at most 200), not {topic!r:.60}.")
+    if (
+        not isinstance(topic, str)
+        or not topic
+        or len(topic) > 200
+        or any(ord(c) < 32 for c in topic)
+        or not _text_ok(topic)
+    ):
+        raise TypeError(
+            f"report(): topic must be a non-empty string of printable characters (at most 200), not {topic!r:.60}."
+        )
     if step is not None and type(step) is not int:
         s = None if isinstance(step, bool) else _scalar(step)
         if s is None:
@@ -182,12 +191,16 @@ def validate(step: Any, topic: Any, series: Any, fields: dict[str, Any]) -> tupl
     ident: dict[str, Any] = {}
     if series is not None:
         if not isinstance(series, dict):
-            raise TypeError(f"report(): series= must be a dict of identity fields such as {{'member': 3}}, not {type(series).__name__}.")
+            raise TypeError(
+                f"report(): series= must be a dict of identity fields such as {{'member': 3}}, not {type(series).__name__}."
+            )
         for k, v in series.items():
             if not isinstance(k, str) or not _text_ok(k):
                 raise TypeError(f"report(): series field names must be strings of valid text, not {k!r}.")
             s = None if isinstance(v, str) else _scalar(v)
-            if (isinstance(v, str) and _text_ok(v)) or (s is not None and not isinstance(s, float) and INT_MIN <= s <= INT_MAX):
+            if (isinstance(v, str) and _text_ok(v)) or (
+                s is not None and not isinstance(s, float) and INT_MIN <= s <= INT_MAX
+            ):
                 ident[k] = v if isinstance(v, str) else s
             else:
                 raise TypeError(
@@ -197,12 +210,18 @@ def validate(step: Any, topic: Any, series: Any, fields: dict[str, Any]) -> tupl
     values: dict[str, Any] = {}
     for k, v in fields.items():
         if not _text_ok(k):
-            raise TypeError(f"report(): field name {k!r} is not valid text (it holds a lone surrogate); use another name.")
+            raise TypeError(
+                f"report(): field name {k!r} is not valid text (it holds a lone surrogate); use another name."
+            )
         if isinstance(v, str):
             if len(v) > 200:
-                raise TypeError(f"report(): identity field {k!r} is a string of {len(v)} characters; at most 200 are allowed.")
+                raise TypeError(
+                    f"report(): identity field {k!r} is a string of {len(v)} characters; at most 200 are allowed."
+                )
             if not _text_ok(v):
-                raise TypeError(f"report(): identity field {k!r} is not valid text (it holds a lone surrogate): {v!r:.40}.")
+                raise TypeError(
+                    f"report(): identity field {k!r} is not valid text (it holds a lone surrogate): {v!r:.40}."
+                )
             ident[k] = v
             continue
         s = _scalar(v)
@@ -332,7 +351,9 @@ def _flush_on_worker(worker) -> None:
                 send({"op": "log-event", "topic": dask_topic, "msg": msg})
             else:  # pragma: no cover - older/newer distributed
                 worker.log_event(dask_topic, msg)
-        except Exception:  # a closing worker loses its last reports; the subscriber counts the gap only if later ones arrive
+        except (
+            Exception
+        ):  # a closing worker loses its last reports; the subscriber counts the gap only if later ones arrive
             logger.debug("could not send metrics batch on %s", dask_topic, exc_info=True)
 
 
@@ -397,7 +418,11 @@ def __getattr__(name: str):
 
 
 def _as_worker_plugin():
-    return __getattr__("_WorkerFlushPlugin")() if "_WorkerFlushPlugin" not in globals() else globals()["_WorkerFlushPlugin"]()
+    return (
+        __getattr__("_WorkerFlushPlugin")()
+        if "_WorkerFlushPlugin" not in globals()
+        else globals()["_WorkerFlushPlugin"]()
+    )
 
 
 # Kernel-side reports are published through the current cluster's client, in order.
@@ -691,7 +716,7 @@ class TopicStore:
         self._last_series: tuple[dict, str] | None = None
         self.received = 0
         self.version = 0
-        self._listeners: list[Callable[["TopicStore", list[dict]], None]] = []
+        self._listeners: list[Callable[[TopicStore, list[dict]], None]] = []
 
     # -- input -------------------------------------------------------------------
     def add(self, source: str, seq: int, records: list[dict], worker: str | None = None) -> int:
@@ -738,7 +763,9 @@ class TopicStore:
                     vals = dict(vals)
                 vals[name] = v
                 if col is None:
-                    col = columns[(name, key)] = self.vectors.setdefault(name, {})[key] = _VectorColumn(self.vector_history)
+                    col = columns[(name, key)] = self.vectors.setdefault(name, {})[key] = _VectorColumn(
+                        self.vector_history
+                    )
                 col.add(x, v)
             else:
                 if col is None:
@@ -746,7 +773,7 @@ class TopicStore:
                 col.add(x, float(v), self.history)
         self._rows.append((step, rec.get("time"), worker, key, vals))
 
-    def listen(self, callback: Callable[["TopicStore", list[dict]], None]) -> Callable[[], None]:
+    def listen(self, callback: Callable[[TopicStore, list[dict]], None]) -> Callable[[], None]:
         """Call ``callback(store, new_records)`` after every batch; returns a function that stops it."""
         with self._lock:
             self._listeners.append(callback)
@@ -821,7 +848,9 @@ class TopicStore:
     def summary(self) -> str:
         """A few lines of plain text: per value, the latest value of each series."""
         with self._lock:
-            lines = [f"metrics {self.topic!r}: {self.received} reports, {len(self.series)} series, {self.dropped} dropped"]
+            lines = [
+                f"metrics {self.topic!r}: {self.received} reports, {len(self.series)} series, {self.dropped} dropped"
+            ]
             for name, cols in sorted(self.scalars.items()):
                 parts = []
                 for key, col in sorted(cols.items())[:8]:
@@ -922,7 +951,9 @@ class Hub:
         topic = topic or msg.get("topic")
         if not isinstance(topic, str):
             return 0
-        n = self.store(topic).add(str(msg.get("source")), int(msg.get("seq", 0)), list(msg["records"]), msg.get("worker"))
+        n = self.store(topic).add(
+            str(msg.get("source")), int(msg.get("seq", 0)), list(msg["records"]), msg.get("worker")
+        )
         if topic not in self._seen:
             self._seen.add(topic)
             self._announce(topic)
@@ -1155,4 +1186,3 @@ def _reset_for_tests() -> None:
     """Forget every store (tests only)."""
     with _stores_lock:
         _stores.clear()
-

@@ -99,8 +99,18 @@ def _parser() -> argparse.ArgumentParser:
 
 # Backend-specific `start` flags, passed through as options; a backend that
 # does not take one refuses it (Backend.check_options).
-_BACKEND_FLAGS = ("gpus", "image", "namespace", "worker_cpu", "worker_memory", "worker_gpu", "env",
-                  "adapt_min", "adapt_max", "dry_run")
+_BACKEND_FLAGS = (
+    "gpus",
+    "image",
+    "namespace",
+    "worker_cpu",
+    "worker_memory",
+    "worker_gpu",
+    "env",
+    "adapt_min",
+    "adapt_max",
+    "dry_run",
+)
 
 # Extra sub-commands other modules add (e.g. "metrics"): name -> callable(shell, args list)
 EXTRA_COMMANDS: dict[str, Any] = {}
@@ -164,7 +174,9 @@ class ClusterMagics(Magics):
         if cmd == "use":
             handle = session.connect(args.name) if args.name in {h.name for h in session.handles()} else None
             if handle is None:
-                raise ClusterError(f"this kernel holds no cluster named {args.name!r}; attach with %cluster connect {args.name}.")
+                raise ClusterError(
+                    f"this kernel holds no cluster named {args.name!r}; attach with %cluster connect {args.name}."
+                )
             print(f"Current cluster: {handle.name!r}")
             return None
         if cmd == "scale":
@@ -175,7 +187,9 @@ class ClusterMagics(Magics):
         if cmd == "adapt":
             handle = session.get()
             handle.adapt(args.minimum, args.maximum)
-            print(f"{handle.name!r} now adapts between {args.minimum} and {args.maximum if args.maximum is not None else 'auto'} workers")
+            print(
+                f"{handle.name!r} now adapts between {args.minimum} and {args.maximum if args.maximum is not None else 'auto'} workers"
+            )
             return None
         if cmd == "restart":
             handle = session.get(args.name)
@@ -189,7 +203,9 @@ class ClusterMagics(Magics):
         # status
         handle = session.current()
         if handle is None:
-            print("No cluster in this kernel. Start one with %cluster start, or attach with %cluster connect ADDRESS|NAME.")
+            print(
+                "No cluster in this kernel. Start one with %cluster start, or attach with %cluster connect ADDRESS|NAME."
+            )
             return None
         return _display_handle(handle)
 

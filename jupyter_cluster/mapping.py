@@ -12,7 +12,8 @@ engine's public names.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from .engine.job import (  # noqa: F401  (re-exported: the engine's public names)
     MapJob,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import argparse
 import ast
-from functools import partial as functools_partial
 import shlex
+from functools import partial as functools_partial
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -165,7 +165,11 @@ def parse_header(header: str) -> tuple[str, str, set[str]]:
                 f"the %%parallel targets `{ast.get_source_segment(src, node.target)}` must be plain names "
                 "(tuple unpacking is fine), because they are bound on the workers."
             )
-    return ast.get_source_segment(src, node.target), ast.get_source_segment(src, node.iter), capture.target_names(node.target)
+    return (
+        ast.get_source_segment(src, node.target),
+        ast.get_source_segment(src, node.iter),
+        capture.target_names(node.target),
+    )
 
 
 def _parse_resources(text: str | None) -> dict[str, float] | None:
@@ -359,7 +363,9 @@ def _remote_renderer(shell, exc: BaseException, index: int, item: Any, frames: d
         tb = rebuild_traceback(frames, shell.user_ns)
         notes = getattr(exc, "__notes__", None)
         try:
-            exc.__notes__ = [f"%%parallel: item {index} ({mapping.abbreviate(item)}) failed{where}; details in {JOB_NAME}."]
+            exc.__notes__ = [
+                f"%%parallel: item {index} ({mapping.abbreviate(item)}) failed{where}; details in {JOB_NAME}."
+            ]
             return shell.InteractiveTB.structured_traceback(type(exc), exc, tb)
         finally:
             if notes is None:
@@ -411,16 +417,22 @@ class ParallelMagics(Magics):
         chunksize = _chunksize(args.chunksize)
         resources = _parse_resources(args.resources)
         try:  # the map engine's own checks (shared with Pool and jupyter_cluster.map), before anything runs
-            mapping.check_options(errors=args.errors, chunksize=chunksize, retries=args.retries, timeout=args.timeout, resources=resources)
+            mapping.check_options(
+                errors=args.errors, chunksize=chunksize, retries=args.retries, timeout=args.timeout, resources=resources
+            )
         except (ValueError, TypeError) as exc:
             raise UsageError(f"%%parallel: {exc}") from None
         if args.all_workers:
             if header:
-                raise CellError("--all-workers runs the cell once on every worker, so it takes no `TARGETS in ITERABLE`; drop the header.")
+                raise CellError(
+                    "--all-workers runs the cell once on every worker, so it takes no `TARGETS in ITERABLE`; drop the header."
+                )
             targets, bound = None, set()
         else:
             if not header:
-                raise CellError("%%parallel needs `TARGETS in ITERABLE`, e.g. `%%parallel seed in range(100)` (or --all-workers).")
+                raise CellError(
+                    "%%parallel needs `TARGETS in ITERABLE`, e.g. `%%parallel seed in range(100)` (or --all-workers)."
+                )
             targets, iter_src, bound = parse_header(header)
 
         filename, text = self._cell_filename(line, cell)
@@ -475,7 +487,13 @@ class ParallelMagics(Magics):
         options["chunksize"] = 1
         printer = _OutputPrinter(labels=[f"worker {w}" for w in workers])
         job = mapping.MapJob(
-            func, (workers,), label="%%parallel --all-workers", on_output=printer, retain=True, pin_workers=workers, **options
+            func,
+            (workers,),
+            label="%%parallel --all-workers",
+            on_output=printer,
+            retain=True,
+            pin_workers=workers,
+            **options,
         )
         job.pinned = workers
         self.shell.user_ns[JOB_NAME] = job

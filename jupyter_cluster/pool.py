@@ -23,8 +23,9 @@ import traceback
 import types
 import uuid
 import weakref
+from collections.abc import Callable, Iterable
 from multiprocessing import TimeoutError
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .engine.dask import SchedulerWatch, translate_error
 from .errors import ClusterError
@@ -96,7 +97,9 @@ def _run_initializer(pool_id: str, initializer: Callable, initargs: tuple) -> No
         try:
             init(*initargs)
         except BaseException as exc:
-            exc.add_note(f"(raised by the initializer of {pool_id}; the next task in this worker process tries it again)")
+            exc.add_note(
+                f"(raised by the initializer of {pool_id}; the next task in this worker process tries it again)"
+            )
             raise
         _init_names[pool_id] = frozenset(k for k, v in namespace.items() if k not in before or before[k] is not v)
         _initialized.add(pool_id)
@@ -161,7 +164,7 @@ class ApplyResult:
 
     __class_getitem__ = classmethod(types.GenericAlias)
 
-    def __init__(self, pool: "Pool", callback: Callable | None, error_callback: Callable | None):
+    def __init__(self, pool: Pool, callback: Callable | None, error_callback: Callable | None):
         self._pool = pool
         self._event = threading.Event()
         self._callback = callback
@@ -225,7 +228,7 @@ class IMapIterator:
 
     _ordered = True
 
-    def __init__(self, pool: "Pool", job: Any):
+    def __init__(self, pool: Pool, job: Any):
         self._pool = pool
         self._job = job
         self._lock = threading.Lock()
@@ -233,7 +236,7 @@ class IMapIterator:
         self._stop = threading.Event()
         self._done = False
 
-    def __iter__(self) -> "IMapIterator":
+    def __iter__(self) -> IMapIterator:
         return self
 
     def _check(self) -> None:
@@ -285,7 +288,9 @@ class IMapIterator:
             if self._buffer is not None:
                 return
             self._buffer = queue.Queue(maxsize=1)
-        threading.Thread(target=_feed, args=(self._job, self._buffer, self._stop), daemon=True, name="jupyter-cluster-imap").start()
+        threading.Thread(
+            target=_feed, args=(self._job, self._buffer, self._stop), daemon=True, name="jupyter-cluster-imap"
+        ).start()
 
     def __del__(self) -> None:
         # An abandoned iterator must not leave its map running on the cluster.
@@ -347,7 +352,7 @@ def _check_chunksize(chunksize: Any) -> Any:
     if isinstance(chunksize, bool) or not isinstance(chunksize, int):
         raise TypeError(f"chunksize must be an int, None or 'auto', not {type(chunksize).__name__}")
     if chunksize < 1:
-        raise ValueError("Chunksize must be 1+, not {0:n}".format(chunksize))
+        raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
     return chunksize
 
 
@@ -450,7 +455,10 @@ class Pool:
         self._scheduler_watch = SchedulerWatch(self._client)
         self._forgotten = False
         self._result_thread = threading.Thread(
-            target=_handle_results, args=(self._outbox, weakref.WeakMethod(self._watch_connection)), daemon=True, name=f"jupyter-cluster-{self._id}-results"
+            target=_handle_results,
+            args=(self._outbox, weakref.WeakMethod(self._watch_connection)),
+            daemon=True,
+            name=f"jupyter-cluster-{self._id}-results",
         )
         self._result_thread.start()
 
@@ -465,7 +473,7 @@ class Pool:
     def __reduce__(self):
         raise NotImplementedError("pool objects cannot be passed between processes or pickled")
 
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Pool:
         self._check_running()
         return self
 
@@ -648,7 +656,9 @@ class Pool:
     ) -> MapResult:
         """Start :meth:`map`; returns a :class:`MapResult` whose ``get()`` is the list."""
         self._check_running()
-        return self._map_async(self._task(func), iterable, chunksize, callback, error_callback, f"Pool.map_async({_funcname(func)})")
+        return self._map_async(
+            self._task(func), iterable, chunksize, callback, error_callback, f"Pool.map_async({_funcname(func)})"
+        )
 
     def starmap_async(
         self,
@@ -661,7 +671,12 @@ class Pool:
         """Start :meth:`starmap`; returns a :class:`MapResult`."""
         self._check_running()
         return self._map_async(
-            self._task(func, star=True), iterable, chunksize, callback, error_callback, f"Pool.starmap_async({_funcname(func)})"
+            self._task(func, star=True),
+            iterable,
+            chunksize,
+            callback,
+            error_callback,
+            f"Pool.starmap_async({_funcname(func)})",
         )
 
     def _map_async(
@@ -710,7 +725,13 @@ class Pool:
         # errors="collect": a failed item raises at its place and iteration
         # can go on past it, as with multiprocessing's iterators.
         job = self._job(
-            self._task(func), iterable, chunksize, f"Pool.{method}({_funcname(func)})", ordered=cls._ordered, errors="collect", retain=False
+            self._task(func),
+            iterable,
+            chunksize,
+            f"Pool.{method}({_funcname(func)})",
+            ordered=cls._ordered,
+            errors="collect",
+            retain=False,
         )
         it = cls(self, job)
         self._iterators.add(it)
@@ -841,4 +862,3 @@ def _handle_results(outbox: queue.SimpleQueue, watch: weakref.WeakMethod) -> Non
             del fn, args
             if entry is _NOTHING:
                 break
-

@@ -23,7 +23,8 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import config
 
@@ -36,7 +37,7 @@ TEXT_INTERVAL = 0.25
 PUBLISH_INTERVAL = 0.5
 
 #: the most recent observers (newest last), for inspection and tests
-recent: deque["ProgressObserver"] = deque(maxlen=16)
+recent: deque[ProgressObserver] = deque(maxlen=16)
 
 # None = choose by context; "widget", "text" or "none" forces one (tests, benchmarks)
 _forced_renderer: str | None = None
@@ -310,7 +311,9 @@ class ProgressObserver:
         self.renderer: Any = None
         self.client = _job_client(job) if publish else None
         cluster = getattr(job, "cluster", None)
-        self.cluster = cluster if isinstance(cluster, str) else (_cluster_name(self.client) if self.client is not None else None)
+        self.cluster = (
+            cluster if isinstance(cluster, str) else (_cluster_name(self.client) if self.client is not None else None)
+        )
         self._lock = threading.Lock()
         self._last_render = 0.0
         self._last_publish = 0.0
@@ -323,7 +326,11 @@ class ProgressObserver:
     def _render(self, final: bool = False) -> None:
         snap = self.model.snapshot()
         if self.renderer is None:
-            if not self.show or (not final and snap["elapsed"] < self.delay) or (final and snap["elapsed"] < self.delay):
+            if (
+                not self.show
+                or (not final and snap["elapsed"] < self.delay)
+                or (final and snap["elapsed"] < self.delay)
+            ):
                 return
             self.renderer = self._factory()
             if self.renderer is None:

@@ -73,7 +73,11 @@ class ClusterRecord:
             return False
         if uid != os.getuid() or "jupyter_cluster.server.host" not in cmdline:
             return False
-        return "--name" in cmdline and cmdline.index("--name") + 1 < len(cmdline) and cmdline[cmdline.index("--name") + 1] == self.name
+        return (
+            "--name" in cmdline
+            and cmdline.index("--name") + 1 < len(cmdline)
+            and cmdline[cmdline.index("--name") + 1] == self.name
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -188,6 +192,8 @@ def live_records(cleanup: bool = True) -> list[ClusterRecord]:
             records.append(record)
         elif cleanup:
             remove(record.name)
-            _remove_dashboard_socket((record.extra or {}).get("dashboard_socket") if isinstance(record.extra, dict) else None)
+            _remove_dashboard_socket(
+                (record.extra or {}).get("dashboard_socket") if isinstance(record.extra, dict) else None
+            )
     records.sort(key=lambda r: r.started)
     return records

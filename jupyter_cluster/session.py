@@ -11,14 +11,15 @@ from __future__ import annotations
 import atexit
 import html
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import config, registry
 from .backends import StartedCluster, get_backend
 from .errors import ClusterError
 
 _lock = threading.RLock()
-_handles: dict[str, "ClusterHandle"] = {}
+_handles: dict[str, ClusterHandle] = {}
 _current: str | None = None
 _owner_kind = "kernel"
 
@@ -72,7 +73,9 @@ class ClusterHandle:
         rec = self.attached_record
         if rec is None:
             return "attached by address"
-        owner = {"panel": "the JupyterLab cluster panel", "kernel": "another kernel"}.get(rec.owner_kind, "another process")
+        owner = {"panel": "the JupyterLab cluster panel", "kernel": "another kernel"}.get(
+            rec.owner_kind, "another process"
+        )
         return f"attached by name (started by {owner}, pid {rec.owner_pid})"
 
     def scheduler_gone(self) -> bool:
@@ -142,7 +145,9 @@ class ClusterHandle:
         if n < 0:
             raise ClusterError("the number of workers must be 0 or more.")
         if self.cluster is None:
-            raise ClusterError(f"cluster {self.name!r} was {self.attachment}, so it cannot be scaled from here; scale it where it was started.")
+            raise ClusterError(
+                f"cluster {self.name!r} was {self.attachment}, so it cannot be scaled from here; scale it where it was started."
+            )
         self._check_limit(n)
         self.cluster.scale(n)
 
@@ -313,9 +318,7 @@ def _validate_name(name: str) -> None:
     import re
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name):
-        raise ClusterError(
-            f"{name!r} is not a valid cluster name; use letters, digits, '-', '_' or '.' (at most 63)."
-        )
+        raise ClusterError(f"{name!r} is not a valid cluster name; use letters, digits, '-', '_' or '.' (at most 63).")
 
 
 # -- public API ----------------------------------------------------------------
@@ -347,11 +350,15 @@ def _probe_scheduler(address: str, timeout: float, security: Any) -> None:
     except (OSError, TimeoutError, FuturesTimeout, asyncio.TimeoutError) as exc:
         raise ClusterError(message) from exc
     except Exception as exc:  # e.g. a TLS handshake refused, a non-Dask peer
-        raise ClusterError(f"{address} did not answer as a Dask scheduler ({type(exc).__name__}: {exc}); check the address and credentials.") from exc
+        raise ClusterError(
+            f"{address} did not answer as a Dask scheduler ({type(exc).__name__}: {exc}); check the address and credentials."
+        ) from exc
     finally:
         pool.shutdown(wait=False)
     if identity.get("type") != "Scheduler":
-        raise ClusterError(f"{address} is a Dask {identity.get('type', 'server')}, not a scheduler; give the scheduler's address.")
+        raise ClusterError(
+            f"{address} is a Dask {identity.get('type', 'server')}, not a scheduler; give the scheduler's address."
+        )
 
 
 def _connect_client(started: StartedCluster, name: str):
@@ -629,4 +636,3 @@ def stop_all() -> None:
 
 
 atexit.register(stop_all)
-

@@ -310,7 +310,9 @@ def _make_group(handle, members: list[str], live: dict[str, dict], requested: st
     for addr, name in zip(members, names):
         info = infos.get(addr)
         if isinstance(info, BaseException) or info is None:
-            raise ClusterError(f"worker {name} could not be asked about torch ({info}); check the cluster with %cluster.")
+            raise ClusterError(
+                f"worker {name} could not be asked about torch ({info}); check the cluster with %cluster."
+            )
         if info.get("torch") is None or info.get("error"):
             raise ClusterError(
                 f"torch.distributed is not usable on worker {name} ({info.get('error')}); install torch in the workers' environment."
@@ -406,7 +408,9 @@ def prepare(handle, n: int | None = None, backend: str | None = None, notice: Ca
         same_members = alive and same_size and (n is not None or members == old.workers)
         # what the request means on the group's own ranks: `--backend gloo` after `auto` chose gloo keeps
         # the group, and nccl asked of its CPU ranks is refused here, before anything runs
-        same_backend = requested == old.requested or (same_members and choose_backend(requested, old.gpus, old.names) == old.backend)
+        same_backend = requested == old.requested or (
+            same_members and choose_backend(requested, old.gpus, old.names) == old.backend
+        )
         if same_members and same_backend:
             return old
         group = _make_group(handle, members, live, requested)
@@ -430,12 +434,20 @@ def _open_rendezvous(handle, group: Group, timeout: float) -> None:
     group.generation += 1
     addr0 = group.workers[0]
     ports = _run_on(
-        handle.client, _worker_module().open_store, group.id, group.generation, group.world_size, timeout,
-        workers=[addr0], timeout=60,
+        handle.client,
+        _worker_module().open_store,
+        group.id,
+        group.generation,
+        group.world_size,
+        timeout,
+        workers=[addr0],
+        timeout=60,
     )
     port = ports.get(addr0)
     if not isinstance(port, int):
-        raise ClusterError(f"rank 0's worker {group.names[0]} could not open the rendezvous port ({port}); check the cluster with %cluster.")
+        raise ClusterError(
+            f"rank 0's worker {group.names[0]} could not open the rendezvous port ({port}); check the cluster with %cluster."
+        )
     group.port = port
 
 
@@ -611,7 +623,9 @@ def run(
             if first_failure is not None:
                 if not interrupted_others and now - first_failure > FAILURE_GRACE_S:
                     interrupted_others = True
-                    _interrupt_ranks(handle, group, [r for r in range(group.world_size) if r not in results and r not in lost])
+                    _interrupt_ranks(
+                        handle, group, [r for r in range(group.world_size) if r not in results and r not in lost]
+                    )
                 elif interrupted_others and now - first_failure > FAILURE_GRACE_S + STOP_WAIT_S + 1.0:
                     break  # a rank stuck inside torch: the next cell restarts its worker
     except BaseException as exc:  # Ctrl-C, or anything else: no rank is left running unattended
@@ -686,8 +700,16 @@ def _result_of(fut, rank: int) -> dict:
         from .cellfunc import error_info
 
         now = time.time()
-        return {"rank": rank, "ok": False, "error": error_info(exc), "failed_at": now, "collateral": False,
-                "output": "", "started": now, "ended": now}
+        return {
+            "rank": rank,
+            "ok": False,
+            "error": error_info(exc),
+            "failed_at": now,
+            "collateral": False,
+            "output": "",
+            "started": now,
+            "ended": now,
+        }
 
 
 def _ship(client, group: Group, payload: dict[str, Any]) -> dict[str, Any]:

@@ -124,7 +124,9 @@ class SpmdMagics(Magics):
             # one line: the frames of the magic and the wait would only bury the notice above (and
             # rendering them took seconds on a busy machine, past the stop button's 2 s)
             if not hasattr(exc, "_render_traceback_"):
-                exc._render_traceback_ = lambda: ["\x1b[0;31mKeyboardInterrupt\x1b[0m: the %%spmd cell was interrupted; see the line above."]
+                exc._render_traceback_ = lambda: [
+                    "\x1b[0;31mKeyboardInterrupt\x1b[0m: the %%spmd cell was interrupted; see the line above."
+                ]
             raise
 
     spmd.__doc__ = "Run a cell on every worker as the ranks of a torch.distributed group.\n\n" + SPMD_USAGE
@@ -137,7 +139,11 @@ class SpmdMagics(Magics):
         cmd = words[0] if words else "status"
         if cmd == "reset" and len(words) == 1:
             had = reset()
-            print("%spmd: the group was torn down; the next %%spmd cell builds a new one." if had else "%spmd: there is no group to reset.")
+            print(
+                "%spmd: the group was torn down; the next %%spmd cell builds a new one."
+                if had
+                else "%spmd: there is no group to reset."
+            )
             return
         if cmd == "status" and len(words) <= 1:
             handle = session.current()

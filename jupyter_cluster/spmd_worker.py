@@ -117,7 +117,9 @@ class _Capture:
             return
         offset, self.sent = self.sent, len(text)
         try:
-            self.worker.log_event(OUTPUT_TOPIC, {"job": self.job, "rank": self.rank, "offset": offset, "text": text[offset:]})
+            self.worker.log_event(
+                OUTPUT_TOPIC, {"job": self.job, "rank": self.rank, "offset": offset, "text": text[offset:]}
+            )
         except Exception:  # the result still carries the output
             pass
 
@@ -156,7 +158,13 @@ def _install_streams() -> None:
 # -- run with client.run ----------------------------------------------------------------
 def probe() -> dict[str, Any]:
     """What this worker offers a rank: torch (version or import error), GPUs, host, pid."""
-    info: dict[str, Any] = {"pid": os.getpid(), "hostname": socket.gethostname(), "torch": None, "error": None, "gpus": 0}
+    info: dict[str, Any] = {
+        "pid": os.getpid(),
+        "hostname": socket.gethostname(),
+        "torch": None,
+        "error": None,
+        "gpus": 0,
+    }
     try:
         import torch
         import torch.distributed as dist
@@ -302,10 +310,14 @@ def _ensure_group(spec: dict[str, Any]) -> None:
         with st.lock:
             store = st.stores.get((spec["group"], spec["generation"]))
         if store is None:
-            raise RuntimeError("the rendezvous store of this %%spmd group is gone from rank 0's worker (was it restarted?)")
+            raise RuntimeError(
+                "the rendezvous store of this %%spmd group is gone from rank 0's worker (was it restarted?)"
+            )
     else:
         store = dist.TCPStore(spec["host"], spec["port"], spec["world_size"], is_master=False, timeout=timeout)
-    dist.init_process_group(spec["backend"], store=store, rank=spec["rank"], world_size=spec["world_size"], timeout=timeout)
+    dist.init_process_group(
+        spec["backend"], store=store, rank=spec["rank"], world_size=spec["world_size"], timeout=timeout
+    )
     st.generation = spec["generation"]
     st.timeout = spec["timeout"]
 
@@ -387,9 +399,18 @@ def run_rank(spec: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
         return _run_rank(spec, payload)
     except KeyboardInterrupt:  # an interrupt that landed as the cell was ending
         now = time.time()
-        return {"rank": spec["rank"], "pid": os.getpid(), "ok": False, "started": now, "ended": now, "failed_at": now,
-                "error": (None, "KeyboardInterrupt", "", "KeyboardInterrupt\n", None), "collateral": True,
-                "interrupted": True, "output": ""}
+        return {
+            "rank": spec["rank"],
+            "pid": os.getpid(),
+            "ok": False,
+            "started": now,
+            "ended": now,
+            "failed_at": now,
+            "error": (None, "KeyboardInterrupt", "", "KeyboardInterrupt\n", None),
+            "collateral": True,
+            "interrupted": True,
+            "output": "",
+        }
 
 
 def _run_rank(spec: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:

@@ -57,7 +57,7 @@ class JupyterProcess:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"token {self.token}"}
 
-    def start(self, timeout: float = 90) -> "JupyterProcess":
+    def start(self, timeout: float = 90) -> JupyterProcess:
         module = "jupyterlab" if self.app == "lab" else "jupyter_server"
         cmd = [
             sys.executable,

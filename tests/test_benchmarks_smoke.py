@@ -22,10 +22,28 @@ pytestmark = pytest.mark.timeout(120)
 def test_bench_peers_quick_runs_end_to_end(tmp_path):
     out = tmp_path / "peers.json"
     proc = subprocess.run(
-        [sys.executable, os.path.join(BENCH, "bench_peers.py"), "--quick", "--scale", "0.01",
-         "--systems", "mp,jc-map", "--workloads", "noop,sleep10ms,bigarray", "--big-mb", "2",
-         "--netns", "off", "--scratch", str(tmp_path / "scratch"), "--out", str(out)],
-        capture_output=True, text=True, timeout=110,
+        [
+            sys.executable,
+            os.path.join(BENCH, "bench_peers.py"),
+            "--quick",
+            "--scale",
+            "0.01",
+            "--systems",
+            "mp,jc-map",
+            "--workloads",
+            "noop,sleep10ms,bigarray",
+            "--big-mb",
+            "2",
+            "--netns",
+            "off",
+            "--scratch",
+            str(tmp_path / "scratch"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
@@ -47,9 +65,25 @@ def test_bench_peers_quick_runs_end_to_end(tmp_path):
 def test_scale_sim_quick_runs_end_to_end(tmp_path):
     out = tmp_path / "scale.json"
     proc = subprocess.run(
-        [sys.executable, os.path.join(BENCH, "scale_sim.py"), "--workers", "4", "--iterations", "2",
-         "--per-host", "4", "--rollout-ms", "5", "--engines", "jc,dask", "--out", str(out)],
-        capture_output=True, text=True, timeout=110,
+        [
+            sys.executable,
+            os.path.join(BENCH, "scale_sim.py"),
+            "--workers",
+            "4",
+            "--iterations",
+            "2",
+            "--per-host",
+            "4",
+            "--rollout-ms",
+            "5",
+            "--engines",
+            "jc,dask",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())["rows"]

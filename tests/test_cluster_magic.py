@@ -9,6 +9,7 @@ from IPython.core.error import UsageError
 
 import jupyter_cluster as jc
 from jupyter_cluster import registry, session
+
 from .conftest import wait_for
 
 
@@ -26,7 +27,9 @@ def test_start_status_list_stop(ip, capsys):
     handle = run(ip, "start --workers 2 --threads 1 --memory-limit 1GiB --name sweep")
     assert handle.name == "sweep" and handle.backend == "local"
     assert handle.address.startswith("tls://127.0.0.1:")  # TLS by default (issue 18.2)
-    assert handle.dashboard_link and handle.dashboard_link.endswith("/jupyter-cluster/dashboard/sweep/status")  # through the Jupyter server
+    assert handle.dashboard_link and handle.dashboard_link.endswith(
+        "/jupyter-cluster/dashboard/sweep/status"
+    )  # through the Jupyter server
     model = handle.model()
     assert model["n_workers"] == 2 and model["cores"] == 2
     assert all(w["memory_limit"] == 2**30 for w in model["workers"])
@@ -223,14 +226,21 @@ def test_a_dead_scheduler_is_not_listed_is_a_clear_error_and_stops_fast(ip, caps
         capsys.readouterr()
         run(ip, "list")
         assert handle.name not in capsys.readouterr().out
-        with pytest.raises(UsageError, match=f"the scheduler of cluster '{handle.name}' .* has stopped or does not answer"):
+        with pytest.raises(
+            UsageError, match=f"the scheduler of cluster '{handle.name}' .* has stopped or does not answer"
+        ):
             ip.run_cell_magic("parallel", "x in range(3)", "x\n")
         t0 = time.monotonic()
         run(ip, "stop")
         assert time.monotonic() - t0 < 5
         if kind == "local":  # fast, and still no worker left behind
-            wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids),
-                     timeout=30, message="the workers to exit")
+            wait_for(
+                lambda: (
+                    not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+                ),
+                timeout=30,
+                message="the workers to exit",
+            )
         assert jc.current() is None or jc.current() is not handle
     finally:
         if not handle.closed:

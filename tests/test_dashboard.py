@@ -86,9 +86,21 @@ def test_another_os_user_cannot_open_the_dashboard_socket(dash_cluster):
         "except OSError as e:\n    print('REFUSED', type(e).__name__)\n"
     )
     out = subprocess.run(
-        ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups", sys.executable, "-c", code,
-         dash_cluster.extra["dashboard_socket"]],
-        capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"], "HOME": "/tmp"}, cwd="/",
+        [
+            "setpriv",
+            f"--reuid={nobody.pw_uid}",
+            f"--regid={nobody.pw_gid}",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            code,
+            dash_cluster.extra["dashboard_socket"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ["PATH"], "HOME": "/tmp"},
+        cwd="/",
     )
     assert "REFUSED PermissionError" in out.stdout, out.stdout + out.stderr
 
@@ -112,11 +124,16 @@ def test_dashboard_is_served_through_the_authenticated_server(server, dash_clust
     assert r.headers["Content-Type"].startswith("text/html")
     # the dashboard's own redirect stays under the route
     r = requests.get(_proxy_url(server, "dash-t", ""), headers=server.headers, timeout=30, allow_redirects=False)
-    assert r.status_code in (301, 302) and r.headers["Location"] in ("status", "/jc/jupyter-cluster/dashboard/dash-t/status")
+    assert r.status_code in (301, 302) and r.headers["Location"] in (
+        "status",
+        "/jc/jupyter-cluster/dashboard/dash-t/status",
+    )
     # no credentials, or wrong ones: Jupyter's auth answers, the dashboard never does
     r = requests.get(_proxy_url(server, "dash-t"), timeout=30, allow_redirects=False)
     assert r.status_code == 302 and r.headers["Location"].startswith("/jc/login")
-    r = requests.get(_proxy_url(server, "dash-t"), headers={"Authorization": "token wrong"}, timeout=30, allow_redirects=False)
+    r = requests.get(
+        _proxy_url(server, "dash-t"), headers={"Authorization": "token wrong"}, timeout=30, allow_redirects=False
+    )
     assert r.status_code in (302, 403)
     # unknown or hostile names
     for name in ("no-such-cluster", "..%2F..%2Fetc"):
@@ -155,7 +172,9 @@ def test_dashboard_websockets_are_relayed(server, dash_cluster):
 
 def test_panel_cluster_links_its_dashboard_under_the_servers_base_url(server):
     """A process the server starts (the panel's host) finds the server's base_url for its link."""
-    r = requests.post(server.api("clusters"), json={"name": "dash-panel", "workers": 1}, headers=server.headers, timeout=180)
+    r = requests.post(
+        server.api("clusters"), json={"name": "dash-panel", "workers": 1}, headers=server.headers, timeout=180
+    )
     assert r.status_code == 201, r.text
     try:
         record = registry.read("dash-panel")
@@ -174,4 +193,3 @@ def test_stopping_removes_the_socket_and_its_folder():
     assert os.path.exists(sock)
     handle.close()
     assert not os.path.exists(os.path.dirname(sock))
-

@@ -48,7 +48,14 @@ def worker_tls_args(handle) -> list[str]:
     if not handle.address.startswith("tls://"):
         return []
     sec = handle.client.security
-    return ["--tls-ca-file", sec.tls_ca_file, "--tls-cert", sec.tls_client_cert, "--tls-key", sec.tls_client_key or sec.tls_client_cert]
+    return [
+        "--tls-ca-file",
+        sec.tls_ca_file,
+        "--tls-cert",
+        sec.tls_client_cert,
+        "--tls-key",
+        sec.tls_client_key or sec.tls_client_cert,
+    ]
 
 
 def test_a_map_runs_on_leases_and_the_scheduler_sees_one_task_per_thread(cluster):
@@ -71,7 +78,8 @@ def test_leases_end_after_their_client_process_is_killed(cluster, tmp_path):
     client = cluster.client
     sec = client.security
     script = tmp_path / "owner.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import time
         from distributed import Client
         from distributed.security import Security
@@ -87,11 +95,16 @@ def test_leases_end_after_their_client_process_is_killed(cluster, tmp_path):
                 if {cluster.address!r}.startswith("tls://") else None
             c = Client({cluster.address!r}, security=security)
             jc.map(nap, range(100000), client=c, progress=False)
-    """))
+    """)
+    )
     wait_for(lambda: no_leases(client), timeout=15, message="earlier leases to end")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: sum(len(v) for v in leases_running(client).values()) == 2, timeout=60, message="the owner's 2 leases to run")
+        wait_for(
+            lambda: sum(len(v) for v in leases_running(client).values()) == 2,
+            timeout=60,
+            message="the owner's 2 leases to run",
+        )
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         killed = time.monotonic()
@@ -114,7 +127,9 @@ def test_a_plain_task_gets_a_free_thread_and_never_shares_a_leased_one(cluster):
     # A pool capped at 1 process leases 1 of the 2 threads: a plain task gets the other at once.
     with jc.Pool(processes=1, cluster=cluster, progress=False) as pool:
         result = pool.map_async(interval, range(60))
-        wait_for(lambda: sum(len(v) for v in leases_running(client).values()) == 1, timeout=30, message="the pool's lease")
+        wait_for(
+            lambda: sum(len(v) for v in leases_running(client).values()) == 1, timeout=30, message="the pool's lease"
+        )
         t0 = time.monotonic()
         assert client.submit(os.getpid, pure=False).result(timeout=10) > 0
         assert time.monotonic() - t0 < 3
@@ -144,6 +159,7 @@ def test_leases_of_a_gpu_map_land_only_on_workers_with_the_resource(cluster):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
+
         def gpu_workers():
             info = client.scheduler_info(n_workers=-1)["workers"]
             return [a for a, w in info.items() if w.get("resources", {}).get("GPU")]
@@ -163,7 +179,9 @@ def test_leases_of_a_gpu_map_land_only_on_workers_with_the_resource(cluster):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    wait_for(lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 2, timeout=30, message="the GPU worker to leave")
+    wait_for(
+        lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 2, timeout=30, message="the GPU worker to leave"
+    )
 
 
 def test_the_direct_path_uses_the_clusters_tls_and_refuses_a_client_without_credentials(cluster):

@@ -8,8 +8,9 @@ import uuid
 
 import pytest
 
-from .conftest import wait_for
 from jupyter_cluster import events
+
+from .conftest import wait_for
 
 
 def _topic(name: str) -> str:
@@ -41,7 +42,10 @@ def test_report_rejects_bad_values_with_one_clear_type_error(kwargs, fragment):
 def test_report_accepts_numpy_scalars_arrays_and_identity_fields():
     np = pytest.importorskip("numpy")
     step, series, values = events.validate(
-        np.int64(4), "t", None, {"member": 3, "run": "lr=0.1", "reward": np.float32(1.5), "load": np.arange(3), "ok": True}
+        np.int64(4),
+        "t",
+        None,
+        {"member": 3, "run": "lr=0.1", "reward": np.float32(1.5), "load": np.arange(3), "ok": True},
     )
     assert step == 4 and type(step) is int
     assert series == {"member": 3, "run": "lr=0.1"}
@@ -95,7 +99,9 @@ def test_model_of_100_series_is_downsampled_but_keeps_peaks():
     st = events.TopicStore("big")
     n = 1000
     for member in range(100):
-        recs = [{"step": s, "time": 0.0, "series": {"member": member}, "values": {"v": float(s % 97)}} for s in range(n)]
+        recs = [
+            {"step": s, "time": 0.0, "series": {"member": member}, "values": {"v": float(s % 97)}} for s in range(n)
+        ]
         recs[567]["values"]["v"] = 1e6  # a spike must survive downsampling
         st.add(f"p{member}", 0, recs)
     t0 = time.perf_counter()
@@ -116,7 +122,10 @@ def test_model_of_100_series_is_downsampled_but_keeps_peaks():
 
 def test_store_model_heatmap_rows_and_json_safe_values():
     st = events.TopicStore("moe")
-    recs = [{"step": s, "time": 0.0, "series": {}, "values": {"tokens": [s, 2 * s, float("nan")], "loss": float("inf")}} for s in range(5)]
+    recs = [
+        {"step": s, "time": 0.0, "series": {}, "values": {"tokens": [s, 2 * s, float("nan")], "loss": float("inf")}}
+        for s in range(5)
+    ]
     st.add("x", 0, recs)
     m = st.model()
     assert m["vectors"]["tokens"]["all"]["steps"] == [0, 1, 2, 3, 4]
@@ -203,7 +212,14 @@ def test_late_subscriber_gets_the_schedulers_backlog_and_an_exact_dropped_count(
 
     keep = 100  # events the scheduler keeps per topic (1,000 by default)
     with dask.config.set({"distributed.admin.low-level-log-length": keep}):
-        small = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://", host="127.0.0.1", dashboard_address="127.0.0.1:0")
+        small = LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=False,
+            protocol="tcp://",
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+        )
     try:
         n = keep + 37
         topic = _topic("late")
@@ -235,7 +251,11 @@ def test_reports_made_in_the_notebook_reach_other_subscribers(cluster):
         topic = _topic("from-kernel")
         events.report(step=1, topic=topic, member=5, acc=0.5)
         assert events.store(topic).received == 1  # at once in this kernel
-        wait_for(lambda: topic in stores and stores[topic].received == 1, timeout=10, message="the kernel's report at another client")
+        wait_for(
+            lambda: topic in stores and stores[topic].received == 1,
+            timeout=10,
+            message="the kernel's report at another client",
+        )
         row = stores[topic].rows()[0]
         assert (row["step"], row["member"], row["acc"]) == (1, 5, 0.5)
         hub.detach()
@@ -262,7 +282,9 @@ def test_report_rejects_what_msgpack_cannot_send(kwargs, fragment):
 
 
 def test_report_converts_huge_integer_values_to_floats():
-    step, ident, values = events.validate(3, "t", None, {"big": 2**100, "neg": -(2**70), "vec": [2**65, 1], "ok": 2**63})
+    step, ident, values = events.validate(
+        3, "t", None, {"big": 2**100, "neg": -(2**70), "vec": [2**65, 1], "ok": 2**63}
+    )
     assert values == {"big": float(2**100), "neg": float(-(2**70)), "vec": [float(2**65), 1.0], "ok": 2**63}
     assert type(values["big"]) is float and type(values["neg"]) is float and type(values["ok"]) is int
 

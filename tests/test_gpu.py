@@ -40,7 +40,9 @@ def test_configured_devices_win(monkeypatch):
         assert local.visible_gpus() == ["4", "5"]
         assert local.select_gpus(True) == ["4", "5"]
         assert local.select_gpus("5") == ["5"]
-        with pytest.raises(ClusterError, match=r"--gpus 7 does not name distinct visible GPUs; the visible ones are 4, 5\."):
+        with pytest.raises(
+            ClusterError, match=r"--gpus 7 does not name distinct visible GPUs; the visible ones are 4, 5\."
+        ):
             local.select_gpus("7")
         with pytest.raises(ClusterError, match="distinct"):
             local.select_gpus("4,4")
@@ -106,7 +108,8 @@ def test_gpu_cluster_pins_workers_and_places_items(ip, capsys):
 
         # A %%parallel cell asking for a GPU runs on the pinned workers.
         ip.run_cell_magic(
-            "parallel", "i in range(4) --resources GPU=1 --out gpu_pins --no-progress",
+            "parallel",
+            "i in range(4) --resources GPU=1 --out gpu_pins --no-progress",
             "import os\n(i, os.environ.get('CUDA_VISIBLE_DEVICES'))\n",
         )
         got = ip.user_ns["gpu_pins"]
@@ -125,4 +128,3 @@ def test_cuda_cluster_used_when_installed():
         from dask_cuda import LocalCUDACluster
 
         assert local._cuda_cluster_class() is LocalCUDACluster
-

@@ -89,7 +89,9 @@ def _interrupt_busy_kernel(km, kc, code: str = "import time\ntime.sleep(60)") ->
 
 def test_stop_button_leaves_the_local_cluster_working(kernel):
     km, kc = kernel
-    _execute(kc, "%load_ext jupyter_cluster\n%cluster start --workers 2 --name stop-button\nimport jupyter_cluster as jc")
+    _execute(
+        kc, "%load_ext jupyter_cluster\n%cluster start --workers 2 --name stop-button\nimport jupyter_cluster as jc"
+    )
     pids = _worker_pids(kc)
     assert len(pids) == 2
     # The button JupyterLab shows is this call: SIGINT to the kernel's process group.
@@ -112,7 +114,9 @@ def test_stop_button_leaves_the_local_cluster_working(kernel):
 def test_interrupts_while_workers_start_do_not_kill_them(kernel):
     """No window at start-up: a worker process ignores SIGINT from its first instruction."""
     km, kc = kernel
-    _execute(kc, "%load_ext jupyter_cluster\n%cluster start --workers 1 --name startup-window\nimport jupyter_cluster as jc")
+    _execute(
+        kc, "%load_ext jupyter_cluster\n%cluster start --workers 1 --name startup-window\nimport jupyter_cluster as jc"
+    )
     kernel_pid = km.provisioner.process.pid
     pgid = os.getpgid(kernel_pid)
     _execute(kc, "jc.current().scale(3)")  # returns at once; two worker processes are spawning now
@@ -144,14 +148,19 @@ def test_interrupts_while_workers_start_do_not_kill_them(kernel):
         assert int(status["SigBlk"], 16) & bit, f"worker {pid} does not block SIGINT"
         assert int(status["SigIgn"], 16) & bit, f"worker {pid} does not ignore SIGINT"
     _execute(kc, "assert jc.current().client.submit(sum, [1, 2]).result() == 3\n%cluster stop")
-    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids),
-             timeout=30, message="workers to exit after %cluster stop")
+    wait_for(
+        lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids),
+        timeout=30,
+        message="workers to exit after %cluster stop",
+    )
 
 
 def test_stop_button_during_cluster_start_leaves_nothing_running(kernel):
     """Pressed while `%cluster start` runs: the cell ends, and no worker, record or key is left."""
     km, kc = kernel
-    _execute(kc, "%load_ext jupyter_cluster\nimport jupyter_cluster as jc, distributed")  # imports done: the start itself is interrupted
+    _execute(
+        kc, "%load_ext jupyter_cluster\nimport jupyter_cluster as jc, distributed"
+    )  # imports done: the start itself is interrupted
     kernel_pid = km.provisioner.process.pid
     for delay in (0.2, 0.5, 0.8, 1.2):  # in the imports, in LocalCluster(), while workers spawn, waiting for them
         msg_id = kc.execute("%cluster start --workers 2 --name half-started")
@@ -170,15 +179,25 @@ def test_stop_button_during_cluster_start_leaves_nothing_running(kernel):
         _execute(kc, "%cluster stop half-started" if _registered(kc, "half-started") else "pass")
 
         def workers_left():
-            return [p for p in psutil.Process(kernel_pid).children(recursive=True)
-                    if "resource_tracker" not in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE]
+            return [
+                p
+                for p in psutil.Process(kernel_pid).children(recursive=True)
+                if "resource_tracker" not in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE
+            ]
 
-        wait_for(lambda: not workers_left(), timeout=30, message=f"no worker process left after a start interrupted at {delay} s")
-        _execute(kc, "from jupyter_cluster import registry, session\n"
-                     "import os\n"
-                     "assert session.handles() == [], session.handles()\n"
-                     "left = [f for f in os.listdir(registry.registry_dir()) if f.startswith('half-started')]\n"
-                     "assert not left, left")
+        wait_for(
+            lambda: not workers_left(),
+            timeout=30,
+            message=f"no worker process left after a start interrupted at {delay} s",
+        )
+        _execute(
+            kc,
+            "from jupyter_cluster import registry, session\n"
+            "import os\n"
+            "assert session.handles() == [], session.handles()\n"
+            "left = [f for f in os.listdir(registry.registry_dir()) if f.startswith('half-started')]\n"
+            "assert not left, left",
+        )
 
 
 def _registered(kc, name: str) -> bool:

@@ -44,7 +44,12 @@ def _crd_schema(kind: str) -> dict:
 
     path = os.path.join(
         os.path.dirname(dask_kubernetes.__file__),
-        "operator", "deployment", "helm", "dask-kubernetes-operator", "crds", f"{kind}.yaml",
+        "operator",
+        "deployment",
+        "helm",
+        "dask-kubernetes-operator",
+        "crds",
+        f"{kind}.yaml",
     )
     with open(path) as f:
         crd = yaml.safe_load(f)
@@ -168,7 +173,9 @@ def test_options_land_where_kubernetes_reads_them():
     assert args[args.index("--nthreads") + 1] == "4"
     assert args[args.index("--memory-limit") + 1] == str(16 * 2**30)
     assert args[args.index("--resources") + 1] == "GPU=2"
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in doc["spec"]["worker"]["spec"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in doc["spec"]["worker"]["spec"][
+        "tolerations"
+    ]
 
 
 def test_fractional_cpu_and_decimal_memory():
@@ -327,9 +334,14 @@ class FakeKubernetesAPI:
     @staticmethod
     def _not_found(kind, name):
         return 404, {
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": f'{kind} "{name}" not found', "reason": "NotFound",
-            "details": {"name": name, "kind": kind}, "code": 404,
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": f'{kind} "{name}" not found',
+            "reason": "NotFound",
+            "details": {"name": name, "kind": kind},
+            "code": 404,
         }
 
     def respond(self, method, path, query, body):
@@ -341,9 +353,20 @@ class FakeKubernetesAPI:
         if path.rstrip("/") == "/api":
             return 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
         if path.rstrip("/") == "/api/v1":
-            return 200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-                {"name": n, "singularName": n[:-1], "namespaced": True, "kind": k, "verbs": ["get", "list", "watch"]}
-                for n, k in (("pods", "Pod"), ("services", "Service"))]}
+            return 200, {
+                "kind": "APIResourceList",
+                "groupVersion": "v1",
+                "resources": [
+                    {
+                        "name": n,
+                        "singularName": n[:-1],
+                        "namespaced": True,
+                        "kind": k,
+                        "verbs": ["get", "list", "watch"],
+                    }
+                    for n, k in (("pods", "Pod"), ("services", "Service"))
+                ],
+            }
         if path.rstrip("/") == "/apis":
             return 200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
         if path.startswith("/apis/kubernetes.dask.org/v1/namespaces/"):
@@ -378,8 +401,12 @@ class FakeKubernetesAPI:
                 selector = params.get("fieldSelector", [""])[0]
                 wanted = {s.split("=", 1)[1] for s in selector.split(",") if s.startswith("metadata.name=")}
                 items = [c for n, c in self.clusters.items() if not wanted or n in wanted]
-                return 200, {"apiVersion": "kubernetes.dask.org/v1", "kind": "DaskClusterList",
-                             "metadata": {"resourceVersion": "1"}, "items": items}
+                return 200, {
+                    "apiVersion": "kubernetes.dask.org/v1",
+                    "kind": "DaskClusterList",
+                    "metadata": {"resourceVersion": "1"},
+                    "items": items,
+                }
             if name not in self.clusters:
                 return self._not_found("daskclusters.kubernetes.dask.org", name)
             if method == "DELETE":
@@ -395,7 +422,8 @@ class FakeKubernetesAPI:
             fields = dict(f.split("=", 1) for f in params.get("fieldSelector", [""])[0].split(",") if "=" in f)
             labels = dict(s.split("=", 1) for s in selector.split(",") if "=" in s)
             items = [
-                o for o in objects
+                o
+                for o in objects
                 if all(o["metadata"]["labels"].get(k) == v for k, v in labels.items())
                 and ("status.phase" not in fields or o["status"].get("phase") == fields["status.phase"])
                 and ("metadata.name" not in fields or o["metadata"]["name"] == fields["metadata.name"])
@@ -531,15 +559,23 @@ def live_scheduler(fake_api):
 def test_start_through_the_operator_then_adapt_and_stop(fake_api, live_scheduler, validators):
     address, service = live_scheduler
     fake_api.reset("pods", [recorded("pod_scheduler_running.json"), recorded("pod_running.json")], [service])
-    handle = jc.start(backend="kubernetes", name="kubernetes-1", workers=2, worker_memory="2GiB",
-                      env=["OMP_NUM_THREADS=1"], adapt_min=1, adapt_max=3)
+    handle = jc.start(
+        backend="kubernetes",
+        name="kubernetes-1",
+        workers=2,
+        worker_memory="2GiB",
+        env=["OMP_NUM_THREADS=1"],
+        adapt_min=1,
+        adapt_max=3,
+    )
     try:
         assert handle.backend == "kubernetes" and handle.address == address
         assert handle.client.submit(sum, [1, 2, 3]).result() == 6
         # What reached the API server is what --dry-run shows, and valid.
         created = fake_api.clusters["kubernetes-1"]
-        expected = k8s.resources(name="kubernetes-1", workers=2, worker_memory="2GiB", env=["OMP_NUM_THREADS=1"],
-                                 adapt_min=1, adapt_max=3)
+        expected = k8s.resources(
+            name="kubernetes-1", workers=2, worker_memory="2GiB", env=["OMP_NUM_THREADS=1"], adapt_min=1, adapt_max=3
+        )
         assert created["spec"] == expected[0]["spec"]
         assert _errors(validators, created) == []
         autoscaler = fake_api.autoscalers["kubernetes-1"]
@@ -557,7 +593,9 @@ def test_start_through_the_operator_then_adapt_and_stop(fake_api, live_scheduler
 def test_worker_pods_that_cannot_be_scheduled(fake_api, live_scheduler):
     """The scheduler comes up, the GPU workers never fit anywhere."""
     _, service = live_scheduler
-    fake_api.reset("pods", [recorded("pod_scheduler_running.json"), recorded("pod_worker_unschedulable.json")], [service])
+    fake_api.reset(
+        "pods", [recorded("pod_scheduler_running.json"), recorded("pod_worker_unschedulable.json")], [service]
+    )
     message = _start_error(worker_gpu=1)
     assert message.startswith("the worker pod kubernetes-1-default-worker-7d2e9f1a0b has been pending for")
     assert "4 Insufficient nvidia.com/gpu" in message and "--worker-gpu" in message
@@ -584,7 +622,9 @@ def test_no_kubeconfig_and_not_in_a_cluster(tmp_path):
 def test_diagnose_pods_on_recorded_pod_states():
     pull = recorded("pod_err_image_pull.json")
     msg = k8s.diagnose_pods([recorded("pod_running.json"), pull], pending_for=0, pending_timeout=60)
-    assert msg.startswith("the worker pod kubernetes-1-default-worker-5f9a0c3e1b cannot pull image 'registry.internal/ml/dask-gpu:1.4'")
+    assert msg.startswith(
+        "the worker pod kubernetes-1-default-worker-5f9a0c3e1b cannot pull image 'registry.internal/ml/dask-gpu:1.4'"
+    )
     assert "no basic auth credentials" in msg and "imagePullSecrets" in msg
     # Pending is normal for a while (nodes scale up, images download) ...
     unschedulable = recorded("pod_unschedulable.json")
@@ -602,10 +642,20 @@ def test_explain_recognises_only_what_it_knows():
     request = httpx.Request("POST", "https://k8s.example:6443/apis/kubernetes.dask.org/v1/namespaces/team/daskclusters")
     body = recorded("forbidden.json")
     forbidden = ServerError(body["message"], status=body, response=httpx.Response(403, json=body, request=request))
-    assert "does not allow system:serviceaccount:jhub:jupyter-alice to get daskclusters in namespace 'team-b'" in k8s.explain(forbidden)
-    conflict = {"kind": "Status", "status": "Failure", "reason": "AlreadyExists", "code": 409,
-                "message": 'daskclusters.kubernetes.dask.org "demo" already exists'}
-    err = ServerError(conflict["message"], status=conflict, response=httpx.Response(409, json=conflict, request=request))
+    assert (
+        "does not allow system:serviceaccount:jhub:jupyter-alice to get daskclusters in namespace 'team-b'"
+        in k8s.explain(forbidden)
+    )
+    conflict = {
+        "kind": "Status",
+        "status": "Failure",
+        "reason": "AlreadyExists",
+        "code": 409,
+        "message": 'daskclusters.kubernetes.dask.org "demo" already exists',
+    }
+    err = ServerError(
+        conflict["message"], status=conflict, response=httpx.Response(409, json=conflict, request=request)
+    )
     assert k8s.explain(err, "team").startswith("a DaskCluster with this name already exists in namespace 'team'")
     refused = httpx.ConnectError("[Errno 111] Connection refused", request=request)
     assert k8s.explain(refused).startswith("the Kubernetes API server at https://k8s.example:6443 did not answer")
@@ -630,5 +680,7 @@ def test_version_mismatch_sentence():
         def get_versions(self):
             return versions
 
-    with pytest.warns(VersionMismatchWarning, match=r"cluster 'k' runs other package versions .*distributed 2026.8.0 here"):
+    with pytest.warns(
+        VersionMismatchWarning, match=r"cluster 'k' runs other package versions .*distributed 2026.8.0 here"
+    ):
         warn_on_mismatch(Reporting(), "k")

@@ -213,7 +213,14 @@ def worker_tls_args(handle) -> list[str]:
     if not handle.address.startswith("tls://"):
         return []
     sec = handle.client.security
-    return ["--tls-ca-file", sec.tls_ca_file, "--tls-cert", sec.tls_client_cert, "--tls-key", sec.tls_client_key or sec.tls_client_cert]
+    return [
+        "--tls-ca-file",
+        sec.tls_ca_file,
+        "--tls-cert",
+        sec.tls_client_cert,
+        "--tls-key",
+        sec.tls_client_key or sec.tls_client_cert,
+    ]
 
 
 def test_resources_restrict_items_to_workers_that_have_them(cluster):
@@ -236,7 +243,11 @@ def test_resources_restrict_items_to_workers_that_have_them(cluster):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    wait_for(lambda: len(cluster.client.scheduler_info(n_workers=-1)["workers"]) == 2, timeout=30, message="the GPU worker to leave")
+    wait_for(
+        lambda: len(cluster.client.scheduler_info(n_workers=-1)["workers"]) == 2,
+        timeout=30,
+        message="the GPU worker to leave",
+    )
 
 
 # -- faults: killed workers, a poison pill, a vanished scheduler -------------------------------
@@ -328,7 +339,9 @@ def test_vanished_scheduler_raises_cluster_error_quickly(tmp_path):
     worker = None
     handle = None
     try:
-        wait_for(lambda: sched_file.exists() and sched_file.stat().st_size > 0, timeout=60, message="the scheduler file")
+        wait_for(
+            lambda: sched_file.exists() and sched_file.stat().st_size > 0, timeout=60, message="the scheduler file"
+        )
         import json
 
         address = json.loads(sched_file.read_text())["address"]
@@ -365,7 +378,9 @@ def test_a_chunk_stops_at_its_time_budget():
     from jupyter_cluster import cellfunc
 
     items = [0.02] * 10
-    values, durations, *_ = cellfunc.run_chunk("budget-test", cloudpickle.dumps(_time.sleep), None, items, False, {"budget": 0.05})
+    values, durations, *_ = cellfunc.run_chunk(
+        "budget-test", cloudpickle.dumps(_time.sleep), None, items, False, {"budget": 0.05}
+    )
     assert 1 <= len(values) < len(items)
     assert len(durations) == len(values) and sum(durations) >= 0.05
     # Without a budget every item runs.

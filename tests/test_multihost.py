@@ -57,7 +57,9 @@ def _ensure_iproute2() -> str | None:
         subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=300)
         subprocess.run(
             ["apt-get", "install", "-y", "-qq", "iproute2"],
-            capture_output=True, timeout=300, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
+            capture_output=True,
+            timeout=300,
+            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
         )
         ip = shutil.which("ip")
     return ip
@@ -202,20 +204,54 @@ def test_parallel_cell_survives_losing_a_host(hosts, tmp_path):
 
     address = f"tcp://{SCHEDULER_IP}:{PORT}"
     t0 = time.monotonic()
-    scheduler = start("S", "scheduler", "-m", "distributed.cli.dask_scheduler",
-                      "--host", SCHEDULER_IP, "--port", str(PORT), "--no-dashboard")
+    scheduler = start(
+        "S",
+        "scheduler",
+        "-m",
+        "distributed.cli.dask_scheduler",
+        "--host",
+        SCHEDULER_IP,
+        "--port",
+        str(PORT),
+        "--no-dashboard",
+    )
     workers = [
-        start(role, f"worker-{role}", "-m", "distributed.cli.dask_worker", address,
-              "--host", WORKER_IPS[role], "--nthreads", "1", "--nworkers", "1", "--no-dashboard",
-              "--name", f"host-{role}", "--death-timeout", "120")
+        start(
+            role,
+            f"worker-{role}",
+            "-m",
+            "distributed.cli.dask_worker",
+            address,
+            "--host",
+            WORKER_IPS[role],
+            "--nthreads",
+            "1",
+            "--nworkers",
+            "1",
+            "--no-dashboard",
+            "--name",
+            f"host-{role}",
+            "--death-timeout",
+            "120",
+        )
         for role in ("A", "B")
     ]
     try:
         markers = tmp_path / "markers"
         markers.mkdir()
         (tmp_path / "driver.py").write_text(DRIVER)
-        driver = hosts.run("S", python, str(tmp_path / "driver.py"), address, str(markers), str(ITEMS),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        driver = hosts.run(
+            "S",
+            python,
+            str(tmp_path / "driver.py"),
+            address,
+            str(markers),
+            str(ITEMS),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         # The kill happens from this thread while the driver's map runs.
         killed: dict = {}
 
@@ -248,7 +284,7 @@ def test_parallel_cell_survives_losing_a_host(hosts, tmp_path):
     elapsed = time.monotonic() - t0
     line = next((ln for ln in stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert driver.returncode == 0 and line, f"driver failed:\n{stdout[-3000:]}\n{stderr[-5000:]}"
-    out = json.loads(line[len("RESULT "):])
+    out = json.loads(line[len("RESULT ") :])
 
     # The kill really happened mid-map, to processes of host B only.
     assert killed.get("pids"), "host B never started an item, so nothing was killed"
@@ -270,5 +306,7 @@ def test_parallel_cell_survives_losing_a_host(hosts, tmp_path):
     assert out["address"] == f"tcp://{SCHEDULER_IP}:{PORT}"
     assert elapsed < 170
     by_host = {h: sum(1 for r in out["results"] if r[2] == h) for h in sorted(hosts_used)}
-    print(f"multi-host: {ITEMS} items, results by host {by_host}, host B killed after {killed['done_before']} "
-          f"items had started ({len(killed['pids'])} processes), {elapsed:.1f} s in all")
+    print(
+        f"multi-host: {ITEMS} items, results by host {by_host}, host B killed after {killed['done_before']} "
+        f"items had started ({len(killed['pids'])} processes), {elapsed:.1f} s in all"
+    )

@@ -106,7 +106,9 @@ def _execute(name: str):
 def _chart(nb, topic: str) -> dict:
     """The data model the notebook's live chart of ``topic`` last received from the kernel."""
     states = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
-    found = [m["state"]["data"] for m in states.values() if m.get("state", {}).get("topic") == topic and "data" in m["state"]]
+    found = [
+        m["state"]["data"] for m in states.values() if m.get("state", {}).get("topic") == topic and "data" in m["state"]
+    ]
     assert found, f"no live chart of topic {topic!r} in the widget state"
     return found[0]
 
@@ -129,7 +131,7 @@ def test_quickstart_runs(ci_size):
     tb = ANSI.sub("", "\n".join(err[0]["traceback"]))
     assert "item 2 (0)" in tb and "line 3" in tb
     assert "1 of 4 items failed" in _text(_cell(nb, "--errors collect"))
-    assert "[item 0] item 0 is alpha" in _text(_cell(nb, "enumerate([\"alpha\""))
+    assert "[item 0] item 0 is alpha" in _text(_cell(nb, 'enumerate(["alpha"'))
     assert "Stopped cluster" in _text(nb.cells[-1])
     chart = _chart(nb, "walks")
     assert sorted(chart["scalars"]["position"]) == [f"walk=walk {w}" for w in range(4)]
@@ -201,5 +203,7 @@ def test_expert_parallel_moe_matches_its_reference_and_balances(ci_size):
     for name in ("loss", "aux_loss", "dropped_tokens", "a2a_ms", "tokens_per_s"):
         assert len(chart["scalars"][name]) == 2, name
     scaling = _text(_cell(nb, "for n in RANK_COUNTS"))
-    assert re.search(r"\b1 rank: [\d,]+ tokens/s", scaling) and re.search(r"\b2 ranks: [\d,]+ tokens/s", scaling), scaling
+    assert re.search(r"\b1 rank: [\d,]+ tokens/s", scaling) and re.search(r"\b2 ranks: [\d,]+ tokens/s", scaling), (
+        scaling
+    )
     print(f"05-expert-parallel-moe: {seconds:.1f} s")

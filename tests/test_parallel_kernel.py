@@ -11,7 +11,6 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -53,7 +52,11 @@ def run_cell(client, nb, source: str):
 def test_first_parallel_cell_starts_the_cluster_and_fills_out(notebook_kernel):
     client, nb = notebook_kernel
     run_cell(client, nb, "%load_ext jupyter_cluster\nimport math\nk = 3")
-    cell = run_cell(client, nb, "%%parallel x, y in zip(range(6), 'abcdef') --out pairs --no-progress\nprint('item', x)\ny * (x % k) + str(math.floor(x / 2))")
+    cell = run_cell(
+        client,
+        nb,
+        "%%parallel x, y in zip(range(6), 'abcdef') --out pairs --no-progress\nprint('item', x)\ny * (x % k) + str(math.floor(x / 2))",
+    )
     out = _text(cell)
     assert "Started cluster" in out and "2 worker threads" in out
     assert "[item 0] item 0" in out
@@ -186,10 +189,14 @@ def test_saved_traceback_names_the_cell_and_line_like_a_local_error():
         "----> 3 ratio(x) * scale",
     ]
     fn_heading = f"Cell In[{nb.cells[1].execution_count}], line 3, in ratio(v)"
-    assert _frame_block(lines, fn_heading) == _frame_block(_error_lines(local_fn), fn_heading) == [
-        fn_heading,
-        "      1 def ratio(v):",
-        "      2     w = v - 2",
-        "----> 3     return 10 / w",
-    ]
+    assert (
+        _frame_block(lines, fn_heading)
+        == _frame_block(_error_lines(local_fn), fn_heading)
+        == [
+            fn_heading,
+            "      1 def ratio(v):",
+            "      2     w = v - 2",
+            "----> 3     return 10 / w",
+        ]
+    )
     assert "parallel_magic.py" not in "\n".join(lines) and "<dynamic-code>" not in "\n".join(lines)

@@ -23,9 +23,11 @@ def test_header_unpacking_notebook_function_class_and_modules(ip, run):
     ip.run_cell(
         "import math\nscale = 10\ndef f(x):\n    return x * scale\nclass Box:\n    def __init__(self, v):\n        self.v = v\n"
     )
-    r, out = run("%%parallel a, b in [(1, 2), (3, 4), (5, 6)] --out res --no-progress\nz = f(a) + b\nBox(math.sqrt(z)).v")
+    r, out = run(
+        "%%parallel a, b in [(1, 2), (3, 4), (5, 6)] --out res --no-progress\nz = f(a) + b\nBox(math.sqrt(z)).v"
+    )
     assert r.error_in_exec is None, out
-    assert ip.user_ns["res"] == [pytest.approx(v ** 0.5) for v in (12, 34, 56)]
+    assert ip.user_ns["res"] == [pytest.approx(v**0.5) for v in (12, 34, 56)]
     # Names assigned in the cell stay on the worker.
     assert "z" not in ip.user_ns
     job = ip.user_ns["_parallel_job"]
@@ -105,7 +107,7 @@ class Counted:
     def __reduce__(self):
         return (_rebuild, (self.arr,))
 def _rebuild(arr):
-    with open({str(tmp_path / 'loads.txt')!r}, 'a') as fh:
+    with open({str(tmp_path / "loads.txt")!r}, 'a') as fh:
         fh.write('x\\n')
     return Counted(arr)
 big = Counted(np.ones(500_000))

@@ -341,7 +341,14 @@ def test_callbacks_run_in_caller_process_on_a_result_thread(fresh):
         seen = []
 
         def cb(value, tag):
-            seen.append((tag, value if tag != "err" else type(value), os.getpid(), threading.current_thread() is threading.main_thread()))
+            seen.append(
+                (
+                    tag,
+                    value if tag != "err" else type(value),
+                    os.getpid(),
+                    threading.current_thread() is threading.main_thread(),
+                )
+            )
 
         r1 = p.apply_async(sq, (3,), callback=lambda v: cb(v, "apply"))
         r2 = p.apply_async(inv, (0,), error_callback=lambda e: cb(e, "err"))
@@ -478,7 +485,11 @@ def test_terminate_cancels_running_work(fresh, cluster):
     p.terminate()
     p.join()
     assert time.monotonic() - t0 < 5
-    wait_for(lambda: not any(cluster.client.processing().values()), timeout=20, message="cancelled tasks to leave the workers")
+    wait_for(
+        lambda: not any(cluster.client.processing().values()),
+        timeout=20,
+        message="cancelled tasks to leave the workers",
+    )
     assert not r.ready() and not job.ready()  # as multiprocessing: unfinished results stay unfinished
 
 

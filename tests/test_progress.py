@@ -30,7 +30,11 @@ def jobs(cluster):
     with Client(cluster.address, security=cluster.security, set_as_default=False) as other:
         other.subscribe_topic(events.JOBS_TOPIC, lambda ev: got.append(ev[1]))
         # the subscription is effective once a message of our own comes back
-        wait_for(lambda: (other.log_event(events.JOBS_TOPIC, {"job": "probe"}) or any(m.get("job") == "probe" for m in got)), timeout=10, message="jobs subscription")
+        wait_for(
+            lambda: other.log_event(events.JOBS_TOPIC, {"job": "probe"}) or any(m.get("job") == "probe" for m in got),
+            timeout=10,
+            message="jobs subscription",
+        )
         yield got
 
 
@@ -68,7 +72,11 @@ def test_counts_are_exact_under_failures_and_retries(cluster, jobs, tmp_path):
     assert (snap["total"], snap["done"], snap["failed"], snap["processed"]) == (60, 60 - len(failing), len(failing), 60)
     assert snap["state"] == "finished" and snap["eta"] is None
     assert not obs.shown  # progress=False: nothing rendered
-    wait_for(lambda: any(m.get("job") == job.id and m.get("state") == "finished" for m in jobs), timeout=10, message="final job message")
+    wait_for(
+        lambda: any(m.get("job") == job.id and m.get("state") == "finished" for m in jobs),
+        timeout=10,
+        message="final job message",
+    )
     last = _last(jobs, job.id)
     assert (last["total"], last["done"], last["failed"]) == (60, 60 - len(failing), len(failing))
     assert last["label"] == "flaky" and last["kernel"] == os.getpid() and last["cluster"] == cluster.name
@@ -91,7 +99,11 @@ def test_a_failing_map_ends_failed_in_the_display_and_on_the_topic(cluster, jobs
     assert obs.shown  # progress=True renders at once
     assert "boom:" in capsys.readouterr().out
     job_id = obs.job.id
-    wait_for(lambda: any(m.get("job") == job_id and m["state"] == "failed" for m in jobs), timeout=10, message="failed job message")
+    wait_for(
+        lambda: any(m.get("job") == job_id and m["state"] == "failed" for m in jobs),
+        timeout=10,
+        message="failed job message",
+    )
 
 
 def test_quick_maps_show_nothing_slow_ones_show_one_line(cluster, capsys):
@@ -134,7 +146,9 @@ def test_widget_renderer_state_after_a_real_map(cluster):
 
 
 def test_model_and_line_while_running_with_unknown_total():
-    job = types.SimpleNamespace(id="j", label="gen", total=None, done=30, failed=2, started=time.time() - 4, finished=False, state="running")
+    job = types.SimpleNamespace(
+        id="j", label="gen", total=None, done=30, failed=2, started=time.time() - 4, finished=False, state="running"
+    )
     snap = progress.JobProgress(job).snapshot()
     assert snap["eta"] is None and snap["processed"] == 32
     assert 7.0 < snap["rate"] < 9.0
@@ -148,7 +162,9 @@ def test_model_and_line_while_running_with_unknown_total():
 def test_text_renderer_pads_a_shorter_line():
     buf = io.StringIO()
     r = progress.TextRenderer(buf)
-    snap = dict(label="x", total=None, done=1000, failed=1, processed=1001, rate=1.0, elapsed=1.0, eta=None, state="running")
+    snap = dict(
+        label="x", total=None, done=1000, failed=1, processed=1001, rate=1.0, elapsed=1.0, eta=None, state="running"
+    )
     r.update(snap)
     r.update(dict(snap, processed=5, failed=0))
     first, second = buf.getvalue().split("\r")[1:]

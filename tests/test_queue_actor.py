@@ -14,7 +14,6 @@ from jupyter_cluster.errors import ClusterError
 
 from .conftest import wait_for
 
-
 # -- Queue ---------------------------------------------------------------------------
 
 

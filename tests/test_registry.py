@@ -96,8 +96,16 @@ def test_a_record_naming_a_path_outside_the_folder_is_ignored_and_nothing_outsid
     with dask.config.set({"jupyter-cluster.registry-dir": str(folder)}):
         d = registry.registry_dir()
         with open(os.path.join(d, "planted.json"), "w") as f:
-            json.dump({"name": "../victim", "backend": "local", "address": "tcp://127.0.0.1:1", "owner_pid": dead.pid,
-                       "owner_started": 1.0}, f)
+            json.dump(
+                {
+                    "name": "../victim",
+                    "backend": "local",
+                    "address": "tcp://127.0.0.1:1",
+                    "owner_pid": dead.pid,
+                    "owner_started": 1.0,
+                },
+                f,
+            )
         assert registry.live_records() == []
         import pytest
 
@@ -138,8 +146,13 @@ def test_the_panel_never_signals_a_process_a_record_merely_names(tmp_path):
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         with dask.config.set({"jupyter-cluster.registry-dir": str(tmp_path / "reg3")}):
-            rec = registry.ClusterRecord(name="planted", backend="local", address="tcp://127.0.0.1:1",
-                                         owner_pid=bystander.pid, owner_kind="panel")
+            rec = registry.ClusterRecord(
+                name="planted",
+                backend="local",
+                address="tcp://127.0.0.1:1",
+                owner_pid=bystander.pid,
+                owner_kind="panel",
+            )
             assert rec.owner_alive() and not rec.owner_is_panel_host()
             registry.write(rec)
 

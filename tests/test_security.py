@@ -64,8 +64,21 @@ def _as_nobody(*args: str) -> dict:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
         pytest.skip("this machine has no 'nobody' user to act as a second OS user")
-    cmd = [tool, f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups", sys.executable, "-c", PROBE, *args]
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    cmd = [
+        tool,
+        f"--reuid={nobody.pw_uid}",
+        f"--regid={nobody.pw_gid}",
+        "--clear-groups",
+        sys.executable,
+        "-c",
+        PROBE,
+        *args,
+    ]
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": "/tmp",
+        "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    }
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd="/")
     lines = [line for line in out.stdout.splitlines() if line.startswith("PROBE ")]
     if not lines and "Permission denied" in out.stderr:

@@ -68,7 +68,9 @@ def _stop_panel_clusters() -> None:
     for rec in registry.live_records():
         if rec.owner_kind == "panel" and rec.owner_alive():
             os.kill(rec.owner_pid, signal.SIGTERM)
-    wait_for(lambda: not any(r.owner_kind == "panel" for r in registry.live_records()), 30, message="panel clusters to stop")
+    wait_for(
+        lambda: not any(r.owner_kind == "panel" for r in registry.live_records()), 30, message="panel clusters to stop"
+    )
 
 
 @pytest.fixture
@@ -178,9 +180,13 @@ def test_deeply_nested_json_is_a_400_not_a_500(api, server):
     deep = "[" * 100_000 + "]" * 100_000
     for path in ("clusters", "clusters/x/scale", "clusters/x/adapt"):
         r = api("POST", path, data=deep)
-        assert r.status_code == 400 and r.json()["message"] == "the request body is not valid JSON.", (path, r.status_code)
-    ws = websocket.create_connection(server.api("events").replace("http://", "ws://"),
-                                     header=[f"Authorization: token {server.token}"], timeout=20)
+        assert r.status_code == 400 and r.json()["message"] == "the request body is not valid JSON.", (
+            path,
+            r.status_code,
+        )
+    ws = websocket.create_connection(
+        server.api("events").replace("http://", "ws://"), header=[f"Authorization: token {server.token}"], timeout=20
+    )
     try:
         ws.send('{"type": ' + deep + "}")
         deadline = time.monotonic() + 15
@@ -226,7 +232,13 @@ def test_stop_from_the_panel_asks_the_owning_kernel(api):
     proc = start_kernel_like("proc-b", workers=0)
     try:
         wait_for(lambda: "proc-b" in api.names(), 5, message="proc-b in the list")
-        wait_for(lambda: next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "proc-b")["status"] == "running", 15, message="server connected to proc-b")
+        wait_for(
+            lambda: (
+                next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "proc-b")["status"] == "running"
+            ),
+            15,
+            message="server connected to proc-b",
+        )
         assert api.ok("DELETE", "clusters/proc-b") == {"stopped": "proc-b"}
         assert "proc-b" not in api.names()
         # The owner closed its own handle (its loop ends and it says so).
@@ -240,7 +252,9 @@ def test_stop_from_the_panel_asks_the_owning_kernel(api):
 # -- a panel cluster: start, details, scale, adapt, jobs, metrics, push, stop ------------
 @pytest.fixture(scope="module")
 def panel_cluster(server):
-    r = requests.post(server.api("clusters"), headers=server.headers, json={"name": "panel-t", "workers": 1}, timeout=180)
+    r = requests.post(
+        server.api("clusters"), headers=server.headers, json={"name": "panel-t", "workers": 1}, timeout=180
+    )
     assert r.status_code == 201, r.text
     yield r.json()["cluster"]
     from jupyter_cluster import registry
@@ -278,7 +292,6 @@ def _client(name: str):
     from distributed import Client
 
     from jupyter_cluster import registry
-
     from jupyter_cluster.backends.local import saved_security
 
     return Client(registry.read(name).address, timeout=10, set_as_default=False, security=saved_security(name))
@@ -292,8 +305,18 @@ def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_clus
         now = time.time()
         client.log_event(
             events.JOBS_TOPIC,
-            {"job": "job-1", "label": "%%parallel cell", "kernel": os.getpid(), "cluster": "x", "total": 10,
-             "done": 4, "failed": 1, "state": "running", "started": now, "updated": now},
+            {
+                "job": "job-1",
+                "label": "%%parallel cell",
+                "kernel": os.getpid(),
+                "cluster": "x",
+                "total": 10,
+                "done": 4,
+                "failed": 1,
+                "state": "running",
+                "started": now,
+                "updated": now,
+            },
         )
 
         def report_on_worker(i):
@@ -320,8 +343,18 @@ def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_clus
         assert model["dropped"] == 0
         client.log_event(
             events.JOBS_TOPIC,
-            {"job": "job-1", "label": "%%parallel cell", "kernel": os.getpid(), "cluster": "x", "total": 10,
-             "done": 10, "failed": 1, "state": "finished", "started": now, "updated": time.time()},
+            {
+                "job": "job-1",
+                "label": "%%parallel cell",
+                "kernel": os.getpid(),
+                "cluster": "x",
+                "total": 10,
+                "done": 10,
+                "failed": 1,
+                "state": "finished",
+                "started": now,
+                "updated": time.time(),
+            },
         )
         recent = wait_for(lambda: api.ok("GET", "jobs")["recent"], 10, message="finished job")
         assert recent[0]["state"] == "finished" and recent[0]["done"] == 10
@@ -357,7 +390,9 @@ def test_websocket_pushes_clusters_workers_and_metrics(server, panel_cluster):
         # New reports are pushed without asking.
         client = _client("panel-t")
         try:
-            client.submit(lambda: __import__("jupyter_cluster").report(step=99, topic="rl-test", member=0, reward=-1.0)).result()
+            client.submit(
+                lambda: __import__("jupyter_cluster").report(step=99, topic="rl-test", member=0, reward=-1.0)
+            ).result()
         finally:
             client.close()
         pushed = receive_until("metrics", lambda m: [99, -1.0] in m["data"]["scalars"]["reward"].get("member=0", []))
@@ -426,9 +461,9 @@ def _scheduler(port: int) -> subprocess.Popen:
 
 
 def test_server_follows_a_restarted_scheduler(api):
-    from .jupyter_process import free_port
-
     from jupyter_cluster import events, registry
+
+    from .jupyter_process import free_port
 
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
@@ -437,12 +472,25 @@ def test_server_follows_a_restarted_scheduler(api):
     registry.write(record)
     second = None
     try:
+
         def publish(job: str) -> None:
             client = _client("restarts")
             try:
                 now = time.time()
-                client.log_event(events.JOBS_TOPIC, {"job": job, "label": job, "kernel": os.getpid(), "total": 1,
-                                                     "done": 0, "failed": 0, "state": "running", "started": now, "updated": now})
+                client.log_event(
+                    events.JOBS_TOPIC,
+                    {
+                        "job": job,
+                        "label": job,
+                        "kernel": os.getpid(),
+                        "total": 1,
+                        "done": 0,
+                        "failed": 0,
+                        "state": "running",
+                        "started": now,
+                        "updated": now,
+                    },
+                )
             finally:
                 client.close()
 
@@ -452,14 +500,32 @@ def test_server_follows_a_restarted_scheduler(api):
         wait_for(lambda: "restarts" in api.names(), 5, message="the record in the list")
         # Publish once the server's client is connected and subscribed, as a real job's
         # repeated progress messages would find it; the listing alone comes from the registry.
-        wait_for(lambda: next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "restarts")["status"] == "running", 15, message="the server to connect")
+        wait_for(
+            lambda: (
+                next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "restarts")["status"] == "running"
+            ),
+            15,
+            message="the server to connect",
+        )
         publish("before")
         wait_for(lambda: "before" in job_ids(), 15, message="job 'before'")
         first.kill()
         first.wait(10)
-        wait_for(lambda: next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "restarts")["status"] != "running", 15, message="the server to notice")
+        wait_for(
+            lambda: (
+                next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "restarts")["status"] != "running"
+            ),
+            15,
+            message="the server to notice",
+        )
         second = _scheduler(port)
-        wait_for(lambda: next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "restarts")["status"] == "running", 30, message="reconnection")
+        wait_for(
+            lambda: (
+                next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "restarts")["status"] == "running"
+            ),
+            30,
+            message="reconnection",
+        )
         publish("after")
         wait_for(lambda: {"before", "after"} <= job_ids(), 15, message="job 'after' from the new scheduler")
     finally:
@@ -477,8 +543,18 @@ def test_jobs_store_keeps_latest_state_and_recent_history():
     store = JobsStore(keep_recent=2)
 
     def msg(job, state="running", done=0, updated=1.0, kernel=os.getpid(), **kw):
-        return {"job": job, "label": job, "kernel": kernel, "total": 10, "done": done, "failed": 0,
-                "state": state, "started": 1.0, "updated": updated, **kw}
+        return {
+            "job": job,
+            "label": job,
+            "kernel": kernel,
+            "total": 10,
+            "done": done,
+            "failed": 0,
+            "state": state,
+            "started": 1.0,
+            "updated": updated,
+            **kw,
+        }
 
     assert store.add(msg("a", done=3, updated=2.0))
     assert store.add(msg("a", done=1, updated=1.5))  # a late backlog duplicate does not go back

@@ -271,7 +271,9 @@ def test_backend_choice():
     assert spmd_mod.choose_backend(None, [0]) == "gloo"
     assert spmd_mod.choose_backend("gloo", [1, 1]) == "gloo"
     assert spmd_mod.choose_backend("nccl", [1, 1]) == "nccl"
-    with pytest.raises(ClusterError, match=r"^--backend nccl needs a GPU on every rank, but rank 1 \(worker b\) has none"):
+    with pytest.raises(
+        ClusterError, match=r"^--backend nccl needs a GPU on every rank, but rank 1 \(worker b\) has none"
+    ):
         spmd_mod.choose_backend("nccl", [1, 0], ["a", "b"])
     with pytest.raises(ClusterError, match="takes gloo, nccl or auto"):
         spmd_mod.choose_backend("mpi", [0])
@@ -294,23 +296,34 @@ dist.all_reduce(torch.ones(2))      # rank 0 blocks here until rank 1's failure 
     )
     elapsed = time.monotonic() - t0
     out = _out(capsys)
-    assert isinstance(res.error_in_exec, ValueError) and str(res.error_in_exec) == "bad shard on rank 1", (res.error_in_exec, out)
+    assert isinstance(res.error_in_exec, ValueError) and str(res.error_in_exec) == "bad shard on rank 1", (
+        res.error_in_exec,
+        out,
+    )
     assert elapsed < 10, f"the failing cell took {elapsed:.1f} s"
     # the traceback is rank 1's, at the cell's own line (line 5 counts the %%spmd line) with its source
     assert "rank 1 (worker" in out and "failed" in out, out
     assert re.search(r"\b5\b.*raise ValueError", out), out
     job = shell.user_ns["_spmd_job"]
-    assert job.failed_rank == 1 and 0 in job.errors, (job.tracebacks, out)  # rank 0 was released with an error of its own
+    assert job.failed_rank == 1 and 0 in job.errors, (
+        job.tracebacks,
+        out,
+    )  # rank 0 was released with an error of its own
     # no rank is left blocked: the next cell runs, and the ranks' state survived the failure
     t0 = time.monotonic()
-    res = run_cell(shell, "%%spmd --out after\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n(keep, t.item())\n")
+    res = run_cell(
+        shell,
+        "%%spmd --out after\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n(keep, t.item())\n",
+    )
     assert res.error_in_exec is None, res.error_in_exec
     assert shell.user_ns["after"] == {0: (7, 2.0), 1: (8, 2.0)}
     assert time.monotonic() - t0 < 15
 
 
 def test_group_timeout_releases_a_rank_whose_peer_never_comes(shell, cluster, capsys):
-    res = run_cell(shell, "%%spmd --timeout 2\nimport torch, torch.distributed as dist\ndist.all_reduce(torch.ones(1))\n")
+    res = run_cell(
+        shell, "%%spmd --timeout 2\nimport torch, torch.distributed as dist\ndist.all_reduce(torch.ones(1))\n"
+    )
     assert res.error_in_exec is None, res.error_in_exec  # the live group took the new timeout
     t0 = time.monotonic()
     res = run_cell(
@@ -363,7 +376,10 @@ while time.time() - started < 120:
     assert "interrupted; every rank was sent KeyboardInterrupt" in _out(capsys)
     # the ranks stopped (not still looping), and the next cell runs on the same group with its state
     wait_for(lambda: not any(s["running"] for s in _statuses(cluster).values()), timeout=10, message="ranks to stop")
-    res = run_cell(shell, "%%spmd --out s\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n(survivor, t.item())\n")
+    res = run_cell(
+        shell,
+        "%%spmd --out s\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n(survivor, t.item())\n",
+    )
     assert res.error_in_exec is None, res.error_in_exec
     assert shell.user_ns["s"] == {0: (0, 2.0), 1: (1, 2.0)}
 
@@ -400,7 +416,10 @@ dist.all_reduce(torch.ones(1))
     # the cluster stays usable: the nanny brings a worker back, the next cell builds a new group
     cluster.wait_for_workers(2, timeout=60)
     wait_for(lambda: len(cluster.client.scheduler_info(n_workers=-1)["workers"]) == 2, timeout=60, message="2 workers")
-    res = run_cell(shell, "%%spmd --out again\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()\n")
+    res = run_cell(
+        shell,
+        "%%spmd --out again\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()\n",
+    )
     assert res.error_in_exec is None, res.error_in_exec
     assert shell.user_ns["again"] == {0: 2.0, 1: 2.0}
     out = _out(capsys)
@@ -437,7 +456,9 @@ def test_ranks_stuck_inside_torch_are_restarted_by_the_next_cell(shell, cluster,
     the next cell restarts the stuck workers instead of queueing behind them."""
     holder = {}
     timer = _interrupt_when_running(cluster, holder, settle=1.0)  # both ranks reach recv
-    res = run_cell(shell, "%%spmd\nimport torch, torch.distributed as dist\nt = torch.zeros(1)\ndist.recv(t, src=1 - rank)\n")
+    res = run_cell(
+        shell, "%%spmd\nimport torch, torch.distributed as dist\nt = torch.zeros(1)\ndist.recv(t, src=1 - rank)\n"
+    )
     returned = time.monotonic()
     timer.join()
     assert isinstance(res.error_in_exec, KeyboardInterrupt)
@@ -445,9 +466,14 @@ def test_ranks_stuck_inside_torch_are_restarted_by_the_next_cell(shell, cluster,
     assert all(s["running"] for s in _statuses(cluster).values())  # really stuck in torch
     _out(capsys)
     t0 = time.monotonic()
-    res = run_cell(shell, "%%spmd --out ok\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()\n")
+    res = run_cell(
+        shell,
+        "%%spmd --out ok\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()\n",
+    )
     assert res.error_in_exec is None, res.error_in_exec
     assert shell.user_ns["ok"] == {0: 2.0, 1: 2.0}
     out = _out(capsys)
-    assert "were still busy with an earlier cell, inside a call Python cannot interrupt; restarting their workers" in out, out
+    assert (
+        "were still busy with an earlier cell, inside a call Python cannot interrupt; restarting their workers" in out
+    ), out
     assert time.monotonic() - t0 < 60

@@ -71,7 +71,9 @@ def test_clients_without_the_credentials_are_refused(tls_cluster):
     assert _refused(tls_cluster.address)  # no TLS settings at all
     assert _refused(tls_cluster.address.replace("tls://", "tcp://"))  # plain TCP
     # Trusting the cluster's CA but presenting no certificate of our own: Dask requires mutual TLS.
-    assert _refused(tls_cluster.address, Security(tls_ca_file=tls_cluster.security.tls_ca_file, require_encryption=True))
+    assert _refused(
+        tls_cluster.address, Security(tls_ca_file=tls_cluster.security.tls_ca_file, require_encryption=True)
+    )
     assert _refused(tls_cluster.address, Security.temporary())  # a certificate the cluster does not trust
     assert time.monotonic() - t0 < 30
     # And through the notebook API: one sentence, no traceback.
@@ -89,7 +91,9 @@ def test_credentials_are_private_and_let_the_same_user_attach(tls_cluster, tmp_p
         "print('RESULT', h.client.submit(pow, 2, 10).result(), h.address.split(':')[0])\n"
         "h.close()\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, env=os.environ.copy())
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, env=os.environ.copy()
+    )
     assert "RESULT 1024 tls" in out.stdout, out.stdout + out.stderr[-2000:]
 
 
@@ -110,6 +114,7 @@ def test_map_engine_pool_and_telemetry_over_tls(tls_cluster):
     """The front ends other modules provide keep working over TLS."""
     jc.session.connect(tls_cluster.name)  # make it current
     from jupyter_cluster import mapping
+
     assert mapping.map(_square, range(20), client=tls_cluster.client, progress=False) == [i * i for i in range(20)]
 
     try:
@@ -137,6 +142,7 @@ def test_map_engine_pool_and_telemetry_over_tls(tls_cluster):
             return i
 
         assert mapping.map(work, range(5), client=client, progress=False) == list(range(5))
+
         # Reports are batched per worker process, so count records, not events.
         def records():
             return sorted(r["step"] for _, msg in received for r in msg["records"])

@@ -25,7 +25,9 @@ def _cells(table: str) -> list[str]:
     import html
     import re
 
-    return [html.unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", table, re.S)]
+    return [
+        html.unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", table, re.S)
+    ]
 
 
 # -- cluster widget -------------------------------------------------------------------------
@@ -74,8 +76,11 @@ def test_tasks_column_counts_the_tasks_running_now(cluster):
 
     futures = [cluster.client.submit(hold, release.name, key=f"hold-{i}-{uuid.uuid4().hex[:6]}") for i in range(2)]
     try:
-        running = wait_for(lambda: sum(wk["executing"] for wk in cluster.model()["workers"]) == 2, timeout=20,
-                           message="both tasks counted as running")
+        running = wait_for(
+            lambda: sum(wk["executing"] for wk in cluster.model()["workers"]) == 2,
+            timeout=20,
+            message="both tasks counted as running",
+        )
         assert running
         w = cluster_mod.ClusterWidget(cluster, live=False)
         cells = _cells(w.table.value)
@@ -85,7 +90,11 @@ def test_tasks_column_counts_the_tasks_running_now(cluster):
     finally:
         release.set()
     assert cluster.client.gather(futures) == [1, 1]
-    wait_for(lambda: sum(wk["executing"] for wk in cluster.model()["workers"]) == 0, timeout=20, message="the count back at 0")
+    wait_for(
+        lambda: sum(wk["executing"] for wk in cluster.model()["workers"]) == 0,
+        timeout=20,
+        message="the count back at 0",
+    )
 
 
 def test_attach_by_name_keeps_name_and_dashboard_and_says_why_it_cannot_scale(tmp_path):
@@ -270,7 +279,14 @@ def test_metrics_widget_payload_stays_bounded_for_100_series(chart_class):
     topic = _topic("wide")
     st = events.store(topic)
     for member in range(100):
-        st.add(f"src{member}", 0, [{"step": s, "time": 0.0, "series": {"member": member}, "values": {"loss": 1.0 / (s + 1)}} for s in range(500)])
+        st.add(
+            f"src{member}",
+            0,
+            [
+                {"step": s, "time": 0.0, "series": {"member": member}, "values": {"loss": 1.0 / (s + 1)}}
+                for s in range(500)
+            ],
+        )
     w = chart_class(topic)
     series = w.data["scalars"]["loss"]
     assert len(series) == 100

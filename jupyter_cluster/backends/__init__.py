@@ -93,9 +93,7 @@ def get_backend(name: str) -> Backend:
     """Instantiate the backend called ``name``."""
     spec = available().get(name)
     if spec is None:
-        raise ClusterError(
-            f"unknown backend {name!r}; choose one of: {', '.join(sorted(available()))}."
-        )
+        raise ClusterError(f"unknown backend {name!r}; choose one of: {', '.join(sorted(available()))}.")
     module_name, _, class_name = spec.partition(":")
     module = importlib.import_module(module_name)
     return getattr(module, class_name)()

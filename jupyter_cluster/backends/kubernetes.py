@@ -19,8 +19,9 @@ import math
 import re
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from contextlib import suppress
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .. import config
 from ..errors import ClusterError
@@ -190,8 +191,18 @@ def cluster_spec(
     dict
         A ``kubernetes.dask.org/v1`` ``DaskCluster`` object.
     """
-    opts = _resolved(dict(name=name, workers=workers, image=image, namespace=namespace, worker_cpu=worker_cpu,
-                          worker_memory=worker_memory, worker_gpu=worker_gpu, env=env))
+    opts = _resolved(
+        dict(
+            name=name,
+            workers=workers,
+            image=image,
+            namespace=namespace,
+            worker_cpu=worker_cpu,
+            worker_memory=worker_memory,
+            worker_gpu=worker_gpu,
+            env=env,
+        )
+    )
     try:
         from dask_kubernetes.operator import make_cluster_spec
     except ImportError as exc:
@@ -484,8 +495,9 @@ def _guarded_kube_cluster():
             start = asyncio.ensure_future(super()._start())
             watch = asyncio.ensure_future(self._watch_pods(began, until_worker=False))
             try:
-                done, _ = await asyncio.wait({start, watch}, timeout=self._jc_startup_timeout,
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {start, watch}, timeout=self._jc_startup_timeout, return_when=asyncio.FIRST_COMPLETED
+                )
                 if start not in done:
                     start.cancel()
                     with suppress(BaseException):
@@ -513,8 +525,9 @@ def _guarded_kube_cluster():
         async def _timeout_message(self, began: float) -> str:
             waited = time.monotonic() - began
             with suppress(Exception):
-                msg = diagnose_pods(await self._list_pods(), max(waited, self._jc_pending_timeout),
-                                    self._jc_pending_timeout)
+                msg = diagnose_pods(
+                    await self._list_pods(), max(waited, self._jc_pending_timeout), self._jc_pending_timeout
+                )
                 if msg:
                     return msg
             return (
@@ -551,8 +564,17 @@ class KubernetesBackend(Backend):
 
     name = "kubernetes"
     options = (
-        "name", "workers", "image", "namespace", "worker_cpu", "worker_memory", "worker_gpu",
-        "env", "adapt_min", "adapt_max", "dry_run",
+        "name",
+        "workers",
+        "image",
+        "namespace",
+        "worker_cpu",
+        "worker_memory",
+        "worker_gpu",
+        "env",
+        "adapt_min",
+        "adapt_max",
+        "dry_run",
     )
 
     def dry_run(self, **options: Any) -> str:
@@ -564,7 +586,9 @@ class KubernetesBackend(Backend):
     def start(self, **options: Any) -> StartedCluster:
         self.check_options(options)
         if options.pop("dry_run", False):
-            raise ClusterError("a dry run starts nothing; call dry_run() (or %cluster start --dry-run) to see the resources.")
+            raise ClusterError(
+                "a dry run starts nothing; call dry_run() (or %cluster start --dry-run) to see the resources."
+            )
         opts = _resolved(options)
         spec = cluster_spec(**opts)
         Cluster = _guarded_kube_cluster()
@@ -597,5 +621,7 @@ class KubernetesBackend(Backend):
             except Exception as exc:
                 with suppress(Exception):
                     cluster.close()
-                raise ClusterError(explain(exc, opts["namespace"]) or f"adaptivity could not be set up: {exc}") from None
+                raise ClusterError(
+                    explain(exc, opts["namespace"]) or f"adaptivity could not be set up: {exc}"
+                ) from None
         return StartedCluster(address=cluster.scheduler_address, dashboard_link=cluster.dashboard_link, cluster=cluster)

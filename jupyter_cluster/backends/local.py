@@ -225,9 +225,12 @@ def new_security(name: str):
         .add_extension(x509.SubjectAlternativeName([x509.DNSName("dask-internal")]), critical=False)
         .sign(key, hashes.SHA256())
     )
-    pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode() + cert.public_bytes(serialization.Encoding.PEM).decode()
+    pem = (
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ).decode()
+        + cert.public_bytes(serialization.Encoding.PEM).decode()
+    )
     path = _pem_path(name)
     _write_private(path, pem)
     fields: dict[str, Any] = {"require_encryption": True, "tls_ca_file": path}
@@ -242,7 +245,11 @@ def new_security(name: str):
 def save_security(name: str, security: Any) -> str:
     """Write ``security``'s settings where :func:`saved_security` finds them (0600)."""
     path = _credentials_path(name)
-    fields = {k: getattr(security, k) for k in security.__slots__ if k not in ("extra_conn_args", "tls_min_version", "tls_max_version")}
+    fields = {
+        k: getattr(security, k)
+        for k in security.__slots__
+        if k not in ("extra_conn_args", "tls_min_version", "tls_max_version")
+    }
     _write_private(path, json.dumps(fields))
     return path
 
@@ -432,7 +439,10 @@ def _close_quietly(cluster: Any, wait_for_start: bool = False) -> None:
 
     deadline = time.monotonic() + (60 if wait_for_start else 0)
     # A cluster still starting ignores close(); its start goes on in its event loop thread.
-    while getattr(getattr(cluster, "status", None), "name", "running") in ("created", "starting") and time.monotonic() < deadline:
+    while (
+        getattr(getattr(cluster, "status", None), "name", "running") in ("created", "starting")
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     try:
         cluster.close(timeout=30)
@@ -477,8 +487,10 @@ class LocalBackend(Backend):
             )
         if devices is not None and processes is False:
             raise ClusterError("--gpus needs worker processes (each pinned to its GPU); leave out processes=False.")
-        workers = workers if workers is not None else (
-            len(devices) if devices is not None else (config.get("local.workers") or _default_workers())
+        workers = (
+            workers
+            if workers is not None
+            else (len(devices) if devices is not None else (config.get("local.workers") or _default_workers()))
         )
         threads = threads if threads is not None else config.get("local.threads")
         memory_limit = memory_limit if memory_limit is not None else config.get("local.memory-limit")
@@ -523,7 +535,11 @@ class LocalBackend(Backend):
         except (OSError, RuntimeError) as exc:
             # distributed wraps a failed bind in RuntimeError("Cluster failed to start"); find the cause.
             cause = _os_error_in(exc)
-            if port and cause is not None and (cause.errno == errno.EADDRINUSE or "address already in use" in str(cause).lower()):
+            if (
+                port
+                and cause is not None
+                and (cause.errno == errno.EADDRINUSE or "address already in use" in str(cause).lower())
+            ):
                 raise ClusterError(
                     f"port {port} is already taken on {host}; pick another --port or leave it out to use a free one."
                 ) from None
@@ -556,7 +572,10 @@ class LocalBackend(Backend):
         if security is not None:
             cleanup.append(lambda: forget_security(cred_name))
             weakref.finalize(cluster, forget_security, cred_name)  # a cluster dropped without stop
-            if getattr(cluster, "scheduler", None) is not None and getattr(cluster.scheduler, "http_server", None) is not None:
+            if (
+                getattr(cluster, "scheduler", None) is not None
+                and getattr(cluster.scheduler, "http_server", None) is not None
+            ):
                 from ..server.dashboard import public_link
 
                 sock = dashboard_on_unix_socket(cluster)
@@ -569,7 +588,8 @@ class LocalBackend(Backend):
             dashboard_link=dashboard_link,
             cluster=cluster,
             security=security,
-            worker_plugins=([IgnoreSigint()] if kwargs["processes"] else []) + ([NoWorkerHttp()] if security is not None else []),
+            worker_plugins=([IgnoreSigint()] if kwargs["processes"] else [])
+            + ([NoWorkerHttp()] if security is not None else []),
             cleanup=cleanup,
             extra=extra,
         )

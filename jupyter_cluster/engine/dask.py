@@ -190,7 +190,6 @@ async def _close(client: Any, ls: Lease, secret: str, wait: float = 0.0) -> None
         pass
 
 
-
 def worker_slots(info: dict, resources: dict | None) -> int:
     """How many leases a worker (one entry of ``scheduler_info()["workers"]``) can run at once."""
     n = int(info.get("nthreads", 1) or 1)
@@ -266,7 +265,9 @@ class Leases:
         its own leases, which Dask hands the values, and ends them after.
     """
 
-    def __init__(self, client: Any, map_id: str, resources: dict | None, limit: int | None, run: tuple, big: dict | None = None):
+    def __init__(
+        self, client: Any, map_id: str, resources: dict | None, limit: int | None, run: tuple, big: dict | None = None
+    ):
         self.client = client
         self.map_id = map_id
         self.resources = resources
@@ -309,7 +310,11 @@ class Leases:
         gone = [ls for ls in self.live() if ls.addr not in workers]
         for ls in gone:
             self.kill(ls)
-        slots = {addr: worker_slots(w, self.resources) for addr, w in workers.items() if w.get("status", "running") == "running"}
+        slots = {
+            addr: worker_slots(w, self.resources)
+            for addr, w in workers.items()
+            if w.get("status", "running") == "running"
+        }
         total = sum(slots.values())
         self.wanted = total if self.limit is None else min(self.limit, total)
         used: dict[str, int] = {}
@@ -466,7 +471,9 @@ def _lease_done(ls: Lease) -> None:
 def client_of(client: Any) -> tuple[Any, Any]:
     """``(distributed.Client, cluster name or scheduler address)`` from a Client or a ClusterHandle."""
     if client is None:
-        raise TypeError("a map needs a client or a cluster handle; jupyter_cluster.map() finds the current cluster for you.")
+        raise TypeError(
+            "a map needs a client or a cluster handle; jupyter_cluster.map() finds the current cluster for you."
+        )
     if hasattr(client, "client") and hasattr(client, "address"):  # ClusterHandle
         return client.client, client.name
     return client, getattr(client, "scheduler", None) and str(client.scheduler.address)

@@ -51,14 +51,23 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import cloudpickle
 
 from ..capture import LARGE_VALUE_BYTES
 from ..errors import ClusterError, WorkerLostError
 from . import planner
-from .dask import SchedulerWatch, cached_threads, client_of, gather_skipping_errors, item_bytes, scheduler_workers, total_threads
+from .dask import (
+    SchedulerWatch,
+    cached_threads,
+    client_of,
+    gather_skipping_errors,
+    item_bytes,
+    scheduler_workers,
+    total_threads,
+)
 from .planner import MAX_CHUNK_ITEMS
 from .worker import Items, run_items
 
@@ -72,7 +81,7 @@ MAX_TIMEOUT_SECONDS = float(min(threading.TIMEOUT_MAX, 10**9))
 NO_WORKERS_NOTICE_SECONDS = 5.0
 
 _observer_factories: list[Callable] = []
-_last_job: "MapJob | None" = None
+_last_job: MapJob | None = None
 
 
 def add_observer_factory(factory: Callable) -> None:
@@ -92,7 +101,7 @@ def remove_observer_factory(factory: Callable) -> None:
         _observer_factories.remove(factory)
 
 
-def last_job() -> "MapJob | None":
+def last_job() -> MapJob | None:
     """The most recently started map in this process (keeps its results after an interrupt)."""
     return _last_job
 
@@ -127,7 +136,13 @@ class _Chunk:
     __slots__ = ("start", "items", "suspect", "resubmits", "pin", "budget", "deaths")
 
     def __init__(
-        self, start: int, items: list, suspect: bool = False, pin: str | None = None, budget: float | None = None, deaths: int = 0
+        self,
+        start: int,
+        items: list,
+        suspect: bool = False,
+        pin: str | None = None,
+        budget: float | None = None,
+        deaths: int = 0,
     ):
         self.start = start
         self.items = items
@@ -204,8 +219,12 @@ class MapJob:
         concurrency: int | None = None,
     ):
         global _last_job
-        timeout = check_options(errors=errors, chunksize=chunksize, retries=retries, timeout=timeout, resources=resources)
-        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1):
+        timeout = check_options(
+            errors=errors, chunksize=chunksize, retries=retries, timeout=timeout, resources=resources
+        )
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
             raise ValueError(f"concurrency must be a positive integer or None, not {concurrency!r}.")
         if not iterables:
             raise TypeError("map() needs at least one iterable.")
@@ -381,7 +400,7 @@ class MapJob:
                 raise StopIteration
             self._step()
 
-    def run(self) -> "MapJob":
+    def run(self) -> MapJob:
         """Drive the map to its end without yielding (what :func:`map` does)."""
         while not self.finished:
             self._step()
@@ -390,8 +409,12 @@ class MapJob:
     # -- driving ---------------------------------------------------------------------
     def _exhausted_all(self) -> bool:
         return (
-            self._exhausted and not self._buffer and not self._inflight and not self._suspects
-            and not self._resubmit and not self._returned
+            self._exhausted
+            and not self._buffer
+            and not self._inflight
+            and not self._suspects
+            and not self._resubmit
+            and not self._returned
         )
 
     def _step(self) -> None:
@@ -564,7 +587,14 @@ class MapJob:
             kwargs["workers"] = [chunk.pin]
             kwargs["allow_other_workers"] = False
         fut = self.client.submit(
-            run_items, Items(chunk.items, chunk.budget), self._token, self._blob, self._shared, self._star, self.options, **kwargs
+            run_items,
+            Items(chunk.items, chunk.budget),
+            self._token,
+            self._blob,
+            self._shared,
+            self._star,
+            self.options,
+            **kwargs,
         )
         self.chunks_submitted += 1
         self._inflight[fut] = chunk
@@ -591,8 +621,16 @@ class MapJob:
         if self.resources:
             kwargs["resources"] = self.resources
         futures = self.client.map(
-            run_items, [Items(c.items, c.budget) for c in chunks], key=keys, pure=False,
-            token=self._token, blob=self._blob, big=self._shared, star=self._star, options=self.options, **kwargs,
+            run_items,
+            [Items(c.items, c.budget) for c in chunks],
+            key=keys,
+            pure=False,
+            token=self._token,
+            blob=self._blob,
+            big=self._shared,
+            star=self._star,
+            options=self.options,
+            **kwargs,
         )
         self.chunks_submitted += len(chunks)
         for fut, chunk in zip(futures, chunks):
@@ -763,7 +801,12 @@ class MapJob:
             return
         self.path = "direct"
         self._leases = engine_dask.Leases(
-            self.client, self.id, self.resources, self.concurrency, (self._token, self._blob, self._star, self.options), big=self._shared
+            self.client,
+            self.id,
+            self.resources,
+            self.concurrency,
+            (self._token, self._blob, self._star, self.options),
+            big=self._shared,
         )
         # Idle leases of this client's previous map start this one at once (no scheduler round trip).
         cap = self.concurrency if self.concurrency is not None else cached_threads(self.client)
@@ -803,7 +846,11 @@ class MapJob:
         workers = self._wait_on_loop(scheduler_workers(self.client))
         if workers is None:
             return
-        if workers and getattr(self.client, "_jc_direct", None) is None and not engine_dask.direct_reachable(self.client):
+        if (
+            workers
+            and getattr(self.client, "_jc_direct", None) is None
+            and not engine_dask.direct_reachable(self.client)
+        ):
             self._fall_back()
             return
         for lease in self._leases.place(workers):
@@ -927,7 +974,9 @@ class MapJob:
             except Exception as err:  # noqa: BLE001
                 exc = err
             if not isinstance(exc, KilledWorker):
-                raise ClusterError(f"a lease task of this map failed on worker {lease.addr}: {type(exc).__name__}: {exc}; check that jupyter_cluster is installed on the workers.")
+                raise ClusterError(
+                    f"a lease task of this map failed on worker {lease.addr}: {type(exc).__name__}: {exc}; check that jupyter_cluster is installed on the workers."
+                )
         self._lease_lost(lease, deaths=fut.status == "error")
 
     def _lease_lost(self, lease: Any, deaths: bool = True) -> None:
@@ -1085,7 +1134,10 @@ class MapJob:
         if exc is None:
             exc = RemoteItemError(f"{tname}: {msg}")
         where = f" on worker {worker}" if worker else ""
-        _add_note(exc, f"jupyter_cluster: item {index} ({abbreviate(item)}) failed{where}.\nRemote traceback:\n{text.rstrip()}")
+        _add_note(
+            exc,
+            f"jupyter_cluster: item {index} ({abbreviate(item)}) failed{where}.\nRemote traceback:\n{text.rstrip()}",
+        )
         self.tracebacks[index] = (text, frames)
         self.failed_items[index] = (item, worker)
         self._record_failure(index, exc, in_results=True)
@@ -1193,7 +1245,12 @@ class MapJob:
 
 
 def check_options(
-    *, errors: str = "raise", chunksize: Any = "auto", retries: int = 0, timeout: Any = None, resources: dict | None = None
+    *,
+    errors: str = "raise",
+    chunksize: Any = "auto",
+    retries: int = 0,
+    timeout: Any = None,
+    resources: dict | None = None,
 ) -> float | None:
     """Check a map's options (every front end passes through here); returns the timeout to use.
 
@@ -1206,7 +1263,9 @@ def check_options(
         if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
             raise ValueError(f"chunksize must be a positive integer or 'auto', not {chunksize!r}.")
         if chunksize > sys.maxsize:
-            raise ValueError(f"chunksize {chunksize} is larger than any input can be read at once; use at most {sys.maxsize} (or 'auto').")
+            raise ValueError(
+                f"chunksize {chunksize} is larger than any input can be read at once; use at most {sys.maxsize} (or 'auto')."
+            )
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries must be a whole number, 0 or more, not {retries!r}.")
     if timeout is not None:
@@ -1223,8 +1282,15 @@ def check_options(
             )
     if resources:
         for name, amount in resources.items():
-            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount <= 0:
-                shown = f"{amount:g}" if isinstance(amount, (int, float)) and not isinstance(amount, bool) else repr(amount)
+            if (
+                isinstance(amount, bool)
+                or not isinstance(amount, (int, float))
+                or not math.isfinite(amount)
+                or amount <= 0
+            ):
+                shown = (
+                    f"{amount:g}" if isinstance(amount, (int, float)) and not isinstance(amount, bool) else repr(amount)
+                )
                 raise ValueError(
                     f"resources {name}={shown} is not a positive amount, so no worker could ever run the map; "
                     f"ask for a positive amount such as {name}=1, or drop it."

@@ -44,9 +44,7 @@ def probe_items(item_bytes: int) -> int:
     return int(max(1, min(PROBE_ITEMS, PROBE_BYTES // max(int(item_bytes), 1))))
 
 
-def next_size(
-    *, remaining: int | None, per_item: float | None, spread: int, probe: int
-) -> tuple[int, float]:
+def next_size(*, remaining: int | None, per_item: float | None, spread: int, probe: int) -> tuple[int, float]:
     """Items and time budget (seconds) of the next auto-sized batch.
 
     Parameters

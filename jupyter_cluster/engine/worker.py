@@ -201,7 +201,11 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
     def cancelled() -> bool:
         # Also when the worker is closing: it waits for running tasks, so a lease must not outlive it.
         ts = worker.state.tasks.get(key)
-        return ts is None or ts.state not in ("executing", "long-running") or worker.status.name not in ("running", "paused")
+        return (
+            ts is None
+            or ts.state not in ("executing", "long-running")
+            or worker.status.name not in ("running", "paused")
+        )
 
     reg = _REGISTRY
     loop = worker.loop.asyncio_loop
@@ -283,4 +287,3 @@ def run_items(packed: Items, token: str, blob: bytes | None, big: dict | None, s
     if packed.budget is not None:
         options = {**options, "budget": packed.budget}
     return cellfunc.run_chunk(token, blob, big, packed.items, star, options)
-

@@ -19,7 +19,8 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import ClusterError
 
@@ -142,7 +143,9 @@ def stop_remote(name: str, timeout: float = 15.0) -> str:
         security = saved_security(record.name) if record.address.startswith("tls://") else None
         client = Client(record.address, timeout=5, set_as_default=False, security=security)
     except (OSError, TimeoutError) as exc:
-        raise ClusterError(f"the scheduler of {name!r} at {record.address} does not answer; is it still running?") from exc
+        raise ClusterError(
+            f"the scheduler of {name!r} at {record.address} does not answer; is it still running?"
+        ) from exc
     try:
         client.subscribe_topic(CONTROL_TOPIC, on_event)
         client.log_event(CONTROL_TOPIC, request)

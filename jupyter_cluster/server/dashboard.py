@@ -23,11 +23,32 @@ from typing import Any
 ROUTE = "jupyter-cluster/dashboard"
 
 #: request headers never sent on to the dashboard (Jupyter's credentials, hop-by-hop)
-_DROP_REQUEST = {"cookie", "authorization", "host", "connection", "upgrade", "keep-alive", "proxy-authorization",
-                 "te", "trailer", "transfer-encoding", "content-length", "x-xsrftoken", "accept-encoding"}
+_DROP_REQUEST = {
+    "cookie",
+    "authorization",
+    "host",
+    "connection",
+    "upgrade",
+    "keep-alive",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "content-length",
+    "x-xsrftoken",
+    "accept-encoding",
+}
 #: response headers not copied back (tornado sets its own)
-_DROP_RESPONSE = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date",
-                  "set-cookie"}
+_DROP_RESPONSE = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "content-encoding",
+    "server",
+    "date",
+    "set-cookie",
+}
 
 
 def link(base_url: str, name: str) -> str:
@@ -117,8 +138,11 @@ def make_handler():
             return f"http://dashboard/{path}" + (f"?{query}" if query else "")
 
         def _upstream_headers(self) -> dict[str, str]:
-            return {k: v for k, v in self.request.headers.get_all() if k.lower() not in _DROP_REQUEST
-                    and not k.lower().startswith("sec-websocket")}
+            return {
+                k: v
+                for k, v in self.request.headers.get_all()
+                if k.lower() not in _DROP_REQUEST and not k.lower().startswith("sec-websocket")
+            }
 
         # -- plain HTTP --------------------------------------------------------------
         async def _proxy(self, name: str, path: str) -> None:
@@ -127,8 +151,15 @@ def make_handler():
             try:
                 body = self.request.body if self.request.method in ("POST", "PUT", "PATCH") else None
                 response = await client.fetch(
-                    HTTPRequest(self._target(path), method=self.request.method, headers=self._upstream_headers(), body=body,
-                                follow_redirects=False, request_timeout=60, allow_nonstandard_methods=True),
+                    HTTPRequest(
+                        self._target(path),
+                        method=self.request.method,
+                        headers=self._upstream_headers(),
+                        body=body,
+                        follow_redirects=False,
+                        request_timeout=60,
+                        allow_nonstandard_methods=True,
+                    ),
                     raise_error=False,
                 )
             finally:
@@ -170,12 +201,19 @@ def make_handler():
         @ws_authenticated
         async def _websocket(self, name: str, path: str) -> None:
             sock = self._socket(name)
-            protocols = [p.strip() for p in self.request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
-            request = HTTPRequest(self._target(path).replace("http://", "ws://", 1), headers=self._upstream_headers(), connect_timeout=10)
+            protocols = [
+                p.strip() for p in self.request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()
+            ]
+            request = HTTPRequest(
+                self._target(path).replace("http://", "ws://", 1), headers=self._upstream_headers(), connect_timeout=10
+            )
             try:
                 self.upstream = await tornado.websocket.websocket_connect(
-                    request, subprotocols=protocols or None, resolver=_resolver(sock),
-                    on_message_callback=self._from_upstream, max_message_size=256 * 2**20,
+                    request,
+                    subprotocols=protocols or None,
+                    resolver=_resolver(sock),
+                    on_message_callback=self._from_upstream,
+                    max_message_size=256 * 2**20,
                 )
             except Exception as exc:
                 raise tornado.web.HTTPError(502, f"the dashboard of {name!r} refused the websocket: {exc}") from None

@@ -128,7 +128,10 @@ class ClustersHandler(BaseHandler):
         data = self.body()
         unknown = sorted(set(data) - {"name", "workers", "threads", "memory_limit", "backend"})
         if unknown:
-            self.fail(400, f"unknown field(s) {', '.join(unknown)}; a new cluster takes name, workers, threads, memory_limit and backend.")
+            self.fail(
+                400,
+                f"unknown field(s) {', '.join(unknown)}; a new cluster takes name, workers, threads, memory_limit and backend.",
+            )
         try:
             workers = _optional_count(data, "workers", "workers")
             threads = _optional_count(data, "threads", "threads", minimum=1)
@@ -142,7 +145,9 @@ class ClustersHandler(BaseHandler):
         if backend is not None and not isinstance(backend, str):
             self.fail(400, "backend must be the name of a backend.")
         summary = await self.run(
-            self.manager.start_cluster(name=name, workers=workers, threads=threads, memory_limit=memory_limit, backend=backend)
+            self.manager.start_cluster(
+                name=name, workers=workers, threads=threads, memory_limit=memory_limit, backend=backend
+            )
         )
         self.reply({"cluster": summary}, status=201)
 
@@ -165,7 +170,7 @@ class ScaleHandler(BaseHandler):
         name = self.name_arg(name)
         data = self.body()
         if "workers" not in data:
-            self.fail(400, "give the number of workers as {\"workers\": N}.")
+            self.fail(400, 'give the number of workers as {"workers": N}.')
         await self.run(self.manager.scale(name, data["workers"]))
         self.reply({"cluster": name, "workers": data["workers"]})
 
@@ -367,4 +372,7 @@ def setup_handlers(web_app: Any, manager: ClusterManager) -> None:
     ]
     from . import dashboard
 
-    web_app.add_handlers(".*$", [(base + pattern, handler) for pattern, handler in routes] + [dashboard.route(web_app.settings["base_url"])])
+    web_app.add_handlers(
+        ".*$",
+        [(base + pattern, handler) for pattern, handler in routes] + [dashboard.route(web_app.settings["base_url"])],
+    )

@@ -82,7 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         _announce({"ok": False, "error": f"the cluster could not start: {type(exc).__name__}: {exc}"})
         return 1
     listen(handle, on_stop=stop.set)
-    _announce({"ok": True, "name": handle.name, "address": handle.address, "dashboard_link": handle.dashboard_link, "pid": os.getpid()})
+    _announce(
+        {
+            "ok": True,
+            "name": handle.name,
+            "address": handle.address,
+            "dashboard_link": handle.dashboard_link,
+            "pid": os.getpid(),
+        }
+    )
     _redirect_output(args.log)
     while not stop.wait(0.5):
         if handle.closed or _scheduler_gone(handle):

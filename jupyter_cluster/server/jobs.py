@@ -176,7 +176,9 @@ class KeptCluster:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> KeptCluster:
-        return cls(str(data["key"]), dict(data["summary"]), list(data.get("jobs") or []), list(data.get("topics") or []))
+        return cls(
+            str(data["key"]), dict(data["summary"]), list(data.get("jobs") or []), list(data.get("topics") or [])
+        )
 
     async def model(self) -> dict[str, Any]:
         from ..errors import ClusterError
@@ -217,7 +219,9 @@ class HistoryFolder:
         """Write ``kept`` (atomically); drop the oldest files beyond ``keep``. Whether it was written."""
         text = json.dumps(kept.to_json(), separators=(",", ":"))
         if len(text) > self.max_bytes:
-            logger.warning("jupyter-cluster: the history of %s (%d bytes) is too large to keep on disk", kept.key, len(text))
+            logger.warning(
+                "jupyter-cluster: the history of %s (%d bytes) is too large to keep on disk", kept.key, len(text)
+            )
             return False
         try:
             os.makedirs(self.folder, mode=0o700, exist_ok=True)

@@ -75,7 +75,9 @@ class NotFound(ClusterError):
 def validate_name(name: Any) -> str:
     """A cluster name as the registry accepts it, or :class:`ClusterError`."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise ClusterError(f"{name!r} is not a valid cluster name; use letters, digits, '-', '_' or '.' (at most 63, starting with a letter or digit).")
+        raise ClusterError(
+            f"{name!r} is not a valid cluster name; use letters, digits, '-', '_' or '.' (at most 63, starting with a letter or digit)."
+        )
     return name
 
 
@@ -151,7 +153,9 @@ class Connection:
             security = saved_security(self.record.name)
             if security is None:
                 self.status = "unreachable"
-                self.error = "TLS cluster: the server has no credentials for it; use it from the kernel that started it."
+                self.error = (
+                    "TLS cluster: the server has no credentials for it; use it from the kernel that started it."
+                )
                 self._next_attempt = float("inf")
                 return
         client = None
@@ -535,7 +539,9 @@ class ClusterManager:
             raise ClusterError(f"a cluster named {name!r} already exists; choose another name.")
         backend = backend or config.get("backend")
         if backend not in backends.available():
-            raise ClusterError(f"unknown backend {backend!r}; choose one of: {', '.join(sorted(backends.available()))}.")
+            raise ClusterError(
+                f"unknown backend {backend!r}; choose one of: {', '.join(sorted(backends.available()))}."
+            )
         if workers is not None:
             validate_count(workers, "workers")
         if threads is not None:
@@ -566,7 +572,9 @@ class ClusterManager:
             answer = json.loads(line)
         except ValueError:
             code = await _exit_code(proc)
-            raise ClusterError(f"the process starting {name!r} exited (code {code}) without starting it; see {log_path}.") from None
+            raise ClusterError(
+                f"the process starting {name!r} exited (code {code}) without starting it; see {log_path}."
+            ) from None
         if not answer.get("ok"):
             await _exit_code(proc)
             raise ClusterError(answer.get("error") or f"cluster {name!r} could not start; see {log_path}.")
@@ -628,7 +636,9 @@ class ClusterManager:
                     pass
                 registry.remove(name)
             else:
-                raise ClusterError(f"cluster {name!r} does not answer and is not ours to end; stop it where it was started.")
+                raise ClusterError(
+                    f"cluster {name!r} does not answer and is not ours to end; stop it where it was started."
+                )
         deadline = time.monotonic() + timeout
         while registry.read(name) is not None:
             if time.monotonic() > deadline:
@@ -660,4 +670,3 @@ async def _exit_code(proc: Any, timeout: float = 5.0) -> int | None:
         return await asyncio.wait_for(proc.wait(), timeout)
     except asyncio.TimeoutError:
         return None
-

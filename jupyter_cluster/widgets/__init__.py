@@ -49,7 +49,9 @@ def register_commands() -> None:
     magics.EXTRA_COMMANDS.setdefault("metrics", metrics_command)
 
 
-show_metrics.__doc__ = """Live charts of what tasks report on ``topic`` (see :func:`jupyter_cluster.widgets.metrics.show_metrics`)."""
+show_metrics.__doc__ = (
+    """Live charts of what tasks report on ``topic`` (see :func:`jupyter_cluster.widgets.metrics.show_metrics`)."""
+)
 
 # Worker processes import this package too; only a process that already has
 # the magics (IPython) pays for registering, the others get it at %load_ext.

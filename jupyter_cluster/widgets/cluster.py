@@ -22,7 +22,7 @@ from ..errors import ClusterError
 REFRESH_SECONDS = 2.0
 
 _live_lock = threading.Lock()
-_live: dict[int, "weakref.WeakSet[ClusterWidget]"] = {}
+_live: dict[int, weakref.WeakSet[ClusterWidget]] = {}
 
 
 def _fmt_bytes(n: float | None) -> str:
@@ -70,7 +70,14 @@ def workers_table(m: dict[str, Any]) -> str:
         f"{_NUM}{cpu:.0f} %</td>{_NUM}{tasks}</td>"
         "</tr>"
     )
-    heads = [("worker", "left"), ("status", "left"), ("threads", "right"), ("memory (used / limit)", "left"), ("CPU", "right"), ("tasks running", "right")]
+    heads = [
+        ("worker", "left"),
+        ("status", "left"),
+        ("threads", "right"),
+        ("memory (used / limit)", "left"),
+        ("CPU", "right"),
+        ("tasks running", "right"),
+    ]
     head = "".join(f"<th style='{_CELL};text-align:{align}'>{name}</th>" for name, align in heads)
     return (
         "<table class='jupyter-cluster-workers' style='border-collapse:collapse'>"
@@ -110,15 +117,23 @@ class ClusterWidget(w.VBox):
         self.header = w.HTML()
         self.table = w.HTML()
         self.message = w.HTML()
-        self.scale_n = w.BoundedIntText(value=0, min=0, max=100_000, description="workers", layout=w.Layout(width="170px"))
+        self.scale_n = w.BoundedIntText(
+            value=0, min=0, max=100_000, description="workers", layout=w.Layout(width="170px")
+        )
         self.scale_button = w.Button(description="Scale", tooltip="ask for this many workers")
-        self.adapt_min = w.BoundedIntText(value=0, min=0, max=100_000, description="min", layout=w.Layout(width="130px"))
-        self.adapt_max = w.BoundedIntText(value=4, min=0, max=100_000, description="max", layout=w.Layout(width="130px"))
+        self.adapt_min = w.BoundedIntText(
+            value=0, min=0, max=100_000, description="min", layout=w.Layout(width="130px")
+        )
+        self.adapt_max = w.BoundedIntText(
+            value=4, min=0, max=100_000, description="max", layout=w.Layout(width="130px")
+        )
         self.adapt_button = w.Button(description="Adapt", tooltip="let the number of workers follow the load")
         self.scale_button.on_click(lambda _: self.scale(self.scale_n.value))
         self.adapt_button.on_click(lambda _: self.adapt(self.adapt_min.value, self.adapt_max.value))
         if getattr(handle, "owns_cluster", True):
-            self.controls: w.Widget = w.HBox([self.scale_n, self.scale_button, self.adapt_min, self.adapt_max, self.adapt_button])
+            self.controls: w.Widget = w.HBox(
+                [self.scale_n, self.scale_button, self.adapt_min, self.adapt_max, self.adapt_button]
+            )
         else:  # no controls that cannot work; say why instead
             how = getattr(handle, "attachment", "attached")
             self.controls = w.HTML(f"<i>{html.escape(f'{how}: scale or adapt it where it was started.')}</i>")

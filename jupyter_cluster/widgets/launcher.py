@@ -38,11 +38,19 @@ class Launcher(w.VBox):
         # wide enough for the longest label ("memory limit"), the same for all so the fields line up
         label = {"description_width": "100px"}
         default = config.get("backend") or "local"
-        self.backend = w.Dropdown(options=names, value=default if default in names else names[0], description="backend", style=label)
+        self.backend = w.Dropdown(
+            options=names, value=default if default in names else names[0], description="backend", style=label
+        )
         self.name = w.Text(value="", placeholder="automatic", description="name", style=label)
-        self.workers = w.BoundedIntText(value=_default_workers(), min=0, max=100_000, description="workers", style=label)
-        self.threads = w.BoundedIntText(value=int(config.get("local.threads") or 1), min=1, max=1024, description="threads", style=label)
-        self.memory_limit = w.Text(value=str(config.get("local.memory-limit") or "auto"), description="memory limit", style=label)
+        self.workers = w.BoundedIntText(
+            value=_default_workers(), min=0, max=100_000, description="workers", style=label
+        )
+        self.threads = w.BoundedIntText(
+            value=int(config.get("local.threads") or 1), min=1, max=1024, description="threads", style=label
+        )
+        self.memory_limit = w.Text(
+            value=str(config.get("local.memory-limit") or "auto"), description="memory limit", style=label
+        )
         self.start_button = w.Button(description="Start", button_style="primary", icon="play")
         self.scale_button = w.Button(description="Scale", icon="arrows-v", disabled=True)
         self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
@@ -61,7 +69,11 @@ class Launcher(w.VBox):
 
     def _options(self) -> dict[str, Any]:
         impl = backends.get_backend(self.backend.value)
-        wanted = {"workers": self.workers.value, "threads": self.threads.value, "memory_limit": self.memory_limit.value.strip() or None}
+        wanted = {
+            "workers": self.workers.value,
+            "threads": self.threads.value,
+            "memory_limit": self.memory_limit.value.strip() or None,
+        }
         return {k: v for k, v in wanted.items() if k in impl.options and v is not None}
 
     def start(self) -> Any:

@@ -16,7 +16,8 @@ import pathlib
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import config, events, ticker
 
@@ -40,7 +41,9 @@ def _refresh_seconds() -> float:
 class _Follower:
     """Pushes a store's changes into ``sink`` from the ticker, throttled; stops when ``alive()`` is False."""
 
-    def __init__(self, st: events.TopicStore, sink: Callable[[events.TopicStore], None], alive: Callable[[], bool]) -> None:
+    def __init__(
+        self, st: events.TopicStore, sink: Callable[[events.TopicStore], None], alive: Callable[[], bool]
+    ) -> None:
         self.store = st
         self.sink = sink
         self.alive = alive
@@ -73,7 +76,7 @@ class _Follower:
             self.push()
         return True
 
-    def start(self) -> "_Follower":
+    def start(self) -> _Follower:
         self.push(force=True)
         ticker.every(_refresh_seconds(), self.tick)
         _live.add(self)
@@ -86,7 +89,7 @@ class _Follower:
 # the cell has finished is not part of that cell's output any more, so the notebook
 # saved at the end (nbclient, or the last save in JupyterLab) missed the last points.
 # These hooks push what is pending while the cell is still running, on its thread.
-_live: "weakref.WeakSet[_Follower]" = weakref.WeakSet()
+_live: weakref.WeakSet[_Follower] = weakref.WeakSet()
 _hooks_lock = threading.Lock()
 _hooks_installed = False
 _map_ended = False
@@ -185,7 +188,9 @@ def widget_class():
         chart_height = t.Int(260).tag(sync=True)
 
         def __init__(self, topic: str, **kwargs: Any) -> None:
-            super().__init__(topic=topic, data={"topic": topic, "scalars": {}, "vectors": {}, "dropped": 0, "received": 0}, **kwargs)
+            super().__init__(
+                topic=topic, data={"topic": topic, "scalars": {}, "vectors": {}, "dropped": 0, "received": 0}, **kwargs
+            )
             self.follower = _Follower(events.store(topic), self._push, lambda: self.comm is not None).start()
 
         def _push(self, st: events.TopicStore) -> None:

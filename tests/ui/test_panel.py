@@ -361,7 +361,9 @@ def test_panel_in_notebook_7(lab, browser, artifacts):
     try:
         page.goto(f"{lab.url}notebooks/ui.ipynb?token={lab.token}", timeout=90_000)
         page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
-        page.wait_for_function("!!window.jupyterapp && window.jupyterapp.commands.hasCommand('jupyter-cluster:open')", timeout=30_000)
+        page.wait_for_function(
+            "!!window.jupyterapp && window.jupyterapp.commands.hasCommand('jupyter-cluster:open')", timeout=30_000
+        )
         page.evaluate("window.jupyterapp.commands.execute('jupyter-cluster:open')")
         page.wait_for_selector("#jupyter-cluster-panel", state="visible", timeout=30_000)
         # the cluster started from JupyterLab's panel is listed here too
@@ -392,7 +394,9 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
         # Stop from the panel, confirmed in the dialog: a cluster with no jobs or metrics just leaves
         page.click(f'#jupyter-cluster-panel .jc-clusters .jc-cluster[data-name="{OTHER}"] .jc-stop')
         page.click(".jp-Dialog .jp-mod-accept")
-        page.wait_for_selector(f'#jupyter-cluster-panel .jc-cluster[data-name^="{OTHER}"]', state="detached", timeout=60_000)
+        page.wait_for_selector(
+            f'#jupyter-cluster-panel .jc-cluster[data-name^="{OTHER}"]', state="detached", timeout=60_000
+        )
         # %cluster stop from a kernel (this process): the cluster leaves the live list
         import jupyter_cluster as jc
 
@@ -407,7 +411,9 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
             timeout=15_000,
         )
         # ... but its history is kept and stays selected: the job and the curves are still there
-        kept = page.locator(f'#jupyter-cluster-panel .jc-history .jc-cluster.jc-selected[data-name^="{CLUSTER}.stopped-"]')
+        kept = page.locator(
+            f'#jupyter-cluster-panel .jc-history .jc-cluster.jc-selected[data-name^="{CLUSTER}.stopped-"]'
+        )
         kept.wait_for(timeout=15_000)
         assert "metrics: ui" in kept.inner_text()
         assert page.locator("#jupyter-cluster-panel .jc-job", has_text=f"{ITEMS} / {ITEMS}").count() >= 1
@@ -433,11 +439,13 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
         handle = jc.start(workers=1, threads=1)
         try:
             page.wait_for_selector(
-                f'#jupyter-cluster-panel .jc-clusters .jc-cluster[data-name="{handle.name}"] .jc-status-running', timeout=30_000
+                f'#jupyter-cluster-panel .jc-clusters .jc-cluster[data-name="{handle.name}"] .jc-status-running',
+                timeout=30_000,
             )
             handle.client.shutdown()
             page.wait_for_selector(
-                f'#jupyter-cluster-panel .jc-clusters .jc-cluster[data-name="{handle.name}"] .jc-status-unreachable', timeout=30_000
+                f'#jupyter-cluster-panel .jc-clusters .jc-cluster[data-name="{handle.name}"] .jc-status-unreachable',
+                timeout=30_000,
             )
             # the server's refusal to scale it comes back inside the dialog, with what was typed
             page.click(f'#jupyter-cluster-panel .jc-clusters .jc-cluster[data-name="{handle.name}"] .jc-scale')
@@ -451,7 +459,9 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
         finally:
             jc.stop(handle.name)
         page.wait_for_selector(
-            f'#jupyter-cluster-panel .jc-clusters .jc-cluster[data-name="{handle.name}"]', state="detached", timeout=30_000
+            f'#jupyter-cluster-panel .jc-clusters .jc-cluster[data-name="{handle.name}"]',
+            state="detached",
+            timeout=30_000,
         )
         # no traceback in the server's log for these expected events
         with open(lab.log_path, errors="replace") as f:
@@ -481,9 +491,13 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
         assert page.locator("#jupyter-cluster-panel .jc-job", has_text=f"{ITEMS} / {ITEMS}").count() >= 1
         _shot(page, artifacts, "panel-after-server-restart.png", "#jupyter-cluster-panel")
         # Forget deletes the kept history, on disk too
-        page.locator(f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{CLUSTER}.stopped-"] .jc-forget').click()
+        page.locator(
+            f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{CLUSTER}.stopped-"] .jc-forget'
+        ).click()
         page.wait_for_selector(
-            f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{CLUSTER}.stopped-"]', state="detached", timeout=15_000
+            f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{CLUSTER}.stopped-"]',
+            state="detached",
+            timeout=15_000,
         )
         assert not any(n.startswith(f"{CLUSTER}.stopped-") for n in os.listdir(kept_dir))
     finally:
