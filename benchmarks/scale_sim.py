@@ -70,7 +70,7 @@ async def scheduler_main(addr_file: str) -> None:
     from distributed import Scheduler
 
     async with Scheduler(host="127.0.0.1", port=0, dashboard=False) as s:
-        with open(addr_file + ".tmp", "w") as f:
+        with open(addr_file + ".tmp", "w") as f:  # noqa: ASYNC230 (once, before any work)
             f.write(s.address)
         os.replace(addr_file + ".tmp", addr_file)
         await _until_stdin_closes()

@@ -140,7 +140,7 @@ def compare(run, *factory_args, pools=None, fresh=None, **factory_kwargs):
         if pools is not None:
             results[kind] = outcome(run, pools[kind])
         else:
-            results[kind] = outcome(lambda: run(fresh(kind, *factory_args, **factory_kwargs)))
+            results[kind] = outcome(lambda kind=kind: run(fresh(kind, *factory_args, **factory_kwargs)))
     assert results["jupyter_cluster"] == results["multiprocessing"], results
     return results["multiprocessing"]
 
@@ -302,7 +302,7 @@ def test_closed_pool_message(fresh):
 def test_constructor_validation_same_as_multiprocessing(cluster, args, kwargs):
     results = {}
     for kind, make in FACTORIES.items():
-        results[kind] = outcome(lambda: make(*args, **kwargs).terminate())
+        results[kind] = outcome(lambda make=make: make(*args, **kwargs).terminate())
     assert results["jupyter_cluster"][:2] == results["multiprocessing"][:2], results
     assert results["multiprocessing"][0] == "raise"
 
@@ -340,7 +340,7 @@ def test_callbacks_run_in_caller_process_on_a_result_thread(fresh):
         p = fresh(kind)
         seen = []
 
-        def cb(value, tag):
+        def cb(value, tag, seen=seen):
             seen.append(
                 (
                     tag,
@@ -373,7 +373,7 @@ def test_imap_is_lazy_over_an_infinite_generator(fresh):
         p = fresh(kind)
         consumed = itertools.count()
 
-        def numbers():
+        def numbers(consumed=consumed):
             for i in itertools.count():
                 next(consumed)
                 yield i

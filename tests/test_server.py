@@ -542,7 +542,9 @@ def test_jobs_store_keeps_latest_state_and_recent_history():
 
     store = JobsStore(keep_recent=2)
 
-    def msg(job, state="running", done=0, updated=1.0, kernel=os.getpid(), **kw):
+    me = os.getpid()
+
+    def msg(job, state="running", done=0, updated=1.0, kernel=me, **kw):
         return {
             "job": job,
             "label": job,

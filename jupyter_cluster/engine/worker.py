@@ -155,7 +155,8 @@ async def _close(comm=None, lease=None, secret=None, wait=0.0):
     if _matches(found, secret):
         found.mailbox.put(None)
         deadline = asyncio.get_running_loop().time() + float(wait)
-        while not found.ended and asyncio.get_running_loop().time() < deadline:
+        # `ended` is set by the lease's own thread; an asyncio.Event may not be set from there
+        while not found.ended and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.005)
     return "OK"
 

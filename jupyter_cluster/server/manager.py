@@ -555,7 +555,7 @@ class ClusterManager:
             cmd += ["--memory-limit", str(memory_limit)]
         log_path = _log_path(name)
         cmd += ["--log", log_path]
-        with open(log_path, "ab") as log:
+        with open(log_path, "ab") as log:  # noqa: ASYNC230 (a local file opened once per cluster start)
             proc = await asyncio.create_subprocess_exec(
                 *cmd,
                 stdin=asyncio.subprocess.DEVNULL,
