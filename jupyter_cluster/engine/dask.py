@@ -46,7 +46,38 @@ DEPTH = 2
 #: How long the first direct contact with a cluster's worker may take before the map uses plain tasks, in seconds.
 REACH_TIMEOUT_SECONDS = 3.0
 
+#: Longest wait for a new connection to a worker, in seconds (Dask's default, 30 s, would stall a
+#: batch sent to a worker that has just died; a broken connection is noticed at once anyway).
+CONNECT_TIMEOUT_SECONDS = 10.0
+
 _lease_numbers = itertools.count()
+
+
+class ConnectFailed(OSError):
+    """No connection to a lease's worker could be made: the batch never reached it (no worker death is blamed on it)."""
+
+
+async def call(client: Any, addr: str, op: str, **msg: Any) -> Any:
+    """One request/response with a worker's handler ``op`` over the client's connection pool.
+
+    The pool is the client's own (``client.rpc``, built with its
+    ``connection_args``: TLS clusters stay TLS).  Unlike ``client.rpc(addr).op()``
+    it gives up connecting after :data:`CONNECT_TIMEOUT_SECONDS` and says so
+    with :class:`ConnectFailed`.
+    """
+    from distributed.core import send_recv
+
+    pool = client.rpc
+    try:
+        comm = await pool.connect(addr, timeout=CONNECT_TIMEOUT_SECONDS)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every way of not connecting is the same here
+        raise ConnectFailed(f"could not connect to {addr}: {exc}") from exc
+    try:
+        return await send_recv(comm=comm, op=op, **msg)
+    finally:
+        pool.reuse(addr, comm)
 
 
 class Lease:
@@ -185,7 +216,7 @@ def end_leases(client: Any, secret: str, leases: list[Lease], wait: float = 0.0)
 
 async def _close(client: Any, ls: Lease, secret: str, wait: float = 0.0) -> None:
     try:
-        await client.rpc(ls.addr).jc_close(lease=ls.id, secret=secret, wait=wait, reply=wait > 0)
+        await call(client, ls.addr, "jc_close", lease=ls.id, secret=secret, wait=wait, reply=wait > 0)
     except Exception:  # noqa: BLE001 - Dask's cancellation ends the lease anyway
         pass
 
@@ -243,7 +274,7 @@ def _allowed_failures(dask_scheduler=None) -> int:
 
 
 async def _ping(client: Any, addr: str) -> Any:
-    return await asyncio.wait_for(client.rpc(addr).jc_ping(), REACH_TIMEOUT_SECONDS)
+    return await asyncio.wait_for(call(client, addr, "jc_ping"), REACH_TIMEOUT_SECONDS)
 
 
 class Leases:
@@ -351,10 +382,9 @@ class Leases:
         self._run(self._attach(ls))
 
     async def _attach(self, ls: Lease) -> None:
-        rpc = self.client.rpc(ls.addr)
         while not ls.dead and not self.closed:
             try:
-                answer = await rpc.jc_attach(lease=ls.id, secret=self.secret, wait=ATTACH_WAIT_SECONDS)
+                answer = await call(self.client, ls.addr, "jc_attach", lease=ls.id, secret=self.secret, wait=ATTACH_WAIT_SECONDS)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the worker is gone or unreachable
@@ -409,8 +439,8 @@ class Leases:
 
         ls = sent.lease
         try:
-            answer = await self.client.rpc(ls.addr).jc_batch(
-                lease=ls.id, secret=self.secret, run=to_serialize(Packed(run)) if run[1] is not None else run,
+            answer = await call(
+                self.client, ls.addr, "jc_batch", lease=ls.id, secret=self.secret, run=to_serialize(Packed(run)) if run[1] is not None else run,
                 items=to_serialize(Packed(sent.chunk.items)), budget=sent.chunk.budget,
             )  # fmt: skip
         except asyncio.CancelledError:

@@ -854,7 +854,10 @@ class MapJob:
             self._fall_back()
             return
         for lease in self._leases.place(workers):
-            self._lease_lost(lease)
+            # Its worker left the scheduler's list without a broken connection
+            # telling us first (a partition, or an idle lease's worker): no
+            # batch is blamed for it.
+            self._lease_lost(lease, deaths=False)
         self._threads = max(self._leases.wanted, 1)
 
     def _wait_on_loop(self, coro) -> Any:
@@ -915,8 +918,8 @@ class MapJob:
             if not obj.dead:
                 obj.ready = True
             return
-        if kind == "lost":  # the worker of a lease did not answer
-            self._lease_lost(obj)
+        if kind == "lost":  # the worker of a lease did not answer its attach (no batch was sent to it yet)
+            self._lease_lost(obj, deaths=False)
             return
         if kind == "lease-done":
             self._lease_ended(obj)
@@ -926,8 +929,11 @@ class MapJob:
             return
         if kind == "error" and isinstance(data, (OSError, asyncio.TimeoutError)):
             # The connection broke: the worker died (or left).  Every batch of
-            # the lease goes elsewhere; the oldest was the one running.
-            self._lease_lost(sent.lease)
+            # the lease goes elsewhere; the oldest was the one running, unless
+            # no connection could be made at all (then none of them ran).
+            from .dask import ConnectFailed
+
+            self._lease_lost(sent.lease, deaths=not isinstance(data, ConnectFailed))
             return
         chunk = self._inflight.pop(sent)
         if sent in sent.lease.outstanding:
