@@ -363,3 +363,23 @@ def test_worker_processes_import_only_what_runs_on_them(cluster):
                      or m in ("jupyter_cluster.session", "jupyter_cluster.mapping", "jupyter_cluster.engine.job",
                               "jupyter_cluster.widgets", "jupyter_cluster.progress", "jupyter_cluster.magics")]  # fmt: skip
     assert not notebook_side, f"worker processes imported {notebook_side}"
+
+
+def test_the_task_path_still_does_everything_the_direct_path_does(cluster):
+    """engine.path=tasks (the fallback): order, errors as data, capture, budgets, no leases."""
+    import dask
+
+    def work(x):
+        if x == 7:
+            raise ValueError("seven")
+        print("item", x)
+        time.sleep(0.002)
+        return x * 2
+
+    with dask.config.set({"jupyter-cluster.engine.path": "tasks"}):
+        out = mapping.map(work, range(300), errors="collect", client=cluster, progress=False)
+        job = mapping.last_job()
+    assert job.path == "tasks" and job.leases == 0
+    assert [v for i, v in enumerate(out) if i != 7] == [2 * i for i in range(300) if i != 7]
+    assert isinstance(out[7], ValueError) and job.outputs[8] == "item 8\n"
+    assert job.chunks_submitted > 2  # chunked, more than one task per worker
