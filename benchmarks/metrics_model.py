@@ -13,7 +13,7 @@ import argparse
 import json
 import time
 
-from jupyter_cluster import events
+from jupyter_cluster import telemetry
 
 
 def main() -> None:
@@ -21,7 +21,7 @@ def main() -> None:
     ap.add_argument("--series", type=int, default=100)
     ap.add_argument("--points", type=int, default=10_000)
     args = ap.parse_args()
-    st = events.TopicStore("bench", history=args.series * args.points)
+    st = telemetry.TopicStore("bench", history=args.series * args.points)
     t0 = time.perf_counter()
     for m in range(args.series):
         recs = [

@@ -52,9 +52,9 @@ def _cpu(client) -> float:
 
 
 def _has_plugin(dask_scheduler=None) -> bool:
-    from jupyter_cluster import events
+    from jupyter_cluster.telemetry import PLUGIN_NAME
 
-    return events.PLUGIN_NAME in dask_scheduler.worker_plugins
+    return PLUGIN_NAME in dask_scheduler.worker_plugins
 
 
 def main() -> None:
@@ -67,7 +67,10 @@ def main() -> None:
     import dask
 
     import jupyter_cluster as jc
-    from jupyter_cluster import events, mapping, progress
+    from jupyter_cluster import mapping
+    from jupyter_cluster import telemetry as tm
+    from jupyter_cluster.telemetry import hub as hub_module
+    from jupyter_cluster.telemetry import progress
 
     handle = jc.start(workers=args.workers, threads=1)
     client = handle.client
@@ -76,13 +79,13 @@ def main() -> None:
     cpus: dict[str, list[float]] = {"off": [], "on": [], "on+report": []}
 
     def telemetry(on: bool) -> None:
-        hub = events._hubs.pop(client.id, None)
+        hub = hub_module._hubs.pop(client.id, None)
         if hub is not None:
             hub.detach()
         if client.run_on_scheduler(_has_plugin):
-            client.unregister_worker_plugin(events.PLUGIN_NAME)
+            client.unregister_worker_plugin(tm.PLUGIN_NAME)
         if on:
-            events.attach(client)
+            tm.attach(client)
 
     try:
         mapping.map(work, range(200), progress=False)  # warm up the workers
@@ -103,7 +106,7 @@ def main() -> None:
                 assert len(out) == args.items
                 if on:
                     assert progress.recent[-1].shown
-        st = events.store("bench")
+        st = tm.store("bench")
     finally:
         handle.close()
 

@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "ClusterHandle": ".session", "clusters": ".session", "connect": ".session", "current": ".session",
     "start": ".session", "stop": ".session", "imap": ".mapping", "last_job": ".mapping", "map": ".mapping",
-    "Pool": ".pool", "Queue": ".dqueue", "actor": ".actors", "metrics": ".events", "report": ".events",
+    "Pool": ".pool", "Queue": ".dqueue", "actor": ".actors", "metrics": ".telemetry", "report": ".telemetry",
     "launcher": ".widgets", "show_metrics": ".widgets", "spmd": ".spmd",
 }  # fmt: skip
 
@@ -55,12 +55,12 @@ def __getattr__(name: str):
 if not _in_dask_worker_process():
     from .actors import actor
     from .dqueue import Queue
-    from .events import metrics, report
     from .mapping import imap, last_job, map  # noqa: A004  (jupyter_cluster.map is the public map)
     from .pool import Pool
-    from .progress import install as _install_progress  # noqa: E402
     from .session import ClusterHandle, clusters, connect, current, start, stop
     from .spmd import spmd  # noqa: E402  (the function; import the module's other names with `from jupyter_cluster.spmd import ...`)
+    from .telemetry import metrics, report
+    from .telemetry.progress import install as _install_progress  # noqa: E402
     from .widgets import launcher, show_metrics
 
     _install_progress()  # progress bars for every map, once the map engine is importable

@@ -29,6 +29,7 @@ from typing import Any
 
 from .engine.dask import SchedulerWatch, translate_error
 from .errors import ClusterError
+from .telemetry.progress import in_kernel
 
 __all__ = ["Pool", "AsyncResult", "ApplyResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"]
 
@@ -441,7 +442,7 @@ class Pool:
         self._initargs = tuple(initargs)
         self._maxtasksperchild = maxtasksperchild
         # Automatic progress in a Jupyter kernel; a script gets none, as with multiprocessing.
-        self._progress = False if progress is None and not _in_kernel() else progress
+        self._progress = False if progress is None and not in_kernel() else progress
         self._id = f"pool-{uuid.uuid4().hex[:12]}"
 
         self._lock = threading.RLock()
@@ -807,12 +808,6 @@ class Pool:
                 pass
 
         threading.Thread(target=forget, daemon=True, name=f"jupyter-cluster-{pool_id}-forget").start()
-
-
-def _in_kernel() -> bool:
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    return getattr(shell, "kernel", None) is not None
 
 
 def _print_output(index: int, text: str, failed: bool) -> None:

@@ -401,7 +401,7 @@ def _adopt(handle: ClusterHandle, attached: bool) -> ClusterHandle:
     if handle.attached_record is None:  # attached by name: the cluster is in the registry already
         _register(handle, attached)
     if not attached:  # the owner answers scale/stop requests from the panel and other kernels
-        from .server.control import listen
+        from .control import listen
 
         listen(handle)
     if handle.backend != "local":  # other machines may run other package versions
@@ -613,10 +613,10 @@ def stop(name: str | None = None) -> str:
     """Stop (or detach from) a cluster held by this process; returns its name.
 
     A cluster started from the JupyterLab panel (held by no kernel) is stopped
-    by asking its owner process, see :func:`jupyter_cluster.server.control.stop_remote`.
+    by asking its owner process, see :func:`jupyter_cluster.control.stop_remote`.
     """
     if name is not None and name not in _handles and registry.read(name) is not None:
-        from .server.control import stop_remote
+        from .control import stop_remote
 
         return stop_remote(name)
     if name is None and not _handles:

@@ -511,7 +511,7 @@ class _Observer:
     def __init__(self, job: SpmdJob, progress: Any):
         self.obs = None
         try:
-            from .progress import observer_factory
+            from .telemetry.progress import observer_factory
 
             self.obs = observer_factory(job, progress)
             if self.obs is not None:

@@ -361,7 +361,7 @@ def test_worker_processes_import_only_what_runs_on_them(cluster):
     assert "jupyter_cluster.engine.worker" in mods
     notebook_side = [m for m in mods if m.split(".")[0] in ("IPython", "ipywidgets", "anywidget")
                      or m in ("jupyter_cluster.session", "jupyter_cluster.mapping", "jupyter_cluster.engine.job",
-                              "jupyter_cluster.widgets", "jupyter_cluster.progress", "jupyter_cluster.magics")]  # fmt: skip
+                              "jupyter_cluster.widgets", "jupyter_cluster.telemetry.progress", "jupyter_cluster.magics")]  # fmt: skip
     assert not notebook_side, f"worker processes imported {notebook_side}"
 
 

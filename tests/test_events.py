@@ -8,7 +8,8 @@ import uuid
 
 import pytest
 
-from jupyter_cluster import events
+from jupyter_cluster import telemetry
+from jupyter_cluster.telemetry.report import _producer
 
 from .conftest import wait_for
 
@@ -36,12 +37,12 @@ def _topic(name: str) -> str:
 )
 def test_report_rejects_bad_values_with_one_clear_type_error(kwargs, fragment):
     with pytest.raises(TypeError, match=fragment.replace("[", r"\[")):
-        events.report(**kwargs)
+        telemetry.report(**kwargs)
 
 
 def test_report_accepts_numpy_scalars_arrays_and_identity_fields():
     np = pytest.importorskip("numpy")
-    step, series, values = events.validate(
+    step, series, values = telemetry.validate(
         np.int64(4),
         "t",
         None,
@@ -51,17 +52,17 @@ def test_report_accepts_numpy_scalars_arrays_and_identity_fields():
     assert series == {"member": 3, "run": "lr=0.1"}
     assert values == {"reward": 1.5, "load": [0.0, 1.0, 2.0], "ok": 1}
     with pytest.raises(TypeError, match=r"shape \(2, 2\)"):
-        events.validate(None, "t", None, {"m": np.zeros((2, 2))})
-    assert events.series_key({"run": "a", "member": 3}) == "member=3, run=a"
-    assert events.series_key({}) == "all"
+        telemetry.validate(None, "t", None, {"m": np.zeros((2, 2))})
+    assert telemetry.series_key({"run": "a", "member": 3}) == "member=3, run=a"
+    assert telemetry.series_key({}) == "all"
 
 
 def test_report_in_the_notebook_without_a_cluster_is_kept_locally():
     topic = _topic("nb")
     for step in range(3):
-        events.report(step=step, topic=topic, member=1, reward=step * 2.0)
-    events.report(topic=topic, load=[1, 2, 3])
-    df = events.metrics(topic)
+        telemetry.report(step=step, topic=topic, member=1, reward=step * 2.0)
+    telemetry.report(topic=topic, load=[1, 2, 3])
+    df = telemetry.metrics(topic)
     assert list(df.columns[:3]) == ["step", "time", "worker"]
     assert df["reward"].tolist()[:3] == [0.0, 2.0, 4.0]
     assert df["member"].tolist()[:3] == [1, 1, 1]
@@ -76,7 +77,7 @@ def _recs(steps, member=0, **extra):
 
 
 def test_store_drops_duplicates_and_counts_gaps_exactly():
-    st = events.TopicStore("t")
+    st = telemetry.TopicStore("t")
     assert st.add("a", 0, _recs(range(0, 10))) == 10
     assert st.add("a", 5, _recs(range(5, 15))) == 5  # overlap: only 10..14 are new
     assert st.add("a", 20, _recs(range(20, 25))) == 5  # 15..19 never arrive
@@ -88,7 +89,7 @@ def test_store_drops_duplicates_and_counts_gaps_exactly():
 
 
 def test_store_keeps_each_series_sorted_by_step_even_when_workers_interleave():
-    st = events.TopicStore("t")
+    st = telemetry.TopicStore("t")
     st.add("w1", 0, _recs([0, 2, 4]))
     st.add("w2", 0, _recs([1, 3, 5]))
     pts = st.model()["scalars"]["v"]["member=0"]
@@ -96,7 +97,7 @@ def test_store_keeps_each_series_sorted_by_step_even_when_workers_interleave():
 
 
 def test_model_of_100_series_is_downsampled_but_keeps_peaks():
-    st = events.TopicStore("big")
+    st = telemetry.TopicStore("big")
     n = 1000
     for member in range(100):
         recs = [
@@ -121,7 +122,7 @@ def test_model_of_100_series_is_downsampled_but_keeps_peaks():
 
 
 def test_store_model_heatmap_rows_and_json_safe_values():
-    st = events.TopicStore("moe")
+    st = telemetry.TopicStore("moe")
     recs = [
         {"step": s, "time": 0.0, "series": {}, "values": {"tokens": [s, 2 * s, float("nan")], "loss": float("inf")}}
         for s in range(5)
@@ -138,7 +139,7 @@ def test_store_model_heatmap_rows_and_json_safe_values():
 
 def test_records_expands_a_batch_into_shared_interface_records():
     msg = {"topic": "t", "source": "s", "seq": 7, "records": _recs([1, 2]), "worker": "tcp://w"}
-    out = events.records("t", msg)
+    out = telemetry.records("t", msg)
     assert [r["seq"] for r in out] == [7, 8]
     assert out[0]["topic"] == "t" and out[0]["worker"] == "tcp://w" and out[0]["series"] == {"member": 0}
 
@@ -147,11 +148,10 @@ def test_records_expands_a_batch_into_shared_interface_records():
 def _work(member: int, topic: str, n: int, pause: float = 0.0):
     import time
 
-    from jupyter_cluster import events
 
     t0 = time.perf_counter()
     for step in range(n):
-        events.report(step=step, topic=topic, member=member, loss=float(step), load=[member, step])
+        telemetry.report(step=step, topic=topic, member=member, loss=float(step), load=[member, step])
         if pause:
             time.sleep(pause)
     return time.perf_counter() - t0
@@ -159,14 +159,14 @@ def _work(member: int, topic: str, n: int, pause: float = 0.0):
 
 def test_reports_from_workers_arrive_in_order_per_series(cluster):
     client = cluster.client
-    events.attach(client)
+    telemetry.attach(client)
     topic = _topic("order")
     futures = client.map(_work, [0, 1, 2, 3], topic=topic, n=50, pause=0.001, pure=False)
     client.gather(futures)
-    st = events.store(topic)
+    st = telemetry.store(topic)
     # a task's reports are flushed before its result, so they are here already
     assert st.received == 200
-    df = events.metrics(topic)
+    df = telemetry.metrics(topic)
     assert len(df) == 200
     assert set(df["worker"]) <= set(client.scheduler_info()["workers"])
     for member, group in df.groupby("member"):
@@ -178,30 +178,29 @@ def test_reports_from_workers_arrive_in_order_per_series(cluster):
 
 def test_burst_of_10000_reports_from_two_workers_all_arrive(cluster):
     client = cluster.client
-    events.attach(client)
+    telemetry.attach(client)
     topic = _topic("burst")
     workers = list(client.scheduler_info()["workers"])
     assert len(workers) == 2
     futures = [client.submit(_work, i, topic, 5000, pure=False, workers=[w]) for i, w in enumerate(workers)]
     durations = client.gather(futures)
-    st = events.store(topic)
+    st = telemetry.store(topic)
     wait_for(lambda: st.received + st.dropped >= 10_000, timeout=20, message="10,000 reports")
     assert (st.received, st.dropped) == (10_000, 0)
     assert max(durations) < 10, durations
-    for member, group in events.metrics(topic).groupby("member"):
+    for member, group in telemetry.metrics(topic).groupby("member"):
         assert group["step"].tolist() == list(range(5000)), f"series member={member} incomplete or out of order"
 
 
 def _one_batch_per_report(topic: str, n: int) -> int:
     import time
 
-    from jupyter_cluster import events
 
     for step in range(n):
-        events.report(step=step, topic=topic, x=float(step))
-        events.flush()
+        telemetry.report(step=step, topic=topic, x=float(step))
+        telemetry.flush()
         deadline = time.monotonic() + 5
-        while events._producer.pending and time.monotonic() < deadline:
+        while _producer.pending and time.monotonic() < deadline:
             time.sleep(0.0002)
     return n
 
@@ -229,7 +228,7 @@ def test_late_subscriber_gets_the_schedulers_backlog_and_an_exact_dropped_count(
         with Client(small.scheduler_address, set_as_default=False) as other:
             stores: dict = {}
             seen: list = []
-            hub = events.Hub(other, stores=stores)
+            hub = telemetry.Hub(other, stores=stores)
             hub.callbacks.append(seen.append)
             hub.attach()
             st = stores[topic]
@@ -246,11 +245,11 @@ def test_reports_made_in_the_notebook_reach_other_subscribers(cluster):
 
     with Client(cluster.address, security=cluster.security, set_as_default=False) as other:
         stores: dict = {}
-        hub = events.Hub(other, stores=stores)
+        hub = telemetry.Hub(other, stores=stores)
         hub.attach()
         topic = _topic("from-kernel")
-        events.report(step=1, topic=topic, member=5, acc=0.5)
-        assert events.store(topic).received == 1  # at once in this kernel
+        telemetry.report(step=1, topic=topic, member=5, acc=0.5)
+        assert telemetry.store(topic).received == 1  # at once in this kernel
         wait_for(
             lambda: topic in stores and stores[topic].received == 1,
             timeout=10,
@@ -278,11 +277,11 @@ def test_reports_made_in_the_notebook_reach_other_subscribers(cluster):
 )
 def test_report_rejects_what_msgpack_cannot_send(kwargs, fragment):
     with pytest.raises(TypeError, match=fragment):
-        events.report(**kwargs)
+        telemetry.report(**kwargs)
 
 
 def test_report_converts_huge_integer_values_to_floats():
-    step, ident, values = events.validate(
+    step, ident, values = telemetry.validate(
         3, "t", None, {"big": 2**100, "neg": -(2**70), "vec": [2**65, 1], "ok": 2**63}
     )
     assert values == {"big": float(2**100), "neg": float(-(2**70)), "vec": [float(2**65), 1.0], "ok": 2**63}
@@ -301,13 +300,13 @@ def test_a_huge_integer_reported_by_a_task_never_breaks_a_worker(cluster):
     import jupyter_cluster as jc
 
     client = cluster.client
-    events.attach(client)
+    telemetry.attach(client)
     topic = _topic("huge")
     n_workers = len(client.scheduler_info()["workers"])
     work = functools.partial(_report_huge, topic=topic)
     assert jc.map(work, range(10), client=client, progress=False) == list(range(10))
     assert len(client.scheduler_info()["workers"]) == n_workers
-    st = events.store(topic)
+    st = telemetry.store(topic)
     wait_for(lambda: st.received == 10, timeout=20, message="all ten reports")
     assert max(r["v"] for r in st.rows()) == float(2**100) and st.dropped == 0
     assert jc.map(abs, [-1, -2], client=client, progress=False) == [1, 2]

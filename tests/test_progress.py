@@ -9,7 +9,8 @@ import types
 
 import pytest
 
-from jupyter_cluster import events, mapping, progress
+from jupyter_cluster import mapping, telemetry
+from jupyter_cluster.telemetry import progress
 
 from .conftest import wait_for
 
@@ -28,10 +29,10 @@ def jobs(cluster):
 
     got: list[dict] = []
     with Client(cluster.address, security=cluster.security, set_as_default=False) as other:
-        other.subscribe_topic(events.JOBS_TOPIC, lambda ev: got.append(ev[1]))
+        other.subscribe_topic(telemetry.JOBS_TOPIC, lambda ev: got.append(ev[1]))
         # the subscription is effective once a message of our own comes back
         wait_for(
-            lambda: other.log_event(events.JOBS_TOPIC, {"job": "probe"}) or any(m.get("job") == "probe" for m in got),
+            lambda: other.log_event(telemetry.JOBS_TOPIC, {"job": "probe"}) or any(m.get("job") == "probe" for m in got),
             timeout=10,
             message="jobs subscription",
         )

@@ -298,13 +298,13 @@ def _client(name: str):
 
 
 def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_cluster):
-    from jupyter_cluster import events
+    from jupyter_cluster import telemetry
 
     client = _client("panel-t")
     try:
         now = time.time()
         client.log_event(
-            events.JOBS_TOPIC,
+            telemetry.JOBS_TOPIC,
             {
                 "job": "job-1",
                 "label": "%%parallel cell",
@@ -342,7 +342,7 @@ def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_clus
         assert rows["steps"] == [0, 2, 4] and rows["rows"][1] == [2.0, 1.0, 2.0, 3.0]
         assert model["dropped"] == 0
         client.log_event(
-            events.JOBS_TOPIC,
+            telemetry.JOBS_TOPIC,
             {
                 "job": "job-1",
                 "label": "%%parallel cell",
@@ -461,7 +461,7 @@ def _scheduler(port: int) -> subprocess.Popen:
 
 
 def test_server_follows_a_restarted_scheduler(api):
-    from jupyter_cluster import events, registry
+    from jupyter_cluster import registry, telemetry
 
     from .jupyter_process import free_port
 
@@ -478,7 +478,7 @@ def test_server_follows_a_restarted_scheduler(api):
             try:
                 now = time.time()
                 client.log_event(
-                    events.JOBS_TOPIC,
+                    telemetry.JOBS_TOPIC,
                     {
                         "job": job,
                         "label": job,

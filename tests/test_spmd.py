@@ -345,7 +345,7 @@ dist.all_reduce(torch.ones(1))      # rank 0 gives up after 2 s
 
 
 def test_the_cell_shows_progress_and_is_published_as_a_job(shell, cluster):
-    from jupyter_cluster import progress
+    from jupyter_cluster.telemetry import progress
 
     res = run_cell(shell, "%%spmd\nimport time\ntime.sleep(1.5)\n")
     assert res.error_in_exec is None, res.error_in_exec

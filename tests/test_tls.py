@@ -126,13 +126,13 @@ def test_map_engine_pool_and_telemetry_over_tls(tls_cluster):
             assert pool.map(_square, range(10)) == [i * i for i in range(10)]
 
     try:
-        from jupyter_cluster import events
+        from jupyter_cluster import telemetry
     except ImportError:
-        events = None
-    if events is not None and hasattr(events, "report"):
+        telemetry = None
+    if telemetry is not None and hasattr(telemetry, "report"):
         received = []
         client = tls_cluster.client
-        topic = events.topic_name("tls-check")
+        topic = telemetry.topic_name("tls-check")
         client.subscribe_topic(topic, lambda event: received.append(event))
 
         def work(i):
@@ -143,7 +143,7 @@ def test_map_engine_pool_and_telemetry_over_tls(tls_cluster):
 
         assert mapping.map(work, range(5), client=client, progress=False) == list(range(5))
 
-        # Reports are batched per worker process, so count records, not events.
+        # Reports are batched per worker process, so count records, not telemetry.
         def records():
             return sorted(r["step"] for _, msg in received for r in msg["records"])
 

@@ -9,7 +9,8 @@ import uuid
 
 import pytest
 
-from jupyter_cluster import events, mapping, progress, session
+from jupyter_cluster import mapping, session, telemetry
+from jupyter_cluster.telemetry import progress
 from jupyter_cluster.widgets import cluster as cluster_mod
 from jupyter_cluster.widgets import metrics as metrics_mod
 
@@ -147,7 +148,7 @@ def test_handle_display_is_status_text_in_a_terminal_and_a_widget_in_a_kernel(ip
     data, _ = ip.display_formatter.format(cluster)
     assert data["text/plain"].startswith(f"{cluster.name} (local) at {cluster.address}")
     assert "2 workers" in data["text/plain"]
-    monkeypatch.setattr(progress, "_in_kernel", lambda: True)
+    monkeypatch.setattr(progress, "in_kernel", lambda: True)
     data, _ = ip.display_formatter.format(cluster)
     assert "application/vnd.jupyter.widget-view+json" in data
     assert "<table>" in cluster._repr_html_()  # the static fallback for front-ends without widgets
@@ -203,8 +204,8 @@ def test_launcher_starts_a_current_cluster_scales_and_stops_it():
 def test_show_metrics_in_a_terminal_is_a_text_summary(ip):
     topic = _topic("txt")
     for step in range(3):
-        events.report(step=step, topic=topic, member=1, reward=float(step))
-    events.report(step=2, topic=topic, load=[4, 5, 6])
+        telemetry.report(step=step, topic=topic, member=1, reward=float(step))
+    telemetry.report(step=2, topic=topic, load=[4, 5, 6])
     view = ip.run_line_magic("cluster", f"metrics {topic}")
     assert isinstance(view, metrics_mod.MetricsText)
     text = repr(view)
@@ -223,12 +224,12 @@ def test_metrics_magic_refuses_two_topics(ip):
 def test_without_the_chart_bundle_a_kernel_gets_a_live_text_view_and_one_message(monkeypatch, tmp_path):
     monkeypatch.setattr(metrics_mod, "BUNDLE", tmp_path / "missing.js")
     monkeypatch.setattr(metrics_mod, "_widget_class", None)
-    monkeypatch.setattr(progress, "_in_kernel", lambda: True)
+    monkeypatch.setattr(progress, "in_kernel", lambda: True)
     topic = _topic("nobundle")
     view = metrics_mod.show_metrics(topic)
     assert "widgets/static/metrics.js, which is not built" in view.value
     assert view.value.count("not built") == 1
-    events.report(step=1, topic=topic, acc=0.25)
+    telemetry.report(step=1, topic=topic, acc=0.25)
     wait_for(lambda: "acc: all: 0.25 @ 1" in view.value, timeout=10, message="the text view to update")
     view.close()
 
@@ -253,7 +254,7 @@ def chart_class():
 
 
 def test_metrics_widget_state_follows_a_real_map_live(cluster, chart_class):
-    events.attach(cluster.client)
+    telemetry.attach(cluster.client)
     topic = _topic("live")
     w = chart_class(topic)
     pushes: list[float] = []
@@ -277,7 +278,7 @@ def test_metrics_widget_state_follows_a_real_map_live(cluster, chart_class):
 
 def test_metrics_widget_payload_stays_bounded_for_100_series(chart_class):
     topic = _topic("wide")
-    st = events.store(topic)
+    st = telemetry.store(topic)
     for member in range(100):
         st.add(
             f"src{member}",
@@ -300,7 +301,7 @@ def test_in_a_real_kernel_the_views_are_widgets():
     from nbclient import NotebookClient
 
     cells = [
-        "import jupyter_cluster as jc\nfrom jupyter_cluster import progress\n%load_ext jupyter_cluster\n"
+        "import jupyter_cluster as jc\nfrom jupyter_cluster.telemetry import progress\n%load_ext jupyter_cluster\n"
         "jc.report(step=1, topic='k', member=1, reward=1.0)",
         "jc.show_metrics('k')",
         "%cluster metrics k",
@@ -347,9 +348,9 @@ def test_metrics_table_time_is_a_datetime_column():
 
     topic = _topic("when")
     before = pd.Timestamp.now(tz="UTC")
-    events.report(step=0, topic=topic, loss=1.0)
-    events.report(step=1, topic=topic, loss=0.5)
-    df = events.metrics(topic)
+    telemetry.report(step=0, topic=topic, loss=1.0)
+    telemetry.report(step=1, topic=topic, loss=0.5)
+    df = telemetry.metrics(topic)
     assert pd.api.types.is_datetime64_any_dtype(df["time"])
     assert before - pd.Timedelta(seconds=1) <= df["time"].min() <= df["time"].max() <= pd.Timestamp.now(tz="UTC")
-    assert pd.api.types.is_datetime64_any_dtype(events.metrics(_topic("empty"))["time"])
+    assert pd.api.types.is_datetime64_any_dtype(telemetry.metrics(_topic("empty"))["time"])

@@ -137,11 +137,11 @@ async def _batch(comm=None, lease=None, secret=None, run=None, items=None, budge
         return {"status": "need-fn"}
     from distributed.protocol import to_serialize
 
-    from .. import events
+    from ..telemetry.report import current_worker, flush_to_scheduler
 
-    worker = events._current_worker()
+    worker = current_worker()
     if worker is not None:  # the batch's reports reach the scheduler before its result reaches the client
-        await events.flush_to_scheduler(worker)
+        await flush_to_scheduler(worker)
     return {"status": "ok", "result": to_serialize(Packed(result))}
 
 

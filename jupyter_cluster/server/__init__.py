@@ -1,11 +1,9 @@
 """The Jupyter server extension: cluster list, control, jobs and metrics for the sidebar panel.
 
-Kept import-light: kernels import :mod:`.control` (to answer scale/stop
-requests), so tornado and jupyter_server are imported only by :func:`load`.
+Kept import-light: tornado and jupyter_server are imported only by :func:`load`.
 
 * :mod:`.manager` - the server's view of every cluster (no HTTP)
-* :mod:`.store` - bounded job and metric history in the panel's JSON shapes
-* :mod:`.control` - scale/adapt/stop requests to a cluster's owner over Dask events
+* :mod:`.jobs` - the latest state of every map job and the history of stopped clusters
 * :mod:`.host` - the process that owns clusters started from the panel
 * :mod:`.handlers` - REST and websocket routes under ``<base_url>/jupyter-cluster/api/``
 * :mod:`.dashboard` - the Dask dashboards of local clusters, under ``<base_url>/jupyter-cluster/dashboard/``

@@ -60,8 +60,8 @@ def _scheduler_gone(handle: Any) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from .. import session
+    from ..control import listen
     from ..errors import ClusterError
-    from .control import listen
 
     session.set_owner_kind("panel")
     stop = threading.Event()

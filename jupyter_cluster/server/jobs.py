@@ -1,10 +1,10 @@
 """Running and recent map jobs of one cluster, and what is kept of stopped clusters.
 
 Every submitting kernel publishes its jobs' progress on ``jupyter-cluster:jobs``
-(see :mod:`jupyter_cluster.progress`); the scheduler keeps only a short
+(see :mod:`jupyter_cluster.telemetry.progress`); the scheduler keeps only a short
 backlog, so the server keeps the latest message per job here.  No Dask, no
 HTTP: messages in, the panel's JSON out.  (Metrics are kept by
-:class:`jupyter_cluster.events.TopicStore`, the same class the notebook uses.)
+:class:`jupyter_cluster.telemetry.store.TopicStore`, the same class the notebook uses.)
 
 When a cluster stops, its jobs and its panel-sized metrics become a
 :class:`KeptCluster`, written to :class:`HistoryFolder` so that the curves

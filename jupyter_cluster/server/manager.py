@@ -4,7 +4,7 @@
 and keeps one asynchronous ``distributed.Client`` per live scheduler.  Each
 client subscribes to the telemetry topics (``jupyter-cluster:jobs``, and every
 ``jupyter-cluster:metrics:<topic>`` through the index topic) and keeps their
-history (:mod:`.jobs`, :class:`jupyter_cluster.events.TopicStore`), because
+history (:mod:`.jobs`, :class:`jupyter_cluster.telemetry.store.TopicStore`), because
 the scheduler itself keeps only a short backlog.  A lost
 scheduler connection is retried with backoff (a restarted scheduler is
 re-subscribed); a record whose owner died disappears at the next refresh.
@@ -30,9 +30,11 @@ from typing import Any
 # distributed takes a second or more and would stall the server's event loop.
 from distributed import Client
 
-from .. import config, events, registry, session
+from .. import config, control, registry, session
 from ..errors import ClusterError
-from . import control
+from ..telemetry.hub import Hub, follow
+from ..telemetry.store import TopicStore
+from ..telemetry.topics import CONTROL_TOPIC, JOBS_TOPIC
 from .jobs import HistoryFolder, JobsStore, KeptCluster
 
 logger = logging.getLogger(__name__)
@@ -110,10 +112,10 @@ class Connection:
         self.error: str | None = None
         self.totals: dict[str, Any] = {"n_workers": 0, "cores": 0, "memory_limit": 0}
         self.jobs = JobsStore()
-        #: topic -> TopicStore, filled by an events.Hub; kept across reconnects
+        #: topic -> TopicStore, filled by a telemetry Hub; kept across reconnects
         #: so that the stores drop what a re-reached scheduler sends again
-        self.metrics: dict[str, events.TopicStore] = {}
-        self._jobs_ts = 0.0
+        self.metrics: dict[str, TopicStore] = {}
+        self._jobs_seen: dict[str, float] = {}  # the newest job event handed on, kept across reconnects
         self._pending: dict[str, asyncio.Future] = {}
         self._next_attempt = 0.0
         self._backoff = 0.25
@@ -177,7 +179,7 @@ class Connection:
         self.error = None
         # Re-subscribe everything; a restarted scheduler's events carry newer
         # timestamps than anything kept, and a re-reached one's older events are skipped.
-        client.subscribe_topic(control.CONTROL_TOPIC, self._on_control)
+        client.subscribe_topic(CONTROL_TOPIC, self._on_control)
         await self._subscribe_jobs()
         await self._subscribe_metrics()
 
@@ -194,32 +196,10 @@ class Connection:
         await self._drop_client()
 
     async def _subscribe_jobs(self) -> None:
-        """Subscribe, then replay the scheduler's backlog without losing or doubling events."""
-        client = self.client
-        state: dict[str, Any] = {"syncing": True, "buffer": []}
+        """Follow the jobs topic, replaying the scheduler's backlog once (:func:`.telemetry.hub.follow`)."""
+        await follow(self.client, JOBS_TOPIC, self._job_event, seen=self._jobs_seen)
 
-        def on_event(event: tuple[float, Any]) -> None:
-            if state["syncing"]:
-                state["buffer"].append(event)
-            else:
-                self._job_event(event)
-
-        client.subscribe_topic(events.JOBS_TOPIC, on_event)
-        try:
-            backlog = await asyncio.wait_for(client.get_events(events.JOBS_TOPIC), 10)
-        except Exception:  # no backlog is no reason to stop following the live feed
-            backlog = ()
-        last = self._jobs_ts  # older events were seen before a reconnect
-        for event in list(backlog) + state["buffer"]:
-            if event[0] > last:
-                self._job_event(event)
-                last = event[0]
-        state["syncing"] = False
-        state["buffer"] = []
-
-    def _job_event(self, event: tuple[float, Any]) -> None:
-        ts, msg = event
-        self._jobs_ts = max(self._jobs_ts, ts)
+    def _job_event(self, dask_topic: str, msg: Any) -> None:
         if isinstance(msg, dict):
             self.jobs.add(dict(msg, cluster=self.name))
 
@@ -230,13 +210,7 @@ class Connection:
         backlog and the live feed (or a second backlog after a reconnect) is
         dropped there, and only real gaps count as dropped.
         """
-        hub = events.Hub(self.client, stores=self.metrics)
-        self.client.subscribe_topic(events.INDEX_TOPIC, lambda event: hub.ingest(event[1]))
-        backlog = await asyncio.wait_for(self.client.get_events(), 10)
-        for dask_topic, evs in backlog.items():
-            if dask_topic.startswith(events.PREFIX):
-                for _, msg in evs:
-                    hub.ingest(msg, dask_topic[len(events.PREFIX) :])
+        await Hub(self.client, stores=self.metrics).follow()
 
     def _on_control(self, event: tuple[float, Any]) -> None:
         msg = event[1]
@@ -253,7 +227,7 @@ class Connection:
         fut = asyncio.get_running_loop().create_future()
         self._pending[msg["id"]] = fut
         try:
-            await self.client.log_event(control.CONTROL_TOPIC, msg)
+            await self.client.log_event(CONTROL_TOPIC, msg)
             reply = await asyncio.wait_for(fut, timeout)
         finally:
             self._pending.pop(msg["id"], None)

@@ -246,9 +246,9 @@ def mimebundle(handle: Any, include: Any = None, exclude: Any = None) -> dict | 
     """
     if handle.closed:
         return None
-    from ..progress import _in_kernel
+    from ..telemetry.progress import in_kernel
 
-    if not _in_kernel():
+    if not in_kernel():
         from ..session import text_status
 
         model = _read_model(handle)

@@ -19,7 +19,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .. import config, events, ticker
+from .. import config, telemetry, ticker
+from ..telemetry.report import current_handle
 
 STATIC = pathlib.Path(__file__).parent / "static"
 BUNDLE = STATIC / "metrics.js"
@@ -42,7 +43,7 @@ class _Follower:
     """Pushes a store's changes into ``sink`` from the ticker, throttled; stops when ``alive()`` is False."""
 
     def __init__(
-        self, st: events.TopicStore, sink: Callable[[events.TopicStore], None], alive: Callable[[], bool]
+        self, st: telemetry.TopicStore, sink: Callable[[telemetry.TopicStore], None], alive: Callable[[], bool]
     ) -> None:
         self.store = st
         self.sink = sink
@@ -116,7 +117,7 @@ def flush_charts(sync: bool = False) -> int:
     if not followers:
         return 0
     if sync:
-        events.sync(SYNC_TIMEOUT, workers=True)
+        telemetry.sync(SYNC_TIMEOUT, workers=True)
     return sum(1 for f in followers if f.push())
 
 
@@ -191,9 +192,9 @@ def widget_class():
             super().__init__(
                 topic=topic, data={"topic": topic, "scalars": {}, "vectors": {}, "dropped": 0, "received": 0}, **kwargs
             )
-            self.follower = _Follower(events.store(topic), self._push, lambda: self.comm is not None).start()
+            self.follower = _Follower(telemetry.store(topic), self._push, lambda: self.comm is not None).start()
 
-        def _push(self, st: events.TopicStore) -> None:
+        def _push(self, st: telemetry.TopicStore) -> None:
             self.data = st.model()
 
     MetricsWidget.__module__ = __name__
@@ -213,7 +214,7 @@ class MetricsText:
         self.note = note
 
     def summary(self) -> str:
-        text = events.store(self.topic).summary()
+        text = telemetry.store(self.topic).summary()
         return f"{self.note}\n{text}" if self.note else text
 
     def __repr__(self) -> str:
@@ -229,12 +230,12 @@ def _text_widget(topic: str, note: str | None):
 
     box = w.HTML()
 
-    def sink(st: events.TopicStore) -> None:
+    def sink(st: telemetry.TopicStore) -> None:
         text = st.summary()
         prefix = f"<p>{html.escape(note)}</p>" if note else ""
         box.value = f"{prefix}<pre>{html.escape(text)}</pre>"
 
-    box.follower = _Follower(events.store(topic), sink, lambda: box.comm is not None).start()
+    box.follower = _Follower(telemetry.store(topic), sink, lambda: box.comm is not None).start()
     return box
 
 
@@ -263,13 +264,13 @@ def show_metrics(topic: str = "default", cluster: Any = None):
     """
     if not isinstance(topic, str) or not topic:
         raise TypeError(f"show_metrics(): topic must be a non-empty string, not {topic!r}.")
-    handle = cluster if cluster is not None else events._current_handle()
+    handle = cluster if cluster is not None else current_handle()
     if handle is not None and not handle.closed:
-        events.attach(handle.client)
-    events.store(topic)
-    from ..progress import _in_kernel, _widgets_available
+        telemetry.attach(handle.client)
+    telemetry.store(topic)
+    from ..telemetry.progress import in_kernel, widgets_available
 
-    if not (_in_kernel() and _widgets_available()):
+    if not (in_kernel() and widgets_available()):
         return MetricsText(topic)
     try:
         cls = widget_class()
@@ -286,7 +287,7 @@ def metrics_command(shell: Any, argv: list[str]):
         raise CellError("usage: %cluster metrics [TOPIC]  (one topic name, e.g. %cluster metrics es)")
     topic = argv[0] if argv else "default"
     if topic in ("-h", "--help"):
-        known = ", ".join(events.topics()) or "none yet"
+        known = ", ".join(telemetry.topics()) or "none yet"
         print(f"%cluster metrics [TOPIC]   live charts of a metrics topic (known: {known})")
         return None
     return show_metrics(topic)

@@ -7,7 +7,7 @@ rate, elapsed, ETA) is separate from the renderers: a one-line
 once a job has lasted ``jupyter-cluster.progress.delay`` (1 s), so quick maps
 print nothing.
 
-Every job is also published on the Dask topic :data:`events.JOBS_TOPIC`
+Every job is also published on the Dask topic :data:`.topics.JOBS_TOPIC`
 through the submitting client, so the JupyterLab sidebar can show maps
 started in any kernel.
 
@@ -26,7 +26,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from . import config
+from .. import config
+from .hub import attach, attached
+from .report import publish
+from .topics import JOBS_TOPIC
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +223,8 @@ class WidgetRenderer:
         self.update(snap)
 
 
-def _in_kernel() -> bool:
+def in_kernel() -> bool:
+    """Whether this code runs in a Jupyter kernel (not a terminal IPython or a script)."""
     # A kernel has always imported IPython; a plain script has not, and
     # importing it here (0.1 s) stalled the first map that showed progress.
     if "IPython" not in sys.modules:
@@ -233,7 +237,8 @@ def _in_kernel() -> bool:
     return ip is not None and getattr(ip, "kernel", None) is not None
 
 
-def _widgets_available() -> bool:
+def widgets_available() -> bool:
+    """Whether ipywidgets can be imported."""
     try:
         import ipywidgets  # noqa: F401
     except ImportError:
@@ -245,7 +250,7 @@ def make_renderer() -> TextRenderer | WidgetRenderer | None:
     """The renderer for this context (widget in a kernel with ipywidgets, else text)."""
     kind = _forced_renderer
     if kind is None:
-        kind = "widget" if _in_kernel() and _widgets_available() else "text"
+        kind = "widget" if in_kernel() and widgets_available() else "text"
     if kind == "none":
         return None
     if kind == "widget":
@@ -256,7 +261,7 @@ def make_renderer() -> TextRenderer | WidgetRenderer | None:
 # -- the observer the map engine drives ----------------------------------------------
 def _cluster_name(client: Any) -> str | None:
     try:
-        from . import session
+        from .. import session
 
         for h in session.handles():
             if h.client is client:
@@ -271,7 +276,7 @@ def _job_client(job: Any) -> Any:
     if client is not None:
         return client
     try:
-        from . import session
+        from .. import session
 
         h = session.current()
         return None if h is None or h.closed else h.client
@@ -367,9 +372,7 @@ class ProgressObserver:
         }
         if len(self.published) < 64 or force:
             self.published.append(msg)
-        from . import events
-
-        events.publish(self.client, events.JOBS_TOPIC, msg)
+        publish(self.client, JOBS_TOPIC, msg)
 
     def _tick(self) -> bool:
         with self._lock:
@@ -382,7 +385,7 @@ class ProgressObserver:
 
     # -- the observer interface of mapping -------------------------------------------
     def job_started(self, job: Any) -> None:
-        from . import ticker
+        from .. import ticker
 
         with self._lock:
             self._publish(force=True)
@@ -437,18 +440,14 @@ def observer_factory(job: Any, progress: Any = None) -> ProgressObserver | None:
 
 def _attach_metrics(client: Any) -> None:
     """Collect metrics from the job's cluster without delaying the job."""
-    from . import events
-
-    if events.attached(client):
+    if attached(client):
         return
     threading.Thread(target=_attach_quietly, args=(client,), name="jupyter-cluster-attach", daemon=True).start()
 
 
 def _attach_quietly(client: Any) -> None:
-    from . import events
-
     try:
-        events.attach(client)
+        attach(client)
     except Exception:
         logger.debug("metrics subscription failed", exc_info=True)
 
@@ -465,7 +464,7 @@ def install() -> bool:
     if _installed:
         return True
     try:
-        from . import mapping
+        from .. import mapping
     except ImportError:
         return False
     add = getattr(mapping, "add_observer_factory", None)

@@ -22,9 +22,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ClusterError
+from .errors import ClusterError
+from .telemetry.topics import CONTROL_TOPIC
 
-CONTROL_TOPIC = "jupyter-cluster:control"
 OPS = ("scale", "adapt", "stop")
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def stop_remote(name: str, timeout: float = 15.0) -> str:
     """
     from distributed import Client
 
-    from .. import registry
+    from . import registry
 
     record = registry.read(name)
     if record is None:
@@ -138,7 +138,7 @@ def stop_remote(name: str, timeout: float = 15.0) -> str:
             answered.set()
 
     try:
-        from ..backends.local import saved_security
+        from .backends.local import saved_security
 
         security = saved_security(record.name) if record.address.startswith("tls://") else None
         client = Client(record.address, timeout=5, set_as_default=False, security=security)

@@ -1,0 +1,404 @@
+"""What a process has received on each metrics topic: :class:`TopicStore`.
+
+A bounded history per topic (columns per series, numeric vectors as rows),
+de-duplicated by the producers' sequence numbers (the wire format is described
+in :mod:`.report`), downsampled into the chart model the widgets and the
+sidebar draw (:meth:`TopicStore.model`).  The kernel keeps one store per topic
+(:func:`store`); the Jupyter server keeps its own per cluster.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import threading
+from array import array
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .. import config
+
+logger = logging.getLogger(__name__)
+
+
+def metrics_setting(key: str, default: Any) -> Any:
+    """The ``jupyter-cluster.metrics.<key>`` setting, or ``default``."""
+    value = config.get(f"metrics.{key}")
+    return default if value is None else value
+
+
+def series_key(series: dict[str, Any]) -> str:
+    """The string naming a series: ``"member=3"``, ``"member=3, run=a"`` or ``"all"``."""
+    if not series:
+        return "all"
+    return ", ".join(f"{k}={series[k]}" for k in sorted(series))
+
+
+class _Coverage:
+    """Which sequence numbers of one producer have arrived (merged intervals)."""
+
+    __slots__ = ("intervals", "covered", "high")
+
+    def __init__(self) -> None:
+        self.intervals: list[tuple[int, int]] = []
+        self.covered = 0
+        self.high = 0
+
+    def claim(self, start: int, end: int) -> list[tuple[int, int]]:
+        """Mark ``[start, end)`` as arrived; return the parts that had not."""
+        new: list[tuple[int, int]] = []
+        cur = start
+        for a, b in self.intervals:
+            if b <= cur:
+                continue
+            if a >= end:
+                break
+            if a > cur:
+                new.append((cur, a))
+            cur = max(cur, b)
+            if cur >= end:
+                break
+        if cur < end:
+            new.append((cur, end))
+        if new:
+            merged: list[tuple[int, int]] = []
+            for a, b in sorted(self.intervals + [(start, end)]):
+                if merged and a <= merged[-1][1]:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+                else:
+                    merged.append((a, b))
+            self.intervals = merged
+            self.covered += sum(b - a for a, b in new)
+        self.high = max(self.high, end)
+        return new
+
+
+class _Column:
+    """One scalar value of one series: steps and values, kept sorted by step."""
+
+    __slots__ = ("steps", "values", "count", "version", "cache")
+
+    def __init__(self) -> None:
+        self.steps = array("d")
+        self.values = array("d")
+        self.count = 0  # points ever added (x for reports without a step)
+        self.version = 0
+        self.cache: tuple | None = None
+
+    def add(self, step: float, value: float, limit: int) -> None:
+        if not self.steps or step >= self.steps[-1]:
+            self.steps.append(step)
+            self.values.append(value)
+        else:  # reports of one series from two workers may interleave
+            i = bisect.bisect_right(self.steps, step)
+            self.steps.insert(i, step)
+            self.values.insert(i, value)
+        self.count += 1
+        self.version += 1
+        if len(self.steps) > limit:
+            cut = max(1, limit // 10)
+            del self.steps[:cut]
+            del self.values[:cut]
+
+
+class _VectorColumn:
+    """One vector value of one series: a row per step."""
+
+    __slots__ = ("steps", "rows", "count", "version", "cache")
+
+    def __init__(self, limit: int) -> None:
+        self.steps: deque[float] = deque(maxlen=limit)
+        self.rows: deque[list[float]] = deque(maxlen=limit)
+        self.count = 0
+        self.version = 0
+        self.cache: tuple | None = None
+
+    def add(self, step: float, row: list[float]) -> None:
+        if self.steps and step < self.steps[-1]:
+            items = sorted(zip(list(self.steps) + [step], list(self.rows) + [row]), key=lambda p: p[0])
+            self.steps.clear()
+            self.rows.clear()
+            for s, r in items:
+                self.steps.append(s)
+                self.rows.append(r)
+        else:
+            self.steps.append(step)
+            self.rows.append(row)
+        self.count += 1
+        self.version += 1
+
+
+def _json_number(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _downsample(steps: array, values: array, cap: int) -> list[list]:
+    """At most ~``cap`` points that keep each bucket's minimum and maximum (peaks survive)."""
+    n = len(steps)
+    if n <= cap:
+        return [[s, _json_number(v)] for s, v in zip(steps, values)]
+    buckets = max(1, cap // 2)
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy comes with pandas in practice
+        stride = -(-n // cap)
+        idx = list(range(0, n, stride))
+        if idx[-1] != n - 1:
+            idx.append(n - 1)
+        return [[steps[i], _json_number(values[i])] for i in idx]
+    s = np.frombuffer(steps, dtype=np.float64)
+    v = np.frombuffer(values, dtype=np.float64)
+    k = -(-n // buckets)
+    pad = buckets * k - n
+    lo = np.where(np.isnan(v), np.inf, v)
+    hi = np.where(np.isnan(v), -np.inf, v)
+    lo = np.concatenate([lo, np.full(pad, np.inf)]).reshape(buckets, k)
+    hi = np.concatenate([hi, np.full(pad, -np.inf)]).reshape(buckets, k)
+    base = np.arange(buckets) * k
+    idx = np.unique(np.concatenate([lo.argmin(axis=1) + base, hi.argmax(axis=1) + base, [n - 1]]))
+    idx = idx[idx < n]
+    return [[a, (b if math.isfinite(b) else None)] for a, b in zip(s[idx].tolist(), v[idx].tolist())]
+
+
+def _downsample_rows(steps: deque, rows: deque, cap: int) -> dict[str, list]:
+    """At most ``cap`` rows: consecutive rows are averaged in equal buckets."""
+    n = len(steps)
+    if n <= cap:
+        return {"steps": list(steps), "rows": [[_json_number(x) for x in r] for r in rows]}
+    k = -(-n // cap)
+    out_steps: list[float] = []
+    out_rows: list[list] = []
+    steps_l, rows_l = list(steps), list(rows)
+    for i in range(0, n, k):
+        chunk = rows_l[i : i + k]
+        width = max(len(r) for r in chunk)
+        sums = [0.0] * width
+        counts = [0] * width
+        for r in chunk:
+            for j, x in enumerate(r):
+                if math.isfinite(x):
+                    sums[j] += x
+                    counts[j] += 1
+        out_steps.append(steps_l[i])
+        out_rows.append([(sums[j] / counts[j]) if counts[j] else None for j in range(width)])
+    return {"steps": out_steps, "rows": out_rows}
+
+
+class TopicStore:
+    """Everything this process has received on one metrics topic (bounded).
+
+    Thread-safe: batches arrive on the Dask client's event-loop thread while
+    the notebook reads from the main thread and widgets from the ticker.
+
+    Attributes
+    ----------
+    topic : str
+    received : int
+        Reports received (after dropping duplicates).
+    version : int
+        Grows with every change; cheap "has anything changed?" for renderers.
+    """
+
+    def __init__(self, topic: str, history: int | None = None, vector_history: int | None = None) -> None:
+        self.topic = topic
+        self.history = int(history or metrics_setting("history", 100_000))
+        self.vector_history = int(vector_history or metrics_setting("vector-history", 5_000))
+        self._lock = threading.RLock()
+        self._rows: deque[tuple] = deque(maxlen=self.history)
+        self.series: dict[str, dict] = {}
+        self.scalars: dict[str, dict[str, _Column]] = {}
+        self.vectors: dict[str, dict[str, _VectorColumn]] = {}
+        self._coverage: dict[str, _Coverage] = {}
+        self._counts: dict[str, int] = {}
+        self._columns: dict[tuple[str, str], Any] = {}
+        self._last_series: tuple[dict, str] | None = None
+        self.received = 0
+        self.version = 0
+        self._listeners: list[Callable[[TopicStore, list[dict]], None]] = []
+
+    # -- input -------------------------------------------------------------------
+    def add(self, source: str, seq: int, records: list[dict], worker: str | None = None) -> int:
+        """Add a batch of ``records`` numbered ``seq, seq+1, ...`` by ``source``; return how many were new."""
+        added: list[dict] = []
+        with self._lock:
+            cov = self._coverage.setdefault(source, _Coverage())
+            for a, b in cov.claim(seq, seq + len(records)):
+                for rec in records[a - seq : b - seq]:
+                    self._ingest(rec, worker)
+                    added.append(rec)
+            if added:
+                self.received += len(added)
+                self.version += 1
+            listeners = list(self._listeners)
+        for cb in listeners:
+            try:
+                cb(self, added)
+            except Exception:
+                logger.exception("metrics listener %r failed", cb)
+        return len(added)
+
+    def _ingest(self, rec: dict, worker: str | None) -> None:
+        ident = rec.get("series") or {}
+        last = self._last_series
+        if last is not None and (ident is last[0] or ident == last[0]):
+            key = last[1]  # consecutive reports of one series: skip building the key
+        else:
+            key = series_key(ident)
+            if key not in self.series:
+                self.series[key] = dict(ident)
+            self._last_series = (ident, key)
+        counter = self._counts.get(key, 0)
+        self._counts[key] = counter + 1
+        step = rec.get("step")
+        x = float(step) if step is not None else float(counter)
+        vals = rec.get("values") or {}
+        columns = self._columns
+        for name, v in vals.items():
+            col = columns.get((name, key))
+            if isinstance(v, (list, tuple)):
+                v = [float(z) for z in v]  # msgpack hands sequences back as tuples
+                if type(vals) is dict:
+                    vals = dict(vals)
+                vals[name] = v
+                if col is None:
+                    col = columns[(name, key)] = self.vectors.setdefault(name, {})[key] = _VectorColumn(
+                        self.vector_history
+                    )
+                col.add(x, v)
+            else:
+                if col is None:
+                    col = columns[(name, key)] = self.scalars.setdefault(name, {})[key] = _Column()
+                col.add(x, float(v), self.history)
+        self._rows.append((step, rec.get("time"), worker, key, vals))
+
+    def listen(self, callback: Callable[[TopicStore, list[dict]], None]) -> Callable[[], None]:
+        """Call ``callback(store, new_records)`` after every batch; returns a function that stops it."""
+        with self._lock:
+            self._listeners.append(callback)
+
+        def stop() -> None:
+            with self._lock:
+                if callback in self._listeners:
+                    self._listeners.remove(callback)
+
+        return stop
+
+    # -- output ------------------------------------------------------------------
+    @property
+    def dropped(self) -> int:
+        """Reports that were sent but never reached this process (gaps in the numbering)."""
+        with self._lock:
+            return sum(c.high - c.covered for c in self._coverage.values())
+
+    def rows(self) -> list[dict]:
+        """The kept reports, oldest first, as flat dicts (step, time, worker, identity fields, values)."""
+        with self._lock:
+            rows = list(self._rows)
+            series = dict(self.series)
+        out = []
+        for step, t, worker, key, vals in rows:
+            d = {"step": step, "time": t, "worker": worker}
+            d.update(series[key])
+            d.update(vals)
+            out.append(d)
+        return out
+
+    def model(self, max_points: int | None = None, max_cells: int | None = None, per_series_points: int = 4000) -> dict:
+        """The shared metrics data model (JSON), downsampled for a browser.
+
+        Parameters
+        ----------
+        max_points : int
+            Points per scalar chart, shared by its series (min/max per bucket
+            beyond that, so peaks stay visible).
+        max_cells : int
+            Heatmap cells per vector value, shared by its series (rows are
+            averaged in buckets beyond that).
+        """
+        max_points = int(max_points or metrics_setting("chart-points", 20_000))
+        max_cells = int(max_cells or metrics_setting("chart-cells", 200_000))
+        with self._lock:
+            scalars: dict[str, dict[str, list]] = {}
+            for name, cols in self.scalars.items():
+                cap = max(50, min(per_series_points, max_points // max(1, len(cols))))
+                out = scalars[name] = {}
+                for key, col in cols.items():
+                    if col.cache is None or col.cache[:2] != (col.version, cap):
+                        col.cache = (col.version, cap, _downsample(col.steps, col.values, cap))
+                    out[key] = col.cache[2]
+            vectors: dict[str, dict[str, dict]] = {}
+            for name, vcols in self.vectors.items():
+                width = max((len(c.rows[-1]) for c in vcols.values() if c.rows), default=1) or 1
+                cap = max(10, max_cells // (width * max(1, len(vcols))))
+                vout = vectors[name] = {}
+                for key, vcol in vcols.items():
+                    if vcol.cache is None or vcol.cache[:2] != (vcol.version, cap):
+                        vcol.cache = (vcol.version, cap, _downsample_rows(vcol.steps, vcol.rows, cap))
+                    vout[key] = vcol.cache[2]
+            return {
+                "topic": self.topic,
+                "scalars": scalars,
+                "vectors": vectors,
+                "dropped": sum(c.high - c.covered for c in self._coverage.values()),
+                "received": self.received,
+            }
+
+    def summary(self) -> str:
+        """A few lines of plain text: per value, the latest value of each series."""
+        with self._lock:
+            lines = [
+                f"metrics {self.topic!r}: {self.received} reports, {len(self.series)} series, {self.dropped} dropped"
+            ]
+            for name, cols in sorted(self.scalars.items()):
+                parts = []
+                for key, col in sorted(cols.items())[:8]:
+                    if col.values:
+                        parts.append(f"{key}: {col.values[-1]:.4g} @ {col.steps[-1]:g}")
+                more = f" (+{len(cols) - 8} more)" if len(cols) > 8 else ""
+                lines.append(f"  {name}: " + "; ".join(parts) + more)
+            for name, vcols in sorted(self.vectors.items()):
+                for key, vcol in sorted(vcols.items())[:4]:
+                    if vcol.rows:
+                        row = vcol.rows[-1]
+                        shown = ", ".join(f"{x:.3g}" for x in row[:8]) + (", ..." if len(row) > 8 else "")
+                        lines.append(f"  {name}[{key}] @ {vcol.steps[-1]:g}: [{shown}] ({len(row)} entries)")
+            if len(lines) == 1:
+                lines.append("  (nothing reported yet)")
+            return "\n".join(lines)
+
+
+_stores: dict[str, TopicStore] = {}
+_stores_lock = threading.Lock()
+
+
+def store(topic: str) -> TopicStore:
+    """This process's :class:`TopicStore` for ``topic`` (created empty if new)."""
+    with _stores_lock:
+        s = _stores.get(topic)
+        if s is None:
+            s = _stores[topic] = TopicStore(topic)
+        return s
+
+
+def topics() -> list[str]:
+    """Metrics topics this process has seen so far."""
+    with _stores_lock:
+        return sorted(_stores)
+
+
+def records(topic: str, msg: dict) -> list[dict]:
+    """Expand one event message from ``topic_name(topic)`` into flat record dicts.
+
+    Each dict has the keys of the shared interface: ``topic``, ``step``,
+    ``time``, ``series``, ``values``, ``worker`` (plus ``source``/``seq``).
+    """
+    out = []
+    worker = msg.get("worker")
+    seq = msg.get("seq", 0)
+    for i, rec in enumerate(msg.get("records", ())):
+        d = dict(rec)
+        d.update(topic=topic, worker=worker, source=msg.get("source"), seq=seq + i)
+        out.append(d)
+    return out
