@@ -477,3 +477,36 @@ def test_ranks_stuck_inside_torch_are_restarted_by_the_next_cell(shell, cluster,
         "were still busy with an earlier cell, inside a call Python cannot interrupt; restarting their workers" in out
     ), out
     assert time.monotonic() - t0 < 60
+
+
+def test_four_ranks_a_rank_late_to_the_collective_is_released_too(shell, cluster, capsys):
+    """Every failed rank must free its process group (its sockets close only then), not only the
+    rank that raised: a failed collective's frames, kept by the exception's traceback, hold it.
+    Rank 3 enters the barrier after its peers have failed; it must fail too, not wait forever."""
+    cluster.scale(4)
+    try:
+        cluster.wait_for_workers(4, timeout=60)
+        res = run_cell(shell, "%%spmd --out w\nimport torch.distributed as dist\ndist.barrier()\nworld_size\n")
+        assert res.error_in_exec is None, res.error_in_exec
+        assert shell.user_ns["w"] == {0: 4, 1: 4, 2: 4, 3: 4}
+        cell = """%%spmd
+import time
+import torch.distributed as dist
+if rank == 1:
+    raise ValueError("bad")
+if rank == 3:                # arrives after its peers have failed
+    for _ in range(150):
+        time.sleep(0.01)
+dist.barrier()
+"""
+        for _ in range(2):
+            res = run_cell(shell, cell)
+            assert isinstance(res.error_in_exec, ValueError), res.error_in_exec
+            assert spmd_mod.group(cluster).pending == []  # every rank came back; none left blocked
+        _out(capsys)
+        res = run_cell(shell, "%%spmd --out w\nimport torch.distributed as dist\ndist.barrier()\nrank\n")
+        assert res.error_in_exec is None and shell.user_ns["w"] == {0: 0, 1: 1, 2: 2, 3: 3}
+        assert "restarting" not in _out(capsys)
+    finally:
+        cluster.scale(2)
+        wait_for(lambda: len(cluster.client.scheduler_info(n_workers=-1)["workers"]) == 2, timeout=60, message="2 workers")
