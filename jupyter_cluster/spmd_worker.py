@@ -41,6 +41,8 @@ import time
 import traceback
 from typing import Any
 
+from .telemetry.topics import SPMD_OUTPUT_TOPIC as OUTPUT_TOPIC
+
 #: error messages that mean "a peer went away", not "this rank's code failed"
 COLLATERAL_MARKERS = (
     "Connection closed by peer",
@@ -54,7 +56,6 @@ COLLATERAL_MARKERS = (
 
 
 #: Dask event topic carrying ranks' printed output to the notebook while a cell runs
-OUTPUT_TOPIC = "jupyter-cluster:spmd-output"
 #: seconds between a rank's first unsent write and its flush
 OUTPUT_FLUSH_S = 0.2
 
