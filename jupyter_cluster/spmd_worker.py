@@ -55,7 +55,6 @@ COLLATERAL_MARKERS = (
 )
 
 
-#: Dask event topic carrying ranks' printed output to the notebook while a cell runs
 #: seconds between a rank's first unsent write and its flush
 OUTPUT_FLUSH_S = 0.2
 
