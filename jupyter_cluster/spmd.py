@@ -184,10 +184,16 @@ def _natural(name: Any) -> tuple:
 
 
 def _workers(client) -> dict[str, dict]:
-    try:
-        return client.scheduler_info(n_workers=-1)["workers"]
-    except TypeError:  # older distributed
-        return client.scheduler_info()["workers"]
+    """Every worker the scheduler knows now (address -> info), asked of the scheduler directly.
+
+    Not ``Client.scheduler_info(n_workers=-1)["workers"]``: that returns the
+    client's shared cache, which the client's own periodic refresh (every 2 s,
+    ``n_workers=0``) can replace between the fetch and the read with one that
+    lists no workers; the wait loop then took every rank for dead (seen with 4
+    ranks under load).
+    """
+    info = client.sync(client.scheduler.identity, n_workers=-1)
+    return dict(info.get("workers") or {})
 
 
 def _host(address: str) -> str:
