@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import tempfile
 import time
@@ -22,8 +21,7 @@ import psutil
 
 from . import config
 from .errors import ClusterError
-
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+from .models import NAME_RE
 
 #: files kept beside a record, removed with it (credentials, see backends.local)
 SIDECARS = (".tls", ".pem")

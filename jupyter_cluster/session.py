@@ -17,6 +17,7 @@ from typing import Any
 from . import config, registry
 from .backends import StartedCluster, get_backend
 from .errors import ClusterError
+from .models import ClusterModel, cluster_model, validate_name
 
 _lock = threading.RLock()
 _handles: dict[str, ClusterHandle] = {}
@@ -98,40 +99,11 @@ class ClusterHandle:
         except TypeError:  # older distributed without n_workers
             return self.client.scheduler_info()["workers"]
 
-    def model(self) -> dict[str, Any]:
-        """JSON-able description of the cluster and its workers.
-
-        The one place that shapes a cluster for display: the notebook repr,
-        the widgets and the server extension all use it.
-        """
-        workers = []
-        for addr, w in sorted(self._workers().items(), key=lambda kv: str(kv[1].get("name"))):
-            metrics = w.get("metrics", {})
-            workers.append(
-                {
-                    "name": str(w.get("name", addr)),
-                    "address": addr,
-                    "status": w.get("status", "running"),
-                    "nthreads": w.get("nthreads", 0),
-                    "memory": metrics.get("memory", 0),
-                    "memory_limit": w.get("memory_limit", 0),
-                    "cpu": metrics.get("cpu", 0.0),
-                    "executing": running_tasks(metrics),
-                    "resources": w.get("resources", {}),
-                }
-            )
-        return {
-            "name": self.name,
-            "backend": self.backend,
-            "address": self.address,
-            "dashboard_link": self.dashboard_link,
-            "owns_cluster": self.owns_cluster,
-            "workers": workers,
-            "n_workers": len(workers),
-            "cores": sum(w["nthreads"] for w in workers),
-            "memory_limit": sum(w["memory_limit"] or 0 for w in workers),
-            "memory": sum(w["memory"] or 0 for w in workers),
-        }
+    def model(self) -> ClusterModel:
+        """JSON-able description of the cluster and its workers (:func:`.models.cluster_model`)."""
+        return cluster_model(
+            self.name, self.backend, self.address, self.dashboard_link, self.owns_cluster, self._workers()
+        )
 
     @property
     def nthreads(self) -> int:
@@ -247,18 +219,6 @@ class ClusterHandle:
         return render_html(m)
 
 
-def running_tasks(metrics: dict[str, Any]) -> int:
-    """Tasks running on a worker, from its heartbeat ``metrics`` as the installed distributed reports them.
-
-    distributed 2026.8 counts tasks per state under ``task_counts`` (running ones are
-    ``executing`` and ``long-running``); older versions report ``executing`` directly.
-    """
-    counts = metrics.get("task_counts")
-    if isinstance(counts, dict):
-        return int(counts.get("executing", 0) or 0) + int(counts.get("long-running", 0) or 0)
-    return int(metrics.get("executing", 0) or 0)
-
-
 def _fmt_bytes(n: float) -> str:
     from dask.utils import format_bytes
 
@@ -312,13 +272,6 @@ def _unique_name(prefix: str) -> str:
     while f"{prefix}-{i}" in taken:
         i += 1
     return f"{prefix}-{i}"
-
-
-def _validate_name(name: str) -> None:
-    import re
-
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name):
-        raise ClusterError(f"{name!r} is not a valid cluster name; use letters, digits, '-', '_' or '.' (at most 63).")
 
 
 # -- public API ----------------------------------------------------------------
@@ -458,7 +411,7 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
     _wait_for_background_import()
     impl = get_backend(backend)  # unknown backend: error before any name is taken
     if name is not None:
-        _validate_name(name)
+        validate_name(name)
         if name in _taken_names():
             raise ClusterError(
                 f"a cluster named {name!r} already exists; choose another --name or attach with %cluster connect {name}."

@@ -21,7 +21,7 @@ import time
 from numbers import Real
 from typing import Any
 
-JOB_STATES = ("running", "finished", "failed", "cancelled", "lost")
+from ..models import JOB_STATES, JobMessage, job_message
 
 logger = logging.getLogger(__name__)
 
@@ -44,29 +44,29 @@ class JobsStore:
 
     def __init__(self, keep_recent: int = 20):
         self.keep_recent = keep_recent
-        self.jobs: dict[str, dict[str, Any]] = {}
+        self.jobs: dict[str, JobMessage] = {}
         self.version = 0
 
     def add(self, msg: Any) -> bool:
         """Take one job message; returns whether it was valid."""
         if not isinstance(msg, dict) or not isinstance(msg.get("job"), str):
             return False
-        state = msg.get("state") if msg.get("state") in JOB_STATES else "running"
+        state = str(msg["state"]) if msg.get("state") in JOB_STATES else "running"
         done, failed = msg.get("done"), msg.get("failed")
         if not all(isinstance(v, (int, type(None))) and not isinstance(v, bool) for v in (done, failed)):
             return False
-        job = {
-            "job": msg["job"],
-            "label": str(msg.get("label") or msg["job"]),
-            "kernel": msg.get("kernel"),
-            "cluster": msg.get("cluster"),
-            "total": msg.get("total") if isinstance(msg.get("total"), int) else None,
-            "done": done or 0,
-            "failed": failed or 0,
-            "state": state,
-            "started": _number(msg.get("started")) or time.time(),
-            "updated": _number(msg.get("updated")) or time.time(),
-        }
+        job = job_message(
+            job=msg["job"],
+            label=str(msg.get("label") or msg["job"]),
+            kernel=msg.get("kernel"),
+            cluster=msg.get("cluster"),
+            total=msg.get("total") if isinstance(msg.get("total"), int) else None,
+            done=done or 0,
+            failed=failed or 0,
+            state=state,
+            started=_number(msg.get("started")) or time.time(),
+            updated=_number(msg.get("updated")) or time.time(),
+        )
         old = self.jobs.get(job["job"])
         if old is not None and old["updated"] > job["updated"]:
             return True  # a late duplicate from the backlog

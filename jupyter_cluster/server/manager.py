@@ -20,7 +20,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import time
@@ -30,8 +29,18 @@ from typing import Any
 # distributed takes a second or more and would stall the server's event loop.
 from distributed import Client
 
-from .. import config, control, registry, session
+from .. import config, control, registry
 from ..errors import ClusterError
+from ..models import (
+    ClusterDetail,
+    ClusterSummary,
+    cluster_detail,
+    cluster_model,
+    cluster_summary,
+    topic_summary,
+    validate_count,
+    validate_name,
+)
 from ..telemetry.hub import Hub, follow
 from ..telemetry.store import TopicStore
 from ..telemetry.topics import CONTROL_TOPIC, JOBS_TOPIC
@@ -60,9 +69,6 @@ class _QuietSchedulerLoss(logging.Filter):
 
 logging.getLogger("distributed.client").addFilter(_QuietSchedulerLoss())
 
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
-MAX_WORKERS = 10_000
-
 #: downsampling of a topic for the sidebar (narrower than a notebook cell)
 PANEL_MODEL = {"max_points": 4000, "max_cells": 40_000, "per_series_points": 1000}
 
@@ -72,22 +78,6 @@ HISTORY_KEEP = 8
 
 class NotFound(ClusterError):
     """No live cluster of that name."""
-
-
-def validate_name(name: Any) -> str:
-    """A cluster name as the registry accepts it, or :class:`ClusterError`."""
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise ClusterError(
-            f"{name!r} is not a valid cluster name; use letters, digits, '-', '_' or '.' (at most 63, starting with a letter or digit)."
-        )
-    return name
-
-
-def validate_count(value: Any, what: str, minimum: int = 0) -> int:
-    """An integer worker count between ``minimum`` and :data:`MAX_WORKERS`."""
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_WORKERS:
-        raise ClusterError(f"{what} must be a whole number from {minimum} to {MAX_WORKERS}, not {value!r}.")
-    return value
 
 
 def _pid_alive(pid: int) -> bool:
@@ -244,50 +234,27 @@ class Connection:
             return link(self.base_url, self.name)
         return self.record.dashboard_link
 
-    def summary(self) -> dict[str, Any]:
-        r = self.record
-        return {
-            "name": r.name,
-            "backend": r.backend,
-            "address": r.address,
-            "dashboard_link": self.dashboard_link,
-            "owner_kind": r.owner_kind,
-            "owner_pid": r.owner_pid,
-            "attached": r.attached,
-            "started": r.started,
-            "status": self.status,
-            "error": self.error,
-            **self.totals,
-            "jobs_running": sum(1 for j in self.jobs.jobs.values() if j["state"] == "running"),
-            "topics": sorted(self.metrics),
-        }
+    def summary(self) -> ClusterSummary:
+        return cluster_summary(
+            self.record,
+            self.dashboard_link,
+            self.status,
+            self.error,
+            self.totals,
+            sum(1 for j in self.jobs.jobs.values() if j["state"] == "running"),
+            self.metrics,
+        )
 
-    async def model(self) -> dict[str, Any]:
-        """Details and workers, in the shape of :meth:`ClusterHandle.model`."""
+    async def model(self) -> ClusterDetail:
+        """Details and workers with the summary's fields (:func:`.models.cluster_detail`)."""
         if self.client is None:
             raise ClusterError(f"the scheduler of {self.name!r} at {self.record.address} does not answer right now.")
         info = await asyncio.wait_for(self.client.scheduler.identity(n_workers=-1), 10)
-        model = session.ClusterHandle.model(_RemoteView(self.record, info.get("workers", {}), self.dashboard_link))  # type: ignore[arg-type]
-        model.update({k: v for k, v in self.summary().items() if k not in model})
-        return model
-
-
-class _RemoteView:
-    """What :meth:`ClusterHandle.model` reads, for a cluster seen from the server.
-
-    Lets the one function that shapes a cluster for display serve the panel too.
-    """
-
-    def __init__(self, record: registry.ClusterRecord, workers: dict[str, Any], dashboard_link: str | None = None):
-        self.name = record.name
-        self.backend = record.backend
-        self.address = record.address
-        self.dashboard_link = dashboard_link
-        self.owns_cluster = not record.attached
-        self._workers_info = workers
-
-    def _workers(self) -> dict[str, Any]:
-        return self._workers_info
+        r = self.record
+        model = cluster_model(
+            r.name, r.backend, r.address, self.dashboard_link, not r.attached, info.get("workers", {})
+        )
+        return cluster_detail(model, self.summary())
 
 
 async def _quietly_close(client: Any) -> None:
@@ -460,21 +427,7 @@ class ClusterManager:
     def topics(self, name: str) -> list[dict[str, Any]]:
         """What each of one cluster's metric topics holds (no points)."""
         conn = self.get(name)
-        out = []
-        for topic in sorted(conn.metrics):
-            store = conn.metrics[topic]
-            out.append(
-                {
-                    "topic": topic,
-                    "version": store.version,
-                    "received": store.received,
-                    "dropped": store.dropped,
-                    "scalars": sorted(store.scalars),
-                    "vectors": sorted(store.vectors),
-                    "series": len(store.series),
-                }
-            )
-        return out
+        return [topic_summary(conn.metrics[topic]) for topic in sorted(conn.metrics)]
 
     def metrics(self, name: str, topic: str) -> dict[str, Any]:
         """A topic in the shared metrics model, downsampled for the panel, plus ``version``."""

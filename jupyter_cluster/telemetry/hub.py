@@ -91,7 +91,9 @@ async def follow(
             await asyncio.wait_for(confirmed.wait(), wait)
         except asyncio.TimeoutError:
             if time.monotonic() > deadline:
-                logger.warning("subscription to %s not confirmed after %s s; early events may be missing", topic, timeout)
+                logger.warning(
+                    "subscription to %s not confirmed after %s s; early events may be missing", topic, timeout
+                )
                 break
             wait = min(0.1, wait * 2)
     want = backlog or (lambda t: t == topic)
@@ -239,13 +241,12 @@ def attach(client=None) -> Hub:
             raise ClusterError("no cluster is running in this kernel; start one with %cluster start.")
         client = handle.client
     with _hubs_lock:
-        hub = _hubs.get(client.id)
-        owner = hub is None
-        if owner:
+        existing = _hubs.get(client.id)
+        if existing is None:
             hub = _hubs[client.id] = Hub(client)
-    if not owner:  # another thread is attaching (e.g. at the start of a map): wait for its backlog
-        hub.ready.wait(30)
-        return hub
+    if existing is not None:  # another thread is attaching (e.g. at the start of a map): wait for its backlog
+        existing.ready.wait(30)
+        return existing
     try:
         hub.attach()
     except BaseException:
@@ -285,8 +286,6 @@ def sync(timeout: float = 2.0, workers: bool = False) -> bool:
             ok = _flush_workers(hub.client, timeout) and ok
         ok = hub.sync(timeout) and ok
     return ok
-
-
 
 
 def _flush_workers(client, timeout: float) -> bool:

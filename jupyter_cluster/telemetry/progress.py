@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import config
+from ..models import JobMessage, job_message
 from .hub import attach, attached
 from .report import publish
 from .topics import JOBS_TOPIC
@@ -324,7 +325,7 @@ class ProgressObserver:
         self._last_publish = 0.0
         self._published_done = -1
         self._closed = False
-        self.published: list[dict] = []  # what this observer sent on the jobs topic (kept small)
+        self.published: list[JobMessage] = []  # what this observer sent on the jobs topic (kept small)
         recent.append(self)
 
     # -- rendering -------------------------------------------------------------------
@@ -358,18 +359,18 @@ class ProgressObserver:
         self._last_publish = now
         self._published_done = done
         snap = self.model.snapshot()
-        msg = {
-            "job": snap["job"],
-            "label": snap["label"],
-            "kernel": os.getpid(),
-            "cluster": self.cluster,
-            "total": snap["total"],
-            "done": snap["done"],
-            "failed": snap["failed"],
-            "state": snap["state"],
-            "started": snap["started"],
-            "updated": time.time(),
-        }
+        msg = job_message(
+            job=snap["job"],
+            label=snap["label"],
+            kernel=os.getpid(),
+            cluster=self.cluster,
+            total=snap["total"],
+            done=snap["done"],
+            failed=snap["failed"],
+            state=snap["state"],
+            started=snap["started"],
+            updated=time.time(),
+        )
         if len(self.published) < 64 or force:
             self.published.append(msg)
         publish(self.client, JOBS_TOPIC, msg)

@@ -265,7 +265,7 @@ class _Producer:
         with self._lock:
             buffers, self._buffers = self._buffers, {}
             self._armed = False
-            out: list[tuple[str, Any]] = []
+            out: list[tuple[list[str], Any]] = []
             for topic, recs in buffers.items():
                 if discard:
                     self._flushed_seq[topic] += len(recs)
@@ -504,6 +504,7 @@ def flush() -> None:
         worker.loop.add_callback(_flush_on_worker, worker)
     else:
         _flush_from_kernel()
+
 
 async def send_buffered(dask_worker=None) -> int:
     """On a worker (``Client.run``): send the buffered reports, returning once the scheduler has them."""

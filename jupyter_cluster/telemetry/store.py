@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import config
+from ..models import MetricsModel, VectorSeries, metrics_model
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ def _downsample(steps: array, values: array, cap: int) -> list[list]:
     return [[a, (b if math.isfinite(b) else None)] for a, b in zip(s[idx].tolist(), v[idx].tolist())]
 
 
-def _downsample_rows(steps: deque, rows: deque, cap: int) -> dict[str, list]:
+def _downsample_rows(steps: deque, rows: deque, cap: int) -> VectorSeries:
     """At most ``cap`` rows: consecutive rows are averaged in equal buckets."""
     n = len(steps)
     if n <= cap:
@@ -305,7 +306,9 @@ class TopicStore:
             out.append(d)
         return out
 
-    def model(self, max_points: int | None = None, max_cells: int | None = None, per_series_points: int = 4000) -> dict:
+    def model(
+        self, max_points: int | None = None, max_cells: int | None = None, per_series_points: int = 4000
+    ) -> MetricsModel:
         """The shared metrics data model (JSON), downsampled for a browser.
 
         Parameters
@@ -328,7 +331,7 @@ class TopicStore:
                     if col.cache is None or col.cache[:2] != (col.version, cap):
                         col.cache = (col.version, cap, _downsample(col.steps, col.values, cap))
                     out[key] = col.cache[2]
-            vectors: dict[str, dict[str, dict]] = {}
+            vectors: dict[str, dict[str, VectorSeries]] = {}
             for name, vcols in self.vectors.items():
                 width = max((len(c.rows[-1]) for c in vcols.values() if c.rows), default=1) or 1
                 cap = max(10, max_cells // (width * max(1, len(vcols))))
@@ -337,13 +340,9 @@ class TopicStore:
                     if vcol.cache is None or vcol.cache[:2] != (vcol.version, cap):
                         vcol.cache = (vcol.version, cap, _downsample_rows(vcol.steps, vcol.rows, cap))
                     vout[key] = vcol.cache[2]
-            return {
-                "topic": self.topic,
-                "scalars": scalars,
-                "vectors": vectors,
-                "dropped": sum(c.high - c.covered for c in self._coverage.values()),
-                "received": self.received,
-            }
+            return metrics_model(
+                self.topic, scalars, vectors, sum(c.high - c.covered for c in self._coverage.values()), self.received
+            )
 
     def summary(self) -> str:
         """A few lines of plain text: per value, the latest value of each series."""

@@ -1,0 +1,299 @@
+"""The JSON the sidebar and the widgets read, built in one place, and the checks shared by every front end.
+
+Each shape is a :class:`~typing.TypedDict` with one builder function; the kernel
+side (``ClusterHandle.model``, progress messages, ``TopicStore.model``), the
+Jupyter server (``server.manager``, ``server.jobs``) and the widgets all call
+the builders rather than writing dicts by hand.  ``labextension/src/model.ts``
+mirrors these shapes; ``tests/test_models.py`` writes example payloads from the
+builders into ``labextension/src/__tests__/fixtures/wire.json``, which the
+TypeScript tests type-check against ``model.ts`` and feed to the panel's
+reducers, so a field renamed on either side fails a test.
+
+Nothing here imports Dask, IPython or tornado.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, TypedDict
+
+from .errors import ClusterError
+
+# -- shared checks ---------------------------------------------------------------
+
+#: a cluster name: what the registry, the kernel, the server and the panel accept
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+#: the most workers any front end asks for in one request
+MAX_WORKERS = 10_000
+
+
+def validate_name(name: Any) -> str:
+    """``name`` if it is a valid cluster name, else :class:`ClusterError` (one sentence).
+
+    Letters, digits, ``-``, ``_`` and ``.``, at most 63, starting with a letter
+    or digit (so a name is safe as a file name and in a URL path).
+    """
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise ClusterError(
+            f"{name!r} is not a valid cluster name; use letters, digits, '-', '_' or '.' (at most 63, starting with a letter or digit)."
+        )
+    return name
+
+
+def validate_count(value: Any, what: str, minimum: int = 0) -> int:
+    """``value`` if it is a whole number from ``minimum`` to :data:`MAX_WORKERS`, else :class:`ClusterError`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_WORKERS:
+        raise ClusterError(f"{what} must be a whole number from {minimum} to {MAX_WORKERS}, not {value!r}.")
+    return value
+
+
+# -- clusters --------------------------------------------------------------------
+
+
+class WorkerModel(TypedDict):
+    """One worker as the cluster widget and the panel's worker table show it."""
+
+    name: str
+    address: str
+    status: str
+    nthreads: int
+    memory: int
+    memory_limit: int
+    cpu: float
+    executing: int
+    resources: dict[str, float]
+
+
+class ClusterModel(TypedDict):
+    """A cluster and its workers (``ClusterHandle.model()``; the panel's detail view adds :class:`ClusterSummary`)."""
+
+    name: str
+    backend: str
+    address: str
+    dashboard_link: str | None
+    owns_cluster: bool
+    workers: list[WorkerModel]
+    n_workers: int
+    cores: int
+    memory_limit: int
+    memory: int
+
+
+class ClusterSummary(TypedDict):
+    """One row of the panel's cluster list (the server's view of a registry record)."""
+
+    name: str
+    backend: str
+    address: str
+    dashboard_link: str | None
+    owner_kind: str
+    owner_pid: int
+    attached: bool
+    started: float
+    status: str
+    error: str | None
+    n_workers: int
+    cores: int
+    memory_limit: int
+    jobs_running: int
+    topics: list[str]
+
+
+def running_tasks(metrics: Mapping[str, Any]) -> int:
+    """Tasks running on a worker, from its heartbeat ``metrics`` as the installed distributed reports them.
+
+    distributed 2026.8 counts tasks per state under ``task_counts`` (running ones are
+    ``executing`` and ``long-running``); older versions report ``executing`` directly.
+    """
+    counts = metrics.get("task_counts")
+    if isinstance(counts, Mapping):
+        return int(counts.get("executing", 0) or 0) + int(counts.get("long-running", 0) or 0)
+    return int(metrics.get("executing", 0) or 0)
+
+
+def worker_model(address: str, info: Mapping[str, Any]) -> WorkerModel:
+    """A worker from the scheduler's ``identity()["workers"][address]``."""
+    metrics = info.get("metrics", {}) or {}
+    return {
+        "name": str(info.get("name", address)),
+        "address": address,
+        "status": info.get("status", "running"),
+        "nthreads": info.get("nthreads", 0),
+        "memory": metrics.get("memory", 0),
+        "memory_limit": info.get("memory_limit", 0),
+        "cpu": metrics.get("cpu", 0.0),
+        "executing": running_tasks(metrics),
+        "resources": info.get("resources", {}),
+    }
+
+
+def cluster_model(
+    name: str,
+    backend: str,
+    address: str,
+    dashboard_link: str | None,
+    owns_cluster: bool,
+    workers: Mapping[str, Mapping[str, Any]],
+) -> ClusterModel:
+    """A cluster from the scheduler's worker table (``identity()["workers"]``), workers sorted by name."""
+    rows = [worker_model(addr, w) for addr, w in sorted(workers.items(), key=lambda kv: str(kv[1].get("name")))]
+    return {
+        "name": name,
+        "backend": backend,
+        "address": address,
+        "dashboard_link": dashboard_link,
+        "owns_cluster": owns_cluster,
+        "workers": rows,
+        "n_workers": len(rows),
+        "cores": sum(w["nthreads"] for w in rows),
+        "memory_limit": sum(w["memory_limit"] or 0 for w in rows),
+        "memory": sum(w["memory"] or 0 for w in rows),
+    }
+
+
+def cluster_summary(
+    record: Any,
+    dashboard_link: str | None,
+    status: str,
+    error: str | None,
+    totals: Mapping[str, int],
+    jobs_running: int,
+    topics: Iterable[str],
+) -> ClusterSummary:
+    """A panel row from a registry record (``registry.ClusterRecord``) and what the server knows of it."""
+    return {
+        "name": record.name,
+        "backend": record.backend,
+        "address": record.address,
+        "dashboard_link": dashboard_link,
+        "owner_kind": record.owner_kind,
+        "owner_pid": record.owner_pid,
+        "attached": record.attached,
+        "started": record.started,
+        "status": status,
+        "error": error,
+        "n_workers": int(totals.get("n_workers", 0)),
+        "cores": int(totals.get("cores", 0)),
+        "memory_limit": int(totals.get("memory_limit", 0)),
+        "jobs_running": jobs_running,
+        "topics": sorted(topics),
+    }
+
+
+class ClusterDetail(ClusterModel, ClusterSummary):
+    """The panel's detail view of one cluster: :class:`ClusterModel` plus the summary's fields."""
+
+
+def cluster_detail(model: ClusterModel, summary: ClusterSummary) -> ClusterDetail:
+    """``model`` with the fields of ``summary`` it lacks (``model`` wins where both have one)."""
+    detail: dict[str, Any] = dict(summary)
+    detail.update(model)
+    return detail  # type: ignore[return-value]  # both halves are typed; mypy cannot merge TypedDicts
+
+
+# -- jobs ------------------------------------------------------------------------
+
+#: a job's states; "lost" is the server's word for a job whose kernel or cluster went away
+JOB_STATES = ("running", "finished", "failed", "cancelled", "lost")
+
+
+class JobMessage(TypedDict):
+    """One progress update of a map job, on the jobs topic and in the panel's job list."""
+
+    job: str
+    label: str
+    kernel: int | None
+    cluster: str | None
+    total: int | None
+    done: int
+    failed: int
+    state: str
+    started: float
+    updated: float
+
+
+def job_message(
+    job: str,
+    label: str,
+    kernel: int | None,
+    cluster: str | None,
+    total: int | None,
+    done: int,
+    failed: int,
+    state: str,
+    started: float,
+    updated: float,
+) -> JobMessage:
+    """A job update (published by :mod:`.telemetry.progress`, normalised by ``server.jobs``)."""
+    return {
+        "job": job,
+        "label": label,
+        "kernel": kernel,
+        "cluster": cluster,
+        "total": total,
+        "done": done,
+        "failed": failed,
+        "state": state if state in JOB_STATES else "running",
+        "started": started,
+        "updated": updated,
+    }
+
+
+# -- metrics ---------------------------------------------------------------------
+
+
+class VectorSeries(TypedDict):
+    """A numeric vector's rows over steps (a heatmap)."""
+
+    steps: list[float]
+    rows: list[list[float | None]]
+
+
+class MetricsModel(TypedDict):
+    """A metrics topic, downsampled for a chart: what the widgets and the panel draw."""
+
+    topic: str
+    #: value name -> series key ("member=3", or "all") -> [step, value] points
+    scalars: dict[str, dict[str, list[list[float | None]]]]
+    #: value name -> series key -> rows over steps
+    vectors: dict[str, dict[str, VectorSeries]]
+    #: reports that were sent but never arrived
+    dropped: int
+    received: int
+
+
+def metrics_model(
+    topic: str,
+    scalars: dict[str, dict[str, list[list[float | None]]]],
+    vectors: dict[str, dict[str, VectorSeries]],
+    dropped: int,
+    received: int,
+) -> MetricsModel:
+    """A topic's chart model (built by ``TopicStore.model``)."""
+    return {"topic": topic, "scalars": scalars, "vectors": vectors, "dropped": dropped, "received": received}
+
+
+class TopicSummary(TypedDict):
+    """What one metrics topic holds, without its points (the panel's topic list)."""
+
+    topic: str
+    version: int
+    received: int
+    dropped: int
+    scalars: list[str]
+    vectors: list[str]
+    series: int
+
+
+def topic_summary(store: Any) -> TopicSummary:
+    """The summary of a ``TopicStore`` (or a stopped cluster's kept topic)."""
+    return {
+        "topic": store.topic,
+        "version": store.version,
+        "received": store.received,
+        "dropped": store.dropped,
+        "scalars": sorted(store.scalars),
+        "vectors": sorted(store.vectors),
+        "series": len(store.series),
+    }

@@ -1,0 +1,127 @@
+"""The wire contract between the Python builders (:mod:`jupyter_cluster.models`) and the panel (``model.ts``).
+
+The payloads are made by the real builders and stores, written to
+``labextension/src/__tests__/fixtures/wire.json``, then type-checked against
+``model.ts`` (tsc) and fed to the panel's reducers (Jest, ``contract.spec.ts``).
+A field renamed in Python changes the fixture and fails tsc or Jest; one renamed
+in ``model.ts`` no longer matches the fixture and fails them too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from jupyter_cluster import models, registry
+from jupyter_cluster.errors import ClusterError
+from jupyter_cluster.server.jobs import JobsStore
+from jupyter_cluster.telemetry import TopicStore
+
+from .conftest import ROOT
+
+FIXTURE = os.path.join(ROOT, "labextension", "src", "__tests__", "fixtures", "wire.json")
+
+#: two workers as the scheduler's identity() lists them (the fields the builders read)
+WORKERS = {
+    "tcp://127.0.0.1:40001": {
+        "name": "b",
+        "status": "running",
+        "nthreads": 2,
+        "memory_limit": 2_000_000_000,
+        "resources": {"GPU": 1},
+        "metrics": {"memory": 500_000_000, "cpu": 12.5, "task_counts": {"executing": 2, "long-running": 1}},
+    },
+    "tcp://127.0.0.1:40000": {
+        "name": "a",
+        "status": "running",
+        "nthreads": 1,
+        "memory_limit": 1_000_000_000,
+        "resources": {"GPU": 1},  # one key for both: JSON types a missing key as undefined
+        "metrics": {"memory": 100_000_000, "cpu": 0.0, "executing": 0},
+    },
+}
+
+
+def payloads() -> dict:
+    record = registry.ClusterRecord(
+        name="demo", backend="local", address="tls://127.0.0.1:8786", owner_pid=4242, started=1_700_000_000.0
+    )
+    model = models.cluster_model("demo", "local", record.address, None, True, WORKERS)
+    topic = TopicStore("es")
+    records = [
+        {"step": s, "time": 1_700_000_000.0 + s, "series": {"member": m}, "values": {"reward": s * 0.5 + m}}
+        for s in range(3)
+        for m in (0, 1)
+    ]
+    records.append({"step": 2, "time": 1_700_000_003.0, "series": {}, "values": {"load": [1.0, 0.0, 4.0]}})
+    topic.add("producer-1", 0, records, worker="tcp://127.0.0.1:40000")
+    jobs = JobsStore()
+    job = models.job_message("job-1", "%%parallel x in range(10)", 4242, "demo", 10, 4, 1, "running", 1.0, 2.0)
+    jobs.add(job)
+    jobs.add(models.job_message("job-0", "Pool.map", 4242, "demo", None, 3, 0, "finished", 0.5, 0.9))
+    summary = models.cluster_summary(
+        record, None, "running", None, {"n_workers": 2, "cores": 3, "memory_limit": 3_000_000_000}, 1, ["es"]
+    )
+    return {
+        "clusterSummary": summary,
+        "clusterModel": models.cluster_detail(model, summary),
+        "job": job,
+        "jobs": jobs.snapshot(),
+        "topics": [models.topic_summary(topic)],
+        "metrics": topic.model(),
+    }
+
+
+def test_builders_shape_what_the_panel_reads():
+    p = payloads()
+    detail = p["clusterModel"]
+    assert [w["name"] for w in detail["workers"]] == ["a", "b"]  # sorted by name
+    assert detail["workers"][1]["executing"] == 3  # executing + long-running
+    assert (detail["n_workers"], detail["cores"], detail["memory"]) == (2, 3, 600_000_000)
+    assert detail["owner_pid"] == 4242 and detail["owns_cluster"] is True
+    assert [j["job"] for j in p["jobs"]["running"]] == ["job-1"]
+    assert set(p["metrics"]["scalars"]["reward"]) == {"member=0", "member=1"}
+    assert p["metrics"]["vectors"]["load"]["all"]["rows"] == [[1.0, 0.0, 4.0]]
+
+
+def test_shared_checks():
+    assert models.validate_name("a-1.b_c") == "a-1.b_c"
+    for bad in ("", "-a", "a b", "x" * 64, 3, None):
+        with pytest.raises(ClusterError, match="not a valid cluster name"):
+            models.validate_name(bad)
+    assert models.validate_count(0, "workers") == 0
+    for bad in (-1, True, 1.5, models.MAX_WORKERS + 1):
+        with pytest.raises(ClusterError, match="workers must be a whole number"):
+            models.validate_count(bad, "workers")
+    with pytest.raises(ClusterError, match="from 1 to"):
+        models.validate_count(0, "threads", minimum=1)
+
+
+def _tool(name: str) -> str:
+    return os.path.join(ROOT, "node_modules", ".bin", name)
+
+
+def test_typescript_reads_the_builders_payloads():
+    """Write the fixture, then tsc type-checks it against model.ts and Jest feeds it to the reducers."""
+    text = json.dumps(payloads(), indent=2, sort_keys=True) + "\n"
+    os.makedirs(os.path.dirname(FIXTURE), exist_ok=True)
+    old = open(FIXTURE).read() if os.path.exists(FIXTURE) else None
+    if old != text:
+        with open(FIXTURE, "w") as f:
+            f.write(text)
+    if not (os.path.exists(_tool("tsc")) and os.path.exists(_tool("jest")) and shutil.which("node")):
+        pytest.fail("node_modules has no tsc/jest; run `make setup` (jlpm install) first.")
+    env = dict(os.environ, PATH=os.path.dirname(shutil.which("node")) + os.pathsep + os.environ.get("PATH", ""))
+    tsc = subprocess.run(
+        [_tool("tsc"), "--noEmit", "-p", "tsconfig.test.json"], cwd=ROOT, capture_output=True, text=True, env=env
+    )
+    assert tsc.returncode == 0, "model.ts and the Python builders disagree:\n" + tsc.stdout + tsc.stderr
+    jest = subprocess.run(
+        [_tool("jest"), "--ci", "contract"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=240
+    )
+    assert jest.returncode == 0, jest.stdout[-4000:] + jest.stderr[-4000:]
+    assert old == text, "the Python builders' payloads changed: wire.json was rewritten; commit it with the change"
