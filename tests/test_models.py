@@ -73,7 +73,23 @@ def payloads() -> dict:
         "jobs": jobs.snapshot(),
         "topics": [models.topic_summary(topic)],
         "metrics": topic.model(),
+        # the panel checks names and counts before asking; these are what the server accepts
+        "names": {name: _accepted(models.validate_name, name) for name in NAMES},
+        "counts": {text: _accepted(lambda n: models.validate_count(n, "workers"), int(text)) for text in COUNTS},
+        "maxWorkers": models.MAX_WORKERS,
     }
+
+
+NAMES = ["a", "a-1.b_c", "x" * 63, "x" * 64, "-a", ".a", "a b", "a/b", "ä", ""]
+COUNTS = ["0", "1", "10000", "10001"]
+
+
+def _accepted(check, value) -> bool:
+    try:
+        check(value)
+    except ClusterError:
+        return False
+    return True
 
 
 def test_builders_shape_what_the_panel_reads():

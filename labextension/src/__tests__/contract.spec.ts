@@ -17,8 +17,10 @@ import {
   jobProgress,
   memoryFraction,
   ownerText,
+  parseWorkers,
   reduce,
-  seriesKeys
+  seriesKeys,
+  validName
 } from '../model';
 import wire from './fixtures/wire.json';
 
@@ -62,5 +64,14 @@ describe('the Python builders and model.ts agree', () => {
     expect(state.metrics?.received).toBe(7);
     expect(seriesKeys(state.metrics!)).toEqual(['all', 'member=0', 'member=1']);
     expect(state.metrics?.vectors.load.all.rows).toEqual([[1, 0, 4]]);
+  });
+
+  it('the panel accepts the names and worker counts the server accepts', () => {
+    for (const [name, ok] of Object.entries(wire.names)) {
+      expect([name, validName(name)]).toEqual([name, ok]);
+    }
+    for (const [text, ok] of Object.entries(wire.counts)) {
+      expect([text, 'value' in parseWorkers(text, 'workers', 0, wire.maxWorkers)]).toEqual([text, ok]);
+    }
   });
 });
