@@ -7,6 +7,7 @@
  * summary, IJob is one message of the `jupyter-cluster:jobs` topic.
  */
 import type { IMetricsModel } from './charts/charts';
+import { withoutSeries } from './charts/data';
 
 export type Owner = 'kernel' | 'panel' | 'process' | string;
 
@@ -281,38 +282,7 @@ export function seriesKeys(model: IMetricsModel): string[] {
 }
 
 /** The model without the hidden series (values left with no series are dropped). */
-export function filterSeries(model: IMetricsModel, hidden: Iterable<string>): IMetricsModel {
-  const off = new Set(hidden);
-  if (off.size === 0) {
-    return model;
-  }
-  const keep = <T>(bySeries: { [key: string]: T }): { [key: string]: T } | null => {
-    const out: { [key: string]: T } = {};
-    let any = false;
-    for (const [key, value] of Object.entries(bySeries)) {
-      if (!off.has(key)) {
-        out[key] = value;
-        any = true;
-      }
-    }
-    return any ? out : null;
-  };
-  const scalars: IMetricsModel['scalars'] = {};
-  for (const [name, bySeries] of Object.entries(model.scalars)) {
-    const kept = keep(bySeries);
-    if (kept) {
-      scalars[name] = kept;
-    }
-  }
-  const vectors: IMetricsModel['vectors'] = {};
-  for (const [name, bySeries] of Object.entries(model.vectors)) {
-    const kept = keep(bySeries);
-    if (kept) {
-      vectors[name] = kept;
-    }
-  }
-  return { ...model, scalars, vectors };
-}
+export const filterSeries = withoutSeries;
 
 /** Toggle one series of a topic on or off. */
 export function toggleSeries(state: IPanelState, topic: string, key: string): IPanelState {

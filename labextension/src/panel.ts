@@ -22,7 +22,6 @@ import {
   ITopicSummary,
   ServerMessage,
   clearFinished,
-  filterSeries,
   formatBytes,
   groupJobs,
   initialState,
@@ -868,7 +867,7 @@ export class ClusterPanel extends Widget {
     }
     if (this.chartInput.metrics !== metrics || this.chartInput.off !== off) {
       this.chartInput = { metrics, off };
-      this.charts.update(filterSeries(metrics, off));
+      this.charts.update(metrics, off);
     }
   }
 }

@@ -88,6 +88,22 @@ TITLE_LIGHT_PIXELS_JS = """
 }
 """
 
+# Pixels within a small distance of one RGB colour (a series' line).
+COLOUR_PIXELS_JS = """
+(panel, rgb) => {
+  let n = 0;
+  for (const canvas of panel.querySelectorAll('canvas')) {
+    if (!canvas.width || !canvas.height) continue;
+    const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+    for (let i = 0; i < data.length; i += 4) {
+      if (data[i + 3] < 200) continue;
+      if (Math.abs(data[i] - rgb[0]) + Math.abs(data[i + 1] - rgb[1]) + Math.abs(data[i + 2] - rgb[2]) < 40) n++;
+    }
+  }
+  return n;
+}
+"""
+
 CANVAS_WIDTH_JS = "(e) => Math.round(e.querySelector('canvas').getBoundingClientRect().width)"
 
 
@@ -278,8 +294,17 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         # series selection: switching a member off redraws without it
         series = page.locator("#jupyter-cluster-panel .jc-series-item")
         assert series.count() == 3
+        line = panels.nth(0)
+        blue = line.evaluate(COLOUR_PIXELS_JS, [80, 112, 221])  # the palette's first colour: member 0
+        assert blue > 30, blue
         series.nth(0).locator("input").uncheck()
         assert series.nth(0).locator("input").is_checked() is False
+        # the other members keep their colours: nothing is drawn in member 0's blue any more
+        page.wait_for_function(
+            f"(() => {{ const f = {COLOUR_PIXELS_JS}; "
+            "return f(document.querySelector('#jupyter-cluster-panel .jc-metrics-line'), [80, 112, 221]) < 5; })()",
+            timeout=5_000,
+        )
         _shot(page, artifacts, "panel-workers-jobs-metrics.png", "#jupyter-cluster-panel")
         _shot(page, artifacts, "lab-notebook-and-panel.png")
 

@@ -35,7 +35,8 @@ import {
   seriesLabel,
   sharedRange,
   toCSV,
-  vectorAxisName
+  vectorAxisName,
+  withoutSeries
 } from './data';
 
 export type { IMetricsModel, IVectorSeries, Point } from './data';
@@ -75,6 +76,8 @@ export interface ILineView {
 /** Below this chart width the layout is compact (the sidebar's default is 250 px). */
 export const COMPACT_WIDTH = 420;
 
+/** ECharts 6's series palette (light and dark themes alike), fixed per series key here. */
+const PALETTE = ['#5070dd', '#b6d634', '#505372', '#ff994d', '#0ca8df', '#ffd10a', '#fb628b', '#785db0', '#3fbe95'];
 const VIRIDIS = ['#440154', '#3b528b', '#21918c', '#5ec962', '#fde725'];
 const DIVERGING = ['#2166ac', '#92c5de', '#f7f7f7', '#f4a582', '#b2182b'];
 
@@ -130,7 +133,8 @@ export function lineOption(
   name: string,
   bySeries: { [series: string]: Point[] },
   manySeries = 12,
-  view: Partial<ILineView> = {}
+  view: Partial<ILineView> = {},
+  colorOf: (key: string) => string | undefined = () => undefined
 ): echarts.EChartsCoreOption {
   const keys = Object.keys(bySeries).sort(naturalCompare);
   const many = keys.length > manySeries;
@@ -140,6 +144,8 @@ export function lineOption(
   const series: object[] = [];
   for (const key of keys) {
     const data = bySeries[key];
+    // one colour per series, the same for its raw and smoothed lines and whichever series are hidden
+    const color = colorOf(key);
     if (smoothing > 0) {
       series.push({
         id: `raw:${key}`,
@@ -148,7 +154,8 @@ export function lineOption(
         data,
         showSymbol: false,
         silent: true,
-        lineStyle: { width: 1, opacity: 0.25 },
+        itemStyle: { color },
+        lineStyle: { width: 1, opacity: 0.25, color },
         tooltip: { show: false },
         z: 1
       });
@@ -163,7 +170,8 @@ export function lineOption(
       sampling: 'lttb',
       large: true,
       connectNulls: false,
-      lineStyle: { width: many ? 1 : 1.5 },
+      itemStyle: { color },
+      lineStyle: { width: many ? 1 : 1.5, color },
       emphasis: { focus: 'series' },
       z: 2
     });
@@ -436,6 +444,7 @@ export class MetricsCharts {
   private smoothing = 0;
   private logY = false;
   private filter = '';
+  private hidden: string[] = [];
   private frame = 0;
   private themeFrame = 0;
   private readonly resized = new Set<Element>();
@@ -505,9 +514,13 @@ export class MetricsCharts {
     this.resizer = typeof ResizeObserver !== 'undefined' ? new ResizeObserver(entries => this.onResize(entries)) : null;
   }
 
-  /** Draw `model` (the whole current state of the topic). */
-  update(model: IMetricsModel): void {
+  /**
+   * Draw `model` (the whole current state of the topic) without the series
+   * keys in `hidden`; each series keeps its colour whichever are hidden.
+   */
+  update(model: IMetricsModel, hidden: string[] = []): void {
     this.model = model;
+    this.hidden = hidden;
     this.redraw();
   }
 
@@ -559,7 +572,7 @@ export class MetricsCharts {
   }
 
   private redraw(): void {
-    const model = matchSeries(this.model, this.filter);
+    const model = matchSeries(withoutSeries(this.model, this.hidden), this.filter);
     this.shown = model;
     this.status.textContent = statusText(this.model);
     if (this.model.dropped > 0) {
@@ -679,7 +692,9 @@ export class MetricsCharts {
     };
     const keys = Object.keys(bySeries).sort(naturalCompare).join('\u0000');
     const drawn = JSON.stringify([keys, view]);
-    const option = lineOption(panel.name, bySeries, this.options.manySeries, view);
+    const all = Object.keys(this.model.scalars[panel.name] ?? bySeries).sort(naturalCompare);
+    const colorOf = (key: string): string => PALETTE[Math.max(0, all.indexOf(key)) % PALETTE.length];
+    const option = lineOption(panel.name, bySeries, this.options.manySeries, view, colorOf);
     if (panel.drawn === drawn) {
       // same series and view: replace the data only, so the user's zoom survives
       panel.chart.setOption({ series: option.series }, { lazyUpdate: true });

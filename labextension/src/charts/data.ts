@@ -171,6 +171,40 @@ export function diffVectors(a: IVectorSeries, b: IVectorSeries): IVectorSeries {
   return { steps, rows };
 }
 
+/** The model without the hidden series (values left with no series are dropped). */
+export function withoutSeries(model: IMetricsModel, hidden: Iterable<string>): IMetricsModel {
+  const off = new Set(hidden);
+  if (off.size === 0) {
+    return model;
+  }
+  const keep = <T>(bySeries: { [key: string]: T }): { [key: string]: T } | null => {
+    const out: { [key: string]: T } = {};
+    let any = false;
+    for (const [key, value] of Object.entries(bySeries)) {
+      if (!off.has(key)) {
+        out[key] = value;
+        any = true;
+      }
+    }
+    return any ? out : null;
+  };
+  const scalars: IMetricsModel['scalars'] = {};
+  for (const [name, bySeries] of Object.entries(model.scalars)) {
+    const kept = keep(bySeries);
+    if (kept) {
+      scalars[name] = kept;
+    }
+  }
+  const vectors: IMetricsModel['vectors'] = {};
+  for (const [name, bySeries] of Object.entries(model.vectors)) {
+    const kept = keep(bySeries);
+    if (kept) {
+      vectors[name] = kept;
+    }
+  }
+  return { ...model, scalars, vectors };
+}
+
 /** Keep the series whose key or label contains `text` (case-insensitive); "" keeps all. */
 export function matchSeries(model: IMetricsModel, text: string): IMetricsModel {
   const needle = text.trim().toLowerCase();
