@@ -29,7 +29,6 @@ from typing import Any
 
 from .engine.dask import SchedulerWatch, translate_error
 from .errors import ClusterError
-from .telemetry.progress import in_kernel
 
 __all__ = ["Pool", "AsyncResult", "ApplyResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"]
 
@@ -442,6 +441,10 @@ class Pool:
         self._initargs = tuple(initargs)
         self._maxtasksperchild = maxtasksperchild
         # Automatic progress in a Jupyter kernel; a script gets none, as with multiprocessing.
+        from .telemetry.progress import (
+            in_kernel,  # here, not at the top: worker processes import this module for _PoolTask
+        )
+
         self._progress = False if progress is None and not in_kernel() else progress
         self._id = f"pool-{uuid.uuid4().hex[:12]}"
 

@@ -352,12 +352,16 @@ def test_parallel_magic_rejects_bad_options_in_one_line(ip, cluster):
 
 
 def loaded_modules(x):
-    return sorted(m for m in sys.modules if m.startswith(("jupyter_cluster", "IPython", "ipywidgets", "anywidget")))
+    return sorted(m for m in sys.modules if m.startswith(("jupyter_cluster", "IPython", "ipywidgets", "anywidget", "tests")))
 
 
 def test_worker_processes_import_only_what_runs_on_them(cluster):
     """Issue 13 start-up: no notebook side (sessions, widgets, telemetry hub, IPython) in a worker process."""
+    # Fresh worker processes: earlier tests' functions can make a worker import
+    # this test module (found on the workers' path), which imports the map front.
+    cluster.client.restart()
     mods = mapping.map(loaded_modules, [0], client=cluster, progress=False)[0]
+    assert "tests.test_engine_leases" not in mods
     assert "jupyter_cluster.engine.worker" in mods
     notebook_side = [m for m in mods if m.split(".")[0] in ("IPython", "ipywidgets", "anywidget")
                      or m in ("jupyter_cluster.session", "jupyter_cluster.mapping", "jupyter_cluster.engine.job",

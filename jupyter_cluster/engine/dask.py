@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 from ..errors import ClusterError, WorkerLostError
-from .worker import ATTACH_WAIT_SECONDS, EnginePlugin, Packed, lease
+from .worker import ATTACH_WAIT_SECONDS, EnginePlugin, Items, Packed, lease, run_items
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class LeasePool:
         with self.lock:
             self.timer = None
             oldest = None
-            for key, idle in self.idle.items():
+            for idle in self.idle.values():
                 keep = []
                 for ls in idle:
                     if everything or ls.dead or now - ls.idle_since >= self.linger:
@@ -384,7 +384,9 @@ class Leases:
     async def _attach(self, ls: Lease) -> None:
         while not ls.dead and not self.closed:
             try:
-                answer = await call(self.client, ls.addr, "jc_attach", lease=ls.id, secret=self.secret, wait=ATTACH_WAIT_SECONDS)
+                answer = await call(
+                    self.client, ls.addr, "jc_attach", lease=ls.id, secret=self.secret, wait=ATTACH_WAIT_SECONDS
+                )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the worker is gone or unreachable
@@ -549,6 +551,153 @@ def item_bytes(item: Any) -> int:
         return int(sizeof(item))
     except Exception:
         return 1024
+
+
+# -- the task path: one Dask task per chunk ---------------------------------------------------
+class TaskSubmitter:
+    """The task path's Dask side: chunks as tasks, a completion tracker, one gather per drained batch.
+
+    Used when the workers cannot be reached directly (the fallback) and for
+    ``--all-workers`` cells (one task pinned to each worker).
+    """
+
+    def __init__(self, client: Any):
+        from distributed import as_completed
+
+        self.client = client
+        # Completion only: results are fetched per drained batch (one gather for many chunks).
+        self.ac = as_completed(with_results=False, loop=client.loop)
+
+    def submit(self, chunks: list[tuple], keys: list[str], run: tuple, resources: dict | None) -> list:
+        """Futures for ``chunks`` (``(items, budget, pin, suspect)`` each), keyed ``keys``.
+
+        ``run`` is ``(token, blob, big, star, options)`` of :func:`.worker.run_items`.
+        Pinned and suspect chunks go one by one; the others in one
+        ``client.map`` (one graph update instead of one per chunk).
+        """
+        token, blob, big, star, options = run
+        out: list = [None] * len(chunks)
+        plain = []
+        for k, (items, budget, pin, suspect) in enumerate(chunks):
+            if pin is None and not suspect:
+                plain.append(k)
+                continue
+            kwargs: dict[str, Any] = {"pure": False, "key": keys[k]}
+            if resources:
+                kwargs["resources"] = resources
+            if pin is not None:
+                kwargs["workers"] = [pin]
+                kwargs["allow_other_workers"] = False
+            out[k] = self.client.submit(run_items, Items(items, budget), token, blob, big, star, options, **kwargs)
+        if plain:
+            kwargs = {"resources": resources} if resources else {}
+            futures = self.client.map(
+                run_items,
+                [Items(chunks[k][0], chunks[k][1]) for k in plain],
+                key=[keys[k] for k in plain],
+                pure=False,
+                token=token,
+                blob=blob,
+                big=big,
+                star=star,
+                options=options,
+                **kwargs,
+            )
+            for k, fut in zip(plain, futures):
+                out[k] = fut
+        self.ac.update(out)
+        return out
+
+    def track(self, fut: Any) -> None:
+        """Report ``fut`` again when it completes (Dask is re-running it)."""
+        self.ac.add(fut)
+
+    def wait(self, tick: Any) -> list:
+        """Futures that completed; ``tick()`` runs every 0.2 s meanwhile and may return futures to report instead."""
+        ac = self.ac
+        cond = ac.thread_condition
+        while True:
+            with cond:
+                if ac.queue.empty():
+                    cond.wait(0.2)
+                if not ac.queue.empty():
+                    break
+            # The checks run with the condition released: some ask the
+            # scheduler synchronously (scheduler_info for pinned workers),
+            # which needs the client's event loop, and as_completed's
+            # callbacks on that loop take this same condition -- holding it
+            # here deadlocked maps.
+            stale = tick()
+            if stale:
+                return stale
+        batch = []
+        while not ac.queue.empty():
+            batch.append(ac.queue.get_nowait())
+        return batch
+
+    def gather(self, futures: list, slice_s: float, check: Any) -> dict:
+        """Key -> result of the finished ``futures`` (errors skipped), waiting in slices with ``check()`` between."""
+        pending = asyncio.run_coroutine_threadsafe(
+            gather_skipping_errors(self.client, {f.key: f for f in futures}), self.client.loop.asyncio_loop
+        )
+        try:
+            while True:
+                try:
+                    return pending.result(timeout=slice_s)
+                except concurrent.futures.TimeoutError:
+                    check()
+        finally:
+            if not pending.done():
+                pending.cancel()
+
+
+def scatter_shared(client: Any, values: dict) -> dict:
+    """Send large values to every worker once; name -> future."""
+    names = list(values)
+    try:
+        futures = client.scatter([values[n] for n in names], broadcast=True, hash=False)
+    except Exception as exc:
+        raise ClusterError(f"sending the large values {', '.join(names)} to the workers failed: {exc}.") from exc
+    return dict(zip(names, futures))
+
+
+def all_finished(futures: Any) -> bool:
+    return all(f.status == "finished" for f in futures)
+
+
+def release_futures(futures: Any) -> None:
+    for f in futures:
+        try:
+            f.release()
+        except Exception:  # noqa: BLE001 - the client may be closing
+            pass
+
+
+def cancel_futures(client: Any, futures: list, reason: str) -> None:
+    """Cancel ``futures`` if the client is still connected (workers stop between items)."""
+    if getattr(client, "status", None) != "running":
+        return
+    try:
+        client.cancel(futures, reason=reason)
+    except TypeError:  # older distributed without reason=
+        client.cancel(futures)
+    except Exception:  # noqa: BLE001
+        logger.debug("cancelling futures failed", exc_info=True)
+
+
+def future_error(fut: Any) -> BaseException:
+    """The exception a failed future holds (or the reason it could not be fetched)."""
+    try:
+        return fut.exception(timeout=10)
+    except Exception as err:  # noqa: BLE001
+        return err
+
+
+def is_killed_worker(exc: BaseException) -> bool:
+    """Whether Dask gave up on a task because the workers running it kept dying."""
+    from distributed.scheduler import KilledWorker
+
+    return isinstance(exc, KilledWorker)
 
 
 # -- telling a scheduler that went away from one that blinked -----------------------------

@@ -61,15 +61,20 @@ from ..errors import ClusterError, WorkerLostError
 from . import planner
 from .dask import (
     SchedulerWatch,
+    TaskSubmitter,
+    all_finished,
     cached_threads,
+    cancel_futures,
     client_of,
-    gather_skipping_errors,
+    future_error,
+    is_killed_worker,
     item_bytes,
+    release_futures,
+    scatter_shared,
     scheduler_workers,
     total_threads,
 )
 from .planner import MAX_CHUNK_ITEMS
-from .worker import Items, run_items
 
 logger = logging.getLogger(__name__)
 
@@ -303,11 +308,9 @@ class MapJob:
         self._allowed_failures: int | None = None
         self._round_remaining: int | None = None
 
-        from distributed import as_completed
-
         # Completion only: results are fetched per drained batch in _fetch (one
         # gather for many chunks instead of one per chunk).
-        self._ac = as_completed(with_results=False, loop=self.client.loop)
+        self._tasks = TaskSubmitter(self.client)
         if self.resources:
             self._check_resources()
         self._token = self.id
@@ -567,107 +570,48 @@ class MapJob:
         if not self._shared_values:
             self._shared = None
             return
-        names = list(self._shared_values)
-        try:
-            futures = self.client.scatter([self._shared_values[n] for n in names], broadcast=True, hash=False)
-        except Exception as exc:
-            raise ClusterError(f"sending the large values {', '.join(names)} to the workers failed: {exc}.") from exc
-        self._shared = dict(zip(names, futures))
+        self._shared = scatter_shared(self.client, self._shared_values)
 
     def _shared_lost(self) -> bool:
-        return bool(self._shared) and any(f.status != "finished" for f in self._shared.values())
+        return bool(self._shared) and not all_finished(self._shared.values())
 
     def _submit(self, chunk: _Chunk) -> None:
-        if self._shared_lost():
-            self._scatter()
-        kwargs: dict[str, Any] = {"pure": False, "key": f"jc-{self.id}-{self.chunks_submitted}"}
-        if self.resources:
-            kwargs["resources"] = self.resources
-        if chunk.pin is not None:
-            kwargs["workers"] = [chunk.pin]
-            kwargs["allow_other_workers"] = False
-        fut = self.client.submit(
-            run_items,
-            Items(chunk.items, chunk.budget),
-            self._token,
-            self._blob,
-            self._shared,
-            self._star,
-            self.options,
-            **kwargs,
-        )
-        self.chunks_submitted += 1
-        self._inflight[fut] = chunk
-        self._ac.add(fut)
-        if len(self._inflight) > self.peak_in_flight:
-            self.peak_in_flight = len(self._inflight)
+        self._submit_many([chunk])
 
     def _submit_many(self, chunks: list) -> None:
-        """Submit chunks: pinned and suspect ones one by one, the others in one ``client.map`` call."""
-        special = [c for c in chunks if c.pin is not None or c.suspect]
-        for chunk in special:
-            self._submit(chunk)
-        chunks = [c for c in chunks if c.pin is None and not c.suspect]
-        if not chunks:
-            return
-        if len(chunks) == 1:
-            self._submit(chunks[0])
-            return
+        """Submit chunks as Dask tasks (pinned and suspect ones one by one, the others in one ``client.map``)."""
         if self._shared_lost():
             self._scatter()
         first = self.chunks_submitted
         keys = [f"jc-{self.id}-{first + k}" for k in range(len(chunks))]
-        kwargs: dict[str, Any] = {}
-        if self.resources:
-            kwargs["resources"] = self.resources
-        futures = self.client.map(
-            run_items,
-            [Items(c.items, c.budget) for c in chunks],
-            key=keys,
-            pure=False,
-            token=self._token,
-            blob=self._blob,
-            big=self._shared,
-            star=self._star,
-            options=self.options,
-            **kwargs,
+        futures = self._tasks.submit(
+            [(c.items, c.budget, c.pin, c.suspect) for c in chunks],
+            keys,
+            (self._token, self._blob, self._shared, self._star, self.options),
+            self.resources,
         )
         self.chunks_submitted += len(chunks)
         for fut, chunk in zip(futures, chunks):
             self._inflight[fut] = chunk
-        self._ac.update(futures)
         if len(self._inflight) > self.peak_in_flight:
             self.peak_in_flight = len(self._inflight)
 
     def _wait_batch(self) -> list:
-        ac = self._ac
-        cond = ac.thread_condition
-        last_check = time.monotonic()
-        while True:
-            with cond:
-                if ac.queue.empty():
-                    cond.wait(0.2)
-                if not ac.queue.empty():
-                    break
-            # The checks run with the condition released: some ask the
-            # scheduler synchronously (scheduler_info for pinned workers),
-            # which needs the client's event loop, and as_completed's
-            # callbacks on that loop take this same condition -- holding it
-            # here deadlocked maps.
+        """Futures that completed (or ended unreported: a safety net), checking the cluster meanwhile."""
+        last_check = [time.monotonic()]
+
+        def tick() -> list | None:
             self._check_connection()
             now = time.monotonic()
-            if now - last_check > 1.0:
-                last_check = now
+            if now - last_check[0] > 1.0:
+                last_check[0] = now
                 self._warn_if_no_workers(now)
                 if self._pin is not None:
                     self._check_pinned_workers()
-                stale = self._stale()
-                if stale:
-                    return stale
-        batch = []
-        while not ac.queue.empty():
-            batch.append(ac.queue.get_nowait())
-        return batch
+                return self._stale() or None
+            return None
+
+        return self._tasks.wait(tick)
 
     def _fetch(self, futures: list) -> list:
         """``(future, result)`` for the finished chunks among ``futures``, fetched in one gather.
@@ -686,32 +630,21 @@ class MapJob:
             elif status in ("error", "cancelled"):
                 out.append((f, None))
             else:  # reported, then reset: Dask is re-running it after losing its result
-                self._ac.add(f)
+                self._tasks.track(f)
         if not done:
             return out
         # The gather runs on the client's loop; this thread waits for it in
         # slices and looks at the scheduler in between.  A slow gather (a
         # swamped scheduler) is never cancelled and retried, which could go
         # on for ever; a lost scheduler ends it within a slice.
-        pending = asyncio.run_coroutine_threadsafe(
-            gather_skipping_errors(self.client, {f.key: f for f in done}), self.client.loop.asyncio_loop
-        )
         try:
-            while True:
-                try:
-                    data = pending.result(timeout=FETCH_CHECK_SECONDS)
-                    break
-                except concurrent.futures.TimeoutError:
-                    self._check_connection()
+            data = self._tasks.gather(done, FETCH_CHECK_SECONDS, self._check_connection)
         except Exception as exc:  # noqa: BLE001 - sorted out below
             if self._scheduler_watch.lost() or getattr(self.client, "status", "running") != "running":
                 raise self._lost_scheduler() from exc
             if not isinstance(exc, OSError):
                 raise
             data = {}  # the fetch failed (a worker went away): every chunk of the batch is reported again
-        finally:
-            if not pending.done():
-                pending.cancel()
         for f in done:
             value = data.get(f.key)
             if value is not None:
@@ -719,7 +652,7 @@ class MapJob:
             elif f.status in ("error", "cancelled"):
                 out.append((f, None))
             else:
-                self._ac.add(f)
+                self._tasks.track(f)
         return out
 
     def _warn_if_no_workers(self, now: float) -> None:
@@ -973,13 +906,8 @@ class MapJob:
             return
         fut = lease.future
         if fut.status == "error":
-            from distributed.scheduler import KilledWorker
-
-            try:
-                exc = fut.exception(timeout=10)
-            except Exception as err:  # noqa: BLE001
-                exc = err
-            if not isinstance(exc, KilledWorker):
+            exc = future_error(fut)
+            if not is_killed_worker(exc):
                 raise ClusterError(
                     f"a lease task of this map failed on worker {lease.addr}: {type(exc).__name__}: {exc}; check that jupyter_cluster is installed on the workers."
                 )
@@ -1049,11 +977,7 @@ class MapJob:
         if result is not None:
             self._record(chunk, result)
         elif status == "error":
-            try:
-                exc = fut.exception(timeout=10)
-            except Exception as err:  # the reason itself could not be fetched
-                exc = err
-            self._task_error(chunk, exc)
+            self._task_error(chunk, future_error(fut))
         else:  # cancelled without us asking
             if getattr(self.client, "status", "running") != "running":
                 raise self._lost_scheduler()
@@ -1065,9 +989,7 @@ class MapJob:
             self._resubmit.append(chunk)
 
     def _task_error(self, chunk: _Chunk, exc: BaseException) -> None:
-        from distributed.scheduler import KilledWorker
-
-        if isinstance(exc, KilledWorker):
+        if is_killed_worker(exc):
             if not chunk.suspect:
                 # Dask blames every task queued on a dying worker, so a killed
                 # chunk may be innocent.  Re-run each of its items as a
@@ -1184,22 +1106,13 @@ class MapJob:
         self._resubmit.clear()
         self._returned.clear()
         self._returned_n = 0
-        if futures and getattr(self.client, "status", None) == "running":
-            try:
-                self.client.cancel(futures, reason="jupyter-cluster map stopped")
-            except TypeError:  # older distributed without reason=
-                self.client.cancel(futures)
-            except Exception:
-                logger.debug("cancelling futures failed", exc_info=True)
+        if futures:
+            cancel_futures(self.client, futures, "jupyter-cluster map stopped")
         self._release_shared()
 
     def _release_shared(self) -> None:
         if self._shared:
-            for f in self._shared.values():
-                try:
-                    f.release()
-                except Exception:
-                    pass
+            release_futures(self._shared.values())
             self._shared = None
 
     def _stop(self, state: str) -> None:
