@@ -93,10 +93,8 @@ __all__ = [
 def load_ipython_extension(ipython):
     """Register ``%cluster`` and ``%%parallel`` (``%load_ext jupyter_cluster``)."""
     from .magics import register_magics
-    from .widgets import register_commands
 
     register_magics(ipython)
-    register_commands()  # %cluster metrics
     _import_engine_in_background()
 
 

@@ -68,18 +68,6 @@ def target_names(node: ast.AST) -> set[str]:
     return out
 
 
-_NESTED = (
-    ast.FunctionDef,
-    ast.AsyncFunctionDef,
-    ast.Lambda,
-    ast.ClassDef,
-    ast.ListComp,
-    ast.SetComp,
-    ast.DictComp,
-    ast.GeneratorExp,
-)
-
-
 class _Flow(ast.NodeVisitor):
     """Walk top-level statements in execution order, tracking surely-assigned names."""
 

@@ -173,7 +173,6 @@ class _WorkerState:
         self.lock = threading.Lock()
         self.local = threading.local()
         self.streams_installed = False
-        self.loads = 0
 
 
 _STATE = _WorkerState()
@@ -261,7 +260,6 @@ def load(token: str, blob: bytes | None, big: dict[str, Any] | None):
         if isinstance(obj, CellFunction):
             obj = obj.prepare()
         with _STATE.lock:
-            _STATE.loads += 1
             _STATE.cache[token] = obj
             while len(_STATE.cache) > 16:
                 _STATE.cache.popitem(last=False)
@@ -271,7 +269,7 @@ def load(token: str, blob: bytes | None, big: dict[str, Any] | None):
 
 
 # -- errors as data ----------------------------------------------------------------------
-def _cell_tb(tb, filenames: set[str] | None):
+def _cell_tb(tb):
     """Skip our own frames: start the traceback at the first frame of the cell or the user's function."""
     first = tb
     while tb is not None:
@@ -307,7 +305,7 @@ def _add_first_lines(frames: dict | None, tb) -> None:
 
 def error_info(exc: BaseException) -> tuple:
     """``(exception or None, type name, message, traceback text, frames dict or None)``."""
-    tb = _cell_tb(exc.__traceback__, None)
+    tb = _cell_tb(exc.__traceback__)
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     try:
         pickle.dumps(exc)
@@ -343,9 +341,8 @@ def _async_raise(thread: threading.Thread, exc_type) -> None:
 class _TimedRunner:
     """Runs items in a helper thread so an item over its time limit can be abandoned."""
 
-    def __init__(self, timeout: float, capture: bool):
+    def __init__(self, timeout: float):
         self.timeout = timeout
-        self.capture = capture
         self.thread = None
         self.jobs = None
 
@@ -466,7 +463,7 @@ def run_chunk(
     if capture:
         _install_streams()
     cancelled = _cancel_checker()
-    runner = _TimedRunner(timeout, capture) if timeout else None
+    runner = _TimedRunner(timeout) if timeout else None
     local = _STATE.local
     perf = time.perf_counter
     values: list = []

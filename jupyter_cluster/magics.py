@@ -17,22 +17,6 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from . import session
 from .errors import CellError, ClusterError, SerializationError
 
-CLUSTER_USAGE = """\
-%cluster                         status of the current cluster
-%cluster start [--backend B] [--name N] [--workers W] [--threads T] [--memory-limit M]
-               [--port P] [--host H] [--no-tls] [--gpus [DEVICES]]
-               kubernetes: [--image I] [--namespace NS] [--worker-cpu C] [--worker-memory M]
-               [--worker-gpu G] [--env KEY=VALUE ...] [--adapt-min A] [--adapt-max B] [--dry-run]
-%cluster connect ADDRESS|NAME    attach to a running scheduler (tcp://host:port) or a listed cluster
-%cluster list                    every live cluster on this machine
-%cluster use NAME                make a cluster held by this kernel the current one
-%cluster scale N                 ask for N workers
-%cluster adapt [--minimum A] [--maximum B]
-%cluster restart                 restart the workers (clears their memory)
-%cluster stop [NAME]             stop the current (or named) cluster; detach if it was attached
-%cluster metrics [TOPIC]         live charts of what tasks report with jupyter_cluster.report()
-"""
-
 
 class MagicArgumentParser(argparse.ArgumentParser):
     """argparse that raises a ``UsageError`` (with the magic's usage) instead of exiting the kernel.
@@ -52,49 +36,73 @@ class MagicArgumentParser(argparse.ArgumentParser):
 
 class _ArgumentParser(MagicArgumentParser):
     magic = "%cluster"
-    usage_text = CLUSTER_USAGE
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    # a fixed width: the usage text must not depend on the terminal the kernel was started from
+    return argparse.HelpFormatter(prog, width=100)
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The ``%cluster`` parser: every sub-command, its options and its one-line description."""
     p = _ArgumentParser(prog="%cluster", add_help=False)
     sub = p.add_subparsers(dest="command", parser_class=_ArgumentParser)
-    s = sub.add_parser("start", add_help=False)
-    s.add_argument("--backend")
-    s.add_argument("--name")
-    s.add_argument("--workers", type=int)
-    s.add_argument("--threads", type=int)
-    s.add_argument("--memory-limit")
-    s.add_argument("--port", type=int)
-    s.add_argument("--host")
+
+    def command(name: str, description: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, add_help=False, description=description, formatter_class=_formatter)
+
+    command("status", "status of the current cluster (also plain %cluster)")
+    s = command("start", "start a cluster; kubernetes takes --image ... --dry-run, local takes --gpus")
+    s.add_argument("--backend", metavar="B")
+    s.add_argument("--name", metavar="N")
+    s.add_argument("--workers", type=int, metavar="W")
+    s.add_argument("--threads", type=int, metavar="T")
+    s.add_argument("--memory-limit", metavar="M")
+    s.add_argument("--port", type=int, metavar="P")
+    s.add_argument("--host", metavar="H")
     s.add_argument("--tls", action="store_true", default=None)
     s.add_argument("--no-tls", dest="tls", action="store_false")
     s.add_argument("--no-wait", action="store_true")
-    s.add_argument("--gpus", nargs="?", const=True, default=None)
-    s.add_argument("--image")
-    s.add_argument("--namespace")
-    s.add_argument("--worker-cpu")
-    s.add_argument("--worker-memory")
-    s.add_argument("--worker-gpu", type=int)
+    s.add_argument("--gpus", nargs="?", const=True, default=None, metavar="DEVICES")
+    s.add_argument("--image", metavar="I")
+    s.add_argument("--namespace", metavar="NS")
+    s.add_argument("--worker-cpu", metavar="C")
+    s.add_argument("--worker-memory", metavar="M")
+    s.add_argument("--worker-gpu", type=int, metavar="G")
     s.add_argument("--env", nargs="+", action="extend", metavar="KEY=VALUE")
-    s.add_argument("--adapt-min", type=int)
-    s.add_argument("--adapt-max", type=int)
+    s.add_argument("--adapt-min", type=int, metavar="A")
+    s.add_argument("--adapt-max", type=int, metavar="B")
     s.add_argument("--dry-run", action="store_true", default=None)
-    c = sub.add_parser("connect", add_help=False)
-    c.add_argument("target")
-    sub.add_parser("list", add_help=False)
-    u = sub.add_parser("use", add_help=False)
-    u.add_argument("name")
-    sc = sub.add_parser("scale", add_help=False)
-    sc.add_argument("n", type=int)
-    a = sub.add_parser("adapt", add_help=False)
-    a.add_argument("--minimum", type=int, default=0)
-    a.add_argument("--maximum", type=int)
-    r = sub.add_parser("restart", add_help=False)
-    r.add_argument("name", nargs="?")
-    st = sub.add_parser("stop", add_help=False)
-    st.add_argument("name", nargs="?")
-    sub.add_parser("status", add_help=False)
+    command("connect", "attach to a running scheduler (tcp://host:port) or a listed cluster").add_argument(
+        "target", metavar="ADDRESS|NAME"
+    )
+    command("list", "every live cluster on this machine")
+    command("use", "make a cluster held by this kernel the current one").add_argument("name", metavar="NAME")
+    command("scale", "ask for N workers").add_argument("n", type=int, metavar="N")
+    a = command("adapt", "let the cluster choose its number of workers")
+    a.add_argument("--minimum", type=int, default=0, metavar="A")
+    a.add_argument("--maximum", type=int, metavar="B")
+    command("restart", "restart the workers (clears their memory)").add_argument("name", nargs="?", metavar="NAME")
+    command("stop", "stop the current (or named) cluster; detach if it was attached").add_argument(
+        "name", nargs="?", metavar="NAME"
+    )
+    m = command("metrics", "live charts of what tasks report with jupyter_cluster.report()")
+    m.add_argument("topic", nargs="?", metavar="TOPIC")
+    m.add_argument("-h", "--help", action="store_true", dest="topics_help", help=argparse.SUPPRESS)
+    p.usage_text = _usage(sub.choices)
+    for sp in sub.choices.values():
+        sp.usage_text = p.usage_text
     return p
+
+
+def _usage(commands: dict[str, argparse.ArgumentParser]) -> str:
+    """The usage text, written from the parser: each sub-command's synopsis, then what it does."""
+    lines = []
+    for sp in commands.values():
+        # argparse aligns wrapped lines under "usage: "; without that prefix they move 7 columns left
+        synopsis = sp.format_usage().removeprefix("usage: ").rstrip().replace("\n" + " " * 7, "\n")
+        lines.append(f"{synopsis}\n      {sp.description}")
+    return "\n".join(lines) + "\n"
 
 
 # Backend-specific `start` flags, passed through as options; a backend that
@@ -112,9 +120,6 @@ _BACKEND_FLAGS = (
     "dry_run",
 )
 
-# Extra sub-commands other modules add (e.g. "metrics"): name -> callable(shell, args list)
-EXTRA_COMMANDS: dict[str, Any] = {}
-
 
 @magics_class
 class ClusterMagics(Magics):
@@ -126,17 +131,15 @@ class ClusterMagics(Magics):
 
         ::
 
-        """  # replaced below with CLUSTER_USAGE so `%cluster?` shows it
+        """  # replaced below with the parser's usage text so `%cluster?` shows it
         try:
             words = shlex.split(line)
         except ValueError as exc:
             raise UsageError(f"%cluster: {exc}.") from None
-        if words and words[0] in EXTRA_COMMANDS:
-            return self._run(lambda: EXTRA_COMMANDS[words[0]](self.shell, words[1:]))
         args = _parser().parse_args(words)
         return self._run(lambda: self._dispatch(args))
 
-    cluster.__doc__ = "Manage Dask clusters for this notebook.\n\n" + CLUSTER_USAGE
+    cluster.__doc__ = "Manage Dask clusters for this notebook.\n\n" + _parser().usage_text
 
     @staticmethod
     def _run(fn):
@@ -196,6 +199,10 @@ class ClusterMagics(Magics):
             handle.restart()
             print(f"Restarted the workers of {handle.name!r}")
             return None
+        if cmd == "metrics":
+            from .widgets.metrics import metrics_command  # ipywidgets and the chart code load on first use
+
+            return metrics_command(self.shell, ["--help"] if args.topics_help else [args.topic or "default"])
         if cmd == "stop":
             name = session.stop(args.name)
             print(f"Stopped cluster {name!r}")
@@ -233,8 +240,6 @@ def register_magics(ipython) -> None:
     from .spmd_magic import SpmdMagics
 
     ipython.register_magics(SpmdMagics)
-    try:
-        from .parallel_magic import ParallelMagics
-    except ImportError:  # %%parallel not built yet
-        return
+    from .parallel_magic import ParallelMagics
+
     ipython.register_magics(ParallelMagics)

@@ -259,3 +259,26 @@ def test_scale_and_adapt_beyond_the_machine_are_refused(ip):
         assert len(handle.cluster.worker_spec) == 0
     finally:
         run(ip, "stop")
+
+
+def test_usage_is_written_from_the_parser():
+    """Every sub-command and option the parser takes is in `%cluster?` and in every usage error."""
+    import argparse
+
+    from IPython.core.error import UsageError
+
+    from jupyter_cluster.magics import ClusterMagics, _parser
+
+    parser = _parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    doc = ClusterMagics.cluster.__doc__
+    for name, sub in commands.items():
+        assert f"%cluster {name}" in doc and sub.description in doc
+        for action in sub._actions:
+            for flag in action.option_strings:
+                if action.help is not argparse.SUPPRESS:
+                    assert flag in doc, flag
+    assert "--no-wait" in doc and "metrics" in commands
+    with pytest.raises(UsageError) as err:
+        parser.parse_args(["scale", "x"])
+    assert "%cluster metrics [TOPIC]" in str(err.value)

@@ -70,16 +70,8 @@ def _publish_enabled() -> bool:
 # -- the model ----------------------------------------------------------------------
 def job_state(job: Any) -> str:
     """``"running"``, ``"finished"``, ``"failed"`` or ``"cancelled"`` for a map job."""
-    state = getattr(job, "state", None)
-    if isinstance(state, str) and state in ("running", "finished", "failed", "cancelled"):
-        return state
-    if not getattr(job, "finished", False):
-        return "running"
-    if getattr(job, "cancelled", False):
-        return "cancelled"
-    if getattr(job, "error", None) is not None or getattr(job, "exception", None) is not None:
-        return "failed"
-    return "finished"
+    state = getattr(job, "state", None)  # MapJob and SpmdJob keep it current
+    return state if state in ("running", "finished", "failed", "cancelled") else "running"
 
 
 class JobProgress:
