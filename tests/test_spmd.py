@@ -415,7 +415,7 @@ dist.all_reduce(torch.ones(1))
     assert elapsed < 10, f"the notebook waited {elapsed:.1f} s"
     # the cluster stays usable: the nanny brings a worker back, the next cell builds a new group
     cluster.wait_for_workers(2, timeout=60)
-    wait_for(lambda: len(cluster.client.scheduler_info(n_workers=-1)["workers"]) == 2, timeout=60, message="2 workers")
+    wait_for(lambda: len(spmd_mod._workers(cluster.client)) == 2, timeout=60, message="2 workers")
     res = run_cell(
         shell,
         "%%spmd --out again\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()\n",
@@ -509,4 +509,4 @@ dist.barrier()
         assert "restarting" not in _out(capsys)
     finally:
         cluster.scale(2)
-        wait_for(lambda: len(cluster.client.scheduler_info(n_workers=-1)["workers"]) == 2, timeout=60, message="2 workers")
+        wait_for(lambda: len(spmd_mod._workers(cluster.client)) == 2, timeout=60, message="2 workers")
