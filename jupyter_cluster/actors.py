@@ -19,12 +19,6 @@ from .errors import ClusterError
 T = TypeVar("T")
 
 
-def _find_client(client: Any = None) -> Any:
-    from .dqueue import _find_client as find
-
-    return find(client)
-
-
 class ActorCall(Generic[T]):
     """The future of one method call on an actor.
 
@@ -199,7 +193,7 @@ def _bind(dask_actor: Any, client: Any = None) -> None:
         return
     dask_actor._try_bind_worker_client()  # inside a task this finds the worker
     if dask_actor._worker is None and dask_actor._client is None:
-        with _find_client(client).as_current():
+        with _client_of(client).as_current():
             dask_actor._try_bind_worker_client()
 
 
@@ -231,7 +225,7 @@ def create(
         raise TypeError(
             f"actor needs a class, not {type(cls).__name__}; pass the class itself, e.g. actor(Env, 'CartPole-v1')."
         )
-    client = _find_client(client)
+    client = _client_of(client)
     future = client.submit(cls, *args, actor=True, pure=False, workers=workers, **(kwargs or {}))
     dask_actor = future.result()
     return ActorHandle(dask_actor, cls, future, client=client)
@@ -278,3 +272,9 @@ def actor(cls: type, /, *args: Any, **kwargs: Any) -> ActorHandle:
     15
     """
     return create(cls, args, kwargs)
+
+
+def _client_of(cluster: Any = None) -> Any:
+    from . import session  # not at import: tasks that use this module need no notebook side
+
+    return session.client_of(cluster)

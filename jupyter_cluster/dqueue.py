@@ -29,23 +29,6 @@ from .errors import ClusterError
 _SLICE = 2.0
 
 
-def _find_client(client: Any = None) -> Any:
-    """The client to talk to the scheduler with: given, the task's, or the session's."""
-    if client is not None:
-        return client
-    try:
-        from distributed import get_worker
-
-        get_worker()
-    except ValueError:
-        from . import session
-
-        return session.current(start_default=True, announce=print).client
-    from distributed import get_client
-
-    return get_client()
-
-
 class Queue:
     """A FIFO queue on the cluster, usable from the notebook and from tasks.
 
@@ -90,7 +73,7 @@ class Queue:
         if not isinstance(maxsize, int) or isinstance(maxsize, bool):
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}.")
         self.name = name or f"queue-{uuid.uuid4().hex}"
-        self._client = _find_client(client)
+        self._client = _client_of(client)
         self._closed = False
         self._owner = True
         from .dqueue_store import PLUGIN, QueueStore
@@ -120,7 +103,7 @@ class Queue:
     def client(self) -> Any:
         """The ``distributed.Client`` this queue talks through."""
         if self._client is None:
-            self._client = _find_client()
+            self._client = _client_of()
         return self._client
 
     def _call(self, route: str, **kwargs: Any) -> Any:
@@ -237,3 +220,9 @@ def _wait_seconds(block: bool, timeout: float | None) -> float | None:
     if timeout < 0:
         raise ValueError("'timeout' must be a non-negative number")
     return float(timeout)
+
+
+def _client_of(cluster: Any = None) -> Any:
+    from . import session  # not at import: tasks that use this module need no notebook side
+
+    return session.client_of(cluster)

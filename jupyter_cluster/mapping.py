@@ -27,15 +27,6 @@ from .engine.job import (  # noqa: F401  (re-exported: the engine's public names
 from .errors import ClusterError
 
 
-def _resolve_client(client: Any) -> Any:
-    """The cluster to map on: ``client`` (a Client or ClusterHandle), else the current one (started if none)."""
-    if client is None:
-        from . import session
-
-        return session.current(start_default=True, announce=print)
-    return client
-
-
 def imap(fn: Callable, *iterables: Iterable, **options: Any) -> MapJob:
     """Map ``fn`` over ``iterables`` on the cluster, lazily.
 
@@ -82,7 +73,7 @@ def imap(fn: Callable, *iterables: Iterable, **options: Any) -> MapJob:
     3
     """
     options.setdefault("retain", False)
-    options["client"] = _resolve_client(options.get("client"))
+    options["client"] = _resolve(options.get("client"))
     return MapJob(fn, iterables, **options)
 
 
@@ -100,7 +91,7 @@ def map(fn: Callable, *iterables: Iterable, **options: Any) -> list:
     [0, 1, 4, 9, 16]
     """
     options.setdefault("retain", True)
-    options["client"] = _resolve_client(options.get("client"))
+    options["client"] = _resolve(options.get("client"))
     job = MapJob(fn, iterables, **options)
     job.run()
     return job.result_list()
@@ -112,7 +103,7 @@ def run_on_workers(fn: Callable, **options: Any) -> MapJob:
     ``job.results`` maps the position in ``job.pinned`` (the worker addresses) to
     the result.
     """
-    handle = options["client"] = _resolve_client(options.get("client"))
+    handle = options["client"] = _resolve(options.get("client"))
     client = getattr(handle, "client", handle)
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
     if not workers:
@@ -123,3 +114,9 @@ def run_on_workers(fn: Callable, **options: Any) -> MapJob:
     job.pinned = workers
     job.run()
     return job
+
+
+def _resolve(cluster: Any) -> Any:
+    from . import session  # the engine below this front door never imports session
+
+    return session.resolve(cluster)

@@ -446,7 +446,7 @@ class ParallelMagics(Magics):
             except SyntaxError as exc:
                 raise CellError(f"the iterable `{iter_src}` is not valid Python: {exc.msg}.") from None
 
-        handle = session.current(start_default=True, announce=print)
+        handle = session.resolve()
         defined_on_workers = _worker_names.get(handle.address, set())
         captured = capture.capture(analysis.free, user_ns, maybe=analysis.maybe, exclude=defined_on_workers)
         func = CellFunction(

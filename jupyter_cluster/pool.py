@@ -427,12 +427,7 @@ class Pool:
 
         from . import session
 
-        if cluster is None:
-            handle = session.current(start_default=True, announce=print)
-        elif isinstance(cluster, str):
-            handle = session.get(cluster)
-        else:
-            handle = cluster
+        handle = session.resolve(cluster)
         self._handle = handle
         self._client = handle.client
         self._limit = processes

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import html
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -521,6 +522,50 @@ def current(start_default: bool = False, announce: Callable[[str], None] | None 
                 f"Started cluster {handle.name!r} ({handle.backend}, {handle.nthreads} worker threads) at {handle.address}; stop it with %cluster stop."
             )
     return handle
+
+
+def resolve(cluster: Any = None) -> Any:
+    """The cluster a call works on; the one rule for map, Pool, Queue, actors and the magics.
+
+    Parameters
+    ----------
+    cluster : ClusterHandle, distributed.Client, str or None
+        Given, it is used as is (a string names a cluster this process holds).
+        None: inside a task, the worker's client; in the notebook, the current
+        cluster, started with the defaults if there is none (one printed line
+        says so).
+
+    Returns
+    -------
+    ClusterHandle or distributed.Client
+    """
+    if isinstance(cluster, str):
+        return get(cluster)
+    if cluster is not None:
+        return cluster
+    if _in_task():
+        from distributed import get_client
+
+        return get_client()
+    return current(start_default=True, announce=print)
+
+
+def client_of(cluster: Any = None) -> Any:
+    """The ``distributed.Client`` of :func:`resolve`'s cluster."""
+    found = resolve(cluster)
+    return getattr(found, "client", found)
+
+
+def _in_task() -> bool:
+    if "distributed" not in sys.modules:  # a task always has it imported; the notebook may not yet
+        return False
+    from distributed import get_worker
+
+    try:
+        get_worker()
+    except ValueError:
+        return False
+    return True
 
 
 def get(name: str | None = None) -> ClusterHandle:

@@ -189,7 +189,7 @@ class SpmdMagics(Magics):
         analysis = capture.analyse(tree, bound={"rank", "world_size"}, filename=filename)
         user_ns = self.shell.user_ns
 
-        handle = session.current(start_default=True, announce=print)
+        handle = session.resolve()
         group = prepare(handle, args.workers, args.backend, notice=print)  # refuses before anything runs
         captured = capture.capture(analysis.free, user_ns, maybe=analysis.maybe, exclude=group.assigned)
         func = CellFunction(

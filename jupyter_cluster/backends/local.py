@@ -39,7 +39,8 @@ from . import Backend, StartedCluster
 GPU_RESOURCE = "GPU"
 
 
-def _default_workers() -> int:
+def default_workers() -> int:
+    """Workers a local cluster starts with by default: one per CPU this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -55,7 +56,7 @@ def max_local_workers() -> int:
     import psutil
 
     by_memory = psutil.virtual_memory().total // WORKER_MEMORY
-    return int(max(1, min(WORKERS_PER_CORE * _default_workers(), by_memory)))
+    return int(max(1, min(WORKERS_PER_CORE * default_workers(), by_memory)))
 
 
 # -- GPUs ----------------------------------------------------------------------
@@ -490,7 +491,7 @@ class LocalBackend(Backend):
         workers = (
             workers
             if workers is not None
-            else (len(devices) if devices is not None else (config.get("local.workers") or _default_workers()))
+            else (len(devices) if devices is not None else (config.get("local.workers") or default_workers()))
         )
         threads = threads if threads is not None else config.get("local.threads")
         memory_limit = memory_limit if memory_limit is not None else config.get("local.memory-limit")

@@ -18,7 +18,7 @@ from .cluster import ClusterWidget
 
 
 def _default_workers() -> int:
-    from ..backends.local import _default_workers as cores
+    from ..backends.local import default_workers as cores
 
     return int(config.get("local.workers") or cores())
 
