@@ -16,11 +16,12 @@ from __future__ import annotations
 import importlib as _importlib
 import multiprocessing as _multiprocessing
 import sys as _sys
+from importlib.metadata import version as _metadata_version
 
 from . import config  # noqa: F401  (registers dask.config defaults)
 from .errors import CellError, ClusterError, SerializationError
 
-__version__ = "0.1.0"
+__version__ = _metadata_version("jupyter-cluster")  # written once, in package.json
 
 #: Public name -> module that defines it.
 _PUBLIC = {

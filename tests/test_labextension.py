@@ -63,3 +63,21 @@ def test_server_extension_is_enabled_by_the_install():
 def test_prebuilt_extension_ships_the_settings_schema():
     schema = os.path.join(ROOT, "jupyter_cluster", "labextension", "schemas", "jupyter-cluster", "plugin.json")
     assert os.path.exists(schema), "the built extension lacks its settings schema; run `jlpm build`."
+
+
+def test_the_version_is_written_once_in_package_json():
+    """pyproject reads it through hatch-nodejs-version; the package and the built extension report it."""
+    import json
+    from importlib.metadata import version
+
+    import jupyter_cluster
+
+    with open(os.path.join(ROOT, "package.json")) as f:
+        declared = json.load(f)["version"]
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        assert '\nversion = "' not in f.read()  # not written a second time
+    assert version("jupyter-cluster") == jupyter_cluster.__version__ == declared
+    built = os.path.join(ROOT, "jupyter_cluster", "labextension", "package.json")
+    if os.path.exists(built):
+        with open(built) as f:
+            assert json.load(f)["version"] == declared
