@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import time
-import uuid
 
 import pytest
 
@@ -12,10 +11,7 @@ from jupyter_cluster import telemetry
 from jupyter_cluster.telemetry.report import _producer
 
 from .conftest import wait_for
-
-
-def _topic(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:6]}"
+from .helpers import unique_topic
 
 
 # -- validation (at the call, in the caller's process) ------------------------------------
@@ -58,7 +54,7 @@ def test_report_accepts_numpy_scalars_arrays_and_identity_fields():
 
 
 def test_report_in_the_notebook_without_a_cluster_is_kept_locally():
-    topic = _topic("nb")
+    topic = unique_topic("nb")
     for step in range(3):
         telemetry.report(step=step, topic=topic, member=1, reward=step * 2.0)
     telemetry.report(topic=topic, load=[1, 2, 3])
@@ -148,7 +144,6 @@ def test_records_expands_a_batch_into_shared_interface_records():
 def _work(member: int, topic: str, n: int, pause: float = 0.0):
     import time
 
-
     t0 = time.perf_counter()
     for step in range(n):
         telemetry.report(step=step, topic=topic, member=member, loss=float(step), load=[member, step])
@@ -160,7 +155,7 @@ def _work(member: int, topic: str, n: int, pause: float = 0.0):
 def test_reports_from_workers_arrive_in_order_per_series(cluster):
     client = cluster.client
     telemetry.attach(client)
-    topic = _topic("order")
+    topic = unique_topic("order")
     futures = client.map(_work, [0, 1, 2, 3], topic=topic, n=50, pause=0.001, pure=False)
     client.gather(futures)
     st = telemetry.store(topic)
@@ -179,7 +174,7 @@ def test_reports_from_workers_arrive_in_order_per_series(cluster):
 def test_burst_of_10000_reports_from_two_workers_all_arrive(cluster):
     client = cluster.client
     telemetry.attach(client)
-    topic = _topic("burst")
+    topic = unique_topic("burst")
     workers = list(client.scheduler_info()["workers"])
     assert len(workers) == 2
     futures = [client.submit(_work, i, topic, 5000, pure=False, workers=[w]) for i, w in enumerate(workers)]
@@ -194,7 +189,6 @@ def test_burst_of_10000_reports_from_two_workers_all_arrive(cluster):
 
 def _one_batch_per_report(topic: str, n: int) -> int:
     import time
-
 
     for step in range(n):
         telemetry.report(step=step, topic=topic, x=float(step))
@@ -221,7 +215,7 @@ def test_late_subscriber_gets_the_schedulers_backlog_and_an_exact_dropped_count(
         )
     try:
         n = keep + 37
-        topic = _topic("late")
+        topic = unique_topic("late")
         with Client(small, set_as_default=False) as producer_client:
             producer_client.submit(_one_batch_per_report, topic, n, pure=False).result()
         # a client (like the server extension's) subscribes only now
@@ -247,7 +241,7 @@ def test_reports_made_in_the_notebook_reach_other_subscribers(cluster):
         stores: dict = {}
         hub = telemetry.Hub(other, stores=stores)
         hub.attach()
-        topic = _topic("from-kernel")
+        topic = unique_topic("from-kernel")
         telemetry.report(step=1, topic=topic, member=5, acc=0.5)
         assert telemetry.store(topic).received == 1  # at once in this kernel
         wait_for(
@@ -301,7 +295,7 @@ def test_a_huge_integer_reported_by_a_task_never_breaks_a_worker(cluster):
 
     client = cluster.client
     telemetry.attach(client)
-    topic = _topic("huge")
+    topic = unique_topic("huge")
     n_workers = len(client.scheduler_info()["workers"])
     work = functools.partial(_report_huge, topic=topic)
     assert jc.map(work, range(10), client=client, progress=False) == list(range(10))

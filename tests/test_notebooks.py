@@ -19,6 +19,7 @@ import nbformat
 import pytest
 
 from .conftest import ROOT
+from .helpers import ANSI, cell_text
 
 NOTEBOOKS_DIR = os.path.join(ROOT, "notebooks")
 NOTEBOOKS = [
@@ -28,23 +29,10 @@ NOTEBOOKS = [
     "04-mixture-of-experts.ipynb",
     "05-expert-parallel-moe.ipynb",
 ]
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _read(name: str):
     return nbformat.read(os.path.join(NOTEBOOKS_DIR, name), as_version=4)
-
-
-def _text(cell) -> str:
-    parts = []
-    for o in cell.get("outputs", []):
-        if o.get("output_type") == "stream":
-            parts.append(o["text"])
-        elif o.get("output_type") == "error":
-            parts.append("\n".join(o["traceback"]))
-        elif "text/plain" in o.get("data", {}):
-            parts.append(o["data"]["text/plain"])
-    return ANSI.sub("", "".join(parts))
 
 
 def test_notebook_set_is_complete_and_linked_from_the_readme():
@@ -123,16 +111,16 @@ def _cell(nb, needle: str):
 @pytest.mark.timeout(600)
 def test_quickstart_runs(ci_size):
     nb, seconds = _execute("01-quickstart.ipynb")
-    out = _text(_cell(nb, "%cluster start"))
+    out = cell_text(_cell(nb, "%cluster start"))
     assert "Started cluster" in out
     # the raise-mode cell really raised, with the item and the cell's own line
     err = [o for o in _cell(nb, "%%parallel x in [4, 2, 0, 1]\n").outputs if o.output_type == "error"]
     assert err and err[0]["ename"] == "ZeroDivisionError"
     tb = ANSI.sub("", "\n".join(err[0]["traceback"]))
     assert "item 2 (0)" in tb and "line 3" in tb
-    assert "1 of 4 items failed" in _text(_cell(nb, "--errors collect"))
-    assert "[item 0] item 0 is alpha" in _text(_cell(nb, 'enumerate(["alpha"'))
-    assert "Stopped cluster" in _text(nb.cells[-1])
+    assert "1 of 4 items failed" in cell_text(_cell(nb, "--errors collect"))
+    assert "[item 0] item 0 is alpha" in cell_text(_cell(nb, 'enumerate(["alpha"'))
+    assert "Stopped cluster" in cell_text(nb.cells[-1])
     chart = _chart(nb, "walks")
     assert sorted(chart["scalars"]["position"]) == [f"walk=walk {w}" for w in range(4)]
     assert all(len(points) == 25 for points in chart["scalars"]["position"].values())
@@ -144,7 +132,7 @@ def test_quickstart_runs(ci_size):
 @pytest.mark.timeout(600)
 def test_evolution_strategies_learns(ci_size):
     nb, seconds = _execute("02-evolution-strategies.ipynb")
-    out = _text(_cell(nb, "for generation in range(GENERATIONS)"))
+    out = cell_text(_cell(nb, "for generation in range(GENERATIONS)"))
     solved = re.search(r"solved: the policy's mean return ([\d.]+) >= ([\d.]+) after (\d+) generations", out)
     assert solved, out[-2000:]
     assert float(solved.group(1)) >= float(solved.group(2))
@@ -158,7 +146,7 @@ def test_evolution_strategies_learns(ci_size):
 @pytest.mark.timeout(600)
 def test_population_based_training_replaces_members(ci_size):
     nb, seconds = _execute("03-population-based-training.ipynb")
-    out = _text(_cell(nb, "for round_ in range(ROUNDS)"))
+    out = cell_text(_cell(nb, "for round_ in range(ROUNDS)"))
     # exploit events are shown as they happen
     assert re.search(r"member \d+ \([-\d.]+, lr [\d.e+-]+\) <- member \d+", out), out[-2000:]
     chart = _chart(nb, "pbt")  # one series per member, a point per round
@@ -171,7 +159,7 @@ def test_population_based_training_replaces_members(ci_size):
 @pytest.mark.timeout(600)
 def test_mixture_of_experts_shows_collapse_and_balance(ci_size):
     nb, seconds = _execute("04-mixture-of-experts.ipynb")
-    out = _text(_cell(nb, "for (experts, k, cf), pair in table.groupby"))
+    out = cell_text(_cell(nb, "for (experts, k, cf), pair in table.groupby"))
     assert out.count("busiest expert") == 3, out
     chart = _chart(nb, "moe")  # a tokens-per-expert heatmap and a dropped-tokens line per run
     heatmaps = chart["vectors"]["tokens_per_expert"]
@@ -186,7 +174,7 @@ def test_mixture_of_experts_shows_collapse_and_balance(ci_size):
 @pytest.mark.timeout(600)
 def test_expert_parallel_moe_matches_its_reference_and_balances(ci_size):
     nb, seconds = _execute("05-expert-parallel-moe.ipynb")
-    check = _text(_cell(nb, "worst = max("))
+    check = cell_text(_cell(nb, "worst = max("))
     found = re.search(r"largest difference ([\d.e+-]+) \(tolerance 1e-09\)", check)
     assert found and float(found.group(1)) < 1e-9, check
     assert check.count("expert grads") == 2  # both ranks compared their shards
@@ -194,7 +182,7 @@ def test_expert_parallel_moe_matches_its_reference_and_balances(ci_size):
     assert err and err[0]["ename"] == "ValueError"  # rank 1's own exception, rank 0 released from the barrier
     tb = ANSI.sub("", "\n".join(err[0]["traceback"]))
     assert "rank 1 (worker" in tb and "line 3" in tb, tb
-    assert "confirmed on the expert-parallel layer" in _text(_cell(nb, "summary = summaries[0]"))
+    assert "confirmed on the expert-parallel layer" in cell_text(_cell(nb, "summary = summaries[0]"))
     chart = _chart(nb, "moe-ep")  # per run: the heatmap over all experts of all ranks, and the per-step lines
     heatmaps = chart["vectors"]["tokens_per_expert"]
     assert len(heatmaps) == 2
@@ -202,7 +190,7 @@ def test_expert_parallel_moe_matches_its_reference_and_balances(ci_size):
         assert len(heat["rows"]) == 200 and all(len(row) == 8 for row in heat["rows"]), key
     for name in ("loss", "aux_loss", "dropped_tokens", "a2a_ms", "tokens_per_s"):
         assert len(chart["scalars"][name]) == 2, name
-    scaling = _text(_cell(nb, "for n in RANK_COUNTS"))
+    scaling = cell_text(_cell(nb, "for n in RANK_COUNTS"))
     assert re.search(r"\b1 rank: [\d,]+ tokens/s", scaling) and re.search(r"\b2 ranks: [\d,]+ tokens/s", scaling), (
         scaling
     )

@@ -11,17 +11,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _text(cell) -> str:
-    parts = []
-    for o in cell.outputs:
-        if o.get("output_type") == "stream":
-            parts.append(o["text"])
-        elif o.get("output_type") == "error":
-            parts.append("\n".join(o["traceback"]))
-    return ANSI.sub("", "".join(parts))
+from .conftest import wait_for
+from .helpers import ANSI, cell_text
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +48,11 @@ def test_first_parallel_cell_starts_the_cluster_and_fills_out(notebook_kernel):
         nb,
         "%%parallel x, y in zip(range(6), 'abcdef') --out pairs --no-progress\nprint('item', x)\ny * (x % k) + str(math.floor(x / 2))",
     )
-    out = _text(cell)
+    out = cell_text(cell)
     assert "Started cluster" in out and "2 worker threads" in out
     assert "[item 0] item 0" in out
     check = run_cell(client, nb, "print(pairs)\nprint('x' in globals())")
-    assert _text(check).split("\n")[:2] == [str(["0", "b0", "cc1", "1", "e2", "ff2"]), "False"]
+    assert cell_text(check).split("\n")[:2] == [str(["0", "b0", "cc1", "1", "e2", "ff2"]), "False"]
 
 
 def test_failing_item_shows_the_cell_line_in_the_notebook(notebook_kernel):
@@ -73,7 +64,7 @@ def test_failing_item_shows_the_cell_line_in_the_notebook(notebook_kernel):
     assert "Cell In[" in tb and "line 3" in tb and "item 5 (5) failed" in tb
 
 
-def test_kernel_interrupt_cancels_within_two_seconds(notebook_kernel):
+def test_kernel_interrupt_cancels_within_two_seconds(notebook_kernel, tmp_path):
     from jupyter_client import BlockingKernelClient
 
     client, nb = notebook_kernel
@@ -81,8 +72,13 @@ def test_kernel_interrupt_cancels_within_two_seconds(notebook_kernel):
     kc.load_connection_info(client.km.get_connection_info())
     kc.start_channels()
     kc.wait_for_ready(timeout=60)
-    msg_id = kc.execute("%%parallel i in range(200) --no-progress\nimport time\ntime.sleep(0.1)\ni")
-    time.sleep(3.0)
+    started = tmp_path / "started"  # one line per item begun, written by the workers
+    msg_id = kc.execute(
+        f"%%parallel i in range(200) --no-progress\nimport time\nopen({str(started)!r}, 'a').write('x\\n')\n"
+        "time.sleep(0.1)\ni"
+    )
+    # three items begun on two single-threaded workers: at least one has finished
+    wait_for(lambda: started.exists() and len(started.read_text().splitlines()) >= 3, 60, message="items running")
     t0 = time.monotonic()
     os.kill(client.km.provisioner.process.pid, signal.SIGINT)  # what the stop button does
     outputs, errors = [], []
@@ -106,25 +102,25 @@ def test_kernel_interrupt_cancels_within_two_seconds(notebook_kernel):
     # the summary line, then one short KeyboardInterrupt line: nothing of our internals
     assert errors == ["KeyboardInterrupt: the %%parallel cell was interrupted; see the line above."], errors
     after = run_cell(client, nb, "job = _parallel_job\nprint(job.state, job.done > 0, len(job.results) == job.done)")
-    assert _text(after).strip() == "cancelled True True"
+    assert cell_text(after).strip() == "cancelled True True"
     t1 = time.monotonic()
     again = run_cell(client, nb, "%%parallel i in range(4) --no-progress\ni * 2")
     assert "error" not in [o.get("output_type") for o in again.outputs]
     assert time.monotonic() - t1 < 15
     check = run_cell(client, nb, "print(_parallel)")
-    assert _text(check).strip() == "[0, 2, 4, 6]"
+    assert cell_text(check).strip() == "[0, 2, 4, 6]"
 
 
 def test_syntax_error_in_the_kernel_is_one_sentence(notebook_kernel):
     client, nb = notebook_kernel
     cell = run_cell(client, nb, "%%parallel i in range(3)\nfor\n")
-    tb = _text(cell)
+    tb = cell_text(cell)
     assert "UsageError" in tb and "line 2 of the cell is not valid Python" in tb
 
 
 def _error_lines(cell) -> list[str]:
     err = [o for o in cell.outputs if o.get("output_type") == "error"]
-    assert err, f"cell {cell.source!r} raised nothing: {_text(cell)}"
+    assert err, f"cell {cell.source!r} raised nothing: {cell_text(cell)}"
     return ANSI.sub("", "\n".join(err[0]["traceback"])).splitlines()
 
 

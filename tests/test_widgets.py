@@ -15,10 +15,7 @@ from jupyter_cluster.widgets import cluster as cluster_mod
 from jupyter_cluster.widgets import metrics as metrics_mod
 
 from .conftest import wait_for
-
-
-def _topic(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:6]}"
+from .helpers import unique_topic
 
 
 def _cells(table: str) -> list[str]:
@@ -107,7 +104,7 @@ def test_attach_by_name_keeps_name_and_dashboard_and_says_why_it_cannot_scale(tm
 
     from jupyter_cluster import registry
 
-    name = _topic("owned")
+    name = unique_topic("owned")
     script = tmp_path / "owner.py"
     script.write_text(
         "import sys\nimport jupyter_cluster as jc\n\nif __name__ == '__main__':\n"
@@ -202,7 +199,7 @@ def test_launcher_starts_a_current_cluster_scales_and_stops_it():
 
 # -- metrics: text ----------------------------------------------------------------------------
 def test_show_metrics_in_a_terminal_is_a_text_summary(ip):
-    topic = _topic("txt")
+    topic = unique_topic("txt")
     for step in range(3):
         telemetry.report(step=step, topic=topic, member=1, reward=float(step))
     telemetry.report(step=2, topic=topic, load=[4, 5, 6])
@@ -225,7 +222,7 @@ def test_without_the_chart_bundle_a_kernel_gets_a_live_text_view_and_one_message
     monkeypatch.setattr(metrics_mod, "BUNDLE", tmp_path / "missing.js")
     monkeypatch.setattr(metrics_mod, "_widget_class", None)
     monkeypatch.setattr(progress, "in_kernel", lambda: True)
-    topic = _topic("nobundle")
+    topic = unique_topic("nobundle")
     view = metrics_mod.show_metrics(topic)
     assert "widgets/static/metrics.js, which is not built" in view.value
     assert view.value.count("not built") == 1
@@ -255,7 +252,7 @@ def chart_class():
 
 def test_metrics_widget_state_follows_a_real_map_live(cluster, chart_class):
     telemetry.attach(cluster.client)
-    topic = _topic("live")
+    topic = unique_topic("live")
     w = chart_class(topic)
     pushes: list[float] = []
     w.observe(lambda change: pushes.append(time.monotonic()), names="data")
@@ -277,7 +274,7 @@ def test_metrics_widget_state_follows_a_real_map_live(cluster, chart_class):
 
 
 def test_metrics_widget_payload_stays_bounded_for_100_series(chart_class):
-    topic = _topic("wide")
+    topic = unique_topic("wide")
     st = telemetry.store(topic)
     for member in range(100):
         st.add(
@@ -346,11 +343,11 @@ def test_metrics_table_time_is_a_datetime_column():
     """``metrics()`` gave ``time`` as float epoch seconds (1.796072e+09); it is a pandas datetime column."""
     import pandas as pd
 
-    topic = _topic("when")
+    topic = unique_topic("when")
     before = pd.Timestamp.now(tz="UTC")
     telemetry.report(step=0, topic=topic, loss=1.0)
     telemetry.report(step=1, topic=topic, loss=0.5)
     df = telemetry.metrics(topic)
     assert pd.api.types.is_datetime64_any_dtype(df["time"])
     assert before - pd.Timedelta(seconds=1) <= df["time"].min() <= df["time"].max() <= pd.Timestamp.now(tz="UTC")
-    assert pd.api.types.is_datetime64_any_dtype(telemetry.metrics(_topic("empty"))["time"])
+    assert pd.api.types.is_datetime64_any_dtype(telemetry.metrics(unique_topic("empty"))["time"])
