@@ -217,49 +217,9 @@ class ClusterHandle:
             m = self.model()
         except Exception as exc:  # a vanished scheduler must not break display
             return f"<p>Cluster <b>{html.escape(self.name)}</b> at {html.escape(self.address)}: unreachable ({html.escape(str(exc))})</p>"
+        from .widgets.display import render_html  # renderers live with the widgets
+
         return render_html(m)
-
-
-def _fmt_bytes(n: float) -> str:
-    from dask.utils import format_bytes
-
-    return format_bytes(n) if n else "-"
-
-
-def render_html(m: dict[str, Any]) -> str:
-    """A static HTML table of a cluster model (used where widgets are unavailable)."""
-    link = (
-        f'<a href="{html.escape(m["dashboard_link"])}" target="_blank">{html.escape(m["dashboard_link"])}</a>'
-        if m.get("dashboard_link")
-        else "-"
-    )
-    rows = "".join(
-        f"<tr><td>{html.escape(w['name'])}</td><td>{html.escape(w['status'])}</td><td>{w['nthreads']}</td>"
-        f"<td>{_fmt_bytes(w['memory'])} / {_fmt_bytes(w['memory_limit'])}</td><td>{w['cpu']:.0f} %</td>"
-        f"<td>{w['executing']}</td></tr>"
-        for w in m["workers"]
-    )
-    return (
-        f"<div class='jupyter-cluster'><b>{html.escape(m['name'])}</b> ({html.escape(m['backend'])}) "
-        f"<code>{html.escape(m['address'])}</code><br>Dashboard: {link}<br>"
-        f"{m['n_workers']} workers, {m['cores']} cores, {_fmt_bytes(m['memory_limit'])} memory"
-        "<table><tr><th>worker</th><th>status</th><th>threads</th><th>memory</th><th>CPU</th><th>tasks</th></tr>"
-        f"{rows}</table></div>"
-    )
-
-
-def text_status(m: dict[str, Any]) -> str:
-    """A few lines of plain text describing a cluster model."""
-    lines = [
-        f"{m['name']} ({m['backend']}) at {m['address']}",
-        f"dashboard: {m.get('dashboard_link') or '-'}",
-        f"{m['n_workers']} workers, {m['cores']} cores, memory {_fmt_bytes(m['memory'])} / {_fmt_bytes(m['memory_limit'])}",
-    ]
-    for w in m["workers"]:
-        lines.append(
-            f"  {w['name']:>10}  {w['status']:<8} threads={w['nthreads']} mem={_fmt_bytes(w['memory'])}/{_fmt_bytes(w['memory_limit'])} cpu={w['cpu']:.0f}% tasks={w['executing']}"
-        )
-    return "\n".join(lines)
 
 
 # -- naming ------------------------------------------------------------------

@@ -18,17 +18,12 @@ import ipywidgets as w
 
 from .. import ticker
 from ..errors import ClusterError
+from .display import fmt_bytes, text_status
 
 REFRESH_SECONDS = 2.0
 
 _live_lock = threading.Lock()
 _live: dict[int, weakref.WeakSet[ClusterWidget]] = {}
-
-
-def _fmt_bytes(n: float | None) -> str:
-    from dask.utils import format_bytes
-
-    return format_bytes(n) if n else "-"
 
 
 def _bar(fraction: float, text: str) -> str:
@@ -56,7 +51,7 @@ def workers_table(m: dict[str, Any]) -> str:
             "<tr>"
             f"{_TD}{html.escape(str(wk['name']))}</td>{_TD}{html.escape(str(wk['status']))}</td>"
             f"{_NUM}{wk['nthreads']}</td>"
-            f"{_TD}{_bar(mem / lim if lim else 0.0, f'{_fmt_bytes(mem)} / {_fmt_bytes(lim)}')}</td>"
+            f"{_TD}{_bar(mem / lim if lim else 0.0, f'{fmt_bytes(mem)} / {fmt_bytes(lim)}')}</td>"
             f"{_NUM}{wk.get('cpu') or 0:.0f} %</td>"
             f"{_NUM}{wk.get('executing') or 0}</td>"
             "</tr>"
@@ -66,7 +61,7 @@ def workers_table(m: dict[str, Any]) -> str:
     rows.append(
         "<tr style='font-weight:bold;border-top:1px solid var(--jp-border-color2,#ccc)'>"
         f"{_TD}total</td>{_TD}{m['n_workers']} workers</td>{_NUM}{m['cores']}</td>"
-        f"{_TD}{html.escape(_fmt_bytes(m.get('memory')))} / {html.escape(_fmt_bytes(m.get('memory_limit')))}</td>"
+        f"{_TD}{html.escape(fmt_bytes(m.get('memory')))} / {html.escape(fmt_bytes(m.get('memory_limit')))}</td>"
         f"{_NUM}{cpu:.0f} %</td>{_NUM}{tasks}</td>"
         "</tr>"
     )
@@ -249,8 +244,6 @@ def mimebundle(handle: Any, include: Any = None, exclude: Any = None) -> dict | 
     from ..telemetry.progress import in_kernel
 
     if not in_kernel():
-        from ..session import text_status
-
         model = _read_model(handle)
         if model is None or "error" in model:
             return None
