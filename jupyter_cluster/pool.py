@@ -8,8 +8,8 @@ contract: the states (running, closed, terminated) and their errors, result
 objects, callbacks run from a result thread in this process, ``processes`` as
 a cap on concurrency, and the per-process ``initializer``.
 
-Deliberate differences from ``multiprocessing.Pool`` are listed in the README
-("Pool: differences from multiprocessing").
+Deliberate differences from ``multiprocessing.Pool`` are listed in docs/pool.md
+("Deliberate differences from multiprocessing.Pool").
 """
 
 from __future__ import annotations
@@ -382,7 +382,7 @@ class Pool:
         Arguments for ``initializer``.
     maxtasksperchild : int, optional
         Accepted and checked, but worker processes are shared by the whole
-        cluster and are not recycled after a number of tasks; see the README.
+        cluster and are not recycled after a number of tasks; see docs/pool.md.
     context : object, optional
         Accepted for compatibility and ignored (there is no start method to choose).
     cluster : str or ClusterHandle, optional
@@ -836,7 +836,7 @@ def _handle_results(outbox: queue.SimpleQueue, watch: weakref.WeakMethod) -> Non
                 return
             fn, *args = entry
             entry = _NOTHING
-            if fn.__name__ == "_finish_applies":
+            if getattr(fn, "__func__", None) is Pool._finish_applies:
                 # Take every apply that is done already into one batch.
                 while True:
                     try:
