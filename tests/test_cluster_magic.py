@@ -282,3 +282,7 @@ def test_usage_is_written_from_the_parser():
     with pytest.raises(UsageError) as err:
         parser.parse_args(["scale", "x"])
     assert "%cluster metrics [TOPIC]" in str(err.value)
+    import os
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "magics.md")) as f:
+        assert parser.usage_text in f.read(), "docs/magics.md shows an older %cluster usage; paste _parser().usage_text"
