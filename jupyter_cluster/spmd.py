@@ -36,6 +36,8 @@ DEFAULT_TIMEOUT = 300.0
 FAILURE_GRACE_S = 2.0
 #: how long interrupted ranks get to stop before the notebook stops waiting for them
 STOP_WAIT_S = 1.5
+#: how long the next cell waits for ranks of an interrupted or failed cell before restarting their workers
+STUCK_WAIT_S = 5.0
 #: how often the wait loop asks the scheduler whether the group's workers are alive
 LIVENESS_INTERVAL_S = 0.25
 #: the largest captured-values payload sent inside the task; bigger ones are scattered to the ranks' workers
@@ -275,17 +277,35 @@ def _describe_change(old: Group, live: dict[str, dict], members: list[str]) -> s
 
 
 def _restart_stuck(handle, group: Group, notice: Callable[[str], None]) -> None:
-    """Ranks still busy with an earlier (failed or interrupted) cell: wait briefly, then restart their workers."""
-    from distributed import wait
+    """Ranks still busy with an earlier (failed or interrupted) cell: wait a while, then restart their workers.
 
-    pending = [f for _, f in group.pending if not f.done()]
-    if pending:
-        try:
-            wait(pending, timeout=2.0)
-        except Exception:  # distributed's TimeoutError
-            pass
-    stuck = [addr for addr, f in group.pending if not f.done()]
+    Whether a rank is busy is asked of its worker (is the cell's thread still
+    inside ``run_rank``?), not read from the task's future, whose state can
+    lag behind the worker's after an interrupt.
+    """
+    unfinished = [(a, f) for a, f in group.pending if not f.done()]
     group.pending = []
+    if not unfinished:
+        return
+    addrs = sorted({a for a, _ in unfinished})
+    # a rank's task that has not started yet must not start now, with an old rendezvous
+    handle.client.cancel([f for _, f in unfinished])
+    # ask again (the interrupt went out without waiting), then give them time to unwind: a rank
+    # that was running Python stops within a second or two even on a busy machine
+    _interrupt_ranks(handle, group, [group.workers.index(a) for a in addrs if a in group.workers])
+    deadline = time.monotonic() + STUCK_WAIT_S
+    while addrs:
+        live = _workers(handle.client)
+        addrs = [a for a in addrs if a in live]
+        try:
+            states = _run_on(handle.client, _worker_module().status, workers=addrs, timeout=5) if addrs else {}
+        except ClusterError:
+            states = {}
+        addrs = [a for a in addrs if not isinstance(states.get(a), dict) or states[a].get("running")]
+        if not addrs or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    stuck = addrs
     if not stuck:
         return
     addrs = sorted(set(stuck))

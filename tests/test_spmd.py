@@ -510,3 +510,61 @@ dist.barrier()
     finally:
         cluster.scale(2)
         wait_for(lambda: len(spmd_mod._workers(cluster.client)) == 2, timeout=60, message="2 workers")
+
+
+@pytest.mark.slow
+def test_stop_button_in_a_real_kernel(tmp_path):
+    """JupyterLab's stop button (SIGINT to the kernel's process group, workers included) ends an
+    %%spmd cell within 2 s, and the next cell runs on the same group with the ranks' state."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+
+        def execute(code, timeout=120):
+            out = []
+
+            def hook(msg):
+                if msg["msg_type"] == "stream":
+                    out.append(msg["content"]["text"])
+                elif msg["msg_type"] == "error":
+                    out.append("\n".join(msg["content"]["traceback"]))
+
+            reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+            return reply["content"]["status"], ANSI.sub("", "".join(out))
+
+        status, out = execute("%load_ext jupyter_cluster\n%cluster start --workers 2 --threads 1")
+        assert status == "ok", out
+        status, out = execute("%%spmd\nkept = rank * 10\n")
+        assert status == "ok", out
+        msg_id = kc.execute("%%spmd\nimport time\nprint('looping', flush=True)\nwhile True:\n    time.sleep(0.01)\n")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # rank 0's line arrives while the cell runs
+            msg = kc.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                if "[rank 0] looping" in msg["content"]["text"]:
+                    break
+        else:
+            pytest.fail("rank 0's output never arrived while the cell ran")
+        pressed = time.monotonic()
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=30)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=30)
+        took = time.monotonic() - pressed
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        assert took < 2.0, f"the cell ended {took:.2f} s after the stop button"
+        status, out = execute(
+            "%%spmd --out back\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n(kept, t.item())\n"
+        )
+        assert status == "ok", out
+        status, out = execute("print(back)")
+        assert "{0: (0, 2.0), 1: (10, 2.0)}" in out, out
+        execute("%cluster stop")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
