@@ -60,7 +60,7 @@ def _handshake_rows(n: int) -> list[tuple[str, float, float]]:
     from distributed import Scheduler
     from distributed.security import Security
 
-    from jupyter_cluster.backends import local
+    from jupyter_cluster import credentials
 
     rows = []
 
@@ -75,9 +75,9 @@ def _handshake_rows(n: int) -> list[tuple[str, float, float]]:
 
     async def all_rows():
         await one("plain TCP", lambda: None)
-        await one("TLS, EC P-256 (ours)", lambda: local.new_security("bench-handshake"))
+        await one("TLS, EC P-256 (ours)", lambda: credentials.new_security("bench-handshake"))
         await one("TLS, RSA-2048 (Security.temporary)", Security.temporary)
-        local.forget_security("bench-handshake")
+        credentials.forget_security("bench-handshake")
 
     asyncio.run(all_rows())
     return rows
@@ -91,7 +91,7 @@ def _raw_echo_row(rounds: int = 7, per_round: int = 20) -> tuple[float, float]:
     """
     from distributed.comm import connect, listen
 
-    from jupyter_cluster.backends import local
+    from jupyter_cluster import credentials
 
     async def echo(comm):
         try:
@@ -101,7 +101,7 @@ def _raw_echo_row(rounds: int = 7, per_round: int = 20) -> tuple[float, float]:
             pass
 
     async def run() -> tuple[float, float]:
-        security = local.new_security("bench-echo")
+        security = credentials.new_security("bench-echo")
         pairs = []
         for proto, sec in (("tcp://", None), ("tls://", security)):
             listener = listen(proto + "127.0.0.1:0", echo, **(sec.get_listen_args("scheduler") if sec else {}))
@@ -120,7 +120,7 @@ def _raw_echo_row(rounds: int = 7, per_round: int = 20) -> tuple[float, float]:
         for listener, comm in pairs:
             await comm.close()
             listener.stop()
-        local.forget_security("bench-echo")
+        credentials.forget_security("bench-echo")
         return best[0], best[1]
 
     return asyncio.run(run())

@@ -138,7 +138,7 @@ def stop_remote(name: str, timeout: float = 15.0) -> str:
             answered.set()
 
     try:
-        from .backends.local import saved_security
+        from .credentials import saved_security
 
         security = saved_security(record.name) if record.address.startswith("tls://") else None
         client = Client(record.address, timeout=5, set_as_default=False, security=security)

@@ -433,7 +433,7 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
             raise ClusterError(f"no cluster named {target!r} is running (known: {known}); see %cluster list.")
         address, name = record.address, f"{record.name}"
         if security is None and address.startswith("tls://"):  # a TLS cluster started on this machine
-            from .backends.local import saved_security
+            from .credentials import saved_security
 
             security = saved_security(record.name)
     started = get_backend("address").start(address=address, security=security)
@@ -448,7 +448,7 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
 
 def _security_for_address(address: str) -> Any:
     """The saved credentials of the registered cluster listening at ``address``, or None."""
-    from .backends.local import saved_security
+    from .credentials import saved_security
 
     for record in registry.live_records():
         if record.address == address and not record.attached:

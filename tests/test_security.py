@@ -19,8 +19,7 @@ import sys
 import pytest
 
 import jupyter_cluster as jc
-from jupyter_cluster import registry
-from jupyter_cluster.backends import local
+from jupyter_cluster import credentials, registry
 
 PROBE = r"""
 import json, os, sys
@@ -93,21 +92,21 @@ def test_default_local_cluster_uses_tls_with_private_credentials():
         assert handle.address.startswith("tls://127.0.0.1:")
         folder = registry.registry_dir()
         assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
-        for path in (local._pem_path(handle.name), local._credentials_path(handle.name)):
+        for path in (credentials.pem_path(handle.name), credentials.credentials_path(handle.name)):
             st = os.stat(path)
             assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid(), path
         assert handle.client.submit(pow, 2, 5).result() == 32
     finally:
         handle.close()
     # 18.13: the key is gone as soon as the cluster is stopped, not when the process exits.
-    assert not os.path.exists(local._pem_path("sec-default"))
-    assert not os.path.exists(local._credentials_path("sec-default"))
+    assert not os.path.exists(credentials.pem_path("sec-default"))
+    assert not os.path.exists(credentials.credentials_path("sec-default"))
 
 
 def test_another_os_user_is_refused_by_a_default_cluster():
     handle = jc.start(workers=1, threads=1, name="sec-other-user")
     try:
-        probe = _as_nobody(handle.address, local._pem_path(handle.name))
+        probe = _as_nobody(handle.address, credentials.pem_path(handle.name))
         assert all(str(probe[k]).startswith("refused") for k in ("plain", "tcp", "own-cert")), probe
         assert probe["read"] == "PermissionError", probe
         assert handle.client.submit(sum, [1, 2]).result() == 3  # and we are not disturbed
@@ -120,7 +119,7 @@ def test_no_tls_opt_out_is_plain_tcp_and_open_to_other_users():
     handle = jc.start(workers=1, threads=1, name="sec-opt-out", tls=False)
     try:
         assert handle.address.startswith("tcp://")
-        assert not os.path.exists(local._pem_path(handle.name))
+        assert not os.path.exists(credentials.pem_path(handle.name))
         probe = _as_nobody(handle.address, "/nonexistent")
         assert list(probe["plain"].values()) == [os.getuid()], probe
     finally:
@@ -148,8 +147,8 @@ def test_key_generation_is_fast():
 
     t0 = time.perf_counter()
     for i in range(20):
-        local.new_security(f"keygen-{i}")
-        local.forget_security(f"keygen-{i}")
+        credentials.new_security(f"keygen-{i}")
+        credentials.forget_security(f"keygen-{i}")
     assert (time.perf_counter() - t0) / 20 < 0.05  # RSA-2048 (Security.temporary) takes ~0.05-0.1 s each
 
 

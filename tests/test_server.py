@@ -292,7 +292,7 @@ def _client(name: str):
     from distributed import Client
 
     from jupyter_cluster import registry
-    from jupyter_cluster.backends.local import saved_security
+    from jupyter_cluster.credentials import saved_security
 
     return Client(registry.read(name).address, timeout=10, set_as_default=False, security=saved_security(name))
 

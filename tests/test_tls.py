@@ -17,6 +17,7 @@ import time
 import pytest
 
 import jupyter_cluster as jc
+from jupyter_cluster import credentials
 from jupyter_cluster.backends import local
 
 
@@ -82,7 +83,7 @@ def test_clients_without_the_credentials_are_refused(tls_cluster):
 
 
 def test_credentials_are_private_and_let_the_same_user_attach(tls_cluster, tmp_path):
-    path = local._credentials_path(tls_cluster.name)
+    path = credentials.credentials_path(tls_cluster.name)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     # Another process (another kernel, the Jupyter server) attaches by name.
     code = (

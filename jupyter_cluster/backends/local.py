@@ -11,7 +11,7 @@ Two variants beyond the plain one:
   loopback uses TLS.  The credentials are saved (mode 0600) beside the
   cluster's registry record so other processes of the same user — another
   kernel's ``%cluster connect NAME``, the Jupyter server's panel — can attach
-  (:func:`saved_security`).
+  (:func:`jupyter_cluster.credentials.saved_security`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
-import json
 import os
 import shutil
 import signal
@@ -33,6 +32,7 @@ from typing import Any
 from distributed import WorkerPlugin
 
 from .. import config
+from ..credentials import forget_security, new_security
 from ..errors import ClusterError
 from . import Backend, StartedCluster
 
@@ -163,124 +163,6 @@ def wants_tls(tls: Any, host: str) -> bool:
             return not _is_loopback(host)
         return tls.lower() in ("true", "yes", "1")
     return bool(tls)
-
-
-def _credentials_path(name: str) -> str:
-    from .. import registry
-
-    return os.path.join(registry.registry_dir(), f"{name}.tls")
-
-
-def _pem_path(name: str) -> str:
-    from .. import registry
-
-    return os.path.join(registry.registry_dir(), f"{name}.pem")
-
-
-def _write_private(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` readable by this user only (0600 from creation on)."""
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")  # mkstemp creates it 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-
-
-def new_security(name: str):
-    """Fresh TLS credentials for the cluster ``name``: a self-signed EC P-256 certificate.
-
-    The key and certificate go to ``<registry dir>/<name>.pem`` (mode 0600, in
-    a 0700 folder) and every role (scheduler, workers, clients) uses them, so
-    only processes of this user can join or connect: Dask's TLS is mutual, a
-    peer without a certificate signed by this one is refused during the
-    handshake.  An EC key takes well under a millisecond to make, where
-    ``Security.temporary()``'s 2048-bit RSA key takes ~50-100 ms; the
-    ``Security`` holds file paths, so Dask reads the files rather than writing
-    in-memory keys to temporary files for every SSL context it builds.
-    """
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    from distributed.security import Security
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"jupyter-cluster {name}")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=3650))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("dask-internal")]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    pem = (
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        ).decode()
-        + cert.public_bytes(serialization.Encoding.PEM).decode()
-    )
-    path = _pem_path(name)
-    _write_private(path, pem)
-    fields: dict[str, Any] = {"require_encryption": True, "tls_ca_file": path}
-    for role in ("client", "scheduler", "worker"):
-        fields[f"tls_{role}_cert"] = path
-        fields[f"tls_{role}_key"] = path
-    security = Security(**fields)
-    save_security(name, security)
-    return security
-
-
-def save_security(name: str, security: Any) -> str:
-    """Write ``security``'s settings where :func:`saved_security` finds them (0600)."""
-    path = _credentials_path(name)
-    fields = {
-        k: getattr(security, k)
-        for k in security.__slots__
-        if k not in ("extra_conn_args", "tls_min_version", "tls_max_version")
-    }
-    _write_private(path, json.dumps(fields))
-    return path
-
-
-def saved_security(name: str):
-    """Credentials of the TLS cluster called ``name`` started on this machine, or None.
-
-    For attaching from another process of the same user (a second kernel, the
-    Jupyter server): the files are readable only by that user.
-    """
-    from distributed.security import Security
-
-    try:
-        with open(_credentials_path(name)) as f:
-            fields = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(fields, dict):
-        return None
-    try:
-        return Security(**fields)
-    except (TypeError, ValueError):
-        return None
-
-
-def forget_security(name: str) -> None:
-    """Delete the credential files of the cluster ``name`` (no error if there are none)."""
-    for path in (_credentials_path(name), _pem_path(name)):
-        with contextlib.suppress(OSError):
-            os.remove(path)
 
 
 # -- dashboard -------------------------------------------------------------------------

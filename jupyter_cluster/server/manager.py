@@ -140,7 +140,7 @@ class Connection:
     async def _connect(self) -> None:
         security = None
         if self.record.address.startswith("tls://"):
-            from ..backends.local import saved_security  # written (0600) by the process that started it
+            from ..credentials import saved_security  # written (0600) by the process that started it
 
             security = saved_security(self.record.name)
             if security is None:

@@ -1,0 +1,136 @@
+"""TLS credentials of local clusters, kept beside their registry records.
+
+One self-signed EC certificate per cluster, in 0600 files in the registry's
+0700 folder (``<name>.pem``: key and certificate; ``<name>.tls``: the
+``distributed.Security`` settings that point at it).  The process that starts a
+cluster writes them (:func:`new_security`); this user's other processes (kernels,
+the Jupyter server, the panel's host) read them (:func:`saved_security`); they
+are deleted when the cluster stops (:func:`forget_security`), and by the registry
+when it drops a dead owner's record (``registry.SIDECARS``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from typing import Any
+
+from . import registry
+
+
+def credentials_path(name: str) -> str:
+    """Where the ``Security`` settings of the cluster ``name`` are kept (beside its registry record)."""
+    return os.path.join(registry.registry_dir(), f"{name}.tls")
+
+
+def pem_path(name: str) -> str:
+    """Where the key and certificate of the cluster ``name`` are kept."""
+    return os.path.join(registry.registry_dir(), f"{name}.pem")
+
+
+def _write_private(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` readable by this user only (0600 from creation on)."""
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")  # mkstemp creates it 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def new_security(name: str):
+    """Fresh TLS credentials for the cluster ``name``: a self-signed EC P-256 certificate.
+
+    The key and certificate go to ``<registry dir>/<name>.pem`` (mode 0600, in
+    a 0700 folder) and every role (scheduler, workers, clients) uses them, so
+    only processes of this user can join or connect: Dask's TLS is mutual, a
+    peer without a certificate signed by this one is refused during the
+    handshake.  An EC key takes well under a millisecond to make, where
+    ``Security.temporary()``'s 2048-bit RSA key takes ~50-100 ms; the
+    ``Security`` holds file paths, so Dask reads the files rather than writing
+    in-memory keys to temporary files for every SSL context it builds.
+    """
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    from distributed.security import Security
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"jupyter-cluster {name}")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("dask-internal")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    pem = (
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ).decode()
+        + cert.public_bytes(serialization.Encoding.PEM).decode()
+    )
+    path = pem_path(name)
+    _write_private(path, pem)
+    fields: dict[str, Any] = {"require_encryption": True, "tls_ca_file": path}
+    for role in ("client", "scheduler", "worker"):
+        fields[f"tls_{role}_cert"] = path
+        fields[f"tls_{role}_key"] = path
+    security = Security(**fields)
+    save_security(name, security)
+    return security
+
+
+def save_security(name: str, security: Any) -> str:
+    """Write ``security``'s settings where :func:`saved_security` finds them (0600)."""
+    path = credentials_path(name)
+    fields = {
+        k: getattr(security, k)
+        for k in security.__slots__
+        if k not in ("extra_conn_args", "tls_min_version", "tls_max_version")
+    }
+    _write_private(path, json.dumps(fields))
+    return path
+
+
+def saved_security(name: str):
+    """Credentials of the TLS cluster called ``name`` started on this machine, or None.
+
+    For attaching from another process of the same user (a second kernel, the
+    Jupyter server): the files are readable only by that user.
+    """
+    from distributed.security import Security
+
+    try:
+        with open(credentials_path(name)) as f:
+            fields = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(fields, dict):
+        return None
+    try:
+        return Security(**fields)
+    except (TypeError, ValueError):
+        return None
+
+
+def forget_security(name: str) -> None:
+    """Delete the credential files of the cluster ``name`` (no error if there are none)."""
+    for path in (credentials_path(name), pem_path(name)):
+        with contextlib.suppress(OSError):
+            os.remove(path)
