@@ -352,7 +352,9 @@ def test_parallel_magic_rejects_bad_options_in_one_line(ip, cluster):
 
 
 def loaded_modules(x):
-    return sorted(m for m in sys.modules if m.startswith(("jupyter_cluster", "IPython", "ipywidgets", "anywidget", "tests")))
+    return sorted(
+        m for m in sys.modules if m.startswith(("jupyter_cluster", "IPython", "ipywidgets", "anywidget", "tests"))
+    )
 
 
 def test_worker_processes_import_only_what_runs_on_them(cluster):

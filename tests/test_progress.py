@@ -32,7 +32,9 @@ def jobs(cluster):
         other.subscribe_topic(telemetry.JOBS_TOPIC, lambda ev: got.append(ev[1]))
         # the subscription is effective once a message of our own comes back
         wait_for(
-            lambda: other.log_event(telemetry.JOBS_TOPIC, {"job": "probe"}) or any(m.get("job") == "probe" for m in got),
+            lambda: (
+                other.log_event(telemetry.JOBS_TOPIC, {"job": "probe"}) or any(m.get("job") == "probe" for m in got)
+            ),
             timeout=10,
             message="jobs subscription",
         )
