@@ -63,7 +63,8 @@ lint: $(CORE) $(VENV)/.extra-test $(LABEXT)
 	$(PY) -m mypy
 	$(JLPM) lint
 
-test: $(CORE) $(call extra_stamps,$(TEST_EXTRAS)) $(LABEXT)
+# lint first: CI (.ci/run) runs only `make test`
+test: lint $(CORE) $(call extra_stamps,$(TEST_EXTRAS)) $(LABEXT)
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 # The benchmark's environment sees everything in $(VENV) (a .pth line adds its site-packages) and adds

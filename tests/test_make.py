@@ -54,3 +54,15 @@ def test_lean_lab_installs_the_core_only_and_the_readme_says_how_to_add_examples
     assert "make lab EXTRAS=" in readme and "5.8 GB" in readme and "290 MB" in readme
     assert '.venv/bin/pip install "numpy>=1.24" "pandas>=2" "gymnasium>=0.29"' in readme
     assert 'LAB_ARGS="--port 9999' in readme
+
+
+def test_make_test_runs_the_linters_first(tmp_path):
+    lines = _dry("test", f"VENV={tmp_path}/venv")
+    order = [
+        next(i for i, ln in enumerate(lines) if needle in ln)
+        for needle in ("-m ruff check", "-m ruff format --check", "-m mypy", "jlpm lint", "-m pytest")
+    ]
+    assert order == sorted(order), lines
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        test_extra = f.read().split("test = [", 1)[1].split("]", 1)[0]
+    assert '"ruff' in test_extra and '"mypy' in test_extra  # installed by the project's own files
