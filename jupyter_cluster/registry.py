@@ -145,10 +145,10 @@ def _remove_dashboard_socket(path: object) -> None:
     """Delete a dead cluster's dashboard socket and its private folder, if they are provably ours."""
     from .server.dashboard import socket_is_ours
 
-    if socket_is_ours(path):
+    if isinstance(path, str) and socket_is_ours(path):
         try:
-            os.remove(path)  # type: ignore[arg-type]
-            os.rmdir(os.path.dirname(path))  # type: ignore[arg-type]
+            os.remove(path)
+            os.rmdir(os.path.dirname(path))
         except OSError:
             pass
 

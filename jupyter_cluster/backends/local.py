@@ -197,7 +197,7 @@ def _remove_dashboard_socket(path: str) -> None:
 
 
 # -- backend -----------------------------------------------------------------------
-def _os_error_in(exc: BaseException) -> OSError | None:
+def _os_error_in(exc: BaseException | None) -> OSError | None:
     seen = 0
     while exc is not None and seen < 10:
         if isinstance(exc, OSError):

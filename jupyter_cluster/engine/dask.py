@@ -130,7 +130,7 @@ class LeasePool:
         """Up to ``n`` idle leases for resources ``key``, least recently used last."""
         with self.lock:
             idle = self.idle.get(key, [])
-            got = []
+            got: list[Lease] = []
             while idle and len(got) < n:
                 ls = idle.pop()
                 if not ls.dead and ls.future.status == "pending":

@@ -202,6 +202,9 @@ class MapJob:
         re-chunked.
     """
 
+    #: the worker addresses of ``run_on_workers``, in result order (set there)
+    pinned: list[str]
+
     def __init__(
         self,
         fn: Callable,

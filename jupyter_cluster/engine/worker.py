@@ -209,7 +209,7 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
         )
 
     reg = _REGISTRY
-    loop = worker.loop.asyncio_loop
+    loop = worker.loop.asyncio_loop  # type: ignore[attr-defined]  # distributed runs an AsyncIOLoop
     me = _Lease(lease_id, secret, loop)
     with reg.lock:
         reg.leases[lease_id] = me

@@ -206,10 +206,9 @@ def _read_model(handle: Any) -> dict[str, Any] | None:
 def _follow(widget: ClusterWidget) -> None:
     key = id(widget.handle)
     with _live_lock:
-        group = _live.get(key)
-        new = group is None
-        if new:
-            group = _live[key] = weakref.WeakSet()
+        found = _live.get(key)
+        new = found is None
+        group = _live[key] = weakref.WeakSet() if found is None else found
         group.add(widget)
     if new:
         handle = widget.handle

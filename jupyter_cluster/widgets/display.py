@@ -7,8 +7,8 @@ ipywidgets, a saved notebook's HTML).  Imports no ipywidgets.
 from __future__ import annotations
 
 import html
-
-from ..models import ClusterModel
+from collections.abc import Mapping
+from typing import Any
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -18,7 +18,7 @@ def fmt_bytes(n: float | None) -> str:
     return format_bytes(int(n)) if n else "-"
 
 
-def render_html(m: ClusterModel) -> str:
+def render_html(m: Mapping[str, Any]) -> str:
     """A static HTML table of a cluster model (used where widgets are unavailable)."""
     url = m.get("dashboard_link")
     link = f'<a href="{html.escape(url)}" target="_blank">{html.escape(url)}</a>' if url else "-"
@@ -37,7 +37,7 @@ def render_html(m: ClusterModel) -> str:
     )
 
 
-def text_status(m: ClusterModel) -> str:
+def text_status(m: Mapping[str, Any]) -> str:
     """A few lines of plain text describing a cluster model."""
     lines = [
         f"{m['name']} ({m['backend']}) at {m['address']}",
