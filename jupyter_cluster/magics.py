@@ -34,6 +34,21 @@ class MagicArgumentParser(argparse.ArgumentParser):
         raise UsageError(message or self.usage_text)
 
 
+def add_options(parser: argparse.ArgumentParser, options: list[tuple[str, dict[str, Any], str]]) -> None:
+    """Add ``(flag, add_argument keywords, help)`` options, the table a cell magic's usage is written from."""
+    for flag, kwargs, text in options:
+        parser.add_argument(flag, help=text, **kwargs)
+
+
+def options_text(options: list[tuple[str, dict[str, Any], str]]) -> str:
+    """The options table as usage lines: flag and metavar, then what it does."""
+    lines = []
+    for flag, kwargs, text in options:
+        left = f"  {flag} {kwargs['metavar']}" if "metavar" in kwargs else f"  {flag}"
+        lines.append(f"{left:<24}{text}" if len(left) < 24 else f"{left}  {text}")
+    return "\n".join(lines) + "\n"
+
+
 class _ArgumentParser(MagicArgumentParser):
     magic = "%cluster"
 

@@ -29,32 +29,43 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from . import capture, mapping, session
 from .cellfunc import CellFunction
 from .errors import CellError, ClusterError, SerializationError
-from .magics import MagicArgumentParser
+from .magics import MagicArgumentParser, add_options, options_text
 
 DEFAULT_OUT = "_parallel"
 JOB_NAME = "_parallel_job"
 #: Printed output of items 0 .. SHOW_OUTPUTS-1 is shown under the cell (failing items' always is).
 SHOW_OUTPUTS = 5
 
-PARALLEL_USAGE = """\
-%%parallel TARGETS in ITERABLE [options]     run the cell once per item, on the cluster
-%%parallel --all-workers [options]           run the cell once on every worker (setup)
+#: the options: the parser and the usage text are both written from this table
+OPTIONS: list[tuple[str, dict[str, Any], str]] = [
+    ("--out", {"default": DEFAULT_OUT, "metavar": "NAME"}, "list of results, in input order (default: _parallel)"),
+    (
+        "--chunksize",
+        {"default": "auto", "metavar": "N|auto"},
+        "items per task (default: auto, from measured item durations)",
+    ),
+    ("--unordered", {"action": "store_true"}, "results in completion order"),
+    ("--retries", {"type": int, "default": 0, "metavar": "N"}, "re-run an item that raised, up to N times"),
+    ("--timeout", {"type": float, "metavar": "S"}, "an item running longer than S seconds fails with TimeoutError"),
+    (
+        "--errors",
+        {"choices": ("raise", "collect"), "default": "raise", "metavar": "raise|collect"},
+        "stop at the first failure (default) or collect exceptions in the results",
+    ),
+    ("--resources", {"metavar": "GPU=1"}, "run items only on workers with these Dask resources"),
+    ("--all-workers", {"action": "store_true"}, "run once per worker; names it assigns stay there for later cells"),
+    ("--no-progress", {"action": "store_true"}, "no progress display"),
+]
 
-  --out NAME            list of results, in input order (default: _parallel)
-  --chunksize N|auto    items per task (default: auto, from measured item durations)
-  --unordered           results in completion order
-  --retries N           re-run an item that raised, up to N times
-  --timeout S           an item running longer than S seconds fails with TimeoutError
-  --errors raise|collect  stop at the first failure (default) or collect exceptions in the results
-  --resources GPU=1     run items only on workers with these Dask resources
-  --all-workers         run once per worker; names it assigns stay there for later cells
-  --no-progress         no progress display
+PARALLEL_USAGE = (
+    "%%parallel TARGETS in ITERABLE [options]     run the cell once per item, on the cluster\n"
+    "%%parallel --all-workers [options]           run the cell once on every worker (setup)\n\n"
+    + options_text(OPTIONS)
+    + "\nThe run's record (results, outputs, errors, timings) is stored as _parallel_job.\n"
+)
 
-The run's record (results, outputs, errors, timings) is stored as _parallel_job.
-"""
-
-_VALUE_OPTIONS = {"--out", "--chunksize", "--retries", "--timeout", "--errors", "--resources"}
-_FLAG_OPTIONS = {"--unordered", "--all-workers", "--no-progress"}
+_FLAG_OPTIONS = {flag for flag, kwargs, _ in OPTIONS if kwargs.get("action") == "store_true"}
+_VALUE_OPTIONS = {flag for flag, _, _ in OPTIONS} - _FLAG_OPTIONS
 
 # Scheduler address -> names assigned by --all-workers cells on that cluster.
 _worker_names: dict[str, set[str]] = {}
@@ -67,15 +78,7 @@ class _ArgumentParser(MagicArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _ArgumentParser(prog="%%parallel", add_help=False)
-    p.add_argument("--out", default=DEFAULT_OUT)
-    p.add_argument("--chunksize", default="auto")
-    p.add_argument("--unordered", action="store_true")
-    p.add_argument("--retries", type=int, default=0)
-    p.add_argument("--timeout", type=float)
-    p.add_argument("--errors", choices=("raise", "collect"), default="raise")
-    p.add_argument("--resources")
-    p.add_argument("--all-workers", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
+    add_options(p, OPTIONS)
     return p
 
 

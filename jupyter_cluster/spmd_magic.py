@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -26,29 +27,50 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from . import capture, session
 from .cellfunc import CellFunction
 from .errors import CellError, ClusterError, SerializationError
-from .magics import MagicArgumentParser
+from .magics import MagicArgumentParser, add_options, options_text
 from .spmd import BACKENDS, OutputPrinter, prepare, reset, run
 from .spmd import group as spmd_group
 
 DEFAULT_OUT = "_spmd"
 JOB_NAME = "_spmd_job"
 
+#: the options: the parser and the usage text are both written from this table
+OPTIONS: list[tuple[str, dict[str, Any], str]] = [
+    ("--workers", {"type": int, "metavar": "N"}, "number of ranks (default: every worker)"),
+    (
+        "--backend",
+        {"default": "auto", "choices": BACKENDS, "metavar": "B"},
+        "gloo, nccl or auto (default: auto = nccl when every rank has a GPU, else gloo)",
+    ),
+    (
+        "--timeout",
+        {"type": float, "metavar": "S"},
+        "a collective waiting longer than S seconds for its peers fails (default: 300)",
+    ),
+    (
+        "--out",
+        {"default": DEFAULT_OUT, "metavar": "NAME"},
+        "{rank: value of the cell's last expression} (default: _spmd)",
+    ),
+    (
+        "--show",
+        {"default": "0", "metavar": "WHO"},
+        "whose prints appear, labelled [rank r]: 0 (default), all, or ranks like 0,2",
+    ),
+    ("--no-progress", {"action": "store_true"}, "no progress display"),
+]
+
 SPMD_USAGE = """\
 %%spmd [options]        run the cell once on each of N workers, as ranks of a torch.distributed group
 %spmd                   show the group (ranks, workers, backend)
 %spmd reset             tear the group down: process groups destroyed, per-rank state dropped
 
-  --workers N           number of ranks (default: every worker)
-  --backend B           gloo, nccl or auto (default: auto = nccl when every rank has a GPU, else gloo)
-  --timeout S           a collective waiting longer than S seconds for its peers fails (default: 300)
-  --out NAME            {rank: value of the cell's last expression} (default: _spmd)
-  --show WHO            whose prints appear, labelled [rank r]: 0 (default), all, or ranks like 0,2
-  --no-progress         no progress display
+OPTIONS
 
 In the cell, `rank` and `world_size` are bound and RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
 MASTER_PORT are set.  Names the cell assigns stay on each rank for the next %%spmd cells (while the
 group's workers live).  The run's record (values, outputs, errors, timings) is stored as _spmd_job.
-"""
+""".replace("OPTIONS\n", options_text(OPTIONS))
 
 
 class _ArgumentParser(MagicArgumentParser):
@@ -58,12 +80,7 @@ class _ArgumentParser(MagicArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _ArgumentParser(prog="%%spmd", add_help=False)
-    p.add_argument("--workers", type=int)
-    p.add_argument("--backend", default="auto", choices=BACKENDS)
-    p.add_argument("--timeout", type=float)
-    p.add_argument("--out", default=DEFAULT_OUT)
-    p.add_argument("--show", default="0")
-    p.add_argument("--no-progress", action="store_true")
+    add_options(p, OPTIONS)
     return p
 
 

@@ -286,3 +286,12 @@ def test_usage_is_written_from_the_parser():
 
     with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "magics.md")) as f:
         assert parser.usage_text in f.read(), "docs/magics.md shows an older %cluster usage; paste _parser().usage_text"
+
+
+def test_cell_magic_usage_lists_every_option_their_parsers_take():
+    """%%parallel and %%spmd write their usage from the same table as their parsers."""
+    from jupyter_cluster import parallel_magic, spmd_magic
+
+    for module, usage in ((parallel_magic, parallel_magic.PARALLEL_USAGE), (spmd_magic, spmd_magic.SPMD_USAGE)):
+        flags = [flag for action in module._parser()._actions for flag in action.option_strings]
+        assert flags and all(f"  {flag}" in usage for flag in flags), (module.__name__, flags)
