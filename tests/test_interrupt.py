@@ -70,16 +70,10 @@ def _alive(pids) -> bool:
     return True
 
 
-def _interrupt_busy_kernel(km, kc, code: str = "import time\ntime.sleep(60)") -> dict:
-    """Run ``code``, press the stop button once it runs, return the execute reply."""
+def _interrupt_busy_kernel(km, kc, code: str, marker: str) -> dict:
+    """Run ``code``, press the stop button once ``marker`` (a file the cell creates) exists, return the reply."""
     msg_id = kc.execute(code)
-    deadline = time.monotonic() + 30
-    busy = False
-    while not busy and time.monotonic() < deadline:  # wait until the kernel runs the cell
-        msg = kc.get_iopub_msg(timeout=30)
-        busy = msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input"
-    assert busy, "the kernel never started the cell"
-    time.sleep(0.3)  # inside time.sleep by now; the interrupt is what ends the cell
+    wait_for(lambda: os.path.exists(marker), 60, message="the cell to reach its blocking call")
     km.interrupt_kernel()
     while True:
         reply = kc.get_shell_msg(timeout=30)
@@ -87,7 +81,7 @@ def _interrupt_busy_kernel(km, kc, code: str = "import time\ntime.sleep(60)") ->
             return reply
 
 
-def test_stop_button_leaves_the_local_cluster_working(kernel):
+def test_stop_button_leaves_the_local_cluster_working(kernel, tmp_path):
     km, kc = kernel
     _execute(
         kc, "%load_ext jupyter_cluster\n%cluster start --workers 2 --name stop-button\nimport jupyter_cluster as jc"
@@ -96,7 +90,10 @@ def test_stop_button_leaves_the_local_cluster_working(kernel):
     assert len(pids) == 2
     # The button JupyterLab shows is this call: SIGINT to the kernel's process group.
     assert km.kernel_spec.interrupt_mode == "signal"
-    reply = _interrupt_busy_kernel(km, kc)
+    sleeping = tmp_path / "sleeping"
+    reply = _interrupt_busy_kernel(
+        km, kc, f"import time\nopen({str(sleeping)!r}, 'w').close()\ntime.sleep(60)", sleeping
+    )
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
     time.sleep(1.0)  # a worker killed by the signal would be gone by now; the nanny would not bring it back
     assert _alive(pids), "a worker process died from the kernel's interrupt"
@@ -104,7 +101,10 @@ def test_stop_button_leaves_the_local_cluster_working(kernel):
     _execute(kc, "%%parallel x in range(8) --out squares\nx * x\n")
     _execute(kc, "assert squares == [x * x for x in range(8)], squares")
     # An interrupt in the middle of a map: the map stops, the cluster stays.
-    reply = _interrupt_busy_kernel(km, kc, "%%parallel x in range(4)\nimport time\ntime.sleep(30)\n")
+    mapping = tmp_path / "mapping"  # created by the items on the workers
+    reply = _interrupt_busy_kernel(
+        km, kc, f"%%parallel x in range(4)\nimport time\nopen({str(mapping)!r}, 'w').close()\ntime.sleep(30)\n", mapping
+    )
     assert reply["content"]["status"] == "error"
     assert _alive(pids)
     _execute(kc, "%%parallel x in range(6) --out again\nx + 1\n")
