@@ -295,3 +295,8 @@ def test_cell_magic_usage_lists_every_option_their_parsers_take():
     for module, usage in ((parallel_magic, parallel_magic.PARALLEL_USAGE), (spmd_magic, spmd_magic.SPMD_USAGE)):
         flags = [flag for action in module._parser()._actions for flag in action.option_strings]
         assert flags and all(f"  {flag}" in usage for flag in flags), (module.__name__, flags)
+    import os
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "magics.md")) as f:
+        docs = f.read()
+    assert parallel_magic.PARALLEL_USAGE in docs and spmd_magic.SPMD_USAGE in docs, "docs/magics.md is out of date"
