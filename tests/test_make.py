@@ -19,7 +19,12 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 
 
 def _dry(*args: str) -> list[str]:
-    out = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # Under `make test` the parent make's variables would make this one print "Entering/Leaving
+    # directory" lines and inherit its flags: run it as a top-level make.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    out = subprocess.run(
+        ["make", "--no-print-directory", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
 
