@@ -304,3 +304,24 @@ def test_a_huge_integer_reported_by_a_task_never_breaks_a_worker(cluster):
     wait_for(lambda: st.received == 10, timeout=20, message="all ten reports")
     assert max(r["v"] for r in st.rows()) == float(2**100) and st.dropped == 0
     assert jc.map(abs, [-1, -2], client=client, progress=False) == [1, 2]
+
+
+def test_follow_replays_the_backlog_then_the_live_feed_each_event_once(cluster):
+    """The one subscribe/replay helper (kernel Hub and server manager): no loss, no double, no markers."""
+    client = cluster.client
+    topic = unique_topic("jupyter-cluster:test-follow")
+    for n in (0, 1):  # before anyone follows: only the scheduler's backlog has them
+        client.log_event(topic, {"n": n})
+    got: list = []
+    seen: dict[str, float] = {}
+    client.sync(telemetry.follow, client, topic, lambda dask_topic, msg: got.append(msg), seen=seen)
+    assert got == [{"n": 0}, {"n": 1}]  # the backlog, replayed before follow() returns; its marker not handed on
+    client.log_event(topic, {"n": 2})
+    wait_for(lambda: len(got) == 3, 10, message="the live event")
+    # following again (a reconnect) with the same `seen` hands on nothing twice
+    client.sync(telemetry.follow, client, topic, lambda dask_topic, msg: got.append(msg), seen=seen)
+    client.log_event(topic, {"n": 3})
+    wait_for(lambda: len(got) == 4, 10, message="the live event after the second follow")
+    client.log_event(topic, {"n": 4})  # events arrive in order: a double of 0-3 would come before this
+    wait_for(lambda: {"n": 4} in got, 10, message="the last event")
+    assert got == [{"n": n} for n in range(5)]

@@ -106,11 +106,16 @@ async def follow(
         for dask_topic, events in everything.items():
             if want(dask_topic):
                 for event in events:
-                    hand_on(dask_topic, tuple(event))
+                    if not _is_marker(event[1]):  # the markers of this and earlier follows stay in the backlog
+                        hand_on(dask_topic, tuple(event))
     finally:
         pending, held = held or [], None
         for dask_topic, event in pending:
             hand_on(dask_topic, event)
+
+
+def _is_marker(msg: Any) -> bool:
+    return isinstance(msg, dict) and len(msg) == 1 and "sync" in msg
 
 
 class Hub:
