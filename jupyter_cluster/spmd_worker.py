@@ -427,7 +427,7 @@ def run_rank(spec: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_rank(spec: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
-    from .cellfunc import error_info
+    from .engine.worker import error_info
 
     st = _STATE
     _install_streams()

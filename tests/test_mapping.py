@@ -375,16 +375,16 @@ def test_a_chunk_stops_at_its_time_budget():
     """run_chunk (no Dask needed) returns fewer values than items once its budget is spent."""
     import time as _time
 
-    from jupyter_cluster import cellfunc
+    from jupyter_cluster.engine import worker
 
     items = [0.02] * 10
-    values, durations, *_ = cellfunc.run_chunk(
+    values, durations, *_ = worker.run_chunk(
         "budget-test", cloudpickle.dumps(_time.sleep), None, items, False, {"budget": 0.05}
     )
     assert 1 <= len(values) < len(items)
     assert len(durations) == len(values) and sum(durations) >= 0.05
     # Without a budget every item runs.
-    values, *_ = cellfunc.run_chunk("budget-test", cloudpickle.dumps(_time.sleep), None, items[:3], False, {})
+    values, *_ = worker.run_chunk("budget-test", cloudpickle.dumps(_time.sleep), None, items[:3], False, {})
     assert len(values) == 3
 
 

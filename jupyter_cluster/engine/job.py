@@ -28,9 +28,9 @@ Resilience
 ----------
 A worker that dies mid-map (SIGKILL, memory limit) costs nothing but time:
 its chunks run again elsewhere and every chunk's result is taken exactly
-once.  A chunk that was running when its worker died is split into single
-items run one at a time ("suspects"); an item that kills more workers than
-Dask's ``allowed-failures`` fails with
+once.  A chunk that was running when more workers died than Dask's
+``allowed-failures`` is split into single items run one at a time
+("suspects"); an item that again kills that many workers fails with
 :class:`~jupyter_cluster.errors.WorkerLostError` naming it.  A scheduler that
 goes away raises :class:`~jupyter_cluster.errors.ClusterError` within
 seconds.  ``KeyboardInterrupt`` while waiting cancels outstanding work
@@ -937,18 +937,24 @@ class MapJob:
                 return
 
     def _chunk_died(self, chunk: _Chunk) -> None:
-        """A worker process died while running ``chunk``: run it again, split it, or give up on its item."""
+        """A worker process died while running ``chunk``: run it again, split it, or give up on its item.
+
+        As Dask does with a task: a chunk is run again until more workers died
+        running it than ``allowed-failures``.  Then which item kills workers is
+        not known, so each item is run alone, one at a time ("suspects",
+        counting afresh); a suspect that again outlives ``allowed-failures``
+        workers fails with ``WorkerLostError``.  Innocent items caught in the
+        deaths of others (a worker killed from outside) therefore need as many
+        deaths as on the task path before they are blamed.
+        """
         chunk.deaths += 1
         allowed = self._allowed_deaths()
-        if len(chunk.items) > 1:
-            # Which item killed it is not known: re-run each one alone, one
-            # at a time, so the one that kills again is found.
-            for k, item in enumerate(chunk.items):
-                self._suspects.append(_Chunk(chunk.start + k, [item], suspect=True, deaths=chunk.deaths))
-            return
         if chunk.deaths <= allowed:
-            chunk.suspect = True
-            self._suspects.appendleft(chunk)
+            self._requeue(chunk)
+            return
+        if not chunk.suspect:
+            for k, item in enumerate(chunk.items):
+                self._suspects.append(_Chunk(chunk.start + k, [item], suspect=True))
             return
         err = WorkerLostError(
             f"item {chunk.start} ({abbreviate(chunk.items[0])}) killed {chunk.deaths} worker processes that ran it "
