@@ -107,13 +107,3 @@ class CellFunction:
         for name, data in self.small.items():
             values[name] = cloudpickle.loads(data)
         return PreparedCell(self.compile(), values, self.persistent)
-
-
-def __getattr__(name: str):
-    # error_info moved to engine.worker with the rest of the worker half;
-    # resolvable here until %%spmd imports it from there.
-    if name == "error_info":
-        from .engine.worker import error_info
-
-        return error_info
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -723,7 +723,7 @@ def _result_of(fut, rank: int) -> dict:
     try:
         return fut.result()
     except BaseException as exc:  # noqa: BLE001
-        from .cellfunc import error_info
+        from .engine.worker import error_info
 
         now = time.time()
         return {
