@@ -50,9 +50,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from ..cellfunc import ITEM_NAME, RESULT_NAME, CellFunction
 
 #: How often an idle lease checks whether its task was cancelled, in seconds.
-IDLE_CHECK_SECONDS = 0.05
+IDLE_CHECK_SECONDS = 0.25
 #: An idle lease gives its thread up after this long when other tasks wait for one on its worker, in seconds.
-YIELD_AFTER_SECONDS = 0.1
+YIELD_AFTER_SECONDS = 0.25
 #: Longest a ``jc_attach`` call waits for its lease to start before answering "waiting", in seconds.
 ATTACH_WAIT_SECONDS = 2.0
 
