@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .engine.dask import workers_now
 from .engine.job import (  # noqa: F401  (re-exported: the engine's public names)
     MapJob,
     RemoteItemError,
@@ -105,7 +106,7 @@ def run_on_workers(fn: Callable, **options: Any) -> MapJob:
     """
     handle = options["client"] = _resolve(options.get("client"))
     client = getattr(handle, "client", handle)
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(workers_now(client))
     if not workers:
         raise ClusterError("the cluster has no workers yet; wait for them or scale it up (%cluster scale N).")
     options.setdefault("retain", True)

@@ -28,6 +28,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 
 from . import capture, mapping, session
 from .cellfunc import CellFunction
+from .engine.dask import workers_now
 from .errors import CellError, ClusterError, SerializationError
 from .magics import MagicArgumentParser, add_options, options_text
 
@@ -484,7 +485,7 @@ class ParallelMagics(Magics):
         return None
 
     def _run_all_workers(self, func, handle, analysis, args, options):
-        workers = sorted(handle.client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(workers_now(handle.client))
         if not workers:
             raise ClusterError("the cluster has no workers yet; wait for them or scale it up (%cluster scale N).")
         options["chunksize"] = 1

@@ -95,10 +95,9 @@ class ClusterHandle:
 
     def _workers(self) -> dict[str, Any]:
         self._check_open()
-        try:
-            return self.client.scheduler_info(n_workers=-1)["workers"]
-        except TypeError:  # older distributed without n_workers
-            return self.client.scheduler_info()["workers"]
+        from .engine.dask import workers_now
+
+        return workers_now(self.client)
 
     def model(self) -> ClusterModel:
         """JSON-able description of the cluster and its workers (:func:`.models.cluster_model`)."""

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .engine.dask import workers_now
 from .errors import ClusterError
 
 #: seconds a collective waits for its peers before it fails (``--timeout``)
@@ -185,19 +186,6 @@ def _natural(name: Any) -> tuple:
     return (0, int(text), "") if text.isdigit() else (1, 0, text)
 
 
-def _workers(client) -> dict[str, dict]:
-    """Every worker the scheduler knows now (address -> info), asked of the scheduler directly.
-
-    Not ``Client.scheduler_info(n_workers=-1)["workers"]``: that returns the
-    client's shared cache, which the client's own periodic refresh (every 2 s,
-    ``n_workers=0``) can replace between the fetch and the read with one that
-    lists no workers; the wait loop then took every rank for dead (seen with 4
-    ranks under load).
-    """
-    info = client.sync(client.scheduler.identity, n_workers=-1)
-    return dict(info.get("workers") or {})
-
-
 def _host(address: str) -> str:
     from distributed.comm import get_address_host
 
@@ -295,7 +283,7 @@ def _restart_stuck(handle, group: Group, notice: Callable[[str], None]) -> None:
     _interrupt_ranks(handle, group, [group.workers.index(a) for a in addrs if a in group.workers])
     deadline = time.monotonic() + STUCK_WAIT_S
     while addrs:
-        live = _workers(handle.client)
+        live = workers_now(handle.client)
         addrs = [a for a in addrs if a in live]
         try:
             states = _run_on(handle.client, _worker_module().status, workers=addrs, timeout=5) if addrs else {}
@@ -309,7 +297,7 @@ def _restart_stuck(handle, group: Group, notice: Callable[[str], None]) -> None:
     if not stuck:
         return
     addrs = sorted(set(stuck))
-    live = _workers(handle.client)
+    live = workers_now(handle.client)
     addrs = [a for a in addrs if a in live]
     if not addrs:
         return
@@ -426,7 +414,7 @@ def prepare(handle, n: int | None = None, backend: str | None = None, notice: Ca
         old = _groups.get(handle.address)
     if old is not None and old.pending:
         _restart_stuck(handle, old, notice)
-    live = _workers(client)
+    live = workers_now(client)
     members = _pick_members(live, n)
     if old is not None:
         alive = all(a in live for a in old.workers)
@@ -478,7 +466,7 @@ def _open_rendezvous(handle, group: Group, timeout: float) -> None:
 
 
 def _teardown(handle, group: Group) -> None:
-    live = _workers(handle.client)
+    live = workers_now(handle.client)
     members = [a for a in group.workers if a in live]
     if members:
         try:
@@ -640,7 +628,7 @@ def run(
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + LIVENESS_INTERVAL_S
-                live = _workers(client)
+                live = workers_now(client)
                 for rank, addr in enumerate(group.workers):
                     if rank not in results and rank not in lost and addr not in live:
                         lost.append(rank)

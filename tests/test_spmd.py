@@ -21,6 +21,7 @@ pytest.importorskip("torch")
 
 import jupyter_cluster as jc
 from jupyter_cluster import spmd_worker
+from jupyter_cluster.engine.dask import workers_now
 from jupyter_cluster.errors import ClusterError
 
 from .conftest import wait_for
@@ -415,7 +416,7 @@ dist.all_reduce(torch.ones(1))
     assert elapsed < 10, f"the notebook waited {elapsed:.1f} s"
     # the cluster stays usable: the nanny brings a worker back, the next cell builds a new group
     cluster.wait_for_workers(2, timeout=60)
-    wait_for(lambda: len(spmd_mod._workers(cluster.client)) == 2, timeout=60, message="2 workers")
+    wait_for(lambda: len(workers_now(cluster.client)) == 2, timeout=60, message="2 workers")
     res = run_cell(
         shell,
         "%%spmd --out again\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()\n",
@@ -509,7 +510,7 @@ dist.barrier()
         assert "restarting" not in _out(capsys)
     finally:
         cluster.scale(2)
-        wait_for(lambda: len(spmd_mod._workers(cluster.client)) == 2, timeout=60, message="2 workers")
+        wait_for(lambda: len(workers_now(cluster.client)) == 2, timeout=60, message="2 workers")
 
 
 @pytest.mark.slow

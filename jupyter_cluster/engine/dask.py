@@ -221,6 +221,17 @@ async def _close(client: Any, ls: Lease, secret: str, wait: float = 0.0) -> None
         pass
 
 
+def workers_now(client: Any) -> dict[str, dict]:
+    """Every worker the scheduler knows now (address -> its info), asked of the scheduler itself.
+
+    Not ``client.scheduler_info(n_workers=-1)["workers"]``: that returns the client's
+    shared cache, which the client's own periodic refresh (every 2 s, with
+    ``n_workers=0``) can replace between the fetch and the read with one that lists
+    no workers, so every worker looked dead (seen under load with ``%%spmd``'s 4 ranks).
+    """
+    return dict(client.sync(scheduler_workers, client) or {})
+
+
 def worker_slots(info: dict, resources: dict | None) -> int:
     """How many leases a worker (one entry of ``scheduler_info()["workers"]``) can run at once."""
     n = int(info.get("nthreads", 1) or 1)
@@ -242,7 +253,7 @@ def direct_reachable(client: Any) -> bool:
     verdict = getattr(client, "_jc_direct", None)
     if verdict is not None:
         return verdict
-    workers = list(client.scheduler_info(n_workers=-1).get("workers", {}))
+    workers = list(workers_now(client))
     if not workers:
         return True  # not known yet; asked again once there are workers
     reason = None

@@ -73,6 +73,7 @@ from .dask import (
     scatter_shared,
     scheduler_workers,
     total_threads,
+    workers_now,
 )
 from .planner import MAX_CHUNK_ITEMS
 
@@ -240,7 +241,8 @@ class MapJob:
         self.concurrency = concurrency
         self.client, self.cluster = client_of(client)
         self.id = uuid.uuid4().hex[:12]
-        self.label = label or getattr(fn, "__name__", None) or type(fn).__name__
+        target = getattr(fn, "func", fn)  # functools.partial (Pool's task wrapper): name what the user wrote
+        self.label = label or getattr(target, "__name__", None) or type(target).__name__
         self.fn = fn
         self.chunksize = chunksize
         self.ordered = ordered
@@ -711,7 +713,7 @@ class MapJob:
 
     def _check_pinned_workers(self) -> None:
         try:
-            alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
+            alive = set(workers_now(self.client))
         except Exception:
             return
         for fut, chunk in list(self._inflight.items()):
@@ -1095,7 +1097,7 @@ class MapJob:
             raise exc
 
     def _check_resources(self) -> None:
-        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        workers = workers_now(self.client)
         need = self.resources or {}
         if not any(all(w.get("resources", {}).get(k, 0) >= v for k, v in need.items()) for w in workers.values()):
             wanted = ",".join(f"{k}={v}" for k, v in need.items())
