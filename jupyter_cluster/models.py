@@ -198,6 +198,64 @@ def cluster_detail(model: ClusterModel, summary: ClusterSummary) -> ClusterDetai
 JOB_STATES = ("running", "finished", "failed", "cancelled", "lost")
 
 
+#: failed items a job message carries (the first ones), and the length of their texts
+MAX_JOB_FAILURES = 5
+MAX_FAILURE_TEXT = 300
+
+
+class JobFailure(TypedDict):
+    """One failed item of a job: what the panel shows when a job with failures is clicked."""
+
+    index: int
+    #: "TypeName: message", one line, at most MAX_FAILURE_TEXT characters
+    error: str
+    #: the remote traceback's last lines (at most MAX_FAILURE_TEXT characters), or ""
+    traceback: str
+    #: the worker's address, or None where the job did not record it
+    worker: str | None
+
+
+def _clip(text: str, limit: int = MAX_FAILURE_TEXT) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def job_failure(index: int, error: Any, traceback: Any = "", worker: Any = None) -> JobFailure:
+    """A failed item, bounded: the error on one line, the traceback's last lines."""
+    if isinstance(error, BaseException):
+        msg = str(error).strip().splitlines()
+        name = type(error).__name__
+        if name == "RemoteItemError" and msg:  # the engine's stand-in already reads "TypeName: message"
+            error = msg[0]
+        else:
+            error = f"{name}: {msg[0]}" if msg else name
+    first = str(error).strip().splitlines()
+    tb = str(traceback or "").rstrip().splitlines()
+    tail = "\n".join(line for line in tb[-4:])
+    if len(tail) > MAX_FAILURE_TEXT:
+        tail = "…" + tail[-(MAX_FAILURE_TEXT - 1) :]
+    return {
+        "index": int(index),
+        "error": _clip(first[0] if first else ""),
+        "traceback": tail,
+        "worker": str(worker) if worker else None,
+    }
+
+
+def job_failures(raw: Any) -> list[JobFailure]:
+    """Checked failures of a message from the jobs topic (anything malformed is dropped)."""
+    out: list[JobFailure] = []
+    for f in raw if isinstance(raw, list) else []:
+        if not isinstance(f, dict):
+            continue
+        index = f.get("index")
+        if isinstance(index, bool) or not isinstance(index, int):
+            continue
+        out.append(job_failure(index, f.get("error") or "", f.get("traceback") or "", f.get("worker")))
+        if len(out) == MAX_JOB_FAILURES:
+            break
+    return out
+
+
 class JobMessage(TypedDict):
     """One progress update of a map job, on the jobs topic and in the panel's job list."""
 
@@ -211,6 +269,8 @@ class JobMessage(TypedDict):
     state: str
     started: float
     updated: float
+    #: the first failed items (at most MAX_JOB_FAILURES), by index
+    failures: list[JobFailure]
 
 
 def job_message(
@@ -224,6 +284,7 @@ def job_message(
     state: str,
     started: float,
     updated: float,
+    failures: list[JobFailure] | None = None,
 ) -> JobMessage:
     """A job update (published by :mod:`.telemetry.progress`, normalised by ``server.jobs``)."""
     return {
@@ -237,6 +298,7 @@ def job_message(
         "state": state if state in JOB_STATES else "running",
         "started": started,
         "updated": updated,
+        "failures": sorted(failures or [], key=lambda f: f["index"])[:MAX_JOB_FAILURES],
     }
 
 

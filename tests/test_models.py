@@ -47,6 +47,7 @@ WORKERS = {
 
 
 def payloads() -> dict:
+    worker_addr = "tcp://127.0.0.1:40000"
     record = registry.ClusterRecord(
         name="demo", backend="local", address="tls://127.0.0.1:8786", owner_pid=4242, started=1_700_000_000.0
     )
@@ -58,9 +59,17 @@ def payloads() -> dict:
         for m in (0, 1)
     ]
     records.append({"step": 2, "time": 1_700_000_003.0, "series": {}, "values": {"load": [1.0, 0.0, 4.0]}})
-    topic.add("producer-1", 0, records, worker="tcp://127.0.0.1:40000")
+    topic.add("producer-1", 0, records, worker=worker_addr)
     jobs = JobsStore()
-    job = models.job_message("job-1", "%%parallel x in range(10)", 4242, "demo", 10, 4, 1, "running", 1.0, 2.0)
+    failure = models.job_failure(
+        7,
+        ValueError("bad 7"),
+        'Traceback (most recent call last):\n  File "<cell>", line 2\nValueError: bad 7\n',
+        worker_addr,
+    )
+    job = models.job_message(
+        "job-1", "%%parallel x in range(10)", 4242, "demo", 10, 4, 1, "running", 1.0, 2.0, [failure]
+    )
     jobs.add(job)
     jobs.add(models.job_message("job-0", "Pool.map", 4242, "demo", None, 3, 0, "finished", 0.5, 0.9))
     summary = models.cluster_summary(

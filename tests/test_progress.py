@@ -84,6 +84,12 @@ def test_counts_are_exact_under_failures_and_retries(cluster, jobs, tmp_path):
     assert (last["total"], last["done"], last["failed"]) == (60, 60 - len(failing), len(failing))
     assert last["label"] == "flaky" and last["kernel"] == os.getpid() and last["cluster"] == cluster.name
     assert last["updated"] >= last["started"]
+    # the first five failures, each with its index, one-line error, traceback tail and worker
+    assert [f["index"] for f in last["failures"]] == failing[:5]
+    for f in last["failures"]:
+        assert f["error"] == f"ValueError: bad {f['index']}"
+        assert "ValueError" in f["traceback"] and len(f["traceback"]) <= 300
+        assert f["worker"].startswith(("tcp://", "tls://", "inproc://"))
     first = [m for m in jobs if m.get("job") == job.id][0]
     assert first["state"] == "running" and first["done"] == 0
 
@@ -146,6 +152,31 @@ def test_widget_renderer_state_after_a_real_map(cluster):
     r = progress.recent[-1].renderer
     assert r.bar.value == 12 and r.bar.max == 12  # the total becomes known at the end
     assert "12/12" in r.label.value
+
+
+def test_failures_in_a_job_message_are_bounded():
+    from jupyter_cluster import models
+
+    long = "x" * 1000
+    job = types.SimpleNamespace(
+        errors={i: ValueError(f"bad {i}\nsecond line {long}") for i in range(9, 0, -1)},
+        tracebacks={i: (f"Traceback:\n  frame\n{long}\nValueError: bad {i}\n", None) for i in range(1, 10)},
+        failed_items={i: (i, f"tcp://w{i}") for i in range(1, 10)},
+    )
+    got = progress.failures_of(job)
+    assert [f["index"] for f in got] == [1, 2, 3, 4, 5]
+    assert got[0]["error"] == "ValueError: bad 1" and got[0]["worker"] == "tcp://w1"
+    assert len(got[0]["traceback"]) == models.MAX_FAILURE_TEXT and got[0]["traceback"].endswith("ValueError: bad 1")
+    assert progress.failures_of(types.SimpleNamespace()) == []
+    # the server keeps only well-formed failures, clipped
+    raw = [{"index": True}, "junk", {"index": 3, "error": long, "worker": 7}, {"index": 4}]
+    checked = models.job_failures(raw)
+    assert [f["index"] for f in checked] == [3, 4]
+    assert len(checked[0]["error"]) == models.MAX_FAILURE_TEXT and checked[0]["worker"] == "7"
+    assert checked[1] == {"index": 4, "error": "", "traceback": "", "worker": None}
+    extra = [models.job_failure(0, "KeyError: 'a'"), models.job_failure(20, "KeyError: 'b'")]
+    msg = models.job_message("j", "f", 1, "c", 9, 0, 9, "failed", 0.0, 1.0, got[::-1] + extra)
+    assert [f["index"] for f in msg["failures"]] == [0, 1, 2, 3, 4]
 
 
 def test_model_and_line_while_running_with_unknown_total():

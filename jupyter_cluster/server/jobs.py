@@ -21,7 +21,7 @@ import time
 from numbers import Real
 from typing import Any
 
-from ..models import JOB_STATES, JobMessage, job_message
+from ..models import JOB_STATES, JobMessage, job_failures, job_message
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ class JobsStore:
             state=state,
             started=_number(msg.get("started")) or time.time(),
             updated=_number(msg.get("updated")) or time.time(),
+            failures=job_failures(msg.get("failures")),
         )
         old = self.jobs.get(job["job"])
         if old is not None and old["updated"] > job["updated"]:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import config
-from ..models import JobMessage, job_message
+from ..models import MAX_JOB_FAILURES, JobFailure, JobMessage, job_failure, job_message
 from .hub import attach, attached
 from .report import publish
 from .topics import JOBS_TOPIC
@@ -118,6 +118,30 @@ class JobProgress:
             "rate": rate,
             "eta": eta,
         }
+
+
+def failures_of(job: Any) -> list[JobFailure]:
+    """The first failed items of a job (index, error, traceback's last lines, worker), bounded."""
+    errors = getattr(job, "errors", None)
+    if not isinstance(errors, dict) or not errors:
+        return []
+    tracebacks = getattr(job, "tracebacks", None) or {}
+    items = getattr(job, "failed_items", None) or {}
+    try:
+        first = sorted(errors)[:MAX_JOB_FAILURES]
+    except RuntimeError:  # the map thread added one meanwhile; the next update carries it
+        return []
+    out = []
+    for index in first:
+        tb = tracebacks.get(index)
+        text = tb[0] if isinstance(tb, tuple) and tb else ""
+        where = items.get(index)
+        worker = where[1] if isinstance(where, tuple) and len(where) > 1 else None
+        try:
+            out.append(job_failure(index, errors[index], text, worker))
+        except Exception:  # a failure that cannot be described must not stop the progress
+            continue
+    return out
 
 
 def _fmt_time(seconds: float | None) -> str:
@@ -362,6 +386,7 @@ class ProgressObserver:
             state=snap["state"],
             started=snap["started"],
             updated=time.time(),
+            failures=failures_of(job),
         )
         if len(self.published) < 64 or force:
             self.published.append(msg)

@@ -50,6 +50,16 @@ export interface IClusterModel extends IClusterSummary {
   memory: number;
 }
 
+/** A failed item of a job (models.py JobFailure): shown when the job is clicked. */
+export interface IJobFailure {
+  index: number;
+  /** "TypeName: message", one line */
+  error: string;
+  /** the remote traceback's last lines, or "" */
+  traceback: string;
+  worker: string | null;
+}
+
 /** Progress of one map job, from any kernel. */
 export interface IJob {
   job: string;
@@ -62,6 +72,8 @@ export interface IJob {
   state: 'running' | 'finished' | 'failed' | 'cancelled' | 'lost' | string;
   started: number;
   updated: number;
+  /** the first failed items (at most 5), by index */
+  failures: IJobFailure[];
 }
 
 /** A stopped cluster whose jobs and metrics the server kept (name: "NAME.stopped-HHMMSS"). */
@@ -117,6 +129,8 @@ export interface IPanelState {
   pinned: boolean;
   /** finished jobs updated before this time (seconds) are hidden ("Clear finished") */
   clearedBefore: number;
+  /** the job whose failed items are shown (clicked), or null */
+  failuresOpen: string | null;
 }
 
 export function initialState(): IPanelState {
@@ -132,7 +146,8 @@ export function initialState(): IPanelState {
     error: null,
     history: [],
     pinned: false,
-    clearedBefore: 0
+    clearedBefore: 0,
+    failuresOpen: null
   };
 }
 
@@ -333,6 +348,34 @@ export function groupJobs(jobs: IJob[]): Map<string, IJob[]> {
     groups.set(where, [...(groups.get(where) ?? []), job]);
   }
   return groups;
+}
+
+/** Show the failed items of a job with failures, or hide them when shown (a click on the job). */
+export function toggleFailures(state: IPanelState, job: IJob): IPanelState {
+  if (state.failuresOpen === job.job) {
+    return { ...state, failuresOpen: null };
+  }
+  return job.failed > 0 ? { ...state, failuresOpen: job.job } : state;
+}
+
+/**
+ * What the panel lists for a clicked job with failures: one entry per failed
+ * item the job message carries (item index, error, worker, traceback tail),
+ * and a note when more items failed than the message carries.
+ */
+export function failureDetails(job: IJob): {
+  rows: { head: string; error: string; worker: string; traceback: string }[];
+  more: string;
+} {
+  const failures = job.failures ?? [];
+  const rows = failures.map(f => ({
+    head: `item ${f.index}`,
+    error: f.error || 'unknown error',
+    worker: f.worker ? `on ${f.worker}` : 'worker not recorded',
+    traceback: f.traceback
+  }));
+  const rest = job.failed - failures.length;
+  return { rows, more: rest > 0 ? `${rest} more failed (the job's errors and tracebacks hold all)` : '' };
 }
 
 /**

@@ -22,6 +22,7 @@ import {
   ITopicSummary,
   ServerMessage,
   clearFinished,
+  failureDetails,
   formatBytes,
   groupJobs,
   initialState,
@@ -35,6 +36,7 @@ import {
   selectTopic,
   seriesKeys,
   setPinned,
+  toggleFailures,
   toggleSeries,
   visibleJobs,
   validName,
@@ -760,7 +762,7 @@ export class ClusterPanel extends Widget {
 
   private renderJobs(): void {
     const { rows, more } = visibleJobs(this.state, this.showAllJobs ? 20 : 4);
-    if (!this.changed('jobs', [rows, more, this.showAllJobs])) {
+    if (!this.changed('jobs', [rows, more, this.showAllJobs, this.state.failuresOpen])) {
       return;
     }
     this.jobsNode.replaceChildren();
@@ -813,11 +815,51 @@ export class ClusterPanel extends Widget {
       el('span', 'jc-job-count', text),
       el('span', 'jc-job-where', `${job.cluster}${job.kernel ? ` · kernel ${job.kernel}` : ''}`)
     );
-    if (job.failed > 0) {
-      row.classList.add('jc-job-has-failures');
-    }
     row.append(head, bar, foot);
+    if (job.failed > 0) {
+      // a click shows (or hides) the failed items: index, error, worker, traceback tail
+      row.classList.add('jc-job-has-failures');
+      const open = this.state.failuresOpen === job.job;
+      row.tabIndex = 0;
+      row.setAttribute('role', 'button');
+      row.setAttribute('aria-expanded', String(open));
+      row.title = open ? 'Hide the failed items' : 'Show the failed items';
+      const toggle = (): void => this.setState(toggleFailures(this.state, job));
+      row.addEventListener('click', toggle);
+      row.addEventListener('keydown', event => {
+        if (event.key === 'Enter' || event.key === ' ') {
+          event.preventDefault();
+          toggle();
+        }
+      });
+      if (open) {
+        row.append(this.failureList(job));
+      }
+    }
     return row;
+  }
+
+  private failureList(job: IJob): HTMLElement {
+    const { rows, more } = failureDetails(job);
+    const list = el('div', 'jc-job-failures');
+    for (const f of rows) {
+      const item = el('div', 'jc-job-failure');
+      const head = el('div', 'jc-job-failure-head');
+      head.append(el('span', 'jc-job-failure-index', f.head), el('span', 'jc-job-failure-worker', f.worker));
+      const error = el('div', 'jc-job-failure-error', f.error);
+      error.title = f.error;
+      item.append(head, error);
+      if (f.traceback) {
+        item.append(el('pre', 'jc-job-failure-traceback', f.traceback));
+      }
+      // selecting the text to copy it must not close the list
+      item.addEventListener('click', event => event.stopPropagation());
+      list.append(item);
+    }
+    if (more) {
+      list.append(el('div', 'jc-job-failure-more', more));
+    }
+    return list;
   }
 
   private renderMetrics(): void {

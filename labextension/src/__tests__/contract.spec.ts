@@ -13,6 +13,7 @@ import {
   IJob,
   IJobs,
   ITopicSummary,
+  failureDetails,
   initialState,
   jobProgress,
   memoryFraction,
@@ -20,6 +21,7 @@ import {
   parseWorkers,
   reduce,
   seriesKeys,
+  toggleFailures,
   validName
 } from '../model';
 import wire from './fixtures/wire.json';
@@ -53,6 +55,20 @@ describe('the Python builders and model.ts agree', () => {
     expect(state.jobs.running.map(j => j.job)).toEqual(['job-1']);
     expect(state.jobs.recent.map(j => j.job)).toEqual(['job-0']);
     expect(jobProgress(job).text).toContain('1 failed');
+    // the failed item the job message carries, as the panel lists it on a click
+    state = toggleFailures(state, state.jobs.running[0]);
+    expect(state.failuresOpen).toBe('job-1');
+    expect(failureDetails(state.jobs.running[0])).toEqual({
+      rows: [
+        {
+          head: 'item 7',
+          error: 'ValueError: bad 7',
+          worker: 'on tcp://127.0.0.1:40000',
+          traceback: 'Traceback (most recent call last):\n  File "<cell>", line 2\nValueError: bad 7'
+        }
+      ],
+      more: ''
+    });
   });
 
   it('topics and a metrics model go through the reducer to the charts', () => {

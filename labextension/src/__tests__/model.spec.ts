@@ -11,6 +11,7 @@ import {
   IPanelState,
   clearFinished,
   connectCode,
+  failureDetails,
   filterSeries,
   formatBytes,
   groupJobs,
@@ -24,6 +25,7 @@ import {
   selectTopic,
   seriesKeys,
   setPinned,
+  toggleFailures,
   toggleSeries,
   validName,
   visibleJobs,
@@ -63,6 +65,7 @@ function job(extra: Partial<IJob> = {}): IJob {
     state: 'running',
     started: 1,
     updated: 2,
+    failures: [],
     ...extra
   };
 }
@@ -320,6 +323,36 @@ describe('jobs list', () => {
     expect(p.fraction! + p.failedFraction).toBeCloseTo(1);
     const unknown = jobProgress(job({ state: 'finished', total: null, done: 3, failed: 1 }));
     expect(unknown.fraction! + unknown.failedFraction).toBeCloseTo(1);
+  });
+});
+
+describe('failed jobs are clickable', () => {
+  const failures = [
+    { index: 3, error: 'KeyError: 3', traceback: 'KeyError: 3', worker: 'tcp://10.0.0.2:4001' },
+    { index: 9, error: '', traceback: '', worker: null }
+  ];
+
+  it('a click shows the failed items of a job with failures, a second click hides them', () => {
+    const bad = job({ job: 'bad', state: 'finished', done: 6, failed: 4, failures });
+    let s = reduce(initialState(), { type: 'clusters', clusters: [cluster('a')] });
+    s = reduce(s, { type: 'jobs', running: [], recent: [bad, job({ job: 'ok', state: 'finished' })] });
+    expect(toggleFailures(s, job({ job: 'ok', state: 'finished' })).failuresOpen).toBeNull();
+    s = toggleFailures(s, bad);
+    expect(s.failuresOpen).toBe('bad');
+    // a later update of the jobs keeps it open
+    s = reduce(s, { type: 'jobs', running: [], recent: [{ ...bad, updated: 5 }] });
+    expect(s.failuresOpen).toBe('bad');
+    expect(toggleFailures(s, bad).failuresOpen).toBeNull();
+  });
+
+  it('lists item, error and worker, and says how many more failed', () => {
+    const { rows, more } = failureDetails(job({ failed: 4, failures }));
+    expect(rows).toEqual([
+      { head: 'item 3', error: 'KeyError: 3', worker: 'on tcp://10.0.0.2:4001', traceback: 'KeyError: 3' },
+      { head: 'item 9', error: 'unknown error', worker: 'worker not recorded', traceback: '' }
+    ]);
+    expect(more).toMatch(/^2 more failed/);
+    expect(failureDetails(job({ failed: 2, failures })).more).toBe('');
   });
 });
 
