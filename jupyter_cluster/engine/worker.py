@@ -343,6 +343,7 @@ class PreparedCell:
                     ns.pop(RESULT_NAME, None)
 
             return run_persistent
+        assert base is not None  # made above for a cell that is not persistent
         base.update(captured)
         base.setdefault("__name__", "__main__")
 
@@ -448,7 +449,11 @@ def load(token: str, blob: bytes | None, big: dict[str, Any] | None):
         if obj is not None:
             _STATE.cache.move_to_end(token)
     if obj is None:
-        obj = cloudpickle.loads(blob) if blob is not None else big.pop("__fn__")
+        if blob is not None:
+            obj = cloudpickle.loads(blob)
+        else:
+            assert big is not None  # the function itself travelled among the large values
+            obj = big.pop("__fn__")
         if isinstance(obj, CellFunction):
             obj = obj.prepare()  # compiled, modules imported, small values unpickled: once per process
         with _STATE.lock:
