@@ -120,7 +120,10 @@ def test_dashboard_is_served_through_the_authenticated_server(server, dash_clust
     listed = wait_for(row, timeout=30, message="the cluster in the server's list")
     assert listed["dashboard_link"] == "/jc/jupyter-cluster/dashboard/dash-t/status"
     r = requests.get(_proxy_url(server, "dash-t"), headers=server.headers, timeout=30, allow_redirects=False)
-    assert r.status_code == 200 and r.content == _raw_get(dash_cluster.extra["dashboard_socket"], "/status")
+    direct = _raw_get(dash_cluster.extra["dashboard_socket"], "/status")
+    # the same page as on the socket (Bokeh's session ids differ per request: compare the title)
+    assert r.status_code == 200 and b"<title>" in direct
+    assert r.content.split(b"<title>")[1].split(b"</title>")[0] == direct.split(b"<title>")[1].split(b"</title>")[0]
     assert r.headers["Content-Type"].startswith("text/html")
     # the dashboard's own redirect stays under the route
     r = requests.get(_proxy_url(server, "dash-t", ""), headers=server.headers, timeout=30, allow_redirects=False)
@@ -150,8 +153,14 @@ def test_dashboard_websockets_are_relayed(server, dash_cluster):
         def on_message(self, message):
             self.write_message(f"echo:{message}")
 
+    class Query(tornado.websocket.WebSocketHandler):
+        def open(self):
+            self.write_message(f"query:{self.request.query}")
+
     async def add_route():
-        dash_cluster.cluster.scheduler.http_application.add_handlers(r".*", [(r"/echo-ws", Echo)])
+        dash_cluster.cluster.scheduler.http_application.add_handlers(
+            r".*", [(r"/echo-ws", Echo), (r"/query-ws", Query)]
+        )
 
     dash_cluster.cluster.sync(add_route)
     url = _proxy_url(server, "dash-t", "echo-ws").replace("http://", "ws://")
@@ -165,6 +174,17 @@ def test_dashboard_websockets_are_relayed(server, dash_cluster):
             conn.close()
 
     assert asyncio.run(talk(server.headers)) == "echo:hello"
+
+    async def query_seen(query):
+        target = _proxy_url(server, "dash-t", f"query-ws?{query}").replace("http://", "ws://")
+        conn = await tornado.websocket.websocket_connect(HTTPRequest(target, connect_timeout=10))
+        try:
+            return await asyncio.wait_for(conn.read_message(), 10)
+        finally:
+            conn.close()
+
+    # Bokeh's page puts its own query (with Jupyter's ?token=) on its websocket URL: the token stays here
+    assert asyncio.run(query_seen(f"bokeh-session-id=s1&token={server.token}")) == "query:bokeh-session-id=s1"
     with pytest.raises(HTTPClientError) as refused:
         asyncio.run(talk({}))
     assert refused.value.code == 403
@@ -193,3 +213,36 @@ def test_stopping_removes_the_socket_and_its_folder():
     assert os.path.exists(sock)
     handle.close()
     assert not os.path.exists(os.path.dirname(sock))
+
+
+def test_bokeh_dashboard_and_its_websocket_work_through_the_proxy(server, dash_cluster):
+    """The real dashboard (bokeh installed, not Dask's "needs bokeh" page): its Bokeh session websocket is relayed."""
+    import re
+
+    import tornado.websocket
+    from tornado.httpclient import HTTPRequest
+
+    r = requests.get(_proxy_url(server, "dash-t", f"status?token={server.token}"), timeout=30)
+    assert r.status_code == 200, r.status_code
+    assert "needs bokeh" not in r.text and "Bokeh" in r.text, r.text[:500]
+    # Bokeh's static files come through the proxy too
+    script = re.search(r'src="([^"]*static/js/bokeh[^"]*\.js[^"]*)"', r.text)
+    assert script, r.text[:2000]
+    js = requests.get(requests.compat.urljoin(r.url, script.group(1)), headers=server.headers, timeout=30)
+    assert js.status_code == 200 and len(js.content) > 10_000
+    # the page's session token is the websocket's second subprotocol, as bokeh.js sends it
+    session_token = re.search(r'"token"\s*:\s*"([^"]+)"', r.text).group(1)
+    url = _proxy_url(server, "dash-t", "status/ws").replace("http://", "ws://")
+
+    async def first_message():
+        conn = await tornado.websocket.websocket_connect(
+            HTTPRequest(url, headers=server.headers, connect_timeout=10), subprotocols=["bokeh", session_token]
+        )
+        try:
+            assert conn.selected_subprotocol == "bokeh"
+            return await asyncio.wait_for(conn.read_message(), 10)
+        finally:
+            conn.close()
+
+    header = asyncio.run(first_message())
+    assert header is not None and '"msgtype":"ACK"' in header.replace(" ", ""), header

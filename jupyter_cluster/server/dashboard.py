@@ -19,6 +19,7 @@ import os
 import socket
 import stat
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
 ROUTE = "jupyter-cluster/dashboard"
 
@@ -134,7 +135,10 @@ def make_handler():
             return path
 
         def _target(self, path: str) -> str:
-            query = self.request.query
+            # Jupyter's ?token= stays here (Bokeh's page copies its query onto its websocket URL)
+            query = urlencode(
+                [(k, v) for k, v in parse_qsl(self.request.query, keep_blank_values=True) if k != "token"]
+            )
             return f"http://dashboard/{path}" + (f"?{query}" if query else "")
 
         def _upstream_headers(self) -> dict[str, str]:
