@@ -323,6 +323,9 @@ class MetricsModel(TypedDict):
     #: reports that were sent but never arrived
     dropped: int
     received: int
+    #: series key -> [step, time] when its reports were made (seconds since the epoch), sorted by
+    #: step and thinned: the charts' wall-time and relative-time x axes
+    times: dict[str, list[list[float]]]
 
 
 def metrics_model(
@@ -331,9 +334,17 @@ def metrics_model(
     vectors: dict[str, dict[str, VectorSeries]],
     dropped: int,
     received: int,
+    times: dict[str, list[list[float]]] | None = None,
 ) -> MetricsModel:
     """A topic's chart model (built by ``TopicStore.model``)."""
-    return {"topic": topic, "scalars": scalars, "vectors": vectors, "dropped": dropped, "received": received}
+    return {
+        "topic": topic,
+        "scalars": scalars,
+        "vectors": vectors,
+        "dropped": dropped,
+        "received": received,
+        "times": times or {},
+    }
 
 
 class TopicSummary(TypedDict):

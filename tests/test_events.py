@@ -92,6 +92,30 @@ def test_store_keeps_each_series_sorted_by_step_even_when_workers_interleave():
     assert [p[0] for p in pts] == [0, 1, 2, 3, 4, 5]
 
 
+def test_model_carries_each_series_report_times_for_time_axes():
+    st = telemetry.TopicStore("t")
+    t0 = 1_700_000_000.0
+
+    def rec(step, member=0, t=None):
+        return {
+            "step": step,
+            "time": t0 + 10 * step if t is None else t,
+            "series": {"member": member},
+            "values": {"v": 1.0},
+        }
+
+    st.add("w1", 0, [rec(0), rec(2), rec(4)])
+    st.add("w2", 0, [rec(1), rec(3), rec(0, member=1, t=t0 + 5), rec(1, member=1, t="late")])
+    times = st.model()["times"]
+    assert times["member=0"] == [[s, t0 + 10 * s] for s in range(5)]  # sorted by step like the points
+    assert times["member=1"] == [[0, t0 + 5]]  # a report without a usable time adds none
+    # long runs are thinned, first and last kept
+    for s in range(5, 5000):
+        st.add("w3", s, [rec(s)])
+    thinned = st.model()["times"]["member=0"]
+    assert len(thinned) <= 1001 and thinned[0] == [0, t0] and thinned[-1] == [4999, t0 + 49_990]
+
+
 def test_model_of_100_series_is_downsampled_but_keeps_peaks():
     st = telemetry.TopicStore("big")
     n = 1000

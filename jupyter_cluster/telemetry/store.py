@@ -163,6 +163,20 @@ def _downsample(steps: array, values: array, cap: int) -> list[list]:
     return [[a, (b if math.isfinite(b) else None)] for a, b in zip(s[idx].tolist(), v[idx].tolist())]
 
 
+#: [step, time] pairs per series in a chart model (the time axes interpolate between them)
+TIME_POINTS = 1000
+
+
+def _thin(steps: array, times: array, cap: int) -> list[list[float]]:
+    """At most ~``cap`` evenly spaced [step, time] pairs, the first and last always kept."""
+    n = len(steps)
+    stride = max(1, -(-n // cap))
+    idx = list(range(0, n, stride))
+    if n and idx[-1] != n - 1:
+        idx.append(n - 1)
+    return [[steps[i], times[i]] for i in idx]
+
+
 def _downsample_rows(steps: deque, rows: deque, cap: int) -> VectorSeries:
     """At most ``cap`` rows: consecutive rows are averaged in equal buckets."""
     n = len(steps)
@@ -214,6 +228,8 @@ class TopicStore:
         self._coverage: dict[str, _Coverage] = {}
         self._counts: dict[str, int] = {}
         self._columns: dict[tuple[str, str], Any] = {}
+        #: series key -> step and report time (the charts' time axes)
+        self._times: dict[str, _Column] = {}
         self._last_series: tuple[dict, str] | None = None
         self.received = 0
         self.version = 0
@@ -272,7 +288,13 @@ class TopicStore:
                 if col is None:
                     col = columns[(name, key)] = self.scalars.setdefault(name, {})[key] = _Column()
                 col.add(x, float(v), self.history)
-        self._rows.append((step, rec.get("time"), worker, key, vals))
+        t = rec.get("time")
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+            tcol = self._times.get(key)
+            if tcol is None:
+                tcol = self._times[key] = _Column()
+            tcol.add(x, float(t), self.history)
+        self._rows.append((step, t, worker, key, vals))
 
     def listen(self, callback: Callable[[TopicStore, list[dict]], None]) -> Callable[[], None]:
         """Call ``callback(store, new_records)`` after every batch; returns a function that stops it."""
@@ -340,8 +362,20 @@ class TopicStore:
                     if vcol.cache is None or vcol.cache[:2] != (vcol.version, cap):
                         vcol.cache = (vcol.version, cap, _downsample_rows(vcol.steps, vcol.rows, cap))
                     vout[key] = vcol.cache[2]
+            times: dict[str, list[list[float]]] = {}
+            # shared by the series like a chart's points, at most TIME_POINTS each (interpolated between)
+            tcap = max(20, min(TIME_POINTS, max_points // (4 * max(1, len(self._times)))))
+            for key, tcol in self._times.items():
+                if tcol.cache is None or tcol.cache[:2] != (tcol.version, tcap):
+                    tcol.cache = (tcol.version, tcap, _thin(tcol.steps, tcol.values, tcap))
+                times[key] = tcol.cache[2]
             return metrics_model(
-                self.topic, scalars, vectors, sum(c.high - c.covered for c in self._coverage.values()), self.received
+                self.topic,
+                scalars,
+                vectors,
+                sum(c.high - c.covered for c in self._coverage.values()),
+                self.received,
+                times,
             )
 
     def summary(self) -> str:

@@ -3,16 +3,25 @@
  * the shared colour scale and run differences of vector metrics, exports.
  */
 import {
+  IMetricsModel,
   IVectorSeries,
+  X_AXIS_NAMES,
   diffVectors,
   ema,
+  formatDuration,
   formatNumber,
+  formatX,
   matchSeries,
   metricsCode,
+  onAxis,
+  pointsOnAxis,
   seriesLabel,
   sharedRange,
+  timeAt,
+  timeOrigin,
   toCSV,
-  vectorAxisName
+  vectorAxisName,
+  withoutSeries
 } from '../charts/data';
 
 describe('formatting', () => {
@@ -126,3 +135,79 @@ describe('exports and filter', () => {
     expect(metricsCode('es')).toBe('import jupyter_cluster as jc\ndf = jc.metrics("es")');
   });
 });
+
+describe('x axis: step, wall time, relative time', () => {
+  const T = 1_700_000_000;
+  const model: IMetricsModel = {
+    topic: 'es',
+    scalars: {
+      reward: {
+        'member=0': [
+          [0, 1],
+          [1, 2],
+          [2, null],
+          [4, 3]
+        ],
+        'member=1': [
+          [0, 5],
+          [9, 6]
+        ]
+      }
+    },
+    vectors: {},
+    dropped: 0,
+    times: {
+      'member=0': [
+        [0, T + 10],
+        [2, T + 14],
+        [4, T + 30]
+      ],
+      'member=1': [[0, T]]
+    }
+  };
+
+  it('finds the time of a step: exact, interpolated, none outside the reports', () => {
+    const pairs = model.times!['member=0'];
+    expect(timeAt(pairs, 0)).toBe(T + 10);
+    expect(timeAt(pairs, 1)).toBe(T + 12);
+    expect(timeAt(pairs, 4)).toBe(T + 30);
+    expect(timeAt(pairs, 5)).toBeNull();
+    expect(timeAt([], 0)).toBeNull();
+  });
+
+  it('puts the points on the chosen axis; relative time from the earliest report of any series', () => {
+    expect(timeOrigin(model)).toBe(T);
+    const pts = model.scalars.reward['member=0'];
+    expect(pointsOnAxis(pts, model.times!['member=0'], 'step', T)).toBe(pts);
+    expect(pointsOnAxis(pts, model.times!['member=0'], 'relative', T)).toEqual([
+      [10, 1],
+      [12, 2],
+      [14, null],
+      [30, 3]
+    ]);
+    expect(pointsOnAxis(pts, model.times!['member=0'], 'wall', T)[3]).toEqual([(T + 30) * 1000, 3]);
+    // a series without times has no points on a time axis (step 9 of member 1 has no time either)
+    expect(pointsOnAxis(pts, undefined, 'relative', T)).toEqual([]);
+    expect(onAxis(model.scalars.reward, model, 'relative')['member=1']).toEqual([[0, 5]]);
+  });
+
+  it('keeps the origin when the earliest series is hidden', () => {
+    const shown = withoutSeries(model, ['member=1']);
+    expect(Object.keys(shown.scalars.reward)).toEqual(['member=0']);
+    expect(onAxis(shown.scalars.reward, model, 'relative')['member=0'][0]).toEqual([10, 1]);
+    expect(emptyTimes()).toBeNull();
+  });
+
+  it('labels the x value for each choice', () => {
+    expect(Object.keys(X_AXIS_NAMES)).toEqual(['step', 'wall', 'relative']);
+    expect(formatX(121, 'step')).toBe('step 121');
+    expect(formatX(65, 'relative')).toBe('+1:05');
+    expect(formatX(new Date(2026, 0, 2, 3, 4, 5).getTime(), 'wall')).toBe('03:04:05');
+    expect(formatDuration(4.56)).toBe('4.6 s');
+    expect(formatDuration(3725)).toBe('1:02:05');
+  });
+});
+
+function emptyTimes(): number | null {
+  return timeOrigin({ topic: '', scalars: {}, vectors: {}, dropped: 0 });
+}

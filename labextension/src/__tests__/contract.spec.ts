@@ -24,6 +24,7 @@ import {
   toggleFailures,
   validName
 } from '../model';
+import { onAxis } from '../charts/data';
 import wire from './fixtures/wire.json';
 
 const summary: IClusterSummary = wire.clusterSummary;
@@ -80,6 +81,10 @@ describe('the Python builders and model.ts agree', () => {
     expect(state.metrics?.received).toBe(7);
     expect(seriesKeys(state.metrics!)).toEqual(['all', 'member=0', 'member=1']);
     expect(state.metrics?.vectors.load.all.rows).toEqual([[1, 0, 4]]);
+    // each report's time: the relative-time x axis starts at the topic's first report
+    expect(onAxis(state.metrics!.scalars.reward, state.metrics!, 'relative')['member=1'].map(p => p[0])).toEqual([
+      0, 1, 2
+    ]);
   });
 
   it('the panel accepts the names and worker counts the server accepts', () => {

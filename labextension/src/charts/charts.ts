@@ -22,24 +22,28 @@ import {
 } from 'echarts/components';
 import { CanvasRenderer } from 'echarts/renderers';
 
-import type { IMetricsModel, IVectorSeries, Point } from './data';
+import type { IMetricsModel, IVectorSeries, Point, XAxisMode } from './data';
 import {
   absMax,
   diffVectors,
   ema,
   emptyModel,
   formatNumber,
+  formatDuration,
+  formatX,
   matchSeries,
   metricsCode,
   naturalCompare,
+  onAxis,
   seriesLabel,
   sharedRange,
   toCSV,
   vectorAxisName,
+  X_AXIS_NAMES,
   withoutSeries
 } from './data';
 
-export type { IMetricsModel, IVectorSeries, Point } from './data';
+export type { IMetricsModel, IVectorSeries, Point, XAxisMode } from './data';
 export { emptyModel } from './data';
 
 echarts.use([
@@ -69,6 +73,8 @@ export interface ILineView {
   /** EMA weight in [0, 1) */
   smoothing: number;
   logY: boolean;
+  /** what the x axis shows; the points are already on it (pointsOnAxis) */
+  x?: XAxisMode;
   /** narrow host: fewer ticks, no paging legend */
   compact: boolean;
 }
@@ -108,7 +114,7 @@ interface IAxisParam {
   axisValue?: unknown;
 }
 
-function axisTooltip(params: unknown, limit: number): string {
+function axisTooltip(params: unknown, limit: number, mode: XAxisMode = 'step'): string {
   const list = (Array.isArray(params) ? params : [params]) as IAxisParam[];
   const shown = list.filter(p => !(p.seriesId ?? '').startsWith('raw:'));
   const x = Number(shown[0]?.axisValue ?? (shown[0]?.value as Point | undefined)?.[0]);
@@ -121,7 +127,7 @@ function axisTooltip(params: unknown, limit: number): string {
   if (rows.length > limit) {
     lines.push(`… ${rows.length - limit} more`);
   }
-  return [`step ${formatNumber(x)}`, ...lines].join('<br/>');
+  return [formatX(x, mode), ...lines].join('<br/>');
 }
 
 function escapeHTML(s: string): string {
@@ -140,6 +146,7 @@ export function lineOption(
   const many = keys.length > manySeries;
   const compact = !!view.compact;
   const smoothing = view.smoothing ?? 0;
+  const mode = view.x ?? 'step';
   const legend = keys.length > 1 && (compact ? keys.length <= 3 : true);
   const series: object[] = [];
   for (const key of keys) {
@@ -186,7 +193,7 @@ export function lineOption(
           trigger: 'axis',
           axisPointer: { type: 'line' },
           confine: true,
-          formatter: (p: unknown) => axisTooltip(p, compact ? 6 : 12)
+          formatter: (p: unknown) => axisTooltip(p, compact ? 6 : 12, mode)
         },
     toolbox: {
       right: 4,
@@ -209,15 +216,22 @@ export function lineOption(
     },
     grid: { left: compact ? 44 : 56, right: compact ? 10 : 16, top: 26, bottom: legend ? 52 : 34 },
     xAxis: {
-      type: 'value',
-      name: 'step',
+      type: mode === 'wall' ? 'time' : 'value',
+      name: X_AXIS_NAMES[mode],
       nameLocation: 'middle',
       nameGap: 20,
       nameTextStyle: { fontSize: 10 },
       min: 'dataMin',
       max: 'dataMax',
       splitNumber: compact ? 3 : 6,
-      axisLabel: { hideOverlap: true, fontSize: 10, formatter: (v: number) => formatNumber(v) }
+      axisLabel:
+        mode === 'wall'
+          ? { hideOverlap: true, fontSize: 10 }
+          : {
+              hideOverlap: true,
+              fontSize: 10,
+              formatter: (v: number) => (mode === 'relative' ? formatDuration(v) : formatNumber(v))
+            }
     },
     yAxis: {
       type: view.logY ? 'log' : 'value',
@@ -443,6 +457,7 @@ export class MetricsCharts {
   private dark: boolean;
   private smoothing = 0;
   private logY = false;
+  private xMode: XAxisMode = 'step';
   private filter = '';
   private hidden: string[] = [];
   private frame = 0;
@@ -450,6 +465,7 @@ export class MetricsCharts {
   private readonly resized = new Set<Element>();
   private readonly smoothingSelect: HTMLSelectElement;
   private readonly logInput: HTMLInputElement;
+  private readonly xSelect: HTMLSelectElement;
   private readonly filterInput: HTMLInputElement;
 
   constructor(host: HTMLElement, options: IChartOptions = {}) {
@@ -485,6 +501,20 @@ export class MetricsCharts {
       this.redraw();
     });
     logLabel.append(this.logInput, document.createTextNode(' log y'));
+    const xLabel = el('label', 'jc-tool', 'x ');
+    this.xSelect = el('select', 'jc-x-axis');
+    this.xSelect.title =
+      'The x axis: the reported step, the wall-clock time of each report, or the time since the first';
+    for (const mode of Object.keys(X_AXIS_NAMES) as XAxisMode[]) {
+      const o = el('option', '', X_AXIS_NAMES[mode]);
+      o.value = mode;
+      this.xSelect.append(o);
+    }
+    this.xSelect.addEventListener('change', () => {
+      this.xMode = this.xSelect.value as XAxisMode;
+      this.redraw();
+    });
+    xLabel.append(this.xSelect);
     this.filterInput = el('input', 'jc-series-filter');
     this.filterInput.type = 'search';
     this.filterInput.placeholder = 'filter series';
@@ -504,7 +534,7 @@ export class MetricsCharts {
     for (const b of [csv, copy]) {
       b.style.cssText = 'font-size: 11px; padding: 0 4px;';
     }
-    this.toolbar.append(smoothLabel, logLabel, this.filterInput, csv, copy);
+    this.toolbar.append(smoothLabel, logLabel, xLabel, this.filterInput, csv, copy);
 
     this.grid = el('div', 'jc-metrics-grid');
     this.grid.style.cssText =
@@ -688,13 +718,20 @@ export class MetricsCharts {
     const view: ILineView = {
       smoothing: this.smoothing,
       logY: this.logY,
+      x: this.xMode,
       compact: this.width(panel) < COMPACT_WIDTH
     };
     const keys = Object.keys(bySeries).sort(naturalCompare).join('\u0000');
     const drawn = JSON.stringify([keys, view]);
     const all = Object.keys(this.model.scalars[panel.name] ?? bySeries).sort(naturalCompare);
     const colorOf = (key: string): string => PALETTE[Math.max(0, all.indexOf(key)) % PALETTE.length];
-    const option = lineOption(panel.name, bySeries, this.options.manySeries, view, colorOf);
+    const option = lineOption(
+      panel.name,
+      onAxis(bySeries, this.model, this.xMode),
+      this.options.manySeries,
+      view,
+      colorOf
+    );
     if (panel.drawn === drawn) {
       // same series and view: replace the data only, so the user's zoom survives
       panel.chart.setOption({ series: option.series }, { lazyUpdate: true });

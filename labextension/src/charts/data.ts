@@ -25,11 +25,129 @@ export interface IMetricsModel {
   dropped: number;
   /** reports received (optional) */
   received?: number;
+  /** series key -> [step, time] of its reports (seconds since the epoch, sorted by step, thinned) */
+  times?: { [series: string]: [number, number][] };
 }
+
+/** What a line chart's x axis shows: the reported step, the wall-clock time, or seconds since the topic began. */
+export type XAxisMode = 'step' | 'wall' | 'relative';
 
 /** An empty model, e.g. before the first data arrives. */
 export function emptyModel(topic = ''): IMetricsModel {
-  return { topic, scalars: {}, vectors: {}, dropped: 0, received: 0 };
+  return { topic, scalars: {}, vectors: {}, dropped: 0, received: 0, times: {} };
+}
+
+/** The earliest report time of a model (the origin of relative time), or null when no time is known. */
+export function timeOrigin(model: IMetricsModel): number | null {
+  let origin: number | null = null;
+  for (const pairs of Object.values(model.times ?? {})) {
+    for (const [, t] of pairs) {
+      if (origin === null || t < origin) {
+        origin = t;
+      }
+    }
+  }
+  return origin;
+}
+
+/** The time of `step` from a series' [step, time] pairs (sorted by step): exact or interpolated; null outside them. */
+export function timeAt(pairs: [number, number][], step: number): number | null {
+  let lo = 0;
+  let hi = pairs.length - 1;
+  if (hi < 0 || step < pairs[0][0] || step > pairs[hi][0]) {
+    return null;
+  }
+  while (hi - lo > 1) {
+    const mid = (lo + hi) >> 1;
+    if (pairs[mid][0] <= step) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  const [s0, t0] = pairs[lo];
+  const [s1, t1] = pairs[hi];
+  if (step === s0 || s1 === s0) {
+    return t0;
+  }
+  return step === s1 ? t1 : t0 + ((step - s0) / (s1 - s0)) * (t1 - t0);
+}
+
+/**
+ * A series' points on the chosen x axis: steps as they are, wall time in
+ * milliseconds (ECharts' time axis), relative time in seconds from `origin`.
+ * Points whose time is not known are left out.
+ */
+export function pointsOnAxis(
+  points: Point[],
+  pairs: [number, number][] | undefined,
+  mode: XAxisMode,
+  origin: number | null
+): Point[] {
+  if (mode === 'step') {
+    return points;
+  }
+  const out: Point[] = [];
+  for (const [step, y] of points) {
+    const t = pairs ? timeAt(pairs, step) : null;
+    if (t === null) {
+      continue;
+    }
+    out.push([mode === 'wall' ? t * 1000 : t - (origin ?? 0), y]);
+  }
+  return out;
+}
+
+/** The x axis's name for each choice of the toolbar. */
+export const X_AXIS_NAMES: { [mode in XAxisMode]: string } = {
+  step: 'step',
+  wall: 'wall time',
+  relative: 'time since start'
+};
+
+/** Each series' points on the chosen x axis (times and their origin from the whole model, so hiding a series moves nothing). */
+export function onAxis(
+  bySeries: { [series: string]: Point[] },
+  model: IMetricsModel,
+  mode: XAxisMode
+): { [series: string]: Point[] } {
+  if (mode === 'step') {
+    return bySeries;
+  }
+  const origin = timeOrigin(model);
+  const out: { [series: string]: Point[] } = {};
+  for (const [key, points] of Object.entries(bySeries)) {
+    out[key] = pointsOnAxis(points, model.times?.[key], mode, origin);
+  }
+  return out;
+}
+
+/** An x value as the tooltip shows it: "step 12", "14:03:21", "+1:05" (relative, m:ss or h:mm:ss). */
+export function formatX(x: number, mode: XAxisMode): string {
+  if (mode === 'wall') {
+    const d = new Date(x);
+    const pad = (n: number): string => String(n).padStart(2, '0');
+    return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  }
+  if (mode === 'relative') {
+    return `+${formatDuration(x)}`;
+  }
+  return `step ${formatNumber(x)}`;
+}
+
+/** Seconds as "4.5 s" below a minute, else "m:ss" or "h:mm:ss". */
+export function formatDuration(seconds: number): string {
+  if (!Number.isFinite(seconds)) {
+    return '-';
+  }
+  if (Math.abs(seconds) < 60) {
+    return `${formatNumber(Number(seconds.toFixed(1)))} s`;
+  }
+  const total = Math.round(seconds);
+  const h = Math.floor(total / 3600);
+  const m = Math.floor((total % 3600) / 60);
+  const sec = String(total % 60).padStart(2, '0');
+  return h ? `${h}:${String(m).padStart(2, '0')}:${sec}` : `${m}:${sec}`;
 }
 
 export function naturalCompare(a: string, b: string): number {
