@@ -129,34 +129,6 @@ class _Capture:
         return self.buf.getvalue()
 
 
-class _RankStream(io.TextIOBase):
-    """Sends the rank thread's writes to its capture, every other thread's to the stream below."""
-
-    def __init__(self, real):
-        self._real = real
-
-    def write(self, s):
-        cap = getattr(_STATE.local, "buf", None)
-        if cap is not None:
-            return cap.write(s)
-        return self._real.write(s)
-
-    def flush(self):
-        if getattr(_STATE.local, "buf", None) is None:
-            self._real.flush()
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-
-def _install_streams() -> None:
-    with _STATE.lock:
-        if not _STATE.streams_installed:
-            sys.stdout = _RankStream(sys.stdout)
-            sys.stderr = _RankStream(sys.stderr)
-            _STATE.streams_installed = True
-
-
 # -- run with client.run ----------------------------------------------------------------
 def probe() -> dict[str, Any]:
     """What this worker offers a rank: torch (version or import error), GPUs, host, pid."""
@@ -430,7 +402,9 @@ def _run_rank(spec: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
     from .engine.worker import error_info
 
     st = _STATE
-    _install_streams()
+    from .engine.worker import install_thread_streams
+
+    install_thread_streams(_STATE)
     worker = None
     if spec.get("stream"):
         try:

@@ -412,34 +412,40 @@ class _Capture:
         return self.buf.getvalue() if self.buf is not None else ""
 
 
-class _ThreadStream(io.TextIOBase):
-    """Sends writes to the current thread's capture buffer, or to the real stream."""
+class ThreadStream(io.TextIOBase):
+    """Sends writes to the current thread's capture buffer (``local.buf``), or to the real stream."""
 
-    def __init__(self, real):
+    def __init__(self, real, local: threading.local):
         self._real = real
+        self._local = local
 
     def write(self, s):
-        cap = getattr(_STATE.local, "buf", None)
+        cap = getattr(self._local, "buf", None)
         if cap is not None:
             return cap.write(s)
         return self._real.write(s)
 
     def flush(self):
-        if getattr(_STATE.local, "buf", None) is None:
+        if getattr(self._local, "buf", None) is None:
             self._real.flush()
 
     def __getattr__(self, name):
         return getattr(self._real, name)
 
 
-def _install_streams() -> None:
-    # Per-thread redirection: a worker with several threads runs several items
-    # at once, and contextlib.redirect_stdout would mix their output.
-    with _STATE.lock:
-        if not _STATE.streams_installed:
-            sys.stdout = _ThreadStream(sys.stdout)
-            sys.stderr = _ThreadStream(sys.stderr)
-            _STATE.streams_installed = True
+def install_thread_streams(state: Any) -> None:
+    """Wrap ``sys.stdout``/``sys.stderr`` once per process for ``state`` (its ``local``, ``lock``
+    and ``streams_installed``), so a thread that sets ``state.local.buf`` captures its own prints.
+
+    Per-thread redirection: a worker with several threads runs several items (or a
+    ``%%spmd`` rank beside map items) at once, and contextlib.redirect_stdout would mix
+    their output.
+    """
+    with state.lock:
+        if not state.streams_installed:
+            sys.stdout = ThreadStream(sys.stdout, state.local)
+            sys.stderr = ThreadStream(sys.stderr, state.local)
+            state.streams_installed = True
 
 
 def load(token: str, blob: bytes | None, big: dict[str, Any] | None):
@@ -658,7 +664,7 @@ def run_chunk(
         info = error_info(exc)
         return ([None] * len(items), [0.0] * len(items), None, {i: info for i in range(len(items))}, worker, started)
     if capture:
-        _install_streams()
+        install_thread_streams(_STATE)
     cancelled = _cancel_checker()
     runner = _TimedRunner(timeout) if timeout else None
     local = _STATE.local
