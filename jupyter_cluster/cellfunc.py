@@ -87,13 +87,14 @@ class CellFunction:
         ast.fix_missing_locations(tree)
         return compile(tree, self.filename, "exec", dont_inherit=True)
 
-    def prepare(self):
-        """Worker side: compile, import modules, unpickle small values (once per worker process).
+    def load_values(self) -> dict[str, Any]:
+        """Worker side: put the cell's text in linecache, import its modules, unpickle its small values.
 
-        Returns the :class:`jupyter_cluster.engine.worker.PreparedCell` that runs it per item.
+        Raises
+        ------
+        ImportError
+            Naming the module the workers lack and the fix.
         """
-        from .engine.worker import PreparedCell
-
         lines = self.cell_text.splitlines(True)
         linecache.cache[self.filename] = (len(self.cell_text), None, lines, self.filename)
         values: dict[str, Any] = {}
@@ -106,4 +107,14 @@ class CellFunction:
                 ) from None
         for name, data in self.small.items():
             values[name] = cloudpickle.loads(data)
+        return values
+
+    def prepare(self):
+        """Worker side: compile, import modules, unpickle small values (once per worker process).
+
+        Returns the :class:`jupyter_cluster.engine.worker.PreparedCell` that runs it per item.
+        """
+        from .engine.worker import PreparedCell
+
+        values = self.load_values()
         return PreparedCell(self.compile(), values, self.persistent)

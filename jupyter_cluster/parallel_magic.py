@@ -360,16 +360,17 @@ def _interrupted_traceback(message: str | None):
     return lambda: [line]
 
 
-def _remote_renderer(shell, exc: BaseException, index: int, item: Any, frames: dict, where: str):
-    """A ``_render_traceback_`` showing the remote frames with the cell's own lines."""
+def remote_renderer(shell, exc: BaseException, frames: dict, note: str):
+    """A ``_render_traceback_`` showing remote ``frames`` with the cell's own lines, then ``note``.
+
+    Shared by ``%%parallel`` (a failed item) and ``%%spmd`` (a failed rank).
+    """
 
     def render():
         tb = rebuild_traceback(frames, shell.user_ns)
         notes = getattr(exc, "__notes__", None)
         try:
-            exc.__notes__ = [
-                f"%%parallel: item {index} ({mapping.abbreviate(item)}) failed{where}; details in {JOB_NAME}."
-            ]
+            exc.__notes__ = [note]
             return shell.InteractiveTB.structured_traceback(type(exc), exc, tb)
         finally:
             if notes is None:
@@ -525,7 +526,12 @@ class ParallelMagics(Magics):
             if index is not None and index in job.tracebacks and job.tracebacks[index][1]:
                 item, worker = job.failed_items.get(index, ("?", None))
                 where = f" on worker {worker}" if worker else ""
-                exc._render_traceback_ = _remote_renderer(self.shell, exc, index, item, job.tracebacks[index][1], where)
+                exc._render_traceback_ = remote_renderer(
+                    self.shell,
+                    exc,
+                    job.tracebacks[index][1],
+                    f"%%parallel: item {index} ({mapping.abbreviate(item)}) failed{where}; details in {JOB_NAME}.",
+                )
             raise
 
     @staticmethod

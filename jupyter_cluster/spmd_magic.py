@@ -28,6 +28,7 @@ from . import capture, session
 from .cellfunc import CellFunction
 from .errors import CellError, ClusterError, SerializationError
 from .magics import MagicArgumentParser, add_options, options_text
+from .parallel_magic import remote_renderer
 from .spmd import BACKENDS, OutputPrinter, prepare, reset, run
 from .spmd import group as spmd_group
 
@@ -98,31 +99,6 @@ def parse_show(text: str):
     if not ranks or min(ranks) < 0:
         raise UsageError(f"%%spmd: --show takes a rank, ranks like 0,2, all or none, not {text!r}.")
     return ranks
-
-
-def _remote_renderer(shell, exc: BaseException, frames: dict, note: str):
-    """A ``_render_traceback_`` showing the failed rank's frames with the cell's own lines."""
-
-    def render():
-        try:  # frames start at the worker's first lines, so a kernel puts the arrow on the failing line
-            from .parallel_magic import rebuild_traceback
-
-            tb = rebuild_traceback(frames, shell.user_ns)
-        except ImportError:
-            from tblib import Traceback
-
-            tb = Traceback.from_dict(frames).as_traceback()
-        notes = getattr(exc, "__notes__", None)
-        try:
-            exc.__notes__ = [note]
-            return shell.InteractiveTB.structured_traceback(type(exc), exc, tb)
-        finally:
-            if notes is None:
-                del exc.__notes__
-            else:
-                exc.__notes__ = notes
-
-    return render
 
 
 @magics_class
@@ -244,7 +220,7 @@ class SpmdMagics(Magics):
         if exc is None:
             raise CellError(f"rank {rank} (worker {worker}) failed and its exception cannot be sent back:\n{text_tb}")
         if frames:
-            exc._render_traceback_ = _remote_renderer(self.shell, exc, frames, note)
+            exc._render_traceback_ = remote_renderer(self.shell, exc, frames, note)
         raise exc
 
 

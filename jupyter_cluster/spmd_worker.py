@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import datetime
 import gc
-import importlib
 import io
-import linecache
 import os
 import socket
 import sys
@@ -297,21 +295,9 @@ def _ensure_group(spec: dict[str, Any]) -> None:
 
 
 def _load_cell(payload: dict[str, Any]):
-    """Compile the cell; put its text in linecache; import modules and unpickle small values."""
-    import cloudpickle
-
+    """Compile the cell; its modules imported and small values unpickled (``CellFunction.load_values``)."""
     func = payload["func"]
-    linecache.cache[func.filename] = (len(func.cell_text), None, func.cell_text.splitlines(True), func.filename)
-    values: dict[str, Any] = {}
-    for name, modname in func.modules.items():
-        try:
-            values[name] = importlib.import_module(modname)
-        except ImportError as exc:
-            raise ImportError(
-                f"module {modname!r} (imported in the notebook as `{name}`) cannot be imported on this worker: {exc}; install it on the workers."
-            ) from None
-    for name, data in func.small.items():
-        values[name] = cloudpickle.loads(data)
+    values = func.load_values()
     values.update(payload.get("large") or {})
     return func.compile(), values
 
