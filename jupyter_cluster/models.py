@@ -98,6 +98,9 @@ class ClusterSummary(TypedDict):
     memory_limit: int
     jobs_running: int
     topics: list[str]
+    #: ids of the Jupyter kernels that started it or attached to it (the panel follows the active
+    #: notebook's kernel to its cluster), oldest first
+    kernels: list[str]
 
 
 def running_tasks(metrics: Mapping[str, Any]) -> int:
@@ -160,8 +163,16 @@ def cluster_summary(
     totals: Mapping[str, int],
     jobs_running: int,
     topics: Iterable[str],
+    kernels: Iterable[str] = (),
 ) -> ClusterSummary:
-    """A panel row from a registry record (``registry.ClusterRecord``) and what the server knows of it."""
+    """A panel row from a registry record (``registry.ClusterRecord``) and what the server knows of it.
+
+    ``kernels`` are the ids of kernels attached to it besides the record's own
+    ``kernel_id`` (which comes first).
+    """
+    own = getattr(record, "kernel_id", None)
+    kernel_ids = [own] if isinstance(own, str) else []
+    kernel_ids += [k for k in kernels if isinstance(k, str) and k not in kernel_ids]
     return {
         "name": record.name,
         "backend": record.backend,
@@ -178,6 +189,7 @@ def cluster_summary(
         "memory_limit": int(totals.get("memory_limit", 0)),
         "jobs_running": jobs_running,
         "topics": sorted(topics),
+        "kernels": kernel_ids,
     }
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,10 +48,16 @@ class ClusterRecord:
     started: float = field(default_factory=time.time)
     attached: bool = False  # True when the owner only connected to it
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the Jupyter kernel that wrote the record (its id, as the browser's session names it), or None
+    #: for another process; the panel follows the active notebook's cluster with it
+    kernel_id: str | None = None
 
     def __post_init__(self) -> None:
         if not self.owner_started:
             self.owner_started = _process_start_time(self.owner_pid)
+        if self.kernel_id is None and self.owner_pid == os.getpid():
+            # found here rather than passed by each writer, so every record a kernel writes carries it
+            self.kernel_id = current_kernel_id()
 
     def owner_alive(self) -> bool:
         """Whether the process that wrote this record still runs."""
@@ -79,6 +87,32 @@ class ClusterRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_KERNEL_FILE = re.compile(r"kernel-(?P<id>[A-Za-z0-9_.-]{1,128})\.json")
+
+
+def current_kernel_id() -> str | None:
+    """The id of the Jupyter kernel this process is, or None outside a kernel.
+
+    A kernel started by a Jupyter server reads its connection file
+    ``kernel-<id>.json``; the id is the one the browser's session reports
+    (``session.kernel.id``).  A script, the panel's host process or a kernel
+    started from some other connection file name has none.
+    """
+    if "ipykernel.kernelapp" not in sys.modules:  # not imported: not a kernel (and no import cost)
+        return None
+    try:
+        from ipykernel.connect import get_connection_file
+        from ipykernel.kernelapp import IPKernelApp
+
+        if not IPKernelApp.initialized():
+            return None
+        path = get_connection_file()
+    except Exception:  # an ipykernel without these names, or an app half set up: no id rather than no record
+        return None
+    match = _KERNEL_FILE.fullmatch(os.path.basename(str(path)))
+    return match.group("id") if match else None
 
 
 def _process_start_time(pid: int) -> float:
@@ -186,6 +220,10 @@ def live_records(cleanup: bool = True) -> list[ClusterRecord]:
             continue  # half-written or foreign file: not ours to judge
         if record.name != entry[: -len(".json")] or not valid_name(record.name) or type(record.owner_pid) is not int:
             continue  # a record must be named after its own file (no "../victim")
+        if record.kernel_id is not None and not (
+            isinstance(record.kernel_id, str) and _KERNEL_FILE.fullmatch(f"kernel-{record.kernel_id}.json")
+        ):
+            record.kernel_id = None  # only ever compared, but a record is not trusted to hold anything else
         if record.owner_alive():
             records.append(record)
         elif cleanup:

@@ -49,7 +49,12 @@ WORKERS = {
 def payloads() -> dict:
     worker_addr = "tcp://127.0.0.1:40000"
     record = registry.ClusterRecord(
-        name="demo", backend="local", address="tls://127.0.0.1:8786", owner_pid=4242, started=1_700_000_000.0
+        name="demo",
+        backend="local",
+        address="tls://127.0.0.1:8786",
+        owner_pid=4242,
+        started=1_700_000_000.0,
+        kernel_id="5f0c2a9e-1b7d-4c1e-9a43-2f6e8d0b7c11",
     )
     model = models.cluster_model("demo", "local", record.address, None, True, WORKERS)
     topic = TopicStore("es")
@@ -73,7 +78,15 @@ def payloads() -> dict:
     jobs.add(job)
     jobs.add(models.job_message("job-0", "Pool.map", 4242, "demo", None, 3, 0, "finished", 0.5, 0.9))
     summary = models.cluster_summary(
-        record, None, "running", None, {"n_workers": 2, "cores": 3, "memory_limit": 3_000_000_000}, 1, ["es"]
+        record,
+        None,
+        "running",
+        None,
+        {"n_workers": 2, "cores": 3, "memory_limit": 3_000_000_000},
+        1,
+        ["es"],
+        # a second notebook attached to it (its own record, hidden from the list)
+        ["9d3e7b21-0000-4000-8000-000000000002"],
     )
     return {
         "clusterSummary": summary,
@@ -108,6 +121,8 @@ def test_builders_shape_what_the_panel_reads():
     assert detail["workers"][1]["executing"] == 3  # executing + long-running
     assert (detail["n_workers"], detail["cores"], detail["memory"]) == (2, 3, 600_000_000)
     assert detail["owner_pid"] == 4242 and detail["owns_cluster"] is True
+    # the owner's kernel first, then the attached ones: the panel follows either notebook here
+    assert detail["kernels"] == ["5f0c2a9e-1b7d-4c1e-9a43-2f6e8d0b7c11", "9d3e7b21-0000-4000-8000-000000000002"]
     assert [j["job"] for j in p["jobs"]["running"]] == ["job-1"]
     assert set(p["metrics"]["scalars"]["reward"]) == {"member=0", "member=1"}
     assert p["metrics"]["vectors"]["load"]["all"]["rows"] == [[1.0, 0.0, 4.0]]

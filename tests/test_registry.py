@@ -170,3 +170,58 @@ def test_the_panel_never_signals_a_process_a_record_merely_names(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_record_written_in_a_kernel_names_that_kernel_and_others_name_none(tmp_path):
+    """The panel follows the active notebook to its cluster through the record's kernel id.
+
+    A real kernel started as a Jupyter server starts one (connection file
+    ``kernel-<id>.json``) writes a record as ``session`` does, without naming
+    itself; the record carries the id.  This process, no kernel, writes None.
+    """
+    import uuid
+
+    from jupyter_client import KernelManager
+
+    kernel_id = str(uuid.uuid4())
+    km = KernelManager(kernel_name="python3", connection_file=str(tmp_path / f"kernel-{kernel_id}.json"))
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        out: list[str] = []
+        code = (
+            "from jupyter_cluster import registry\n"
+            "registry.write(registry.ClusterRecord(name='in-kernel', backend='local', address='tcp://127.0.0.1:9'))\n"
+            "print('written', registry.current_kernel_id())"
+        )
+        reply = kc.execute_interactive(
+            code,
+            timeout=60,
+            output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
+        )
+        assert reply["content"]["status"] == "ok", out
+        assert "".join(out).split() == ["written", kernel_id]
+        rec = registry.read("in-kernel")
+        assert rec is not None and rec.owner_pid != os.getpid()
+        assert rec.kernel_id == kernel_id
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        registry.remove("in-kernel")
+    assert registry.current_kernel_id() is None
+    registry.write(registry.ClusterRecord(name="no-kernel", backend="local", address="tcp://127.0.0.1:9"))
+    try:
+        assert registry.read("no-kernel").kernel_id is None
+    finally:
+        registry.remove("no-kernel")
+
+
+def test_a_kernel_id_that_could_not_name_a_connection_file_is_dropped():
+    rec = registry.ClusterRecord(name="odd-id", backend="local", address="tcp://127.0.0.1:1", kernel_id="../../x y")
+    registry.write(rec)
+    try:
+        assert registry.read("odd-id").kernel_id is None
+    finally:
+        registry.remove("odd-id")

@@ -110,6 +110,8 @@ class Connection:
         self._next_attempt = 0.0
         self._backoff = 0.25
         self.connects = 0  # how many times a client was (re)connected
+        #: kernels attached to this scheduler by records of their own (hidden from the list)
+        self.attached_kernels: list[str] = []
 
     # -- connection ------------------------------------------------------------
     async def tick(self) -> None:
@@ -243,6 +245,7 @@ class Connection:
             self.totals,
             sum(1 for j in self.jobs.jobs.values() if j["state"] == "running"),
             self.metrics,
+            self.attached_kernels,
         )
 
     async def model(self) -> ClusterDetail:
@@ -268,6 +271,15 @@ def _visible(records: list[registry.ClusterRecord]) -> dict[str, registry.Cluste
     """One record per scheduler: a kernel that attached to a known cluster adds no row."""
     owned = {r.address for r in records if not r.attached}
     return {r.name: r for r in records if not (r.attached and r.address in owned)}
+
+
+def _attached_kernels(records: list[registry.ClusterRecord]) -> dict[str, list[str]]:
+    """Scheduler address -> ids of the kernels attached to it (oldest first): they follow it too."""
+    out: dict[str, list[str]] = {}
+    for r in records:
+        if r.attached and r.kernel_id:
+            out.setdefault(r.address, []).append(r.kernel_id)
+    return out
 
 
 class ClusterManager:
@@ -326,7 +338,9 @@ class ClusterManager:
     async def refresh(self) -> None:
         """Sync with the registry once and poll every scheduler."""
         async with self._lock:
-            records = _visible(registry.live_records())
+            every = registry.live_records()
+            records = _visible(every)
+            attached = _attached_kernels(every)
             for name in list(self.connections):
                 rec = records.get(name)
                 conn = self.connections[name]
@@ -341,6 +355,7 @@ class ClusterManager:
             for name, rec in records.items():
                 if name not in self.connections:
                     self.connections[name] = Connection(rec, self.base_url)
+                self.connections[name].attached_kernels = attached.get(rec.address, [])
             conns = list(self.connections.values())
             await asyncio.gather(*(self._tick(c) for c in conns))
             for c in conns:

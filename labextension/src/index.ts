@@ -94,6 +94,30 @@ const plugin: JupyterFrontEndPlugin<void> = {
     };
     panel.onConnect = notebooks ? insertConnect : null;
 
+    // follow the active notebook's kernel to its cluster (the panel holds it when pinned)
+    if (notebooks) {
+      const follow = (): void => {
+        const current = notebooks.currentWidget;
+        panel.setActiveKernel(current?.sessionContext.session?.kernel?.id ?? null);
+      };
+      const watched = new WeakSet<object>();
+      const track = (): void => {
+        const current = notebooks.currentWidget;
+        if (current && !watched.has(current)) {
+          watched.add(current);
+          // a kernel started, restarted into a new id or changed by the user
+          current.sessionContext.kernelChanged.connect(() => {
+            if (notebooks.currentWidget === current) {
+              follow();
+            }
+          });
+        }
+        follow();
+      };
+      notebooks.currentChanged.connect(track);
+      track();
+    }
+
     const { commands } = app;
     commands.addCommand(CommandIDs.openTopic, {
       label: args => (args.topic ? `Open Metrics ${String(args.topic)} in the Main Area` : 'Open Metrics Topic'),

@@ -28,6 +28,8 @@ export interface IClusterSummary {
   memory_limit: number;
   jobs_running: number;
   topics: string[];
+  /** ids of the Jupyter kernels that started it or attached to it (owner's first) */
+  kernels: string[];
 }
 
 /** One worker of a cluster (ClusterHandle.model()["workers"]). */
@@ -131,6 +133,10 @@ export interface IPanelState {
   clearedBefore: number;
   /** the job whose failed items are shown (clicked), or null */
   failuresOpen: string | null;
+  /** the active notebook's kernel id (the panel follows it to its cluster unless pinned), or null */
+  activeKernel: string | null;
+  /** the cluster last found for the active kernel: a new one is followed, the same one not again */
+  kernelCluster: string | null;
 }
 
 export function initialState(): IPanelState {
@@ -147,8 +153,48 @@ export function initialState(): IPanelState {
     history: [],
     pinned: false,
     clearedBefore: 0,
-    failuresOpen: null
+    failuresOpen: null,
+    activeKernel: null,
+    kernelCluster: null
   };
+}
+
+/**
+ * The live cluster of a kernel: the newest one it started or attached to,
+ * or null (no kernel, or it has none).
+ */
+export function clusterOfKernel(clusters: IClusterSummary[], kernel: string | null): string | null {
+  if (!kernel) {
+    return null;
+  }
+  const mine = clusters.filter(c => (c.kernels ?? []).includes(kernel)).sort((a, b) => b.started - a.started);
+  return mine[0]?.name ?? null;
+}
+
+/**
+ * Follow the active kernel to its cluster: when the kernel's cluster is not
+ * the one found last time (another notebook became active, or its notebook
+ * started or attached to a cluster), select it unless pinned.  A notebook
+ * with no cluster keeps the current view; a user's click stays until then.
+ */
+function followKernel(state: IPanelState): IPanelState {
+  const target = clusterOfKernel(state.clusters, state.activeKernel);
+  if (target === state.kernelCluster) {
+    return state;
+  }
+  const next = { ...state, kernelCluster: target };
+  if (target === null || state.pinned || target === state.selected) {
+    return next;
+  }
+  return cleared(next, target);
+}
+
+/** The active notebook changed (or its kernel did): `kernel` is its kernel id, or null. */
+export function setActiveKernel(state: IPanelState, kernel: string | null): IPanelState {
+  if (kernel === state.activeKernel) {
+    return state;
+  }
+  return followKernel({ ...state, activeKernel: kernel, kernelCluster: null });
 }
 
 /** Whether `name` is a stopped cluster kept for its history (its data comes over REST, once). */
@@ -160,6 +206,22 @@ function cleared(state: IPanelState, selected: string | null): IPanelState {
   return { ...state, selected, detail: null, topics: [], topic: null, metrics: null };
 }
 
+/** The new cluster list, with a selection that is still valid. */
+function keepSelection(state: IPanelState, clusters: IClusterSummary[]): IPanelState {
+  const names = clusters.map(c => c.name);
+  const next = { ...state, clusters };
+  const sel = state.selected;
+  if (sel !== null && (names.includes(sel) || state.history.some(h => h.name === sel))) {
+    return next;
+  }
+  if (sel !== null && state.topics.length > 0) {
+    // the selected cluster stopped: keep its curves; the jobs message that
+    // follows names the history the server kept for it
+    return { ...next, detail: null };
+  }
+  return names[0] === sel ? next : cleared(next, names[0] ?? null);
+}
+
 /**
  * Apply one server message.  Returns a new state; keeps the selection valid
  * (a vanished cluster or topic falls back to the first one there is).
@@ -167,18 +229,7 @@ function cleared(state: IPanelState, selected: string | null): IPanelState {
 export function reduce(state: IPanelState, msg: ServerMessage): IPanelState {
   switch (msg.type) {
     case 'clusters': {
-      const names = msg.clusters.map(c => c.name);
-      const next = { ...state, clusters: msg.clusters };
-      const sel = state.selected;
-      if (sel !== null && (names.includes(sel) || state.history.some(h => h.name === sel))) {
-        return next;
-      }
-      if (sel !== null && state.topics.length > 0) {
-        // the selected cluster stopped: keep its curves; the jobs message that
-        // follows names the history the server kept for it
-        return { ...next, detail: null };
-      }
-      return names[0] === sel ? next : cleared(next, names[0] ?? null);
+      return followKernel(keepSelection(state, msg.clusters));
     }
     case 'jobs':
       return followJobs(
@@ -214,9 +265,10 @@ export function reduce(state: IPanelState, msg: ServerMessage): IPanelState {
 
 /**
  * After a jobs message: move a selection whose cluster stopped onto the
- * history the server kept for it (curves stay), and, unless pinned, follow
- * the cluster where a new job started (after Run All the panel shows the
- * notebook's cluster, not another one's empty metrics).
+ * history the server kept for it (curves stay), and, unless pinned or the
+ * active notebook has a cluster of its own, follow the cluster where a new
+ * job started (after Run All the panel shows the notebook's cluster, not
+ * another one's empty metrics).
  */
 export function followJobs(state: IPanelState, before: IJob[]): IPanelState {
   const live = state.clusters.map(c => c.name);
@@ -226,7 +278,8 @@ export function followJobs(state: IPanelState, before: IJob[]): IPanelState {
     const kept = state.history.find(h => h.cluster === sel);
     next = kept ? { ...state, selected: kept.name, detail: null } : cleared(state, live[0] ?? null);
   }
-  if (next.pinned) {
+  if (next.pinned || next.kernelCluster !== null) {
+    // pinned, or the active notebook has a cluster: that one is shown, not where other notebooks work
     return next;
   }
   const seen = new Set(before.map(j => j.job));
@@ -249,7 +302,11 @@ export function select(state: IPanelState, name: string | null): IPanelState {
 
 /** Pin the selection (or let it follow new work again). */
 export function setPinned(state: IPanelState, pinned: boolean): IPanelState {
-  return pinned === state.pinned ? state : { ...state, pinned };
+  if (pinned === state.pinned) {
+    return state;
+  }
+  // let go: follow the active notebook's cluster again at once
+  return pinned ? { ...state, pinned } : followKernel({ ...state, pinned, kernelCluster: null });
 }
 
 /** Hide the finished jobs there are now ("Clear finished"). */

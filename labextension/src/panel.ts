@@ -35,6 +35,7 @@ import {
   select,
   selectTopic,
   seriesKeys,
+  setActiveKernel,
   setPinned,
   toggleFailures,
   toggleSeries,
@@ -157,7 +158,11 @@ export class ClusterPanel extends Widget {
   private readonly chartsHost = el('div', 'jc-charts');
   private readonly metricsEmpty = el('div', 'jc-empty', 'No metrics yet: call jupyter_cluster.report(...) in a task.');
   private readonly pinButton = button('Follow', 'jc-pin', '', () => {
+    const before = this.state.selected;
     this.setState(setPinned(this.state, !this.state.pinned));
+    if (this.state.selected !== before) {
+      this.sendWatch();
+    }
   });
   private readonly historyNode = el('div', 'jc-history');
   private readonly openButton = button('Open', 'jc-open-topic', 'Open this topic in the main area', () => {
@@ -218,6 +223,23 @@ export class ClusterPanel extends Widget {
   /** Live clusters as last pushed. */
   get clusters(): IClusterSummary[] {
     return this.state.clusters;
+  }
+
+  /**
+   * The active notebook's kernel id (null: no notebook or no kernel): unless
+   * pinned, the panel shows that kernel's cluster when it has one.
+   */
+  setActiveKernel(kernel: string | null): void {
+    const before = this.state.selected;
+    this.setState(setActiveKernel(this.state, kernel));
+    if (this.state.selected !== before) {
+      this.sendWatch();
+    }
+  }
+
+  /** The active notebook's kernel id as last set. */
+  get activeKernel(): string | null {
+    return this.state.activeKernel;
   }
 
   /** Re-style the charts for a dark or light theme. */
@@ -589,8 +611,8 @@ export class ClusterPanel extends Widget {
     this.pinButton.textContent = pinned ? 'Pinned' : 'Follow';
     this.pinButton.classList.toggle('jc-pinned', pinned);
     this.pinButton.title = pinned
-      ? 'The selection is held; click to follow the cluster where new work starts'
-      : 'Following the cluster where new work starts; click to hold the selection';
+      ? "The selection is held; click to follow the active notebook's cluster (or where new work starts)"
+      : "Following the active notebook's cluster (or where new work starts); click to hold the selection";
   }
 
   /** Stopped clusters whose jobs and metrics the server kept. */

@@ -22,7 +22,8 @@ import {
   reduce,
   seriesKeys,
   toggleFailures,
-  validName
+  validName,
+  clusterOfKernel
 } from '../model';
 import { onAxis } from '../charts/data';
 import wire from './fixtures/wire.json';
@@ -48,6 +49,9 @@ describe('the Python builders and model.ts agree', () => {
     expect(state.detail?.workers[1].executing).toBe(3);
     expect(memoryFraction(state.detail!.workers[1])).toBeCloseTo(0.25);
     expect(state.detail?.owns_cluster).toBe(true);
+    // the owner's and an attached notebook's kernel ids: either notebook, when active, shows it
+    expect(clusterOfKernel([summary], summary.kernels[1])).toBe('demo');
+    expect(clusterOfKernel([summary], summary.kernels[0])).toBe('demo');
   });
 
   it('jobs go through the reducer and the progress text', () => {

@@ -24,6 +24,8 @@ import {
   select,
   selectTopic,
   seriesKeys,
+  clusterOfKernel,
+  setActiveKernel,
   setPinned,
   toggleFailures,
   toggleSeries,
@@ -49,6 +51,7 @@ function cluster(name: string, extra: Partial<IClusterSummary> = {}): IClusterSu
     memory_limit: 0,
     jobs_running: 0,
     topics: [],
+    kernels: [],
     ...extra
   };
 }
@@ -296,6 +299,71 @@ describe('the selection follows new work unless pinned', () => {
     s = setPinned(s, true);
     s = reduce(s, { type: 'jobs', running: [job({ job: 'j2', cluster: 'b' })], recent: [] });
     expect(s.selected).toBe('a');
+  });
+});
+
+describe('the panel follows the active notebook to its cluster', () => {
+  const clusters = [
+    cluster('a', { kernels: ['k1'], started: 1 }),
+    cluster('b', { kernels: ['k2'], started: 2 }),
+    cluster('c', { kernels: [], started: 3 })
+  ];
+
+  it('finds the newest cluster a kernel started or attached to', () => {
+    expect(clusterOfKernel(clusters, 'k2')).toBe('b');
+    expect(clusterOfKernel([...clusters, cluster('d', { kernels: ['x', 'k2'], started: 9 })], 'k2')).toBe('d');
+    expect(clusterOfKernel(clusters, 'k3')).toBeNull();
+    expect(clusterOfKernel(clusters, null)).toBeNull();
+    // a server without kernel ids in its summaries
+    expect(clusterOfKernel([{ ...cluster('z'), kernels: undefined as unknown as string[] }], 'k1')).toBeNull();
+  });
+
+  it('switches with the active notebook; a notebook without a cluster keeps the view', () => {
+    let s = reduce(initialState(), { type: 'clusters', clusters });
+    expect(s.selected).toBe('a');
+    s = setActiveKernel(s, 'k2');
+    expect(s.selected).toBe('b');
+    s = setActiveKernel(s, 'k1');
+    expect(s.selected).toBe('a');
+    s = setActiveKernel(s, 'k-none');
+    expect(s.selected).toBe('a');
+    s = setActiveKernel(s, null);
+    expect(s.selected).toBe('a');
+  });
+
+  it('follows a cluster the active notebook starts later, and lets a click stand until then', () => {
+    let s = reduce(initialState(), { type: 'clusters', clusters: clusters.slice(0, 2) });
+    s = setActiveKernel(s, 'k9');
+    expect(s.selected).toBe('a');
+    s = select(s, 'b');
+    s = reduce(s, { type: 'clusters', clusters: clusters.slice(0, 2) });
+    expect(s.selected).toBe('b');
+    s = reduce(s, { type: 'clusters', clusters: [...clusters, cluster('n', { kernels: ['k9'], started: 5 })] });
+    expect(s.selected).toBe('n');
+    // the user looks elsewhere: the next list (same cluster for k9) does not pull back
+    s = select(s, 'a');
+    s = reduce(s, { type: 'clusters', clusters: [...clusters, cluster('n', { kernels: ['k9'], started: 5 })] });
+    expect(s.selected).toBe('a');
+  });
+
+  it('holds one cluster when pinned and follows again when let go', () => {
+    let s = reduce(initialState(), { type: 'clusters', clusters });
+    s = setPinned(select(s, 'c'), true);
+    s = setActiveKernel(s, 'k2');
+    expect(s.selected).toBe('c');
+    s = setPinned(s, false);
+    expect(s.selected).toBe('b');
+  });
+
+  it("does not jump to another notebook's new job while the active one has a cluster", () => {
+    let s = reduce(initialState(), { type: 'clusters', clusters });
+    s = setActiveKernel(s, 'k1');
+    s = reduce(s, { type: 'jobs', running: [job({ job: 'j9', cluster: 'b' })], recent: [] });
+    expect(s.selected).toBe('a');
+    // without a cluster of its own, the panel follows new work as before
+    s = setActiveKernel(s, 'k-none');
+    s = reduce(s, { type: 'jobs', running: [job({ job: 'j10', cluster: 'c' })], recent: [] });
+    expect(s.selected).toBe('c');
   });
 });
 
