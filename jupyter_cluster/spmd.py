@@ -24,7 +24,7 @@ import inspect
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +137,8 @@ class SpmdJob:
         self.tracebacks: dict[int, tuple[str, dict | None]] = {}
         self.timings: dict[int, float] = {}
         self.failed_rank: int | None = None
+        # The process group this job ran on (set by run(); read by the magic's notices).
+        self.group: Any = None
 
     def _finish(self, state: str) -> None:
         self.state = state
@@ -363,7 +365,7 @@ class _OutputRouter:
         if not isinstance(msg, dict):
             return
         with self.lock:
-            queue = self.queues.get(msg.get("job"))
+            queue = self.queues.get(str(msg.get("job")))
         if queue is not None:
             queue.append(msg)
 
@@ -576,7 +578,7 @@ def run(
     payload = _ship(client, group, payload)
     job = SpmdJob(label, group.world_size, client, getattr(handle, "name", None))
     job.group = group
-    stream_out = getattr(on_output, "live", None)
+    stream_out: Callable[[int, int, str], None] | None = getattr(on_output, "live", None)
     router = _router(client) if stream_out is not None else None
     chunks = router.register(job.id) if router is not None else None
     wants = getattr(on_output, "wants", lambda rank: False)
@@ -622,7 +624,7 @@ def run(
                     if first_failure is None:
                         first_failure = time.monotonic()
                 observe("job_progress", job)
-            while chunks:
+            while chunks and stream_out is not None:
                 chunk = chunks.popleft()
                 stream_out(chunk["rank"], chunk["offset"], chunk["text"])
             now = time.monotonic()
@@ -656,7 +658,7 @@ def run(
                 "re-initialised by the next %%spmd cell (per-rank state is kept)."
             )
         raise
-    if router is not None:
+    if router is not None and stream_out is not None:
         while chunks:
             chunk = chunks.popleft()
             stream_out(chunk["rank"], chunk["offset"], chunk["text"])
@@ -673,8 +675,8 @@ def run(
             if res.get("unsendable"):
                 notice(f"%%spmd: rank {rank}'s result was left on the worker: {res['unsendable']}.")
         else:
-            exc, _tname, _msg, text, frames = res["error"]
-            job.errors[rank] = exc
+            error, _tname, _msg, text, frames = res["error"]
+            job.errors[rank] = error
             job.tracebacks[rank] = (text, frames)
     failed = [r for r, res in results.items() if not res.get("ok")]
     if on_output is not None:
@@ -743,8 +745,8 @@ def _ship(client, group: Group, payload: dict[str, Any]) -> dict[str, Any]:
 def raise_failure(job: SpmdJob) -> None:
     """Raise the failed rank's exception, with its remote traceback attached."""
     rank = job.failed_rank
-    exc = job.errors.get(rank)
-    text, frames = job.tracebacks.get(rank, ("", None))
+    exc = job.errors.get(rank) if rank is not None else None
+    text, frames = job.tracebacks.get(rank, ("", None)) if rank is not None else ("", None)
     if exc is None:
         raise RuntimeError(f"rank {rank} failed:\n{text}")
     tb = None
@@ -820,7 +822,7 @@ def spmd(
     {0: 3.0, 1: 3.0}
     """
     try:
-        params = inspect.signature(fn).parameters
+        params: Mapping[str, inspect.Parameter] = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         params = {}
     inject = [n for n in ("rank", "world_size", "state") if n in params and n not in kwargs]

@@ -117,7 +117,7 @@ class SpmdMagics(Magics):
             # one line: the frames of the magic and the wait would only bury the notice above (and
             # rendering them took seconds on a busy machine, past the stop button's 2 s)
             if not hasattr(exc, "_render_traceback_"):
-                exc._render_traceback_ = lambda: [
+                exc._render_traceback_ = lambda: [  # type: ignore[attr-defined]
                     "\x1b[0;31mKeyboardInterrupt\x1b[0m: the %%spmd cell was interrupted; see the line above."
                 ]
             raise
@@ -153,6 +153,7 @@ class SpmdMagics(Magics):
     def _cell_filename(self, line: str, cell: str) -> tuple[str, str]:
         """Register the cell's text under a name IPython shows as ``Cell In[N]``."""
         text = f"%%spmd {line}\n{cell}"
+        assert self.shell is not None  # a magic runs inside its shell
         compiler = getattr(self.shell, "compile", None)
         if compiler is None or not hasattr(compiler, "cache"):
             return "<cell>", text
@@ -180,6 +181,7 @@ class SpmdMagics(Magics):
         filename, text = self._cell_filename(line, cell)
         tree = capture.parse_body(cell, filename, first_line=2)
         analysis = capture.analyse(tree, bound={"rank", "world_size"}, filename=filename)
+        assert self.shell is not None  # a magic runs inside its shell
         user_ns = self.shell.user_ns
 
         handle = session.resolve()
@@ -213,15 +215,15 @@ class SpmdMagics(Magics):
             job.group.assigned |= set(analysis.assigned)
             return
         rank = job.failed_rank
-        exc = job.errors.get(rank)
+        error = job.errors.get(rank)
         text_tb, frames = job.tracebacks.get(rank, ("", None))
         worker = job.group.names[rank]
         note = f"%%spmd: rank {rank} (worker {worker}) failed; the other ranks were released; details in {JOB_NAME}."
-        if exc is None:
+        if error is None:
             raise CellError(f"rank {rank} (worker {worker}) failed and its exception cannot be sent back:\n{text_tb}")
         if frames:
-            exc._render_traceback_ = remote_renderer(self.shell, exc, frames, note)
-        raise exc
+            error._render_traceback_ = remote_renderer(self.shell, error, frames, note)  # type: ignore[attr-defined]
+        raise error
 
 
 def register(ipython) -> None:

@@ -334,12 +334,13 @@ def _user_traceback(exc: BaseException) -> BaseException:
 def _forget_frames(exc: BaseException) -> None:
     """Drop what an exception (and those chained to it) keeps alive: its frames' locals and its traceback."""
     seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if exc.__traceback__ is not None:
-            traceback.clear_frames(exc.__traceback__)
-            exc.__traceback__ = None
-        exc = exc.__cause__ or exc.__context__
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if link.__traceback__ is not None:
+            traceback.clear_frames(link.__traceback__)
+            link.__traceback__ = None
+        link = link.__cause__ or link.__context__
 
 
 def _collateral(exc: BaseException) -> bool:

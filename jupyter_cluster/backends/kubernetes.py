@@ -295,8 +295,9 @@ def _status_of(exc: BaseException) -> tuple[int | None, Any, Any]:
         with suppress(Exception):
             body = response.json()
     request = None
-    with suppress(Exception):
-        request = response.request
+    if response is not None:
+        with suppress(Exception):
+            request = response.request
     return code, body, request
 
 
@@ -352,10 +353,10 @@ def explain(exc: BaseException, namespace: str | None = None) -> str | None:
     if code == 422 or (code == 400 and message):
         return f"Kubernetes rejected the DaskCluster resource: {message or text}; check the options (see --dry-run)."
     try:
-        import httpx
+        from httpx import TransportError
     except ImportError:  # pragma: no cover - kr8s depends on httpx
-        httpx = None
-    if httpx is not None and isinstance(exc, httpx.TransportError):
+        TransportError = None  # type: ignore[assignment,misc]
+    if TransportError is not None and isinstance(exc, TransportError):
         url = ""
         with suppress(RuntimeError):  # .request raises when the error carries none
             url = f"{exc.request.url.scheme}://{exc.request.url.netloc.decode()}"
@@ -466,8 +467,9 @@ def _guarded_kube_cluster():
         async def _list_pods(self) -> list[dict[str, Any]]:
             from kr8s.asyncio.objects import Pod
 
+            # raw=True yields the API's dicts; kr8s's annotation says Pod
             return [
-                p
+                p  # type: ignore[misc]
                 async for p in Pod.list(
                     namespace=self.namespace, label_selector=f"dask.org/cluster-name={self.name}", raw=True
                 )
