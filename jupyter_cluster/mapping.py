@@ -1,4 +1,4 @@
-"""The map front: :func:`map`, :func:`imap` and :func:`run_on_workers` (``%%parallel``'s and ``Pool``'s engine).
+"""The map front: :func:`map`, :func:`imap`, and :func:`run_on_workers` / :func:`all_workers_job` (``%%parallel --all-workers``).
 
 ``%%parallel``, ``Pool`` and these functions are front ends to the one map
 engine, :mod:`jupyter_cluster.engine` (the job and its dispatch loop in
@@ -98,11 +98,32 @@ def map(fn: Callable, *iterables: Iterable, **options: Any) -> list:
     return job.result_list()
 
 
-def run_on_workers(fn: Callable, **options: Any) -> MapJob:
-    """Run ``fn(worker_address)`` once on every worker connected now; returns the finished job.
+def all_workers_job(fn: Callable, **options: Any) -> MapJob:
+    """A job that runs ``fn(worker_address)`` once on every worker connected now (not started yet).
 
-    ``job.results`` maps the position in ``job.pinned`` (the worker addresses) to
-    the result.
+    The one run-on-every-worker path: :func:`run_on_workers` runs it, and
+    ``%%parallel --all-workers`` drives it itself (interrupt handling, output
+    printer).  One item per worker, each pinned to its worker, so a worker lost
+    meanwhile fails its item instead of running it elsewhere.
+
+    Parameters
+    ----------
+    fn : callable
+        Called as ``fn(worker_address)`` on that worker.
+    **options
+        :class:`MapJob` options (``client``, ``label``, ``on_output``, ...);
+        ``chunksize`` is always 1.
+
+    Returns
+    -------
+    MapJob
+        ``job.pinned`` lists the worker addresses, sorted; ``job.results``
+        maps a position in it to that worker's result.
+
+    Raises
+    ------
+    ClusterError
+        When the cluster has no workers.
     """
     handle = options["client"] = _resolve(options.get("client"))
     client = getattr(handle, "client", handle)
@@ -113,6 +134,16 @@ def run_on_workers(fn: Callable, **options: Any) -> MapJob:
     options["chunksize"] = 1
     job = MapJob(fn, (workers,), pin_workers=workers, **options)
     job.pinned = workers
+    return job
+
+
+def run_on_workers(fn: Callable, **options: Any) -> MapJob:
+    """Run ``fn(worker_address)`` once on every worker connected now; returns the finished job.
+
+    Same options as :func:`all_workers_job`; ``job.results`` maps the position
+    in ``job.pinned`` (the worker addresses) to the result.
+    """
+    job = all_workers_job(fn, **options)
     job.run()
     return job
 

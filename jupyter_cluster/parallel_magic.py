@@ -28,7 +28,6 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 
 from . import capture, mapping, session
 from .cellfunc import CellFunction
-from .engine.dask import workers_now
 from .errors import CellError, ClusterError, SerializationError
 from .magics import MagicArgumentParser, add_options, options_text
 
@@ -486,21 +485,10 @@ class ParallelMagics(Magics):
         return None
 
     def _run_all_workers(self, func, handle, analysis, args, options):
-        workers = sorted(workers_now(handle.client))
-        if not workers:
-            raise ClusterError("the cluster has no workers yet; wait for them or scale it up (%cluster scale N).")
-        options["chunksize"] = 1
-        printer = _OutputPrinter(labels=[f"worker {w}" for w in workers])
-        job = mapping.MapJob(
-            func,
-            (workers,),
-            label="%%parallel --all-workers",
-            on_output=printer,
-            retain=True,
-            pin_workers=workers,
-            **options,
-        )
-        job.pinned = workers
+        printer = _OutputPrinter()
+        job = mapping.all_workers_job(func, label="%%parallel --all-workers", on_output=printer, retain=True, **options)
+        workers = job.pinned
+        printer.labels = [f"worker {w}" for w in workers]
         self.shell.user_ns[JOB_NAME] = job
         self._drive(job, printer)
         _worker_names.setdefault(handle.address, set()).update(analysis.assigned)

@@ -792,6 +792,11 @@ class Pool:
         multiprocessing ends its processes here, freeing whatever the
         initializer loaded; cluster workers live on, so the pool's globals
         are released instead (in the background: never block on a sick cluster).
+        This is the pool's only run-on-every-worker step (its initializer runs
+        lazily, in the first task a worker process gets), and it is not
+        :func:`jupyter_cluster.mapping.all_workers_job`: ``client.run`` runs on
+        each worker's event loop, so it needs no free thread on workers busy
+        with other work, and it reports no job to progress bars or the panel.
         """
         if self._initializer is None or self._forgotten:
             return

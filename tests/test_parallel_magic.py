@@ -133,6 +133,43 @@ def test_all_workers_namespace_persists_and_wins(ip, run, cluster):
     assert {int(v.split()[1]) for v in ip.user_ns["_parallel"]} <= set(pids.values())
 
 
+def test_all_workers_labels_output_by_worker(ip, run, cluster):
+    r, out = run("%%parallel --all-workers --no-progress\nprint('ready')")
+    assert r.error_in_exec is None
+    workers = sorted(cluster.client.scheduler_info()["workers"])
+    for address in workers:
+        assert f"[worker {address}] ready" in out
+    assert ip.user_ns["_parallel_job"].pinned == workers
+
+
+def _where(address):
+    from distributed import get_worker
+
+    return address, get_worker().address
+
+
+def test_run_on_workers_runs_once_on_each_worker(cluster):
+    job = mapping.run_on_workers(_where, client=cluster)
+    assert job.pinned == sorted(cluster.client.scheduler_info()["workers"])
+    # Position i of the results ran on worker job.pinned[i], and on no other.
+    assert [job.results[i] for i in range(len(job.pinned))] == [(w, w) for w in job.pinned]
+
+
+def test_every_worker_path_refuses_a_cluster_without_workers(ip, cluster):
+    import jupyter_cluster as jc
+    from jupyter_cluster.errors import ClusterError
+
+    empty = jc.start(workers=0, name="no-workers-t")
+    try:
+        with pytest.raises(ClusterError, match="no workers yet"):
+            mapping.run_on_workers(_where, client=empty)
+        r = ip.run_cell("%%parallel --all-workers --no-progress\n1")
+        assert "no workers yet" in str(r.error_in_exec)  # shown as a one-line UsageError
+    finally:
+        empty.close()
+        jc.connect(cluster.name)  # the module's cluster is current again
+
+
 def test_unordered_retries_and_timeout_options(ip, run, tmp_path):
     marker = tmp_path / "once"
     r, _ = run(
