@@ -17,12 +17,16 @@ from typing import Any
 def load(serverapp: Any) -> None:
     """Register the handlers and start the manager on the server's event loop."""
     import asyncio
+    import atexit
 
     from .handlers import setup_handlers
     from .manager import ClusterManager
 
     manager = ClusterManager(base_url=serverapp.base_url)
     setup_handlers(serverapp.web_app, manager)
+    # the running clusters' jobs and metrics are written when the server stops (and every few
+    # seconds while it runs), so a restarted server shows their curves from the start
+    atexit.register(manager.save_live, True)
 
     def start() -> None:
         manager.start()

@@ -8,7 +8,11 @@ HTTP: messages in, the panel's JSON out.  (Metrics are kept by
 
 When a cluster stops, its jobs and its panel-sized metrics become a
 :class:`KeptCluster`, written to :class:`HistoryFolder` so that the curves
-survive a server restart.
+survive a server restart.  A running cluster's jobs and metrics are written
+too, now and then and when the server stops (:func:`live_snapshot`, in a
+folder of their own): a restarted server takes them up again
+(:func:`restore_live`), or keeps them as history when the cluster stopped
+meanwhile (:meth:`KeptCluster.from_live`).
 """
 
 from __future__ import annotations
@@ -154,6 +158,14 @@ class KeptCluster:
         summary = dict(conn.summary(), cluster=conn.name, stopped=time.time())
         return cls(key, summary, jobs, topics)
 
+    @classmethod
+    def from_live(cls, key: str, snap: dict[str, Any]) -> KeptCluster:
+        """What a running cluster's :func:`live_snapshot` keeps once the cluster is gone (running jobs: lost)."""
+        jobs = [dict(j, state="lost") if j.get("state") == "running" else dict(j) for j in snap.get("jobs") or []]
+        topics = [dict(t["model"]) for t in snap.get("topics") or [] if isinstance(t.get("model"), dict)]
+        summary = dict(snap.get("summary") or {}, cluster=str(snap["key"]), stopped=_number(snap.get("saved")))
+        return cls(key, summary, jobs, topics)
+
     def summary(self) -> dict[str, Any]:
         return dict(
             self._summary,
@@ -218,23 +230,39 @@ class HistoryFolder:
 
     def save(self, kept: KeptCluster) -> bool:
         """Write ``kept`` (atomically); drop the oldest files beyond ``keep``. Whether it was written."""
-        text = json.dumps(kept.to_json(), separators=(",", ":"))
+        return self.write(kept.key, kept.to_json())
+
+    def write(self, key: str, data: dict[str, Any]) -> bool:
+        """Write ``data`` as ``key``'s file (atomically); drop the oldest beyond ``keep``. Whether it was written."""
+        text = json.dumps(data, separators=(",", ":"))
         if len(text) > self.max_bytes:
-            logger.warning(
-                "jupyter-cluster: the history of %s (%d bytes) is too large to keep on disk", kept.key, len(text)
-            )
+            logger.warning("jupyter-cluster: the history of %s (%d bytes) is too large to keep on disk", key, len(text))
             return False
         try:
             os.makedirs(self.folder, mode=0o700, exist_ok=True)
-            tmp = self._path(kept.key) + ".tmp"
+            tmp = self._path(key) + ".tmp"
             with open(tmp, "w") as f:
                 f.write(text)
-            os.replace(tmp, self._path(kept.key))
+            os.replace(tmp, self._path(key))
         except OSError as exc:
-            logger.warning("jupyter-cluster: could not keep the history of %s: %s", kept.key, exc)
+            logger.warning("jupyter-cluster: could not keep the history of %s: %s", key, exc)
             return False
         self._trim()
         return True
+
+    def read_all(self) -> list[dict[str, Any]]:
+        """Every file's JSON object, oldest first (unreadable files are skipped)."""
+        out = []
+        for path in self._files()[-self.keep :]:
+            try:
+                with open(path) as f:
+                    data = json.load(f)
+            except (OSError, ValueError) as exc:
+                logger.warning("jupyter-cluster: skipping the unreadable history file %s: %s", path, exc)
+                continue
+            if isinstance(data, dict):
+                out.append(data)
+        return out
 
     def _files(self) -> list[str]:
         try:
@@ -268,3 +296,43 @@ class HistoryFolder:
             os.remove(self._path(key))
         except FileNotFoundError:
             pass
+
+
+# -- what is kept of a running cluster -----------------------------------------------
+def live_snapshot(conn: Any, model_args: dict[str, Any]) -> dict[str, Any]:
+    """A running cluster's jobs and metrics (bounded as for the panel) and which record they belong to."""
+    r = conn.record
+    return {
+        "format": 1,
+        "key": conn.name,
+        "record": {"address": r.address, "owner_pid": r.owner_pid, "started": r.started},
+        "saved": time.time(),
+        "summary": conn.summary(),
+        "jobs": list(conn.jobs.jobs.values()),
+        "topics": [store.snapshot(**model_args) for store in list(conn.metrics.values())],
+    }
+
+
+def same_cluster(snap: dict[str, Any], record: Any) -> bool:
+    """Whether ``snap`` was taken of the cluster ``record`` names now (not an earlier one of that name)."""
+    saved = snap.get("record") or {}
+    return (saved.get("address"), saved.get("owner_pid"), saved.get("started")) == (
+        record.address,
+        record.owner_pid,
+        record.started,
+    )
+
+
+def restore_live(conn: Any, snap: dict[str, Any]) -> None:
+    """Give a new connection the jobs and metrics a :func:`live_snapshot` of its cluster kept."""
+    from ..telemetry.store import TopicStore
+
+    for job in snap.get("jobs") or []:
+        conn.jobs.add(job)
+    for data in snap.get("topics") or []:
+        try:
+            store = TopicStore.restore(data)
+        except ValueError as exc:
+            logger.warning("jupyter-cluster: a kept topic of %s is unreadable: %s", conn.name, exc)
+            continue
+        conn.metrics.setdefault(store.topic, store)

@@ -44,7 +44,7 @@ from ..models import (
 from ..telemetry.hub import Hub, follow
 from ..telemetry.store import TopicStore
 from ..telemetry.topics import CONTROL_TOPIC, JOBS_TOPIC
-from .jobs import HistoryFolder, JobsStore, KeptCluster
+from .jobs import HistoryFolder, JobsStore, KeptCluster, live_snapshot, restore_live, same_cluster
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,11 @@ PANEL_MODEL = {"max_points": 4000, "max_cells": 40_000, "per_series_points": 100
 
 #: stopped clusters whose jobs and metrics the panel can still show
 HISTORY_KEEP = 8
+#: seconds between writes of running clusters' jobs and metrics (only those that changed), so that
+#: a server restart, or a crash, loses at most this much of them
+LIVE_SAVE_INTERVAL = 10.0
+#: running clusters whose jobs and metrics are kept on disk (one file each, 16 MB at most)
+LIVE_KEEP = 32
 
 
 class NotFound(ClusterError):
@@ -307,6 +312,14 @@ class ClusterManager:
         self._disk = HistoryFolder(keep=HISTORY_KEEP)
         self.history: dict[str, KeptCluster] = {k.key: k for k in self._disk.load()}
         self._history_version = 0
+        #: running clusters' jobs and metrics, written now and then and when the server stops; taken
+        #: up again by the connection to the same cluster after a restart (:func:`.jobs.restore_live`)
+        self._live = HistoryFolder(folder=_live_folder(), keep=LIVE_KEEP)
+        self._waiting: dict[str, dict[str, Any]] | None = {
+            str(d.get("key")): d for d in self._live.read_all() if isinstance(d.get("key"), str)
+        }
+        self._live_versions: dict[str, Any] = {}
+        self._live_due = time.monotonic() + LIVE_SAVE_INTERVAL
 
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> None:
@@ -315,7 +328,8 @@ class ClusterManager:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
-        """Stop refreshing and close every client (clusters keep running)."""
+        """Stop refreshing, keep the running clusters' jobs and metrics on disk, close every client."""
+        self.save_live(force=True)
         if self._task is not None:
             self._task.cancel()
             try:
@@ -331,9 +345,62 @@ class ClusterManager:
         while True:
             try:
                 await self.refresh()
+                if time.monotonic() >= self._live_due:
+                    self._live_due = time.monotonic() + LIVE_SAVE_INTERVAL
+                    await asyncio.to_thread(self._write_live, self._live_snapshots())
             except Exception:  # one bad record or scheduler must not end the refresh loop
                 logger.exception("jupyter-cluster: refresh failed")
             await asyncio.sleep(self.interval)
+
+    # -- running clusters' jobs and metrics on disk --------------------------------------
+    def _live_snapshots(self, force: bool = False) -> list[dict[str, Any]]:
+        """Snapshots of the connections whose jobs or metrics changed since they were last written."""
+        out = []
+        for name, conn in list(self.connections.items()):
+            if not conn.jobs.jobs and not conn.metrics:
+                continue
+            version = (conn.jobs.version, sorted((t, s.version) for t, s in conn.metrics.items()))
+            if not force and self._live_versions.get(name) == version:
+                continue
+            self._live_versions[name] = version
+            out.append(live_snapshot(conn, PANEL_MODEL))
+        return out
+
+    def _write_live(self, snaps: list[dict[str, Any]]) -> None:
+        for snap in snaps:
+            self._live.write(snap["key"], snap)
+
+    def save_live(self, force: bool = False) -> int:
+        """Write the running clusters' jobs and metrics now (the server stops); how many were written."""
+        snaps = self._live_snapshots(force)
+        self._write_live(snaps)
+        return len(snaps)
+
+    def _take_up(self, conn: Connection) -> None:
+        """Give a new connection what the last server kept of its cluster (nothing if another cluster had the name)."""
+        if self._waiting is None:
+            return
+        snap = self._waiting.pop(conn.name, None)
+        if snap is None:
+            return
+        if same_cluster(snap, conn.record):
+            restore_live(conn, snap)
+        else:
+            self._keep_live(snap)
+
+    def _keep_live(self, snap: dict[str, Any]) -> None:
+        """A cluster that stopped while no server watched it: what was kept of it becomes history."""
+        name = str(snap["key"])
+        saved = snap.get("saved")
+        when = time.localtime(saved) if isinstance(saved, (int, float)) else None
+        try:
+            kept = KeptCluster.from_live(self._history_key(name, when), snap)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            logger.warning("jupyter-cluster: the kept jobs and metrics of %s are unreadable: %s", name, exc)
+        else:
+            if kept.jobs.jobs or kept.metrics:
+                self._keep(kept)
+        self._live.delete(name)
 
     async def refresh(self) -> None:
         """Sync with the registry once and poll every scheduler."""
@@ -355,7 +422,13 @@ class ClusterManager:
             for name, rec in records.items():
                 if name not in self.connections:
                     self.connections[name] = Connection(rec, self.base_url)
+                    self._take_up(self.connections[name])
                 self.connections[name].attached_kernels = attached.get(rec.address, [])
+            if self._waiting is not None:
+                # the first look at the registry: what is left belongs to clusters that are gone
+                for snap in self._waiting.values():
+                    self._keep_live(snap)
+                self._waiting = None
             conns = list(self.connections.values())
             await asyncio.gather(*(self._tick(c) for c in conns))
             for c in conns:
@@ -375,15 +448,22 @@ class ClusterManager:
 
     def _retire(self, conn: Connection) -> None:
         """Keep a stopped cluster's jobs and metrics (when it had any) for the panel."""
+        self._live.delete(conn.name)
+        self._live_versions.pop(conn.name, None)
         if not conn.jobs.jobs and not conn.metrics:
             return
-        base = f"{conn.name[:40]}.stopped-{time.strftime('%H%M%S')}"
+        self._keep(KeptCluster.from_connection(self._history_key(conn.name), conn, PANEL_MODEL))
+
+    def _history_key(self, name: str, when: time.struct_time | None = None) -> str:
+        base = f"{name[:40]}.stopped-{time.strftime('%H%M%S', when or time.localtime())}"
         key, i = base, 1
         while key in self.history or key in self.connections:
             i += 1
             key = f"{base}-{i}"
-        kept = KeptCluster.from_connection(key, conn, PANEL_MODEL)
-        self.history[key] = kept
+        return key
+
+    def _keep(self, kept: KeptCluster) -> None:
+        self.history[kept.key] = kept
         self._disk.save(kept)
         while len(self.history) > HISTORY_KEEP:
             del self.history[next(iter(self.history))]
@@ -590,6 +670,12 @@ class ClusterManager:
         if proc is not None:
             await _exit_code(proc, timeout=10)
         await self.refresh()
+
+
+def _live_folder() -> str:
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    return os.path.join(jupyter_runtime_dir(), "jupyter-cluster-live")
 
 
 def _log_path(name: str) -> str:

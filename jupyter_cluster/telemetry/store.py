@@ -177,6 +177,15 @@ def _thin(steps: array, times: array, cap: int) -> list[list[float]]:
     return [[steps[i], times[i]] for i in idx]
 
 
+def _restored_column(points: list[list[float | None]]) -> _Column:
+    """A scalar column from a model's [step, value] points (None: not a number)."""
+    col = _Column()
+    for step, value in points:
+        col.add(float(step), math.nan if value is None else float(value), 1 << 62)
+    col.version = 1
+    return col
+
+
 def _downsample_rows(steps: deque, rows: deque, cap: int) -> VectorSeries:
     """At most ``cap`` rows: consecutive rows are averaged in equal buckets."""
     n = len(steps)
@@ -377,6 +386,63 @@ class TopicStore:
                 self.received,
                 times,
             )
+
+    # -- kept across a restart of the process that holds it ----------------------------
+    def snapshot(self, **model_args: Any) -> dict[str, Any]:
+        """What :meth:`restore` needs, as JSON: the downsampled model, the series and which reports arrived.
+
+        The Jupyter server writes it for running clusters, so that a server
+        restart keeps their curves (the scheduler's backlog holds only the
+        last events).  The points are those of :meth:`model` with
+        ``model_args`` (bounded); the raw report rows (:meth:`rows`) are not kept.
+        """
+        with self._lock:
+            return {
+                "format": 1,
+                "model": self.model(**model_args),
+                "series": {k: dict(v) for k, v in self.series.items()},
+                "coverage": {src: [[a, b] for a, b in c.intervals] for src, c in self._coverage.items()},
+                "high": {src: c.high for src, c in self._coverage.items()},
+            }
+
+    @classmethod
+    def restore(cls, snap: dict[str, Any]) -> TopicStore:
+        """A store holding a :meth:`snapshot`'s points, which drops the reports it had already seen.
+
+        Raises
+        ------
+        ValueError
+            When ``snap`` is not a snapshot (a damaged file).
+        """
+        try:
+            model = snap["model"]
+            store = cls(str(model["topic"]))
+            store.series = {str(k): dict(v) for k, v in (snap.get("series") or {}).items()}
+            for name, by_series in (model.get("scalars") or {}).items():
+                for key, points in by_series.items():
+                    col = _restored_column(points)
+                    store.scalars.setdefault(name, {})[key] = store._columns[(name, key)] = col
+                    store._counts[key] = max(store._counts.get(key, 0), col.count)
+            for name, by_series in (model.get("vectors") or {}).items():
+                for key, vs in by_series.items():
+                    vcol = _VectorColumn(store.vector_history)
+                    for step, row in zip(vs["steps"], vs["rows"]):
+                        vcol.add(float(step), [math.nan if x is None else float(x) for x in row])
+                    store.vectors.setdefault(name, {})[key] = store._columns[(name, key)] = vcol
+                    store._counts[key] = max(store._counts.get(key, 0), vcol.count)
+            for key, pairs in (model.get("times") or {}).items():
+                store._times[key] = _restored_column(pairs)
+            for src, intervals in (snap.get("coverage") or {}).items():
+                cov = _Coverage()
+                cov.intervals = [(int(a), int(b)) for a, b in intervals]
+                cov.covered = sum(b - a for a, b in cov.intervals)
+                cov.high = max(int((snap.get("high") or {}).get(src, 0)), max((b for _, b in cov.intervals), default=0))
+                store._coverage[str(src)] = cov
+            store.received = int(model.get("received") or 0)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"not a metrics snapshot: {exc}") from None
+        store.version = 1
+        return store
 
     def summary(self) -> str:
         """A few lines of plain text: per value, the latest value of each series."""
