@@ -137,6 +137,10 @@ export interface IPanelState {
   activeKernel: string | null;
   /** the cluster last found for the active kernel: a new one is followed, the same one not again */
   kernelCluster: string | null;
+  /** other topics of the selected cluster that the overlay chart draws from (watched too) */
+  overlayTopics: string[];
+  /** their latest models */
+  overlayMetrics: { [topic: string]: IMetricsModel };
 }
 
 export function initialState(): IPanelState {
@@ -155,7 +159,9 @@ export function initialState(): IPanelState {
     clearedBefore: 0,
     failuresOpen: null,
     activeKernel: null,
-    kernelCluster: null
+    kernelCluster: null,
+    overlayTopics: [],
+    overlayMetrics: {}
   };
 }
 
@@ -203,7 +209,16 @@ export function isStopped(state: Pick<IPanelState, 'history' | 'clusters'>, name
 }
 
 function cleared(state: IPanelState, selected: string | null): IPanelState {
-  return { ...state, selected, detail: null, topics: [], topic: null, metrics: null };
+  return {
+    ...state,
+    selected,
+    detail: null,
+    topics: [],
+    topic: null,
+    metrics: null,
+    overlayTopics: [],
+    overlayMetrics: {}
+  };
 }
 
 /** The new cluster list, with a selection that is still valid. */
@@ -252,10 +267,16 @@ export function reduce(state: IPanelState, msg: ServerMessage): IPanelState {
       };
     }
     case 'metrics':
-      if (msg.cluster !== state.selected || msg.topic !== state.topic) {
+      if (msg.cluster !== state.selected) {
         return state;
       }
-      return { ...state, metrics: msg.data };
+      if (msg.topic === state.topic) {
+        return { ...state, metrics: msg.data };
+      }
+      if (state.overlayTopics.includes(msg.topic)) {
+        return { ...state, overlayMetrics: { ...state.overlayMetrics, [msg.topic]: msg.data } };
+      }
+      return state;
     case 'error':
       return { ...state, error: msg.message };
     default:
@@ -332,13 +353,24 @@ export function selectTopic(state: IPanelState, topic: string | null): IPanelSta
   return { ...state, topic, metrics: null };
 }
 
-/** The watch message for the server: which cluster's workers and which topics to push. */
+/** The other topics the overlay chart draws from (their models are kept while they are drawn). */
+export function setOverlayTopics(state: IPanelState, topics: string[]): IPanelState {
+  const wanted = topics.filter(t => t !== state.topic);
+  if (JSON.stringify(wanted) === JSON.stringify(state.overlayTopics)) {
+    return state;
+  }
+  const kept = Object.fromEntries(Object.entries(state.overlayMetrics).filter(([t]) => wanted.includes(t)));
+  return { ...state, overlayTopics: wanted, overlayMetrics: kept };
+}
+
+/** The watch message for the server: which cluster's workers and which topics to push (the overlay's too). */
 export function watchMessage(state: IPanelState): {
   type: 'watch';
   cluster: string | null;
   topics: string[];
 } {
-  return { type: 'watch', cluster: state.selected, topics: state.topic ? [state.topic] : [] };
+  const topics = state.topic ? [state.topic, ...state.overlayTopics.filter(t => t !== state.topic)] : [];
+  return { type: 'watch', cluster: state.selected, topics: topics.slice(0, 20) };
 }
 
 /** Every series key in a metrics model, in natural order. */

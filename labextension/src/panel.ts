@@ -36,6 +36,7 @@ import {
   selectTopic,
   seriesKeys,
   setActiveKernel,
+  setOverlayTopics,
   setPinned,
   toggleFailures,
   toggleSeries,
@@ -143,7 +144,11 @@ export class ClusterPanel extends Widget {
   private started = false;
   private charts: MetricsCharts | null = null;
   private drawn: { [part: string]: string } = {};
-  private chartInput: { metrics: unknown; off: unknown } = { metrics: null, off: null };
+  private chartInput: { metrics: unknown; off: unknown; sources: Map<string, IMetricsModel> } = {
+    metrics: null,
+    off: null,
+    sources: new Map()
+  };
   private dark: boolean | null = null;
   private showAllJobs = false;
   /** what was fetched over REST for a stopped cluster ("cluster\0topic") */
@@ -903,7 +908,7 @@ export class ClusterPanel extends Widget {
       if (this.charts && !topic) {
         this.charts.dispose();
         this.charts = null;
-        this.chartInput = { metrics: null, off: null };
+        this.chartInput = { metrics: null, off: null, sources: new Map() };
       }
       this.seriesNode.replaceChildren();
       this.drawn.series = '';
@@ -928,10 +933,25 @@ export class ClusterPanel extends Widget {
     }
     if (!this.charts) {
       this.charts = new MetricsCharts(this.chartsHost, { height: 200, dark: this.dark ?? undefined });
+      // the overlay may draw from other topics of the cluster: watch them too
+      this.charts.onOverlayTopics = overlayTopics => {
+        const before = this.state.overlayTopics;
+        this.setState(setOverlayTopics(this.state, overlayTopics));
+        if (this.state.overlayTopics !== before) {
+          this.sendWatch();
+        }
+      };
     }
     if (this.chartInput.metrics !== metrics || this.chartInput.off !== off) {
-      this.chartInput = { metrics, off };
+      this.chartInput = { ...this.chartInput, metrics, off };
       this.charts.update(metrics, off);
+    }
+    this.charts.setCatalog(topics.map(t => ({ topic: t.topic, scalars: t.scalars })));
+    for (const model of Object.values(this.state.overlayMetrics)) {
+      if (this.chartInput.sources.get(model.topic) !== model) {
+        this.chartInput.sources.set(model.topic, model);
+        this.charts.setSource(model);
+      }
     }
   }
 }

@@ -26,6 +26,7 @@ import {
   seriesKeys,
   clusterOfKernel,
   setActiveKernel,
+  setOverlayTopics,
   setPinned,
   toggleFailures,
   toggleSeries,
@@ -364,6 +365,28 @@ describe('the panel follows the active notebook to its cluster', () => {
     s = setActiveKernel(s, 'k-none');
     s = reduce(s, { type: 'jobs', running: [job({ job: 'j10', cluster: 'c' })], recent: [] });
     expect(s.selected).toBe('c');
+  });
+});
+
+describe("the overlay's other topics are watched and kept", () => {
+  it('asks for them with the topic shown, keeps their models, forgets them with the cluster', () => {
+    let s = reduce(initialState(), { type: 'clusters', clusters: [cluster('a'), cluster('b')] });
+    s = reduce(s, { type: 'topics', cluster: 'a', topics: [] });
+    s = selectTopic(s, 'rl');
+    s = setOverlayTopics(s, ['sys', 'rl']);
+    expect(watchMessage(s)).toEqual({ type: 'watch', cluster: 'a', topics: ['rl', 'sys'] });
+    const sys = { ...metrics, topic: 'sys' };
+    s = reduce(s, { type: 'metrics', cluster: 'a', topic: 'sys', data: sys });
+    expect(s.overlayMetrics.sys).toBe(sys);
+    expect(s.metrics).toBeNull();
+    // a topic nobody draws is not kept
+    s = reduce(s, { type: 'metrics', cluster: 'a', topic: 'other', data: { ...metrics, topic: 'other' } });
+    expect(Object.keys(s.overlayMetrics)).toEqual(['sys']);
+    expect(setOverlayTopics(s, ['sys'])).toBe(s);
+    expect(setOverlayTopics(s, []).overlayMetrics).toEqual({});
+    s = select(s, 'b');
+    expect(s.overlayTopics).toEqual([]);
+    expect(watchMessage(s).topics).toEqual([]);
   });
 });
 

@@ -28,8 +28,8 @@ import {
   diffVectors,
   ema,
   emptyModel,
+  escapeHTML,
   formatNumber,
-  formatDuration,
   formatX,
   matchSeries,
   metricsCode,
@@ -40,11 +40,17 @@ import {
   toCSV,
   vectorAxisName,
   X_AXIS_NAMES,
-  withoutSeries
+  withoutSeries,
+  xAxisOption
 } from './data';
+
+import type { IOverlay, IOverlayPick, OverlayAxes } from './overlay';
+import { addPick, overlayLines, overlayOption, parsePick, pickKey, pickTopics, removePick } from './overlay';
 
 export type { IMetricsModel, IVectorSeries, Point, XAxisMode } from './data';
 export { emptyModel } from './data';
+export type { IOverlayPick, OverlayAxes } from './overlay';
+export { overlayOption } from './overlay';
 
 echarts.use([
   LineChart,
@@ -130,10 +136,6 @@ function axisTooltip(params: unknown, limit: number, mode: XAxisMode = 'step'): 
   return [formatX(x, mode), ...lines].join('<br/>');
 }
 
-function escapeHTML(s: string): string {
-  return s.replace(/[&<>"]/g, c => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' })[c] ?? c);
-}
-
 /** Option for one scalar value's line chart. */
 export function lineOption(
   name: string,
@@ -215,24 +217,7 @@ export function lineOption(
       data: keys.map(seriesLabel)
     },
     grid: { left: compact ? 44 : 56, right: compact ? 10 : 16, top: 26, bottom: legend ? 52 : 34 },
-    xAxis: {
-      type: mode === 'wall' ? 'time' : 'value',
-      name: X_AXIS_NAMES[mode],
-      nameLocation: 'middle',
-      nameGap: 20,
-      nameTextStyle: { fontSize: 10 },
-      min: 'dataMin',
-      max: 'dataMax',
-      splitNumber: compact ? 3 : 6,
-      axisLabel:
-        mode === 'wall'
-          ? { hideOverlap: true, fontSize: 10 }
-          : {
-              hideOverlap: true,
-              fontSize: 10,
-              formatter: (v: number) => (mode === 'relative' ? formatDuration(v) : formatNumber(v))
-            }
-    },
+    xAxis: xAxisOption(mode, compact),
     yAxis: {
       type: view.logY ? 'log' : 'value',
       scale: true,
@@ -407,7 +392,7 @@ export function heatmapOption(
 }
 
 interface IPanel {
-  kind: 'line' | 'heat';
+  kind: 'line' | 'heat' | 'overlay';
   name: string;
   root: HTMLElement;
   box: HTMLElement;
@@ -467,6 +452,16 @@ export class MetricsCharts {
   private readonly logInput: HTMLInputElement;
   private readonly xSelect: HTMLSelectElement;
   private readonly filterInput: HTMLInputElement;
+  /** the overlay: chosen metrics, the models of other topics they come from, and what else could be chosen */
+  private picks: IOverlayPick[] = [];
+  private overlayAxes: OverlayAxes = 'auto';
+  private readonly sources = new Map<string, IMetricsModel>();
+  private catalog: { topic: string; scalars: string[] }[] = [];
+  private readonly overlayAdd: HTMLSelectElement;
+  private readonly overlayAxesSelect: HTMLSelectElement;
+  private readonly overlayPicks: HTMLElement;
+  /** Called with the topics besides this one that the overlay draws from (the host should feed them). */
+  onOverlayTopics: ((topics: string[]) => void) | null = null;
 
   constructor(host: HTMLElement, options: IChartOptions = {}) {
     this.options = { height: options.height ?? 260, manySeries: options.manySeries ?? 12 };
@@ -534,7 +529,48 @@ export class MetricsCharts {
     for (const b of [csv, copy]) {
       b.style.cssText = 'font-size: 11px; padding: 0 4px;';
     }
-    this.toolbar.append(smoothLabel, logLabel, xLabel, this.filterInput, csv, copy);
+    // overlay: add a metric (this topic's values and series, other topics' values), shown as chips
+    this.overlayAdd = el('select', 'jc-overlay-add');
+    this.overlayAdd.title = 'Draw chosen metrics together on one chart (from this topic, or others of the cluster)';
+    this.overlayAdd.style.cssText = 'font-size: 11px; max-width: 10em;';
+    this.overlayAdd.addEventListener('change', () => {
+      const pick = parsePick(this.overlayAdd.value);
+      this.overlayAdd.value = '';
+      if (pick) {
+        this.setPicks(addPick(this.picks, pick));
+      }
+    });
+    this.overlayAxesSelect = el('select', 'jc-overlay-axes');
+    this.overlayAxesSelect.title =
+      "The overlay's y axes: automatic (one metric: one axis; two: left and right; more: each scaled to 0-1), or forced";
+    this.overlayAxesSelect.style.cssText = 'font-size: 11px;';
+    for (const [value, label] of [
+      ['auto', 'axes: auto'],
+      ['shared', 'one axis'],
+      ['dual', 'two axes'],
+      ['normalised', 'scaled 0–1']
+    ]) {
+      const o = el('option', '', label);
+      o.value = value;
+      this.overlayAxesSelect.append(o);
+    }
+    this.overlayAxesSelect.addEventListener('change', () => {
+      this.overlayAxes = this.overlayAxesSelect.value as OverlayAxes;
+      this.redraw();
+    });
+    this.overlayPicks = el('span', 'jc-overlay-picks');
+    this.overlayPicks.style.cssText = 'display: contents;';
+    this.toolbar.append(
+      smoothLabel,
+      logLabel,
+      xLabel,
+      this.filterInput,
+      csv,
+      copy,
+      this.overlayAdd,
+      this.overlayPicks,
+      this.overlayAxesSelect
+    );
 
     this.grid = el('div', 'jc-metrics-grid');
     this.grid.style.cssText =
@@ -549,8 +585,47 @@ export class MetricsCharts {
    * keys in `hidden`; each series keeps its colour whichever are hidden.
    */
   update(model: IMetricsModel, hidden: string[] = []): void {
+    const topicChanged = model.topic !== this.model.topic;
     this.model = model;
+    if (topicChanged && this.picks.length) {
+      // the overlay keeps its picks: those of the topic shown before now come from another one
+      this.onOverlayTopics?.(pickTopics(this.picks, model.topic));
+    }
     this.hidden = hidden;
+    this.redraw();
+  }
+
+  /**
+   * What the overlay can draw from other topics of the same cluster: their
+   * names and scalar values (the panel's topic list).
+   */
+  setCatalog(topics: { topic: string; scalars: string[] }[]): void {
+    const next = topics.filter(t => t.topic !== this.model.topic && t.scalars.length > 0);
+    if (JSON.stringify(next) === JSON.stringify(this.catalog)) {
+      return;
+    }
+    this.catalog = next;
+    this.redraw();
+  }
+
+  /** The latest model of another topic the overlay draws from. */
+  setSource(model: IMetricsModel): void {
+    this.sources.set(model.topic, model);
+    if (this.picks.some(p => p.topic === model.topic)) {
+      this.redraw();
+    }
+  }
+
+  /** The metrics drawn on the overlay chart (replaces the user's choice). */
+  setOverlay(picks: IOverlayPick[], axes: OverlayAxes = this.overlayAxes): void {
+    this.overlayAxes = axes;
+    this.overlayAxesSelect.value = axes;
+    this.setPicks(picks);
+  }
+
+  private setPicks(picks: IOverlayPick[]): void {
+    this.picks = picks;
+    this.onOverlayTopics?.(pickTopics(picks, this.model.topic));
     this.redraw();
   }
 
@@ -611,6 +686,11 @@ export class MetricsCharts {
       this.status.appendChild(dropped);
     }
     const wanted = new Set<string>();
+    this.renderOverlayTools();
+    if (this.picks.length > 0) {
+      wanted.add('overlay');
+      this.draw(this.panel('overlay', 'overlay', 'overlay'));
+    }
     for (const name of Object.keys(model.scalars).sort(naturalCompare)) {
       const id = `scalar:${name}`;
       wanted.add(id);
@@ -637,7 +717,97 @@ export class MetricsCharts {
     }
   }
 
-  private panel(id: string, kind: 'line' | 'heat', name: string): IPanel {
+  /** The overlay's "add" menu (rebuilt when what can be picked changed), its chips and its axes choice. */
+  private renderOverlayTools(): void {
+    const options: [string, string][] = [];
+    const own = this.model.topic;
+    for (const value of Object.keys(this.model.scalars).sort(naturalCompare)) {
+      const keys = Object.keys(this.model.scalars[value]).sort(naturalCompare);
+      options.push([pickKey({ topic: own, value, series: null }), keys.length > 1 ? `${value} (all series)` : value]);
+      if (keys.length > 1 && keys.length <= 40) {
+        for (const key of keys) {
+          options.push([pickKey({ topic: own, value, series: key }), `${value} · ${seriesLabel(key)}`]);
+        }
+      }
+    }
+    for (const t of this.catalog) {
+      for (const value of [...t.scalars].sort(naturalCompare)) {
+        options.push([pickKey({ topic: t.topic, value, series: null }), `${t.topic}: ${value}`]);
+      }
+    }
+    const chosen = new Set(this.picks.map(pickKey));
+    const offered = options.filter(([key]) => !chosen.has(key));
+    const signature = JSON.stringify(offered);
+    if (this.overlayAdd.dataset.offered !== signature) {
+      this.overlayAdd.dataset.offered = signature;
+      const first = el('option', '', 'overlay +');
+      first.value = '';
+      this.overlayAdd.replaceChildren(
+        first,
+        ...offered.map(([key, label]) => {
+          const o = el('option', '', label);
+          o.value = key;
+          return o;
+        })
+      );
+      this.overlayAdd.value = '';
+    }
+    this.overlayAdd.style.display = offered.length || this.picks.length ? '' : 'none';
+    const chips = JSON.stringify(this.picks);
+    if (this.overlayPicks.dataset.picks !== chips) {
+      this.overlayPicks.dataset.picks = chips;
+      this.overlayPicks.replaceChildren(
+        ...this.picks.map(pick => {
+          const label =
+            (pick.topic !== own ? `${pick.topic}: ` : '') +
+            pick.value +
+            (pick.series !== null ? ` · ${seriesLabel(pick.series)}` : '');
+          const chip = el('button', 'jc-overlay-pick', `${label} ×`);
+          chip.title = `Take ${label} off the overlay`;
+          chip.style.cssText = 'font-size: 11px; padding: 0 4px;';
+          chip.addEventListener('click', () => this.setPicks(removePick(this.picks, pick)));
+          return chip;
+        })
+      );
+    }
+    this.overlayAxesSelect.style.display = this.picks.length > 1 ? '' : 'none';
+  }
+
+  private overlay(): IOverlay {
+    const sources: { [topic: string]: IMetricsModel } = Object.fromEntries(this.sources);
+    sources[this.model.topic] = this.model;
+    return overlayLines(sources, this.picks, this.xMode, this.overlayAxes);
+  }
+
+  private drawOverlay(panel: IPanel): void {
+    const overlay = this.overlay();
+    const view: ILineView = {
+      smoothing: this.smoothing,
+      logY: this.logY,
+      x: this.xMode,
+      compact: this.width(panel) < COMPACT_WIDTH
+    };
+    const option = overlayOption(overlay, view, i => PALETTE[i % PALETTE.length]);
+    const drawn = JSON.stringify([overlay.lines.map(l => [l.id, l.axis]), overlay.axisNames, view]);
+    if (panel.drawn === drawn) {
+      panel.chart.setOption({ series: option.series }, { lazyUpdate: true });
+    } else {
+      panel.chart.setOption(option, { notMerge: true });
+      panel.drawn = drawn;
+    }
+    // what is drawn, for tests and for the curious: lines, their axes and the sharing chosen
+    Object.assign(panel.root.dataset, {
+      lines: overlay.lines.map(l => l.name).join('|'),
+      axes: overlay.axes,
+      axisNames: overlay.axisNames.join('|'),
+      right: overlay.lines
+        .filter(l => l.axis === 1)
+        .map(l => l.name)
+        .join('|')
+    });
+  }
+
+  private panel(id: string, kind: 'line' | 'heat' | 'overlay', name: string): IPanel {
     const existing = this.panels.get(id);
     if (existing) {
       return existing;
@@ -662,7 +832,11 @@ export class MetricsCharts {
     const box = el('div', 'jc-chart-box');
     box.style.cssText = `width: 100%; height: ${this.options.height}px;`;
     root.appendChild(box);
-    this.grid.appendChild(root);
+    if (kind === 'overlay') {
+      this.grid.prepend(root); // the user's own chart comes first
+    } else {
+      this.grid.appendChild(root);
+    }
     const chart = echarts.init(box, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
     const panel: IPanel = { kind, name, root, box, chart, drawn: '', diff };
     this.panels.set(id, panel);
@@ -705,6 +879,8 @@ export class MetricsCharts {
   private draw(panel: IPanel): void {
     if (panel.kind === 'line') {
       this.drawLine(panel);
+    } else if (panel.kind === 'overlay') {
+      this.drawOverlay(panel);
     } else {
       this.drawHeatmap(panel);
     }

@@ -122,6 +122,33 @@ export function onAxis(
   return out;
 }
 
+/** A line chart's x axis (ECharts option, plain data) for the x axis chosen in the toolbar. */
+export function xAxisOption(mode: XAxisMode, compact: boolean): { [key: string]: unknown } {
+  return {
+    type: mode === 'wall' ? 'time' : 'value',
+    name: X_AXIS_NAMES[mode],
+    nameLocation: 'middle',
+    nameGap: 20,
+    nameTextStyle: { fontSize: 10 },
+    min: 'dataMin',
+    max: 'dataMax',
+    splitNumber: compact ? 3 : 6,
+    axisLabel:
+      mode === 'wall'
+        ? { hideOverlap: true, fontSize: 10 }
+        : {
+            hideOverlap: true,
+            fontSize: 10,
+            formatter: (v: number) => (mode === 'relative' ? formatDuration(v) : formatNumber(v))
+          }
+  };
+}
+
+/** Text for a tooltip's HTML. */
+export function escapeHTML(s: string): string {
+  return s.replace(/[&<>"]/g, c => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' })[c] ?? c);
+}
+
 /** An x value as the tooltip shows it: "step 12", "14:03:21", "+1:05" (relative, m:ss or h:mm:ss). */
 export function formatX(x: number, mode: XAxisMode): string {
   if (mode === 'wall') {

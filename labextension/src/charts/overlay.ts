@@ -1,0 +1,300 @@
+/**
+ * The overlay chart (no DOM, no ECharts import): chosen scalar metrics, from
+ * one or several topics and runs, as lines on one chart, and the chart's
+ * ECharts option as plain data.
+ *
+ * How the y axes are shared is decided by what was picked, as a researcher
+ * reads it: lines of one metric (say `reward` of three runs) share one axis,
+ * its real unit.  Two different metrics (`reward` and `loss`) most often
+ * have different units and scales, so each gets its own axis (left and
+ * right) and keeps its real values.  Three or more different metrics cannot
+ * be told apart on as many axes: each is rescaled to 0-1 over its own
+ * range, so their shapes (when each rises, flattens, collapses) compare, and
+ * the tooltip still shows the real values.  The toolbar can force any of
+ * the three.
+ */
+import type { IMetricsModel, Point, XAxisMode } from './data';
+import { ema, escapeHTML, formatNumber, formatX, naturalCompare, pointsOnAxis, seriesLabel, xAxisOption } from './data';
+
+/** One chosen metric: a scalar value of a topic, one of its series or all of them (series null). */
+export interface IOverlayPick {
+  topic: string;
+  value: string;
+  series: string | null;
+}
+
+/** How the overlay's y axes are shared: decided from the picks ('auto') or forced by the user. */
+export type OverlayAxes = 'auto' | 'shared' | 'dual' | 'normalised';
+
+/** One line of the overlay. */
+export interface IOverlayLine {
+  /** unique: topic, value and series */
+  id: string;
+  /** the legend's name: "reward · member 1", with the topic when picks span topics */
+  name: string;
+  /** the metric the line belongs to ("topic/value"): lines of one metric share an axis and a scale */
+  metric: string;
+  /** what is drawn: on the x axis chosen, normalised when the axes are */
+  points: Point[];
+  /** the real values, at the same x (the tooltip shows these) */
+  raw: Point[];
+  /** 0: left axis, 1: right axis */
+  axis: 0 | 1;
+}
+
+export interface IOverlay {
+  lines: IOverlayLine[];
+  /** the sharing used ('auto' resolved) */
+  axes: Exclude<OverlayAxes, 'auto'>;
+  /** the y axes' names: one, or left and right */
+  axisNames: string[];
+}
+
+/** A pick as a string (for a <select> value and for de-duplication). */
+export function pickKey(pick: IOverlayPick): string {
+  return JSON.stringify([pick.topic, pick.value, pick.series]);
+}
+
+/** The pick a pickKey() names, or null when the text is not one. */
+export function parsePick(key: string): IOverlayPick | null {
+  try {
+    const v = JSON.parse(key) as unknown;
+    if (
+      Array.isArray(v) &&
+      v.length === 3 &&
+      typeof v[0] === 'string' &&
+      typeof v[1] === 'string' &&
+      (v[2] === null || typeof v[2] === 'string')
+    ) {
+      return { topic: v[0], value: v[1], series: v[2] };
+    }
+  } catch {
+    // not JSON: not a pick
+  }
+  return null;
+}
+
+/** Add a pick (no duplicates; a value's "all series" replaces its single series and is not added twice). */
+export function addPick(picks: IOverlayPick[], pick: IOverlayPick): IOverlayPick[] {
+  const key = pickKey(pick);
+  if (picks.some(p => pickKey(p) === key)) {
+    return picks;
+  }
+  if (pick.series !== null && picks.some(p => p.topic === pick.topic && p.value === pick.value && p.series === null)) {
+    return picks; // already drawn with every series of its value
+  }
+  const rest = pick.series === null ? picks.filter(p => !(p.topic === pick.topic && p.value === pick.value)) : picks;
+  return [...rest, pick];
+}
+
+/** Remove a pick. */
+export function removePick(picks: IOverlayPick[], pick: IOverlayPick): IOverlayPick[] {
+  const key = pickKey(pick);
+  return picks.filter(p => pickKey(p) !== key);
+}
+
+/** Topics the picks need besides `topic` (the panel watches them too). */
+export function pickTopics(picks: IOverlayPick[], topic: string): string[] {
+  return [...new Set(picks.map(p => p.topic))].filter(t => t !== topic).sort(naturalCompare);
+}
+
+/** The sharing of y axes that 'auto' means for `metrics` distinct metrics (see the module's comment). */
+export function autoAxes(metrics: number): Exclude<OverlayAxes, 'auto'> {
+  return metrics <= 1 ? 'shared' : metrics === 2 ? 'dual' : 'normalised';
+}
+
+function range(lines: Point[][]): [number, number] | null {
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const points of lines) {
+    for (const [, y] of points) {
+      if (y !== null && Number.isFinite(y)) {
+        lo = Math.min(lo, y);
+        hi = Math.max(hi, y);
+      }
+    }
+  }
+  return lo <= hi ? [lo, hi] : null;
+}
+
+/**
+ * The overlay's lines from the models of their topics.  Picks whose topic,
+ * value or series is not (yet) there draw nothing.  Relative time counts
+ * from the earliest report of all the topics drawn, so lines from several
+ * topics share one origin.
+ */
+export function overlayLines(
+  sources: { [topic: string]: IMetricsModel | undefined },
+  picks: IOverlayPick[],
+  mode: XAxisMode = 'step',
+  axes: OverlayAxes = 'auto'
+): IOverlay {
+  const topics = new Set(picks.map(p => p.topic));
+  const many = topics.size > 1;
+  let origin: number | null = null;
+  for (const t of topics) {
+    for (const pairs of Object.values(sources[t]?.times ?? {})) {
+      for (const [, time] of pairs) {
+        origin = origin === null ? time : Math.min(origin, time);
+      }
+    }
+  }
+  const metricOrder: string[] = [];
+  const found: { id: string; name: string; metric: string; points: Point[] }[] = [];
+  const seen = new Set<string>();
+  for (const pick of picks) {
+    const model = sources[pick.topic];
+    const bySeries = model?.scalars[pick.value];
+    if (!model || !bySeries) {
+      continue;
+    }
+    const metric = `${pick.topic}/${pick.value}`;
+    const keys = pick.series === null ? Object.keys(bySeries).sort(naturalCompare) : [pick.series];
+    for (const key of keys) {
+      const id = `${metric}/${key}`;
+      if (!bySeries[key] || seen.has(id)) {
+        continue;
+      }
+      seen.add(id);
+      if (!metricOrder.includes(metric)) {
+        metricOrder.push(metric);
+      }
+      const label = key === 'all' ? pick.value : `${pick.value} · ${seriesLabel(key)}`;
+      found.push({
+        id,
+        name: many ? `${pick.topic}: ${label}` : label,
+        metric,
+        points: pointsOnAxis(bySeries[key], model.times?.[key], mode, origin)
+      });
+    }
+  }
+  const used = axes === 'auto' ? autoAxes(metricOrder.length) : axes;
+  const valueName = (metric: string): string => (many ? metric : metric.slice(metric.indexOf('/') + 1));
+  const ranges = new Map<string, [number, number] | null>();
+  if (used === 'normalised') {
+    for (const metric of metricOrder) {
+      ranges.set(metric, range(found.filter(f => f.metric === metric).map(f => f.points)));
+    }
+  }
+  const lines: IOverlayLine[] = found.map(f => {
+    const axis: 0 | 1 = used === 'dual' && f.metric !== metricOrder[0] ? 1 : 0;
+    let points = f.points;
+    const r = ranges.get(f.metric);
+    if (used === 'normalised' && r) {
+      const span = r[1] - r[0];
+      points = f.points.map(([x, y]) => [x, y === null ? null : span > 0 ? (y - r[0]) / span : 0.5]);
+    }
+    return { id: f.id, name: f.name, metric: f.metric, points, raw: f.points, axis };
+  });
+  let axisNames: string[];
+  if (used === 'normalised') {
+    axisNames = ['each metric scaled to 0–1'];
+  } else if (used === 'dual') {
+    axisNames = [
+      valueName(metricOrder[0] ?? ''),
+      metricOrder
+        .slice(1)
+        .map(m => valueName(m))
+        .join(', ')
+    ];
+  } else {
+    axisNames = [[...new Set(metricOrder.map(valueName))].join(', ')];
+  }
+  return { lines, axes: used, axisNames };
+}
+
+/**
+ * Option for the overlay chart: chosen metrics as lines on one chart, on one
+ * y axis, two (left and right), or each scaled to 0-1 (see overlay.ts); the
+ * tooltip shows each line's real value.
+ */
+export function overlayOption(
+  overlay: IOverlay,
+  view: { smoothing?: number; logY?: boolean; x?: XAxisMode; compact?: boolean },
+  colorOf: (index: number) => string
+): { [key: string]: unknown } {
+  const compact = !!view.compact;
+  const mode = view.x ?? 'step';
+  const smoothing = view.smoothing ?? 0;
+  const dual = overlay.axes === 'dual';
+  const logY = !!view.logY && overlay.axes !== 'normalised';
+  const lines = overlay.lines;
+  const yAxis = overlay.axisNames.map((name, i) => ({
+    type: logY ? 'log' : 'value',
+    scale: overlay.axes !== 'normalised',
+    min: overlay.axes === 'normalised' ? 0 : undefined,
+    max: overlay.axes === 'normalised' ? 1 : undefined,
+    name: compact ? '' : name,
+    nameTextStyle: { fontSize: 10, align: i === 0 ? 'left' : 'right' },
+    position: i === 0 ? 'left' : 'right',
+    splitNumber: compact ? 3 : 5,
+    splitLine: { show: i === 0 },
+    axisLabel: { fontSize: 10, formatter: (v: number) => formatNumber(v) }
+  }));
+  const tooltip = (params: unknown): string => {
+    const list = (Array.isArray(params) ? params : [params]) as {
+      seriesId?: string;
+      seriesName?: string;
+      marker?: string;
+      value?: unknown;
+      axisValue?: unknown;
+      dataIndex?: number;
+    }[];
+    const x = Number(list[0]?.axisValue ?? (list[0]?.value as Point | undefined)?.[0]);
+    const rows = list.map(p => {
+      const line = lines.find(l => l.id === p.seriesId);
+      const real = line && p.dataIndex !== undefined ? line.raw[p.dataIndex]?.[1] : null;
+      return `${p.marker ?? ''}${escapeHTML(p.seriesName ?? '')}: <b>${formatNumber(real ?? null)}</b>`;
+    });
+    return [formatX(x, mode), ...rows.slice(0, compact ? 6 : 12)].join('<br/>');
+  };
+  const legend = lines.length > 1;
+  return {
+    animation: false,
+    backgroundColor: 'transparent',
+    title: { text: 'overlay', left: 4, top: 2, textStyle: { fontSize: 12 } },
+    tooltip: { trigger: 'axis', confine: true, formatter: tooltip },
+    toolbox: {
+      right: dual ? 40 : 4,
+      top: 0,
+      itemSize: 12,
+      itemGap: 6,
+      feature: {
+        dataZoom: { yAxisIndex: 'none', title: { zoom: 'zoom (drag)', back: 'reset zoom' } },
+        saveAsImage: { title: 'PNG', name: 'overlay', pixelRatio: 2 }
+      }
+    },
+    legend: {
+      show: legend,
+      type: 'scroll',
+      bottom: 0,
+      itemWidth: 14,
+      itemHeight: 8,
+      textStyle: { fontSize: 10 },
+      data: lines.map(l => l.name)
+    },
+    grid: {
+      left: compact ? 44 : 56,
+      right: dual ? (compact ? 44 : 56) : compact ? 10 : 16,
+      top: compact || overlay.axes === 'normalised' ? 26 : 40,
+      bottom: legend ? 52 : 34
+    },
+    xAxis: xAxisOption(mode, compact),
+    yAxis,
+    dataZoom: [{ type: 'inside', filterMode: 'none' }],
+    series: lines.map((l, i) => ({
+      id: l.id,
+      name: l.name,
+      type: 'line',
+      yAxisIndex: dual ? l.axis : 0,
+      data: smoothing > 0 ? ema(l.points, smoothing) : l.points,
+      showSymbol: l.points.length < 2,
+      symbolSize: 4,
+      connectNulls: false,
+      itemStyle: { color: colorOf(i) },
+      // the right axis's lines dashed, so which axis a line reads on shows without the legend
+      lineStyle: { width: 1.5, color: colorOf(i), type: dual && l.axis === 1 ? 'dashed' : 'solid' },
+      emphasis: { focus: 'series' }
+    }))
+  };
+}
