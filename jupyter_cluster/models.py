@@ -256,7 +256,8 @@ def job_failure(index: int, error: Any, traceback: Any = "", worker: Any = None)
 def job_failures(raw: Any) -> list[JobFailure]:
     """Checked failures of a message from the jobs topic (anything malformed is dropped)."""
     out: list[JobFailure] = []
-    for f in raw if isinstance(raw, list) else []:
+    # a list as sent, a tuple as it arrives: Dask's events go through msgpack, which hands sequences back as tuples
+    for f in raw if isinstance(raw, (list, tuple)) else []:
         if not isinstance(f, dict):
             continue
         index = f.get("index")

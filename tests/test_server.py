@@ -316,6 +316,7 @@ def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_clus
                 "state": "running",
                 "started": now,
                 "updated": now,
+                "failures": [{"index": 2, "error": "ValueError: bad 2", "traceback": "", "worker": "tcp://w:1"}],
             },
         )
 
@@ -329,6 +330,10 @@ def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_clus
         jobs = wait_for(lambda: api.ok("GET", "jobs")["running"], 10, message="job in /jobs")
         assert jobs[0]["job"] == "job-1" and jobs[0]["done"] == 4 and jobs[0]["failed"] == 1
         assert jobs[0]["cluster"] == "panel-t"
+        # the failed item crossed the scheduler (msgpack hands its list back as a tuple) and is listed
+        assert jobs[0]["failures"] == [
+            {"index": 2, "error": "ValueError: bad 2", "traceback": "", "worker": "tcp://w:1"}
+        ]
         topics = wait_for(lambda: api.ok("GET", "clusters/panel-t/metrics")["topics"], 10, message="a metrics topic")
         assert topics[0]["topic"] == "rl-test"
         model = wait_for(
