@@ -7,6 +7,7 @@ import {
   IOverlayPick,
   addPick,
   autoAxes,
+  overlayLegendRows,
   overlayLines,
   overlayOption,
   parsePick,
@@ -184,6 +185,18 @@ describe('the overlay lines and their y axes', () => {
     const wall = overlayLines({ rl }, [pick('rl', 'loss')], 'wall');
     expect(wall.lines[0].points[0][0]).toBe(100_000);
     expect(overlayLines({}, [pick('rl', 'loss')]).lines).toEqual([]);
+  });
+
+  it('a narrow chart wraps its legend onto rows instead of paging it', () => {
+    expect([1, 2, 4, 5, 9].map(n => overlayLegendRows(n, true))).toEqual([0, 1, 2, 3, 3]);
+    expect(overlayLegendRows(9, false)).toBe(1);
+    const o = overlayLines({ rl }, [pick('rl', 'reward'), pick('rl', 'loss')]);
+    const option = overlayOption(o, { compact: true }, () => '#000') as {
+      legend: { type: string };
+      grid: { bottom: number };
+    };
+    expect(option.legend.type).toBe('plain');
+    expect(option.grid.bottom).toBe(34 + 2 * 18);
   });
 
   it('the chart option has one y axis per side, the right-axis lines dashed', () => {

@@ -45,7 +45,16 @@ import {
 } from './data';
 
 import type { IOverlay, IOverlayPick, OverlayAxes } from './overlay';
-import { addPick, overlayLines, overlayOption, parsePick, pickKey, pickTopics, removePick } from './overlay';
+import {
+  addPick,
+  overlayLegendRows,
+  overlayLines,
+  overlayOption,
+  parsePick,
+  pickKey,
+  pickTopics,
+  removePick
+} from './overlay';
 
 export type { IMetricsModel, IVectorSeries, Point, XAxisMode } from './data';
 export { emptyModel } from './data';
@@ -788,6 +797,12 @@ export class MetricsCharts {
       compact: this.width(panel) < COMPACT_WIDTH
     };
     const option = overlayOption(overlay, view, i => PALETTE[i % PALETTE.length]);
+    // a wrapped legend gets room of its own rather than squeezing the plot
+    const height = `${this.options.height + 18 * Math.max(0, overlayLegendRows(overlay.lines.length, view.compact) - 1)}px`;
+    if (panel.box.style.height !== height) {
+      panel.box.style.height = height;
+      panel.chart.resize();
+    }
     const drawn = JSON.stringify([overlay.lines.map(l => [l.id, l.axis]), overlay.axisNames, view]);
     if (panel.drawn === drawn) {
       panel.chart.setOption({ series: option.series }, { lazyUpdate: true });
@@ -901,13 +916,14 @@ export class MetricsCharts {
     const drawn = JSON.stringify([keys, view]);
     const all = Object.keys(this.model.scalars[panel.name] ?? bySeries).sort(naturalCompare);
     const colorOf = (key: string): string => PALETTE[Math.max(0, all.indexOf(key)) % PALETTE.length];
-    const option = lineOption(
-      panel.name,
-      onAxis(bySeries, this.model, this.xMode),
-      this.options.manySeries,
-      view,
-      colorOf
-    );
+    const points = onAxis(bySeries, this.model, this.xMode);
+    const option = lineOption(panel.name, points, this.options.manySeries, view, colorOf);
+    // what is drawn, for tests and for the curious: the x axis and the span of its points
+    const xs = Object.values(points).flatMap(ps => ps.map(p => p[0]));
+    Object.assign(panel.root.dataset, {
+      xAxis: X_AXIS_NAMES[this.xMode],
+      xRange: xs.length ? `${Math.min(...xs)},${Math.max(...xs)}` : ''
+    });
     if (panel.drawn === drawn) {
       // same series and view: replace the data only, so the user's zoom survives
       panel.chart.setOption({ series: option.series }, { lazyUpdate: true });

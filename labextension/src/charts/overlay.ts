@@ -203,6 +203,11 @@ export function overlayLines(
   return { lines, axes: used, axisNames };
 }
 
+/** Rows the overlay's legend takes: none for one line, wrapped two a row (at most three rows) when narrow. */
+export function overlayLegendRows(lines: number, compact: boolean): number {
+  return lines <= 1 ? 0 : compact ? Math.min(3, Math.ceil(lines / 2)) : 1;
+}
+
 /**
  * Option for the overlay chart: chosen metrics as lines on one chart, on one
  * y axis, two (left and right), or each scaled to 0-1 (see overlay.ts); the
@@ -224,7 +229,7 @@ export function overlayOption(
     scale: overlay.axes !== 'normalised',
     min: overlay.axes === 'normalised' ? 0 : undefined,
     max: overlay.axes === 'normalised' ? 1 : undefined,
-    name: compact ? '' : name,
+    name,
     nameTextStyle: { fontSize: 10, align: i === 0 ? 'left' : 'right' },
     position: i === 0 ? 'left' : 'right',
     splitNumber: compact ? 3 : 5,
@@ -249,6 +254,9 @@ export function overlayOption(
     return [formatX(x, mode), ...rows.slice(0, compact ? 6 : 12)].join('<br/>');
   };
   const legend = lines.length > 1;
+  // the legend says which line is which metric: in a narrow chart it wraps onto rows (up to three) rather
+  // than paging, and the plot gives them room
+  const legendRows = overlayLegendRows(lines.length, compact);
   return {
     animation: false,
     backgroundColor: 'transparent',
@@ -266,7 +274,7 @@ export function overlayOption(
     },
     legend: {
       show: legend,
-      type: 'scroll',
+      type: compact && lines.length <= 6 ? 'plain' : 'scroll',
       bottom: 0,
       itemWidth: 14,
       itemHeight: 8,
@@ -276,8 +284,8 @@ export function overlayOption(
     grid: {
       left: compact ? 44 : 56,
       right: dual ? (compact ? 44 : 56) : compact ? 10 : 16,
-      top: compact || overlay.axes === 'normalised' ? 26 : 40,
-      bottom: legend ? 52 : 34
+      top: 40,
+      bottom: 34 + 18 * legendRows
     },
     xAxis: xAxisOption(mode, compact),
     yAxis,
