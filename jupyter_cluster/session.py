@@ -366,10 +366,11 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
     3
     """
     backend = backend or config.get("backend")
+    impl = get_backend(backend)  # unknown backend: error before any name is taken
+    impl.prepare(**options)  # e.g. the local fork server, while the extension's background import ends
     from . import _wait_for_background_import
 
     _wait_for_background_import()
-    impl = get_backend(backend)  # unknown backend: error before any name is taken
     if name is not None:
         validate_name(name)
         if name in _taken_names():

@@ -300,3 +300,40 @@ def test_cell_magic_usage_lists_every_option_their_parsers_take():
     with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "magics.md")) as f:
         docs = f.read()
     assert parallel_magic.PARALLEL_USAGE in docs and spmd_magic.SPMD_USAGE in docs, "docs/magics.md is out of date"
+
+
+def _worker_view(client) -> dict:
+    # eval, a builtin, is sent by name: pickling a function of this module would make the
+    # worker import this module, and with it the notebook side it imports.
+    code = (
+        "dict(ppid=__import__('os').getppid(), env=__import__('os').environ.get('JC_TEST_SET_LATER'), "
+        "omp=__import__('os').environ.get('OMP_NUM_THREADS'), modules=sorted(__import__('sys').modules))"
+    )
+    view = next(iter(client.run(eval, code).values()))
+    modules = set(view.pop("modules"))
+    view["notebook_side"] = sorted(modules & {"jupyter_cluster.session", "jupyter_cluster.widgets", "ipywidgets"})
+    return view
+
+
+def test_workers_fork_from_a_server_and_get_the_notebooks_environment(monkeypatch):
+    """Local workers come from the fork server (no fresh interpreter each), yet see today's environment."""
+    import os
+
+    import psutil
+
+    from jupyter_cluster.backends import local
+
+    first = jc.start(workers=1, name="fork-a")
+    view = _worker_view(first.client)
+    server = psutil.Process(view["ppid"])
+    assert "forkserver" in " ".join(server.cmdline()), server.cmdline()
+    assert server.ppid() == os.getpid()  # the fork server is this process's child (its process group)
+    assert view["omp"] == "1"  # Dask's pre-spawn environment, as spawned workers get it
+    assert view["notebook_side"] == []  # workers import only what runs on them
+    assert view["env"] is None
+    # A variable set after the fork server started reaches the next cluster's workers.
+    monkeypatch.setenv("JC_TEST_SET_LATER", "yes")
+    second = jc.start(workers=1, name="fork-b")
+    later = _worker_view(second.client)
+    assert later["ppid"] == view["ppid"] and later["env"] == "yes"
+    assert local.environ_since_forkserver()["JC_TEST_SET_LATER"] == "yes"

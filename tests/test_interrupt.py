@@ -2,7 +2,8 @@
 
 JupyterLab's interrupt is ``KernelManager.interrupt_kernel()``, which sends
 SIGINT to the kernel's whole process group (``os.killpg``).  Local worker
-processes are children of the kernel, so they are in that group.  These tests
+processes are children of the kernel (or of the fork server it started, its
+child), so they are in that group.  These tests
 press the button exactly that way, through ``jupyter_client``, and then use the
 same cluster again.
 """
@@ -179,10 +180,13 @@ def test_stop_button_during_cluster_start_leaves_nothing_running(kernel):
         _execute(kc, "%cluster stop half-started" if _registered(kc, "half-started") else "pass")
 
         def workers_left():
+            # multiprocessing's resource tracker and the fork server that local workers come
+            # from (backends.local.start_forkserver) live as long as the kernel; its children may not.
             return [
                 p
                 for p in psutil.Process(kernel_pid).children(recursive=True)
-                if "resource_tracker" not in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE
+                if not any(helper in " ".join(p.cmdline()) for helper in ("resource_tracker", "forkserver"))
+                and p.status() != psutil.STATUS_ZOMBIE
             ]
 
         wait_for(

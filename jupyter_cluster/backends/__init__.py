@@ -71,6 +71,13 @@ class Backend:
     def start(self, **options: Any) -> StartedCluster:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def prepare(self, **options: Any) -> None:
+        """Begin slow work :meth:`start` will need, before the caller's own waits (optional).
+
+        Called with :meth:`start`'s options just before it; must start nothing
+        that outlives a :meth:`start` that then fails, and raise nothing.
+        """
+
     def check_options(self, options: dict[str, Any]) -> None:
         unknown = sorted(k for k, v in options.items() if k not in self.options and v is not None)
         if unknown:
