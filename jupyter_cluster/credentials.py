@@ -129,6 +129,22 @@ def saved_security(name: str):
         return None
 
 
+def names_with_credentials() -> set[str]:
+    """Names whose credential files exist: TLS clusters started, or being started, by this user.
+
+    A cluster's registry record is written only once it runs, about a second
+    after its name was picked and its credentials written; a second process
+    starting a cluster meanwhile must not pick the same name (it would
+    overwrite the first one's key and certificate, and the first cluster's
+    client would fail its TLS handshake).
+    """
+    try:
+        files = os.listdir(registry.registry_dir())
+    except OSError:
+        return set()
+    return {f[: -len(".pem")] for f in files if f.endswith(".pem") and not f.startswith(".")}
+
+
 def forget_security(name: str) -> None:
     """Delete the credential files of the cluster ``name`` (no error if there are none)."""
     for path in (credentials_path(name), pem_path(name)):

@@ -227,7 +227,10 @@ def _taken_names() -> set[str]:
 
 
 def _unique_name(prefix: str) -> str:
-    taken = _taken_names()
+    from .credentials import names_with_credentials
+
+    # A cluster another process is starting has no record yet, but its credentials are written.
+    taken = _taken_names() | names_with_credentials()
     i = 1
     while f"{prefix}-{i}" in taken:
         i += 1

@@ -180,3 +180,23 @@ def test_no_plain_http_port_is_left_open_by_the_workers():
         wait_for(lambda: not open_http_ports(), timeout=20, message="the workers' HTTP ports to close")
     finally:
         handle.close()
+
+
+def test_a_name_whose_credentials_another_start_wrote_is_not_picked():
+    """Two processes starting unnamed clusters at once: the second must not reuse (and overwrite) the first's name."""
+    from jupyter_cluster import session
+
+    pending = session._unique_name("local")  # the name an unnamed start would pick now
+    credentials.new_security(pending)  # another process, mid-start: credentials written, no record yet
+    with open(credentials.pem_path(pending)) as f:
+        theirs = f.read()
+    try:
+        handle = jc.start(workers=1)
+        try:
+            assert handle.name != pending
+            with open(credentials.pem_path(pending)) as f:
+                assert f.read() == theirs  # their key and certificate are untouched
+        finally:
+            handle.close()
+    finally:
+        credentials.forget_security(pending)
