@@ -93,47 +93,11 @@ __all__ = [
 
 def load_ipython_extension(ipython):
     """Register ``%cluster`` and ``%%parallel`` (``%load_ext jupyter_cluster``)."""
+    from . import _background
     from .magics import register_magics
 
     register_magics(ipython)
-    _import_engine_in_background()
-
-
-def _import_engine_in_background() -> None:
-    # Importing Dask's distributed takes about a second on a small machine,
-    # and the scheduler's dashboard (bokeh) nearly as long again.  Doing it
-    # while the user writes the next cell takes both off `%cluster start`; a
-    # start that comes sooner waits for this thread to finish (see
-    # _wait_for_background_import), so nothing is imported twice.
-    import threading
-
-    def run():
-        # The engine, the scheduler's dashboard, and the cluster widget's toolkit.
-        for name in ("distributed", "distributed.dashboard.scheduler", "ipywidgets"):
-            try:
-                __import__(name)
-            except Exception:  # the start itself reports a broken installation
-                pass
-
-    global _import_thread
-    _import_thread = threading.Thread(target=run, name="jupyter-cluster-import", daemon=True)
-    _import_thread.start()
-
-
-_import_thread = None
-
-
-def _wait_for_background_import(timeout: float = 60.0) -> None:
-    """Let the background import finish before a cluster starts.
-
-    Starting a scheduler imports the dashboard modules too.  Two threads
-    importing the same package's modules can each hold a module the other
-    needs; Python then breaks the cycle by handing one of them a half-built
-    module ("module 'distributed.dashboard' has no attribute 'scheduler'").
-    """
-    thread = _import_thread
-    if thread is not None and thread.is_alive():
-        thread.join(timeout)
+    _background.start()  # distributed's dashboard and ipywidgets, while the next cell is written
 
 
 # -- Jupyter server and JupyterLab extension hooks (the extension template's names) --

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import config, registry
-from .backends import StartedCluster, get_backend
+from .backends import StartedCluster, get_backend, probe_scheduler
 from .errors import ClusterError
 from .models import ClusterModel, cluster_model, validate_name
 
@@ -238,45 +238,6 @@ def _unique_name(prefix: str) -> str:
 
 
 # -- public API ----------------------------------------------------------------
-async def _identity(address: str, timeout: float, security: Any) -> dict:
-    import asyncio
-
-    from distributed.core import rpc
-
-    connection_args = security.get_connection_args("client") if security is not None else {}
-    async with rpc(address, timeout=timeout, connection_args=connection_args) as scheduler:
-        return await asyncio.wait_for(scheduler.identity(), timeout)
-
-
-def _probe_scheduler(address: str, timeout: float, security: Any) -> None:
-    """Fail fast unless a Dask scheduler answers at ``address``.
-
-    ``distributed.Client`` can wait forever on a socket that accepts but never
-    speaks Dask, so ask for the scheduler's identity under a hard deadline
-    first, on a private event loop (the kernel's own loop may be running).
-    """
-    import asyncio
-    from concurrent.futures import ThreadPoolExecutor
-    from concurrent.futures import TimeoutError as FuturesTimeout
-
-    message = f"no scheduler answered at {address} within {timeout:g} s; check the address and that the scheduler runs."
-    pool = ThreadPoolExecutor(1, thread_name_prefix="jupyter-cluster-probe")
-    try:
-        identity = pool.submit(asyncio.run, _identity(address, timeout, security)).result(timeout + 1)
-    except (OSError, TimeoutError, FuturesTimeout, asyncio.TimeoutError) as exc:
-        raise ClusterError(message) from exc
-    except Exception as exc:  # e.g. a TLS handshake refused, a non-Dask peer
-        raise ClusterError(
-            f"{address} did not answer as a Dask scheduler ({type(exc).__name__}: {exc}); check the address and credentials."
-        ) from exc
-    finally:
-        pool.shutdown(wait=False)
-    if identity.get("type") != "Scheduler":
-        raise ClusterError(
-            f"{address} is a Dask {identity.get('type', 'server')}, not a scheduler; give the scheduler's address."
-        )
-
-
 def _connect_client(started: StartedCluster, name: str):
     from distributed import Client
 
@@ -284,8 +245,8 @@ def _connect_client(started: StartedCluster, name: str):
     kwargs: dict[str, Any] = {"timeout": timeout, "set_as_default": False}
     if started.security is not None:
         kwargs["security"] = started.security
-    if started.cluster is None:
-        _probe_scheduler(started.address, timeout, started.security)
+    if started.cluster is None:  # attached by address: no cluster object vouches for the scheduler
+        probe_scheduler(started.address, timeout, started.security)
     target = started.cluster if started.cluster is not None else started.address
     try:
         return Client(target, **kwargs)
@@ -371,9 +332,9 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
     backend = backend or config.get("backend")
     impl = get_backend(backend)  # unknown backend: error before any name is taken
     impl.prepare(**options)  # e.g. the local fork server, while the extension's background import ends
-    from . import _wait_for_background_import
+    from . import _background
 
-    _wait_for_background_import()
+    _background.wait()
     if name is not None:
         validate_name(name)
         if name in _taken_names():

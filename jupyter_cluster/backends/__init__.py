@@ -104,3 +104,42 @@ def get_backend(name: str) -> Backend:
     module_name, _, class_name = spec.partition(":")
     module = importlib.import_module(module_name)
     return getattr(module, class_name)()
+
+
+async def _identity(address: str, timeout: float, security: Any) -> dict:
+    import asyncio
+
+    from distributed.core import rpc
+
+    connection_args = security.get_connection_args("client") if security is not None else {}
+    async with rpc(address, timeout=timeout, connection_args=connection_args) as scheduler:
+        return await asyncio.wait_for(scheduler.identity(), timeout)
+
+
+def probe_scheduler(address: str, timeout: float, security: Any) -> None:
+    """Fail fast unless a Dask scheduler answers at ``address``.
+
+    ``distributed.Client`` can wait forever on a socket that accepts but never
+    speaks Dask, so ask for the scheduler's identity under a hard deadline
+    first, on a private event loop (the kernel's own loop may be running).
+    """
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as FuturesTimeout
+
+    message = f"no scheduler answered at {address} within {timeout:g} s; check the address and that the scheduler runs."
+    pool = ThreadPoolExecutor(1, thread_name_prefix="jupyter-cluster-probe")
+    try:
+        identity = pool.submit(asyncio.run, _identity(address, timeout, security)).result(timeout + 1)
+    except (OSError, TimeoutError, FuturesTimeout, asyncio.TimeoutError) as exc:
+        raise ClusterError(message) from exc
+    except Exception as exc:  # e.g. a TLS handshake refused, a non-Dask peer
+        raise ClusterError(
+            f"{address} did not answer as a Dask scheduler ({type(exc).__name__}: {exc}); check the address and credentials."
+        ) from exc
+    finally:
+        pool.shutdown(wait=False)
+    if identity.get("type") != "Scheduler":
+        raise ClusterError(
+            f"{address} is a Dask {identity.get('type', 'server')}, not a scheduler; give the scheduler's address."
+        )

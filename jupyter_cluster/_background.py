@@ -1,0 +1,47 @@
+"""Imports done in the background while the user writes the next cell.
+
+Importing Dask's distributed takes about a second on a small machine, and the
+scheduler's dashboard (bokeh) nearly as long again.  ``%load_ext
+jupyter_cluster`` begins them in a thread (:func:`start`); a cluster start that
+comes sooner waits for that thread (:func:`wait`), so nothing is imported
+twice.
+"""
+
+from __future__ import annotations
+
+import threading
+
+#: the engine, the scheduler's dashboard, and the cluster widget's toolkit
+MODULES = ("distributed", "distributed.dashboard.scheduler", "ipywidgets")
+
+_thread: threading.Thread | None = None
+
+
+def start() -> None:
+    """Begin importing :data:`MODULES` in a daemon thread (once per process)."""
+    global _thread
+    if _thread is not None:
+        return
+
+    def run() -> None:
+        for name in MODULES:
+            try:
+                __import__(name)
+            except Exception:  # the start itself reports a broken installation
+                pass
+
+    _thread = threading.Thread(target=run, name="jupyter-cluster-import", daemon=True)
+    _thread.start()
+
+
+def wait(timeout: float = 60.0) -> None:
+    """Let the background imports finish before a cluster starts.
+
+    Starting a scheduler imports the dashboard modules too.  Two threads
+    importing the same package's modules can each hold a module the other
+    needs; Python then breaks the cycle by handing one of them a half-built
+    module ("module 'distributed.dashboard' has no attribute 'scheduler'").
+    """
+    thread = _thread
+    if thread is not None and thread.is_alive():
+        thread.join(timeout)
