@@ -27,7 +27,8 @@ dispatch rate: one task per item for plain Dask, one per chunk for
 jupyter_cluster's task path; for its direct path the column counts batches
 sent straight to the leases, not scheduler tasks) and the CPU used per role.
 Engines: ``jc`` (``jupyter_cluster.map`` with its defaults: leases and direct
-batches), ``jc-tasks`` (the same on the task path, ``engine.path=tasks``) and
+batches, through relays from 64 workers on), ``jc-norelay`` (the same, every
+batch sent straight from the client), ``jc-tasks`` (the same on the task path, ``engine.path=tasks``) and
 ``dask`` (``client.map``, one task per item).
 
 Run::
@@ -233,13 +234,19 @@ def run_engine(engine: str, cluster: SimCluster, args) -> dict:
     rng = random.Random(1234)
     n = cluster.n
 
-    if engine in ("jc", "jc-tasks"):
+    if engine in ("jc", "jc-tasks", "jc-norelay"):
         import dask
 
         from jupyter_cluster import mapping
 
         # jc-tasks: the same map on the task path (one Dask task per chunk, the engine before leases).
-        dask.config.set({"jupyter-cluster.engine.path": "tasks" if engine == "jc-tasks" else "auto"})
+        # jc-norelay: the direct path with every batch sent straight from the client (no relays).
+        dask.config.set(
+            {
+                "jupyter-cluster.engine.path": "tasks" if engine == "jc-tasks" else "auto",
+                "jupyter-cluster.engine.relay-min-workers": 0 if engine == "jc-norelay" else None,
+            }
+        )
 
         def evaluate(pop):
             # progress=False: a script has no widget, and a text bar would flood the log.

@@ -25,6 +25,11 @@ def sleep_item(seconds):
     return seconds
 
 
+def started_at(_):
+    """The wall-clock time at which the item started (``first_item.py``'s latency probe)."""
+    return time.time()
+
+
 def spin(loops):
     """A CPU-bound item: a pure-Python loop (about 10 ms for the calibrated count)."""
     acc = 0

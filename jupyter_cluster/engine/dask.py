@@ -15,10 +15,16 @@ connection, a lease task that ended) arrives on one thread-safe queue that
 the map's thread reads (:meth:`Leases.poll`).
 
 A map that ends hands its leases to its client's :class:`LeasePool`, which
-keeps them for ``jupyter-cluster.engine.linger`` (1 s) so that the next map
+keeps them for ``jupyter-cluster.engine.linger`` (500 ms) so that the next map
 of the same client with the same resources starts at once, with no
 scheduler round trip (a loop of short maps, like the iterations of an
-evolution strategy, places its leases once).  A map that captured large
+evolution strategy, places its leases once).  A client that maps in a loop
+with longer pauses (an update step between iterations) has its leases kept
+twice its last pause, up to :data:`LINGER_CAP_SECONDS`: a map then starts in
+about 2 ms instead of 8-25 ms through the scheduler (``benchmarks/first_item.py``).
+Idle leases give their thread up to any task waiting for one on their worker
+(:data:`.worker.YIELD_AFTER_SECONDS`), so keeping them longer costs other work
+on the cluster nothing but a wake-up every :data:`.worker.IDLE_CHECK_SECONDS`.  A map that captured large
 values places its own leases (Dask hands them the values) and ends them.
 """
 
@@ -49,6 +55,13 @@ REACH_TIMEOUT_SECONDS = 3.0
 #: Longest wait for a new connection to a worker, in seconds (Dask's default, 30 s, would stall a
 #: batch sent to a worker that has just died; a broken connection is noticed at once anyway).
 CONNECT_TIMEOUT_SECONDS = 10.0
+
+#: Batches of this many workers travel in one relay message (the probe's group size, ../shared/engine-probe).
+RELAY_GROUP = 32
+#: A round of batches reaching at least this many workers goes through relays (config ``engine.relay-min-workers``).
+RELAY_MIN_WORKERS = 64
+#: Longest a client's idle leases are kept when it maps in a loop with pauses, in seconds.
+LINGER_CAP_SECONDS = 5.0
 
 _lease_numbers = itertools.count()
 
@@ -83,7 +96,19 @@ async def call(client: Any, addr: str, op: str, **msg: Any) -> Any:
 class Lease:
     """The client's record of one lease task."""
 
-    __slots__ = ("id", "addr", "future", "ready", "dead", "outstanding", "owner", "tokens", "pooled", "idle_since")
+    __slots__ = (
+        "id",
+        "addr",
+        "future",
+        "ready",
+        "dead",
+        "outstanding",
+        "owner",
+        "tokens",
+        "pooled",
+        "idle_since",
+        "hold",
+    )
 
     def __init__(self, lease_id: str, addr: str, future: Any, owner: Any, pooled: bool):
         self.id = lease_id
@@ -96,6 +121,11 @@ class Lease:
         self.tokens: set[str] = set()  # maps whose function this lease's worker process was sent
         self.pooled = pooled  # may serve the client's next map (it holds no map's large values)
         self.idle_since = 0.0
+        self.hold = 0.0  # seconds it is kept once idle (set when given back)
+
+    def failed(self) -> bool:
+        """Whether the lease task ended with an error (its worker died, or it could not run)."""
+        return self.future.status == "error"
 
 
 class Sent:
@@ -125,10 +155,20 @@ class LeasePool:
         self.lock = threading.Lock()
         self.idle: dict[tuple, list[Lease]] = {}
         self.timer: threading.Timer | None = None
+        self.hold = self.linger  # how long the leases given back now are kept
+        self.last_given: float | None = None
 
     def take(self, key: tuple, n: int) -> list[Lease]:
-        """Up to ``n`` idle leases for resources ``key``, least recently used last."""
+        """Up to ``n`` idle leases for resources ``key``, least recently used last.
+
+        Called as each map starts: the pause since the client's previous map
+        sets how long the leases of this one are kept (:data:`LINGER_CAP_SECONDS`).
+        """
         with self.lock:
+            if self.last_given is not None and self.linger > 0:
+                pause = time.monotonic() - self.last_given
+                self.hold = max(self.linger, 2 * pause) if pause <= LINGER_CAP_SECONDS else self.linger
+                self.hold = min(max(self.hold, self.linger), max(self.linger, LINGER_CAP_SECONDS))
             idle = self.idle.get(key, [])
             got: list[Lease] = []
             while idle and len(got) < n:
@@ -140,12 +180,14 @@ class LeasePool:
     def give(self, key: tuple, leases: list[Lease]) -> None:
         now = time.monotonic()
         with self.lock:
+            self.last_given = now
             for ls in leases:
                 ls.owner = None
                 ls.idle_since = now
+                ls.hold = self.hold
             self.idle.setdefault(key, []).extend(leases)
             if self.timer is None and self.linger > 0:
-                self._arm(self.linger)
+                self._arm(self.hold)
         if self.linger <= 0:
             self.reap()
 
@@ -164,14 +206,15 @@ class LeasePool:
             for idle in self.idle.values():
                 keep = []
                 for ls in idle:
-                    if everything or ls.dead or now - ls.idle_since >= self.linger:
+                    if everything or ls.dead or now - ls.idle_since >= ls.hold:
                         ending.append(ls)
                     else:
                         keep.append(ls)
-                        oldest = ls.idle_since if oldest is None else min(oldest, ls.idle_since)
+                        due = ls.idle_since + ls.hold
+                        oldest = due if oldest is None else min(oldest, due)
                 idle[:] = keep
             if oldest is not None:
-                self._arm(max(oldest + self.linger - now, 0.01))
+                self._arm(max(oldest - now, 0.01))
         end_leases(self.client, self.secret, ending, wait=wait)
 
 
@@ -325,6 +368,11 @@ class Leases:
         self.reused = 0
         self.wanted = 0
         self.closed = False
+        self.relayed = 0  # relay messages sent
+        from .. import config
+
+        relay_min = config.get("engine.relay-min-workers")
+        self.relay_min = RELAY_MIN_WORKERS if relay_min is None else int(relay_min)
 
     # -- leases -------------------------------------------------------------------------
     def live(self) -> list[Lease]:
@@ -437,15 +485,84 @@ class Leases:
         return [ls for ls in self.leases.values() if ls.ready and not ls.dead and len(ls.outstanding) < DEPTH]
 
     def send(self, ls: Lease, chunk: Any) -> Sent:
+        """Send one batch to one lease (one RPC)."""
         sent = Sent(chunk, ls)
         ls.outstanding.append(sent)
+        sent.handle = self._run(self._send(sent, self._run_for(ls)))
+        return sent
+
+    def _run_for(self, ls: Lease) -> tuple:
+        """The map's ``run`` tuple for a batch to ``ls``: with the function the first time its worker process gets it."""
         if self.token in ls.tokens:
             blob = None
         else:
             blob = self.blob
             ls.tokens.add(self.token)
-        sent.handle = self._run(self._send(sent, (self.token, blob, self.star, self.options)))
-        return sent
+        return (self.token, blob, self.star, self.options)
+
+    def send_many(self, pairs: list[tuple[Lease, Any]]) -> list[Sent]:
+        """Send one round of batches (``(lease, chunk)`` pairs); returns their :class:`Sent`, in order.
+
+        A round that reaches at least ``relay_min`` workers goes through
+        relays: the workers are taken in groups of :data:`RELAY_GROUP`, and
+        the client sends each group's batches in one ``jc_relay`` message to
+        the group's first worker, which forwards them over its own
+        connections and answers with all of them (:func:`.worker._relay`).
+        One client tops out near 1,000 RPCs a second; relays make that one
+        message per group.  Smaller rounds go straight to their leases.
+        """
+        addrs = sorted({ls.addr for ls, _ in pairs})
+        if self.relay_min <= 0 or len(addrs) < self.relay_min:
+            return [self.send(ls, chunk) for ls, chunk in pairs]
+        group_of = {a: k // RELAY_GROUP for k, a in enumerate(addrs)}
+        groups: dict[int, list[Sent]] = {}
+        out = []
+        for ls, chunk in pairs:
+            sent = Sent(chunk, ls)
+            ls.outstanding.append(sent)
+            groups.setdefault(group_of[ls.addr], []).append(sent)
+            out.append(sent)
+        for k, sents in groups.items():
+            handle = self._run(self._send_group(addrs[k * RELAY_GROUP], sents))
+            for sent in sents:
+                sent.handle = handle
+        self.relayed += len(groups)
+        return out
+
+    async def _send_group(self, relay: str, sents: list[Sent]) -> None:
+        from distributed.protocol import to_serialize
+
+        entries = [
+            (
+                sent.lease.addr,
+                sent.lease.id,
+                self.secret,
+                self._run_for(sent.lease),
+                sent.chunk.items,
+                sent.chunk.budget,
+            )
+            for sent in sents
+        ]
+        try:
+            answer = await call(self.client, relay, "jc_relay", entries=to_serialize(Packed(entries)))
+            answers = answer["answers"]
+            answers = getattr(answers, "value", answers)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - sorted out by the map's thread
+            for sent in sents:
+                # A batch of the relay's own worker is lost like a direct one; the others may be
+                # running on live members: the map's thread sends them elsewhere.
+                self.events.put(("error" if sent.lease.addr == relay else "relay-lost", sent, exc))
+            return
+        for sent, ans in zip(sents, answers):
+            if isinstance(ans, dict) and ans.get("status") == "unreachable":
+                cls = OSError if ans.get("connected") else ConnectFailed
+                self.events.put(
+                    ("error", sent, cls(f"relay {relay} could not reach {sent.lease.addr}: {ans.get('error')}"))
+                )
+            else:
+                self.events.put(("answer", sent, ans))
 
     async def _send(self, sent: Sent, run: tuple) -> None:
         from distributed.protocol import to_serialize
@@ -670,6 +787,31 @@ def scatter_shared(client: Any, values: dict) -> dict:
     except Exception as exc:
         raise ClusterError(f"sending the large values {', '.join(names)} to the workers failed: {exc}.") from exc
     return dict(zip(names, futures))
+
+
+def on_client_loop(client: Any, coro: Any) -> concurrent.futures.Future:
+    """Run ``coro`` on ``client``'s event loop; a future this thread may wait on."""
+    return asyncio.run_coroutine_threadsafe(coro, client.loop.asyncio_loop)
+
+
+def task_state(fut: Any) -> str:
+    """A task's state as its client knows it: "pending", "finished", "error", "cancelled" or "lost"."""
+    return fut.status
+
+
+def task_key(fut: Any) -> str:
+    """A task's key (what names it in the scheduler and in a gather's answer)."""
+    return fut.key
+
+
+def cancel_task(fut: Any) -> None:
+    """Cancel one task (the scheduler forgets it; a worker running it stops between items)."""
+    fut.cancel()
+
+
+def client_running(client: Any) -> bool:
+    """Whether ``client`` is connected to its scheduler now (not reconnecting, closing or closed)."""
+    return getattr(client, "status", "running") == "running"
 
 
 def all_finished(futures: Any) -> bool:

@@ -65,13 +65,18 @@ from .dask import (
     all_finished,
     cached_threads,
     cancel_futures,
+    cancel_task,
     client_of,
+    client_running,
     future_error,
     is_killed_worker,
     item_bytes,
+    on_client_loop,
     release_futures,
     scatter_shared,
     scheduler_workers,
+    task_key,
+    task_state,
     total_threads,
     workers_now,
 )
@@ -365,6 +370,11 @@ class MapJob:
         return self._leases.placed if self._leases is not None else 0
 
     @property
+    def relays(self) -> int:
+        """Relay messages this map sent (each carried the batches of a group of workers; 0 without relays)."""
+        return self._leases.relayed if self._leases is not None else 0
+
+    @property
     def durations(self) -> dict[int, float]:
         """Input index -> seconds the item took on its worker."""
         out: dict[int, float] = {}
@@ -525,8 +535,17 @@ class MapJob:
         """Items and time budget of the next chunk (:func:`.engine.planner.next_size`)."""
         if self.chunksize != "auto":
             return self.chunksize, None
-        if self._round_remaining is not None:  # direct path: one share per lease for this round of sends
-            remaining, spread = self._round_remaining, self._threads
+        if self._round_remaining is not None:
+            # Direct path.  While batches are running, the remaining work is spread over every
+            # batch slot (DEPTH per lease), not one share per lease: a batch sent now may wait
+            # behind its lease's running one, and one share per lease measured the last lease
+            # finishing 55-100 ms after the others on 1,000 × 1 ms items (a 180-item batch
+            # queued behind a running one).  The first round (nothing running) gives each
+            # lease one share, so a short map is one batch per lease, not two.
+            from .dask import DEPTH
+
+            spread = self._threads * (DEPTH if self._inflight else 1)
+            remaining = self._round_remaining
         else:
             remaining, spread = self._remaining(), 2 * self._threads
         per_item = self._per_item()
@@ -628,7 +647,7 @@ class MapJob:
         """
         done, out = [], []
         for f in futures:
-            status = f.status
+            status = task_state(f)
             if status == "finished":
                 if f in self._inflight:
                     done.append(f)
@@ -645,16 +664,16 @@ class MapJob:
         try:
             data = self._tasks.gather(done, FETCH_CHECK_SECONDS, self._check_connection)
         except Exception as exc:  # noqa: BLE001 - sorted out below
-            if self._scheduler_watch.lost() or getattr(self.client, "status", "running") != "running":
+            if self._scheduler_watch.lost() or not client_running(self.client):
                 raise self._lost_scheduler() from exc
             if not isinstance(exc, OSError):
                 raise
             data = {}  # the fetch failed (a worker went away): every chunk of the batch is reported again
         for f in done:
-            value = data.get(f.key)
+            value = data.get(task_key(f))
             if value is not None:
                 out.append((f, value))
-            elif f.status in ("error", "cancelled"):
+            elif task_state(f) in ("error", "cancelled"):
                 out.append((f, None))
             else:
                 self._tasks.track(f)
@@ -693,8 +712,8 @@ class MapJob:
         now = time.monotonic()
         out = []
         for fut in self._inflight:
-            if fut.status in ("error", "cancelled"):
-                first = self._terminal_since.setdefault(fut.key, now)
+            if task_state(fut) in ("error", "cancelled"):
+                first = self._terminal_since.setdefault(task_key(fut), now)
                 if now - first > 1.0:
                     out.append(fut)
         return out
@@ -719,8 +738,8 @@ class MapJob:
         for fut, chunk in list(self._inflight.items()):
             if chunk.pin not in alive:
                 self._inflight.pop(fut)
-                self._cancelled_by_us.add(fut.key)
-                fut.cancel()
+                self._cancelled_by_us.add(task_key(fut))
+                cancel_task(fut)
                 err = WorkerLostError(f"worker {chunk.pin} left the cluster before the cell ran there.")
                 self._record_failure(chunk.start, err)
 
@@ -779,7 +798,7 @@ class MapJob:
 
         self._next_place = time.monotonic() + 2.0
         self._check_connection()
-        if getattr(self.client, "status", "running") != "running":
+        if not client_running(self.client):
             return  # reconnecting: the connection check decides when to give up
         workers = self._wait_on_loop(scheduler_workers(self.client))
         if workers is None:
@@ -800,7 +819,7 @@ class MapJob:
 
     def _wait_on_loop(self, coro) -> Any:
         """Run ``coro`` on the client's loop; wait in slices, checking the scheduler (None if it failed)."""
-        pending = asyncio.run_coroutine_threadsafe(coro, self.client.loop.asyncio_loop)
+        pending = on_client_loop(self.client, coro)
         try:
             while True:
                 try:
@@ -840,13 +859,19 @@ class MapJob:
         finally:
             self._round_remaining = None
         # Each chunk goes to the emptiest lease: every lease gets running work
-        # before any gets a second, queued batch.
+        # before any gets a second, queued batch.  The round goes out together
+        # (through relays when it reaches many workers).
+        pending = {ls: len(ls.outstanding) for ls in free}
+        pairs = []
         for chunk in fresh:
-            lease = min(free, key=lambda ls: len(ls.outstanding))
-            self._inflight[self._leases.send(lease, chunk)] = chunk
-            self.chunks_submitted += 1
-            if len(lease.outstanding) >= DEPTH:
+            lease = min(free, key=pending.__getitem__)
+            pairs.append((lease, chunk))
+            pending[lease] += 1
+            if pending[lease] >= DEPTH:
                 free.remove(lease)
+        for sent, (_, chunk) in zip(self._leases.send_many(pairs), pairs):
+            self._inflight[sent] = chunk
+            self.chunks_submitted += 1
         if len(self._inflight) > self.peak_in_flight:
             self.peak_in_flight = len(self._inflight)
 
@@ -864,6 +889,9 @@ class MapJob:
             return
         sent = obj
         if sent not in self._inflight:  # written off already (its worker left), or the map stopped
+            return
+        if kind == "relay-lost":
+            self._relay_lost(sent, data)
             return
         if kind == "error" and isinstance(data, (OSError, asyncio.TimeoutError)):
             # The connection broke: the worker died (or left).  Every batch of
@@ -899,6 +927,27 @@ class MapJob:
         else:
             raise ClusterError(f"worker {sent.lease.addr} refused a batch of this map ({data!r}); run the map again.")
 
+    def _relay_lost(self, sent: Any, exc: BaseException) -> None:
+        """The relay carrying ``sent`` failed; its lease's worker may be fine.
+
+        The batch goes elsewhere.  If the relay may have forwarded it (not a
+        failed connection), the lease may be running it unseen, so the lease
+        is given up (its task cancelled, its thread freed) rather than sent
+        more work behind it; every result is still taken once, since a late
+        answer finds the batch no longer in flight.
+        """
+        from .dask import ConnectFailed
+
+        if isinstance(exc, ConnectFailed):
+            chunk = self._inflight.pop(sent)
+            if sent in sent.lease.outstanding:
+                sent.lease.outstanding.remove(sent)
+            if chunk.suspect:
+                self._suspect_running = False
+            self._requeue(chunk)
+        else:
+            self._lease_lost(sent.lease, deaths=False)
+
     def _requeue(self, chunk: _Chunk) -> None:
         if chunk.suspect:
             self._suspects.appendleft(chunk)
@@ -909,14 +958,14 @@ class MapJob:
         """The lease task ended without us ending it: a lost worker, or a failure of the lease itself."""
         if lease.dead and not lease.outstanding:
             return
-        fut = lease.future
-        if fut.status == "error":
-            exc = future_error(fut)
+        failed = lease.failed()
+        if failed:
+            exc = future_error(lease.future)
             if not is_killed_worker(exc):
                 raise ClusterError(
                     f"a lease task of this map failed on worker {lease.addr}: {type(exc).__name__}: {exc}; check that jupyter_cluster is installed on the workers."
                 )
-        self._lease_lost(lease, deaths=fut.status == "error")
+        self._lease_lost(lease, deaths=failed)
 
     def _lease_lost(self, lease: Any, deaths: bool = True) -> None:
         """A lease's worker is gone: its batches go elsewhere, the one it was running counted as a death."""
@@ -983,14 +1032,14 @@ class MapJob:
             return
         if chunk.suspect:
             self._suspect_running = False
-        self._terminal_since.pop(fut.key, None)
-        status = fut.status
+        self._terminal_since.pop(task_key(fut), None)
+        status = task_state(fut)
         if result is not None:
             self._record(chunk, result)
         elif status == "error":
             self._task_error(chunk, future_error(fut))
         else:  # cancelled without us asking
-            if getattr(self.client, "status", "running") != "running":
+            if not client_running(self.client):
                 raise self._lost_scheduler()
             chunk.resubmits += 1
             if chunk.resubmits > 3:

@@ -32,6 +32,7 @@ process.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import io
 import pickle
@@ -165,6 +166,70 @@ async def _batch(comm=None, lease=None, secret=None, run=None, items=None, budge
     return {"status": "ok", "result": to_serialize(Packed(result))}
 
 
+#: Longest wait for a relay's connection to a member worker, in seconds (as the client's own, engine.dask).
+RELAY_CONNECT_TIMEOUT_SECONDS = 10.0
+
+
+async def _relay(worker, comm=None, entries=None):
+    """Forward a group's batches to their leases and answer with all their answers, in order.
+
+    ``entries`` (one :class:`Packed` list) holds ``(address, lease, secret,
+    run, items, budget)`` per batch.  A batch for a lease of this worker goes
+    straight to its mailbox; the others go over this worker's own connection
+    pool, which Dask built with the cluster's ``Security`` (a TLS cluster's
+    relays speak TLS), to the member's ``jc_batch``, which checks the map's
+    secret as if the client had called.  A member that cannot be reached
+    answers ``{"status": "unreachable", "connected": bool}`` (``connected``:
+    the batch may have reached it before the connection broke), so the
+    client treats it exactly as it treats its own broken connection.
+    """
+    from distributed.core import send_recv
+    from distributed.protocol import to_serialize
+
+    here = worker.address
+    pool = worker.rpc
+
+    async def one(addr, lease_id, secret, run, items, budget):
+        if addr == here:
+            answer = await _batch(lease=lease_id, secret=secret, run=run, items=items, budget=budget)
+        else:
+            try:
+                c = await pool.connect(addr, timeout=RELAY_CONNECT_TIMEOUT_SECONDS)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every way of not connecting is the same here
+                return {"status": "unreachable", "connected": False, "error": f"{type(exc).__name__}: {exc}"}
+            try:
+                answer = await send_recv(
+                    comm=c, op="jc_batch", lease=lease_id, secret=secret, run=_wire(run, to_serialize),
+                    items=to_serialize(Packed(items)), budget=budget,
+                )  # fmt: skip
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the member died or its connection broke
+                return {"status": "unreachable", "connected": True, "error": f"{type(exc).__name__}: {exc}"}
+            finally:
+                pool.reuse(addr, c)
+        result = answer.get("result") if isinstance(answer, dict) else None
+        if (
+            result is not None
+        ):  # unwrap (a local answer is still wrapped for the wire): the group's answers travel in one piece
+            result = getattr(result, "data", result)
+            answer = {**answer, "result": getattr(result, "value", result)}
+        return answer
+
+    group = entries.value if isinstance(entries, Packed) else entries
+    answers = await asyncio.gather(*(one(*e) for e in group))
+    return {"status": "ok", "answers": to_serialize(Packed(answers))}
+
+
+def _wire(run: Any, to_serialize: Callable) -> Any:
+    """A map's ``run`` tuple as sent over the comm: pickled in one piece when it carries the function."""
+    if isinstance(run, Packed):
+        run = run.value
+    return to_serialize(Packed(run)) if run[1] is not None else run
+
+
 async def _close(comm=None, lease=None, secret=None, wait=0.0):
     """End ``lease`` now (the map is over), instead of when it next sees that Dask cancelled it.
 
@@ -189,6 +254,8 @@ def install(worker) -> None:
     """Register the engine's comm handlers on ``worker`` (idempotent)."""
     worker.handlers.setdefault("jc_attach", _attach)
     worker.handlers.setdefault("jc_batch", _batch)
+    # Bound to its worker: a process may host several workers (get_worker() would not say which).
+    worker.handlers.setdefault("jc_relay", functools.update_wrapper(functools.partial(_relay, worker), _relay))
     worker.handlers.setdefault("jc_close", _close)
     worker.handlers.setdefault("jc_ping", _ping)
 

@@ -1,0 +1,138 @@
+"""Relays: a round of batches reaching many workers travels as one message per group of workers.
+
+Real clusters: the module's own 2-worker local cluster (TLS by default) with
+``allowed-failures: 1``, and ``engine.relay-min-workers`` lowered so that two
+workers are "many" (the first worker relays the second's batches); worker
+processes killed with SIGKILL mid-map.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+import threading
+import time
+
+import cloudpickle
+import dask
+import distributed  # noqa: F401  (its config defaults must exist before dask.config.set below)
+import pytest
+
+import jupyter_cluster as jc
+from jupyter_cluster import mapping
+from jupyter_cluster.engine import dask as engine_dask
+
+from .conftest import wait_for
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def where(x):
+    time.sleep(0.01)
+    return (x, os.getpid())
+
+
+def gated_square(flag, x):
+    """Items from 100 on wait for ``flag`` to exist, so the map outlasts the kills."""
+    time.sleep(0.05)
+    deadline = time.monotonic() + 120
+    while x >= 100 and not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return x * x
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+        handle = jc.start(workers=2, threads=1)
+    yield handle
+    if not handle.closed:
+        handle.close()
+
+
+@pytest.fixture
+def relays_always():
+    # Every round of batches goes through a relay, even one reaching a single worker.
+    with dask.config.set({"jupyter-cluster.engine.relay-min-workers": 1}):
+        yield
+
+
+def worker_pids(client) -> dict[str, int]:
+    return client.run(os.getpid)
+
+
+def test_relayed_batches_come_back_once_in_order_from_every_worker(cluster, relays_always):
+    out = mapping.map(where, range(400), client=cluster, progress=False)
+    job = mapping.last_job()
+    assert [x for x, _ in out] == list(range(400))
+    assert job.path == "direct" and job.relays > 0
+    # Both workers ran items: the relay forwarded the other worker's batches (over TLS on a TLS cluster).
+    assert len({pid for _, pid in out}) == 2
+    assert len(job.workers_used) == 2
+    if cluster.address.startswith("tls://"):
+        assert all(w.startswith("tls://") for w in job.workers_used)
+
+
+def test_without_enough_workers_a_round_goes_straight_to_its_leases(cluster):
+    with dask.config.set({"jupyter-cluster.engine.relay-min-workers": 3}):
+        out = mapping.map(where, range(50), client=cluster, progress=False)
+    assert [x for x, _ in out] == list(range(50))
+    assert mapping.last_job().relays == 0
+
+
+def test_a_relay_forwards_a_batch_only_with_the_secret_of_the_map_that_placed_the_lease(cluster, relays_always):
+    client = cluster.client
+    assert mapping.map(where, range(20), client=cluster, progress=False)[0][0] == 0
+    pool = engine_dask.pool_for(client)
+    with pool.lock:
+        idle = [ls for leases in pool.idle.values() for ls in leases if not ls.dead]
+    assert idle, "the map's leases should linger in the client's pool"
+    lease = idle[0]
+    relay = sorted(engine_dask.workers_now(client))[0]
+    token = "relay-test"
+    run = (token, cloudpickle.dumps(abs), False, {"retries": 0, "timeout": None, "capture": False})
+
+    async def relay_once(secret):
+        from distributed.protocol import to_serialize
+
+        entries = [(lease.addr, lease.id, secret, run, [-3, -4], None)]
+        answer = await engine_dask.call(client, relay, "jc_relay", entries=to_serialize(engine_dask.Packed(entries)))
+        return getattr(answer["answers"], "value", answer["answers"])[0]
+
+    refused = client.sync(relay_once, "0" * 32)
+    assert refused == {"status": "refused"}
+    accepted = client.sync(relay_once, pool.secret)
+    assert accepted["status"] == "ok" and accepted["result"][0] == [3, 4]
+
+
+def test_a_relayed_map_survives_sigkilled_relays_and_members(cluster, relays_always, tmp_path):
+    client = cluster.client
+    flag = str(tmp_path / "kills-done")
+    items = list(range(150))
+    job = mapping.MapJob(functools.partial(gated_square, flag), (items,), chunksize=3, client=cluster, progress=False)
+    values: list = []
+    driver = threading.Thread(target=lambda: values.extend(job), daemon=True)  # the map runs while workers die
+    driver.start()
+    wait_for(lambda: job.done >= 3, timeout=60, message="the map to get going")
+    # The sorted first worker relays the batches of both; kill it, then the other, then the first again.
+    for kill in range(3):
+        victim = sorted(worker_pids(client).items())[kill % 2][1]
+        os.kill(victim, signal.SIGKILL)
+
+        def replaced(victim=victim):
+            try:
+                pids = set(worker_pids(client).values())
+            except Exception:  # a worker is mid-restart
+                return False
+            return len(pids) >= 2 and victim not in pids
+
+        wait_for(replaced, timeout=90, interval=0.1, message="the nanny to replace the killed worker")
+        assert not job.finished
+    open(flag, "w").close()
+    driver.join(timeout=120)
+    assert not driver.is_alive()
+    # every result exactly once, in input order
+    assert values == [x * x for x in items]
+    assert job.relays > 0
