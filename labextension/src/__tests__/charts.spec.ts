@@ -191,6 +191,24 @@ describe('x axis: step, wall time, relative time', () => {
     expect(onAxis(model.scalars.reward, model, 'relative')['member=1']).toEqual([[0, 5]]);
   });
 
+  it('draws a time axis in time order when the steps were reported out of order (parallel tasks)', () => {
+    const pairs: [number, number][] = [
+      [0, T],
+      [1, T + 5],
+      [2, T + 2]
+    ];
+    const pts: [number, number][] = [
+      [0, 0],
+      [1, 10],
+      [2, 20]
+    ];
+    expect(pointsOnAxis(pts, pairs, 'relative', T)).toEqual([
+      [0, 0],
+      [2, 20],
+      [5, 10]
+    ]);
+  });
+
   it('keeps the origin when the earliest series is hidden', () => {
     const shown = withoutSeries(model, ['member=1']);
     expect(Object.keys(shown.scalars.reward)).toEqual(['member=0']);

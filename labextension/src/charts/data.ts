@@ -75,8 +75,8 @@ export function timeAt(pairs: [number, number][], step: number): number | null {
 
 /**
  * A series' points on the chosen x axis: steps as they are, wall time in
- * milliseconds (ECharts' time axis), relative time in seconds from `origin`.
- * Points whose time is not known are left out.
+ * milliseconds (ECharts' time axis), relative time in seconds from `origin`,
+ * both in time order.  Points whose time is not known are left out.
  */
 export function pointsOnAxis(
   points: Point[],
@@ -95,7 +95,9 @@ export function pointsOnAxis(
     }
     out.push([mode === 'wall' ? t * 1000 : t - (origin ?? 0), y]);
   }
-  return out;
+  // in time order: reports of parallel tasks need not be made in step order, and a line drawn in step
+  // order would run back and forth in time
+  return out.sort((a, b) => a[0] - b[0]);
 }
 
 /** The x axis's name for each choice of the toolbar. */

@@ -230,6 +230,7 @@ export function overlayOption(
     min: overlay.axes === 'normalised' ? 0 : undefined,
     max: overlay.axes === 'normalised' ? 1 : undefined,
     name,
+    nameGap: 8,
     nameTextStyle: { fontSize: 10, align: i === 0 ? 'left' : 'right' },
     position: i === 0 ? 'left' : 'right',
     splitNumber: compact ? 3 : 5,
@@ -284,7 +285,7 @@ export function overlayOption(
     grid: {
       left: compact ? 44 : 56,
       right: dual ? (compact ? 44 : 56) : compact ? 10 : 16,
-      top: 40,
+      top: 50, // the title and the tools, then the axes' names
       bottom: 34 + 18 * legendRows
     },
     xAxis: xAxisOption(mode, compact),
