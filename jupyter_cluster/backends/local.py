@@ -555,6 +555,11 @@ class LocalBackend(Backend):
         from distributed.deploy.spec import SpecCluster
 
         existing = set(SpecCluster._instances)
+        plugins = ([IgnoreSigint()] if kwargs["processes"] else []) + ([NoWorkerHttp()] if security is not None else [])
+        if devices is None:
+            # Each worker installs them before it registers with the scheduler (also after a
+            # restart, and on scale-up): no window, and no round trip to every worker at start.
+            kwargs["plugins"] = tuple(plugins)
         if devices is None and kwargs["processes"] and use_forkserver():
             kwargs["env"] = environ_since_forkserver()  # {} before the server's first start
             start_forkserver()  # the nannies' first process start waits for it (multiprocessing's lock)
@@ -589,7 +594,7 @@ class LocalBackend(Backend):
             if security is not None and cluster is None:
                 forget_security(cred_name)
         try:
-            return self._finish(cluster, security, cred_name, kwargs)
+            return self._finish(cluster, security, cred_name, [] if devices is None else plugins)
         except BaseException:
             _close_quietly(cluster)
             if security is not None:
@@ -597,7 +602,7 @@ class LocalBackend(Backend):
             raise
 
     @staticmethod
-    def _finish(cluster: Any, security: Any, cred_name: str, kwargs: dict[str, Any]) -> StartedCluster:
+    def _finish(cluster: Any, security: Any, cred_name: str, to_register: list) -> StartedCluster:
         cleanup = []
         extra: dict[str, Any] = {}
         dashboard_link = cluster.dashboard_link
@@ -620,8 +625,7 @@ class LocalBackend(Backend):
             dashboard_link=dashboard_link,
             cluster=cluster,
             security=security,
-            worker_plugins=([IgnoreSigint()] if kwargs["processes"] else [])
-            + ([NoWorkerHttp()] if security is not None else []),
+            worker_plugins=to_register,
             cleanup=cleanup,
             extra=extra,
         )
