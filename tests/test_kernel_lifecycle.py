@@ -71,6 +71,9 @@ def test_kill_9_of_the_kernel_leaves_no_worker_and_no_live_record():
         )
         worker_pids = json.loads(out.strip().splitlines()[-1])
         assert len(worker_pids) == 2 and all(psutil.pid_exists(p) for p in worker_pids)
+        # the fork server the workers come from (backends.local.start_forkserver) must go too
+        helpers = [psutil.Process(p).ppid() for p in worker_pids]
+        assert all("forkserver" in " ".join(psutil.Process(p).cmdline()) for p in helpers)
         record = registry.read("doomed")
         assert record is not None
         sock = record.extra["dashboard_socket"]
@@ -82,7 +85,7 @@ def test_kill_9_of_the_kernel_leaves_no_worker_and_no_live_record():
 
         def workers_gone():
             alive = []
-            for pid in worker_pids:
+            for pid in [*worker_pids, *helpers]:
                 try:
                     if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                         alive.append(pid)
@@ -90,7 +93,11 @@ def test_kill_9_of_the_kernel_leaves_no_worker_and_no_live_record():
                     pass
             return not alive
 
-        wait_for(workers_gone, timeout=30, message="worker processes to exit after kill -9 of their kernel")
+        wait_for(
+            workers_gone,
+            timeout=30,
+            message="worker processes and their fork server to exit after kill -9 of their kernel",
+        )
         assert registry.read("doomed") is None
         assert "doomed" not in {r.name for r in registry.live_records()}
         # the dead owner's credentials and dashboard socket go with its record
