@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
 import nbformat
 import pytest
@@ -105,6 +104,16 @@ COLOUR_PIXELS_JS = """
 """
 
 CANVAS_WIDTH_JS = "(e) => Math.round(e.querySelector('canvas').getBoundingClientRect().width)"
+
+
+def _wait_coloured(page, selector: str, minimum: int, nth: int = 0, timeout: float = 10_000) -> int:
+    """Wait until the ``nth`` element matching ``selector`` has drawn more than ``minimum`` coloured pixels."""
+    page.wait_for_function(
+        f"(() => {{ const f = {COLOURED_PIXELS_JS}; const e = document.querySelectorAll({selector!r})[{nth}];"
+        f" return !!e && f(e) > {minimum}; }})()",
+        timeout=timeout,
+    )
+    return page.locator(selector).nth(nth).evaluate(COLOURED_PIXELS_JS)
 
 
 def _write_notebook(path: str) -> None:
@@ -234,13 +243,11 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
             timeout=30_000,
         )
         assert "3 series" in status.inner_text()
-        time.sleep(0.5)  # let ECharts finish its frame before reading pixels
         panels = page.locator("#jupyter-cluster-panel .jc-charts .jc-metrics-panel")
         assert panels.count() == 2
-        line_pixels = panels.nth(0).evaluate(COLOURED_PIXELS_JS)
-        heat_pixels = panels.nth(1).evaluate(COLOURED_PIXELS_JS)
-        assert line_pixels > 200, f"the line chart looks empty ({line_pixels} coloured pixels)"
-        assert heat_pixels > 2000, f"the heatmap looks empty ({heat_pixels} coloured pixels)"
+        # waits until ECharts has drawn its frame: the line chart's lines, then the heatmap's cells
+        _wait_coloured(page, "#jupyter-cluster-panel .jc-charts .jc-metrics-panel", 200, nth=0)
+        _wait_coloured(page, "#jupyter-cluster-panel .jc-charts .jc-metrics-panel", 2000, nth=1)
         # every run has its heatmap, all on one colour scale (member 2's cells reach 18, member 0's 6);
         # the index axis is named by the reported key
         heat = page.locator("#jupyter-cluster-panel .jc-metrics-heat").first
@@ -264,7 +271,7 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
             "(document.querySelector('.jc-topic-view .jc-metrics-status') || {}).textContent?.includes('48 reports')",
             timeout=30_000,
         )
-        time.sleep(0.5)  # let ECharts finish its frame before the screenshot
+        _wait_coloured(page, ".jc-topic-view .jc-metrics-panel", 200)  # drawn before the screenshot
         _shot(page, artifacts, "main-area-topic.png")
         page.evaluate("window.jupyterapp.commands.execute('application:close')")
         page.wait_for_selector(".jc-topic-view", state="detached", timeout=10_000)
@@ -286,8 +293,7 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         toolbar = page.locator("#jupyter-cluster-panel .jc-metrics-toolbar")
         toolbar.locator("select.jc-smoothing").select_option("0.9")
         toolbar.locator("input.jc-log-y").check()
-        time.sleep(0.5)  # let ECharts finish its frame before reading pixels
-        assert panels.nth(0).evaluate(COLOURED_PIXELS_JS) > 200
+        _wait_coloured(page, "#jupyter-cluster-panel .jc-charts .jc-metrics-panel", 200)
         _shot(page, artifacts, "panel-smoothing-log-y.png", "#jupyter-cluster-panel .jc-metrics-line")
         toolbar.locator("select.jc-smoothing").select_option("0")
         toolbar.locator("input.jc-log-y").uncheck()
@@ -446,9 +452,7 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
             "document.querySelectorAll('#jupyter-cluster-panel .jc-charts .jc-metrics-panel canvas').length >= 2",
             timeout=15_000,
         )
-        time.sleep(0.5)  # let ECharts finish its frame before reading pixels
-        line = page.locator("#jupyter-cluster-panel .jc-charts .jc-metrics-panel").first
-        assert line.evaluate(COLOURED_PIXELS_JS) > 200
+        _wait_coloured(page, "#jupyter-cluster-panel .jc-charts .jc-metrics-panel", 200)
         _shot(page, artifacts, "panel-after-stop.png", "#jupyter-cluster-panel")
         # a reload reads the kept history over REST
         page.reload()
