@@ -74,8 +74,9 @@ class Backend:
     def prepare(self, **options: Any) -> None:
         """Begin slow work :meth:`start` will need, before the caller's own waits (optional).
 
-        Called with :meth:`start`'s options just before it; must start nothing
-        that outlives a :meth:`start` that then fails, and raise nothing.
+        Called with :meth:`start`'s options just before it (unchecked yet); may
+        start a helper that later starts share (the local fork server), but
+        nothing of one cluster, and raises nothing.
         """
 
     def check_options(self, options: dict[str, Any]) -> None:
