@@ -523,26 +523,21 @@ class Leases:
             groups.setdefault(group_of[ls.addr], []).append(sent)
             out.append(sent)
         for k, sents in groups.items():
-            handle = self._run(self._send_group(addrs[k * RELAY_GROUP], sents))
+            # Built here, on the map's thread (the lease's token set is this thread's).
+            entries = [
+                (ls.addr, ls.id, self.secret, self._run_for(ls), sent.chunk.items, sent.chunk.budget)
+                for sent in sents
+                for ls in (sent.lease,)
+            ]
+            handle = self._run(self._send_group(addrs[k * RELAY_GROUP], sents, entries))
             for sent in sents:
                 sent.handle = handle
         self.relayed += len(groups)
         return out
 
-    async def _send_group(self, relay: str, sents: list[Sent]) -> None:
+    async def _send_group(self, relay: str, sents: list[Sent], entries: list[tuple]) -> None:
         from distributed.protocol import to_serialize
 
-        entries = [
-            (
-                sent.lease.addr,
-                sent.lease.id,
-                self.secret,
-                self._run_for(sent.lease),
-                sent.chunk.items,
-                sent.chunk.budget,
-            )
-            for sent in sents
-        ]
         try:
             answer = await call(self.client, relay, "jc_relay", entries=to_serialize(Packed(entries)))
             answers = answer["answers"]
