@@ -153,6 +153,8 @@ export class ClusterPanel extends Widget {
   private showAllJobs = false;
   /** what was fetched over REST for a stopped cluster ("cluster\0topic") */
   private fetched = '';
+  /** the overlay's other topics fetched over REST for a stopped cluster ("cluster\0topic") */
+  private readonly fetchedOverlay = new Set<string>();
 
   private readonly errorNode = el('div', 'jc-error');
   private readonly listNode = el('div', 'jc-clusters');
@@ -378,6 +380,17 @@ export class ClusterPanel extends Widget {
     const { selected, topic, topics, metrics } = this.state;
     if (!selected || !isStopped(this.state, selected)) {
       return;
+    }
+    // the overlay's other topics, once each
+    for (const other of this.state.overlayTopics) {
+      const key = `${selected}\u0000${other}`;
+      if (this.state.overlayMetrics[other] || this.fetchedOverlay.has(key)) {
+        continue;
+      }
+      this.fetchedOverlay.add(key);
+      void requestAPI<IMetricsModel>(`clusters/${encodeURIComponent(selected)}/metrics/${encodeURIComponent(other)}`)
+        .then(data => this.dispatch({ type: 'metrics', cluster: selected, topic: other, data }))
+        .catch(error => console.warn('jupyter-cluster:', (error as Error).message));
     }
     const key = `${selected}\u0000${topic ?? ''}\u0000${topics.length}\u0000${metrics ? 1 : 0}`;
     if (key === this.fetched) {

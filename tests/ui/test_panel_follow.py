@@ -34,6 +34,7 @@ import time
 import jupyter_cluster
 time.sleep(0.05)
 jupyter_cluster.report(step=i, topic="follow", member=i % 2, reward=10.0 * i + i % 2, loss=1.0 / (i + 1))
+jupyter_cluster.report(step=i, topic="follow-sys", mem=float(i * i))
 if i in (3, 7):
     raise ValueError(f"bad {i}")
 i""",
@@ -201,6 +202,19 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
             timeout=10_000,
         )
         _shot(page, artifacts, "panel-overlay.png", "#jupyter-cluster-panel .jc-metrics-overlay")
+        # a value of another topic of the cluster: three metrics, each scaled to 0-1
+        add.select_option(label="follow-sys: mem")
+        page.wait_for_function(
+            "document.querySelector('#jupyter-cluster-panel .jc-metrics-overlay').dataset.axes === 'normalised'",
+            timeout=15_000,
+        )
+        page.wait_for_function(
+            "document.querySelector('#jupyter-cluster-panel .jc-metrics-overlay').dataset.lines"
+            ".split('|').includes('follow-sys: mem')",
+            timeout=15_000,
+        )
+        _shot(page, artifacts, "panel-overlay-two-topics.png", "#jupyter-cluster-panel .jc-metrics-overlay")
+        page.locator("#jupyter-cluster-panel .jc-overlay-pick", has_text="follow-sys").click()
         page.locator("#jupyter-cluster-panel .jc-overlay-pick").first.click()
         page.wait_for_function(
             "document.querySelector('#jupyter-cluster-panel .jc-metrics-overlay').dataset.axes === 'shared'",

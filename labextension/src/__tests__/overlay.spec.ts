@@ -7,7 +7,7 @@ import {
   IOverlayPick,
   addPick,
   autoAxes,
-  overlayLegendRows,
+  overlayLegend,
   overlayLines,
   overlayOption,
   parsePick,
@@ -188,15 +188,30 @@ describe('the overlay lines and their y axes', () => {
   });
 
   it('a narrow chart wraps its legend onto rows instead of paging it', () => {
-    expect([1, 2, 4, 5, 9].map(n => overlayLegendRows(n, true))).toEqual([0, 1, 2, 3, 3]);
-    expect(overlayLegendRows(9, false)).toBe(1);
+    const name = 'x'.repeat(20); // 30 + 120 px each
+    expect(overlayLegend([name], 240)).toEqual({ rows: 0, paged: false });
+    expect(overlayLegend([name, name], 240)).toEqual({ rows: 2, paged: false });
+    expect(overlayLegend([name, name, name], 700)).toEqual({ rows: 1, paged: false });
+    expect(overlayLegend(Array(5).fill(name), 240).rows).toBe(5);
+    // too many to wrap: one paging row
+    expect(overlayLegend(Array(9).fill(name), 240)).toEqual({ rows: 1, paged: true });
     const o = overlayLines({ rl }, [pick('rl', 'reward'), pick('rl', 'loss')]);
-    const option = overlayOption(o, { compact: true }, () => '#000') as {
+    const option = overlayOption(o, { compact: true, width: 240 }, () => '#000') as {
       legend: { type: string };
       grid: { bottom: number };
     };
+    // "reward · member 0", "reward · member 1", "loss · member 0", "loss · member 1" at the sidebar's width
+    const { rows } = overlayLegend(
+      o.lines.map(l => l.name),
+      240
+    );
+    expect(rows).toBeGreaterThan(1);
     expect(option.legend.type).toBe('plain');
-    expect(option.grid.bottom).toBe(34 + 2 * 18);
+    expect(option.grid.bottom).toBe(34 + rows * 18);
+    const many = overlayOption({ ...o, lines: Array(9).fill(o.lines[0]) }, { width: 240 }, () => '#000') as {
+      legend: { type: string };
+    };
+    expect(many.legend.type).toBe('scroll');
   });
 
   it('the chart option has one y axis per side, the right-axis lines dashed', () => {

@@ -47,7 +47,7 @@ import {
 import type { IOverlay, IOverlayPick, OverlayAxes } from './overlay';
 import {
   addPick,
-  overlayLegendRows,
+  overlayLegend,
   overlayLines,
   overlayOption,
   parsePick,
@@ -796,14 +796,19 @@ export class MetricsCharts {
       x: this.xMode,
       compact: this.width(panel) < COMPACT_WIDTH
     };
-    const option = overlayOption(overlay, view, i => PALETTE[i % PALETTE.length]);
+    const width = this.width(panel);
+    const option = overlayOption(overlay, { ...view, width }, i => PALETTE[i % PALETTE.length]);
     // a wrapped legend gets room of its own rather than squeezing the plot
-    const height = `${this.options.height + 18 * Math.max(0, overlayLegendRows(overlay.lines.length, view.compact) - 1)}px`;
+    const { rows } = overlayLegend(
+      overlay.lines.map(l => l.name),
+      width
+    );
+    const height = `${this.options.height + 18 * Math.max(0, rows - 1)}px`;
     if (panel.box.style.height !== height) {
       panel.box.style.height = height;
       panel.chart.resize();
     }
-    const drawn = JSON.stringify([overlay.lines.map(l => [l.id, l.axis]), overlay.axisNames, view]);
+    const drawn = JSON.stringify([overlay.lines.map(l => [l.id, l.axis]), overlay.axisNames, view, rows]);
     if (panel.drawn === drawn) {
       panel.chart.setOption({ series: option.series }, { lazyUpdate: true });
     } else {

@@ -203,9 +203,31 @@ export function overlayLines(
   return { lines, axes: used, axisNames };
 }
 
-/** Rows the overlay's legend takes: none for one line, wrapped two a row (at most three rows) when narrow. */
-export function overlayLegendRows(lines: number, compact: boolean): number {
-  return lines <= 1 ? 0 : compact ? Math.min(3, Math.ceil(lines / 2)) : 1;
+/** Most rows the overlay's legend wraps onto; beyond, it pages (one row). */
+export const LEGEND_ROWS = 6;
+
+/**
+ * How the overlay's legend sits in a chart `width` pixels wide: no row for
+ * one line; the names wrapped as ECharts wraps them (estimated at 6 px a
+ * character and 30 px for the symbol and gap); or, beyond LEGEND_ROWS rows,
+ * one row that pages.
+ */
+export function overlayLegend(names: string[], width = 360): { rows: number; paged: boolean } {
+  if (names.length <= 1) {
+    return { rows: 0, paged: false };
+  }
+  const room = Math.max(100, width - 10);
+  let rows = 1;
+  let used = 0;
+  for (const name of names) {
+    const w = 30 + 6 * name.length;
+    if (used > 0 && used + w > room) {
+      rows++;
+      used = 0;
+    }
+    used += w;
+  }
+  return rows > LEGEND_ROWS ? { rows: 1, paged: true } : { rows, paged: false };
 }
 
 /**
@@ -215,7 +237,7 @@ export function overlayLegendRows(lines: number, compact: boolean): number {
  */
 export function overlayOption(
   overlay: IOverlay,
-  view: { smoothing?: number; logY?: boolean; x?: XAxisMode; compact?: boolean },
+  view: { smoothing?: number; logY?: boolean; x?: XAxisMode; compact?: boolean; width?: number },
   colorOf: (index: number) => string
 ): { [key: string]: unknown } {
   const compact = !!view.compact;
@@ -255,9 +277,10 @@ export function overlayOption(
     return [formatX(x, mode), ...rows.slice(0, compact ? 6 : 12)].join('<br/>');
   };
   const legend = lines.length > 1;
-  // the legend says which line is which metric: in a narrow chart it wraps onto rows (up to three) rather
-  // than paging, and the plot gives them room
-  const legendRows = overlayLegendRows(lines.length, compact);
+  // the legend says which line is which metric: it wraps onto rows rather than paging (unless there
+  // are very many), and the plot leaves them room
+  const names = lines.map(l => l.name);
+  const { rows: legendRows, paged } = overlayLegend(names, view.width);
   return {
     animation: false,
     backgroundColor: 'transparent',
@@ -275,7 +298,7 @@ export function overlayOption(
     },
     legend: {
       show: legend,
-      type: compact && lines.length <= 6 ? 'plain' : 'scroll',
+      type: paged ? 'scroll' : 'plain',
       bottom: 0,
       itemWidth: 14,
       itemHeight: 8,
