@@ -30,7 +30,14 @@ export class TopicView extends Widget {
     this.node.style.overflow = 'auto';
     this.node.style.padding = '8px';
     this.charts = new MetricsCharts(this.node, { height: 320, dark });
+    // the overlay may draw from the cluster's other topics: watch them on this view's socket too
+    this.charts.onOverlayTopics = topics => {
+      this.overlayTopics = topics;
+      this.watch();
+    };
   }
+
+  private overlayTopics: string[] = [];
 
   /** Re-style the charts for a dark or light theme. */
   setDark(dark: boolean): void {
@@ -72,17 +79,30 @@ export class TopicView extends Widget {
     super.dispose();
   }
 
+  private watch(): void {
+    const topics = [this.topic, ...this.overlayTopics.filter(t => t !== this.topic)].slice(0, 20);
+    if (this.socket?.readyState === WebSocket.OPEN) {
+      this.socket.send(JSON.stringify({ type: 'watch', cluster: this.cluster, topics }));
+    }
+  }
+
   private connect(): void {
     if (this.isDisposed || this.socket) {
       return;
     }
     const socket = new WebSocket(eventsURL());
     this.socket = socket;
-    socket.onopen = () => socket.send(JSON.stringify({ type: 'watch', cluster: this.cluster, topics: [this.topic] }));
+    socket.onopen = () => this.watch();
     socket.onmessage = event => {
       const msg = JSON.parse(String(event.data)) as ServerMessage;
-      if (msg.type === 'metrics' && msg.cluster === this.cluster && msg.topic === this.topic) {
-        this.charts.update(msg.data);
+      if (msg.type === 'metrics' && msg.cluster === this.cluster) {
+        if (msg.topic === this.topic) {
+          this.charts.update(msg.data);
+        } else if (this.overlayTopics.includes(msg.topic)) {
+          this.charts.setSource(msg.data);
+        }
+      } else if (msg.type === 'topics' && msg.cluster === this.cluster) {
+        this.charts.setCatalog(msg.topics.map(t => ({ topic: t.topic, scalars: t.scalars })));
       }
     };
     socket.onclose = () => {

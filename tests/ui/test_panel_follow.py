@@ -231,6 +231,24 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
             timeout=10_000,
         )
 
+        # the main-area view of the topic offers the cluster's other topics too
+        page.click("#jupyter-cluster-panel .jc-open-topic")
+        view_add = page.locator(".jc-topic-view .jc-metrics-toolbar select.jc-overlay-add")
+        page.wait_for_function(
+            "[...document.querySelectorAll('.jc-topic-view select.jc-overlay-add option')]"
+            ".some(o => o.textContent === 'follow-sys: mem')",
+            timeout=30_000,
+        )
+        view_add.select_option(label="follow-sys: mem")
+        page.wait_for_function(
+            "(document.querySelector('.jc-topic-view .jc-metrics-overlay') || {dataset: {}}).dataset.lines"
+            " === 'follow-sys: mem'",
+            timeout=15_000,
+        )
+        _shot(page, artifacts, "main-area-overlay-other-topic.png")
+        page.evaluate("window.jupyterapp.commands.execute('application:close')")
+        page.wait_for_selector(".jc-topic-view", state="detached", timeout=10_000)
+
         # -- a second notebook with its own cluster: the panel follows the active tab -------------
         page.evaluate("window.jupyterapp.commands.execute('docmanager:open', {path: 'b.ipynb'})")
         page.wait_for_function("window.jupyterapp.shell.currentWidget?.context?.path === 'b.ipynb'", timeout=30_000)

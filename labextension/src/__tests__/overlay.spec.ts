@@ -185,6 +185,10 @@ describe('the overlay lines and their y axes', () => {
     const wall = overlayLines({ rl }, [pick('rl', 'loss')], 'wall');
     expect(wall.lines[0].points[0][0]).toBe(100_000);
     expect(overlayLines({}, [pick('rl', 'loss')]).lines).toEqual([]);
+    // a line from another topic than the chart's own says its topic
+    const away = overlayLines({ sys }, [pick('sys', 'gpu_mem')], 'step', 'auto', 'rl');
+    expect([away.lines[0].name, away.axisNames[0]]).toEqual(['sys: gpu_mem', 'sys: gpu_mem']);
+    expect(overlayLines({ sys }, [pick('sys', 'gpu_mem')], 'step', 'auto', 'sys').lines[0].name).toBe('gpu_mem');
   });
 
   it('a narrow chart wraps its legend onto rows instead of paging it', () => {

@@ -785,7 +785,7 @@ export class MetricsCharts {
   private overlay(): IOverlay {
     const sources: { [topic: string]: IMetricsModel } = Object.fromEntries(this.sources);
     sources[this.model.topic] = this.model;
-    return overlayLines(sources, this.picks, this.xMode, this.overlayAxes);
+    return overlayLines(sources, this.picks, this.xMode, this.overlayAxes, this.model.topic);
   }
 
   private drawOverlay(panel: IPanel): void {

@@ -127,10 +127,12 @@ export function overlayLines(
   sources: { [topic: string]: IMetricsModel | undefined },
   picks: IOverlayPick[],
   mode: XAxisMode = 'step',
-  axes: OverlayAxes = 'auto'
+  axes: OverlayAxes = 'auto',
+  home?: string
 ): IOverlay {
   const topics = new Set(picks.map(p => p.topic));
-  const many = topics.size > 1;
+  // names say the topic when the lines come from several, or from another than the chart's own
+  const many = topics.size > 1 || (home !== undefined && picks.some(p => p.topic !== home));
   let origin: number | null = null;
   for (const t of topics) {
     for (const pairs of Object.values(sources[t]?.times ?? {})) {
@@ -140,6 +142,7 @@ export function overlayLines(
     }
   }
   const metricOrder: string[] = [];
+  const metricLabel = new Map<string, string>();
   const found: { id: string; name: string; metric: string; points: Point[] }[] = [];
   const seen = new Set<string>();
   for (const pick of picks) {
@@ -158,6 +161,7 @@ export function overlayLines(
       seen.add(id);
       if (!metricOrder.includes(metric)) {
         metricOrder.push(metric);
+        metricLabel.set(metric, many ? `${pick.topic}: ${pick.value}` : pick.value);
       }
       const label = key === 'all' ? pick.value : `${pick.value} · ${seriesLabel(key)}`;
       found.push({
@@ -169,7 +173,7 @@ export function overlayLines(
     }
   }
   const used = axes === 'auto' ? autoAxes(metricOrder.length) : axes;
-  const valueName = (metric: string): string => (many ? metric : metric.slice(metric.indexOf('/') + 1));
+  const valueName = (metric: string): string => metricLabel.get(metric) ?? metric;
   const ranges = new Map<string, [number, number] | null>();
   if (used === 'normalised') {
     for (const metric of metricOrder) {
