@@ -33,8 +33,14 @@ _PUBLIC = {
 
 
 def _in_dask_worker_process() -> bool:
-    """Whether this process is a Dask worker (started by a nanny, or by ``dask worker --no-nanny``)."""
+    """Whether this process is a Dask worker (started by a nanny, or by ``dask worker --no-nanny``).
+
+    Or the fork server local workers are forked from (``backends.local``), which
+    preloads their modules.
+    """
     if _multiprocessing.current_process().name == "Dask Worker process (from Nanny)":
+        return True
+    if any("from multiprocessing.forkserver import main" in arg for arg in getattr(_sys, "orig_argv", ())):
         return True
     spec = getattr(_sys.modules.get("__main__"), "__spec__", None)
     return getattr(spec, "name", None) == "distributed.cli.dask_worker"

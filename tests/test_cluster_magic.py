@@ -337,3 +337,9 @@ def test_workers_fork_from_a_server_and_get_the_notebooks_environment(monkeypatc
     later = _worker_view(second.client)
     assert later["ppid"] == view["ppid"] and later["env"] == "yes"
     assert local.environ_since_forkserver()["JC_TEST_SET_LATER"] == "yes"
+    # Forked processes share their parent's memory: each must still draw its own random numbers.
+    second.scale(3)
+    second.wait_for_workers(3)
+    for expr in ("__import__('random').random()", "__import__('numpy').random.random()"):
+        draws = list(second.client.run(eval, expr).values())
+        assert len(set(draws)) == 3, (expr, draws)

@@ -317,6 +317,9 @@ def _forkserver_is_private() -> bool:
     return (3, 10, 9) <= version < (3, 11) or version >= (3, 11, 1)
 
 
+#: what the fork server imports for every worker: distributed, and what of ours runs on a worker
+WORKER_MODULES = ["distributed", "jupyter_cluster.backends.local"]
+
 _forkserver_lock = threading.Lock()
 #: this process's environment when it started the fork server (None: it did not start one)
 _forkserver_environ: dict[str, str] | None = None
@@ -364,8 +367,10 @@ def start_forkserver() -> threading.Thread:
     (see :func:`sigint_blocked_for_children`), and the environment Dask sets
     before spawning (``distributed.nanny.pre-spawn-environ``, e.g.
     ``OMP_NUM_THREADS=1``, which the nannies put into this process's
-    environment anyway).  It preloads distributed only, so worker processes
-    import nothing of the notebook side.
+    environment anyway).  It preloads :data:`WORKER_MODULES`: nothing of the
+    notebook side (the package's ``__init__`` leaves it out in the fork server
+    as in workers), and nothing that holds per-process random state (numpy's
+    global generator, say, is imported by each worker after the fork).
     """
     global _forkserver_thread
     import multiprocessing
@@ -382,9 +387,9 @@ def start_forkserver() -> threading.Thread:
         for k, v in env.items():
             os.environ.setdefault(k, v)
         # distributed's own preload list (set by its first get_mp_context) also imports numpy
-        # and pandas into the notebook's process; ours is distributed alone.
+        # and pandas into the notebook's process; ours is WORKER_MODULES.
         if not getattr(distributed.utils, "_forkserver_preload_set", False):
-            multiprocessing.get_context("forkserver").set_forkserver_preload(["distributed"])
+            multiprocessing.get_context("forkserver").set_forkserver_preload(WORKER_MODULES)
             distributed.utils._forkserver_preload_set = True
 
     def run() -> None:
