@@ -284,6 +284,18 @@ class JobMessage(TypedDict):
     updated: float
     #: the first failed items (at most MAX_JOB_FAILURES), by index
     failures: list[JobFailure]
+    #: the Jupyter kernel that runs it (its id, as the browser's session names it), or None outside
+    #: a kernel: the panel follows the active notebook to the cluster of its maps with it
+    kernel_id: str | None
+
+
+#: a kernel id as the registry and the job messages carry it (the <id> of kernel-<id>.json)
+KERNEL_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def kernel_id_or_none(value: Any) -> str | None:
+    """``value`` if it can be a kernel id, else None (ids come from files and messages: checked, never trusted)."""
+    return value if isinstance(value, str) and KERNEL_ID_RE.fullmatch(value) else None
 
 
 def job_message(
@@ -298,6 +310,7 @@ def job_message(
     started: float,
     updated: float,
     failures: list[JobFailure] | None = None,
+    kernel_id: str | None = None,
 ) -> JobMessage:
     """A job update (published by :mod:`.telemetry.progress`, normalised by ``server.jobs``)."""
     return {
@@ -312,6 +325,7 @@ def job_message(
         "started": started,
         "updated": updated,
         "failures": sorted(failures or [], key=lambda f: f["index"])[:MAX_JOB_FAILURES],
+        "kernel_id": kernel_id_or_none(kernel_id),
     }
 
 

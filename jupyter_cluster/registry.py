@@ -23,7 +23,7 @@ import psutil
 
 from . import config
 from .errors import ClusterError
-from .models import NAME_RE
+from .models import KERNEL_ID_RE, NAME_RE, kernel_id_or_none
 
 #: files kept beside a record, removed with it (credentials, see backends.local)
 SIDECARS = (".tls", ".pem")
@@ -89,7 +89,7 @@ class ClusterRecord:
         return asdict(self)
 
 
-_KERNEL_FILE = re.compile(r"kernel-(?P<id>[A-Za-z0-9_.-]{1,128})\.json")
+_KERNEL_FILE = re.compile(rf"kernel-(?P<id>{KERNEL_ID_RE.pattern})\.json")
 
 
 def current_kernel_id() -> str | None:
@@ -220,10 +220,8 @@ def live_records(cleanup: bool = True) -> list[ClusterRecord]:
             continue  # half-written or foreign file: not ours to judge
         if record.name != entry[: -len(".json")] or not valid_name(record.name) or type(record.owner_pid) is not int:
             continue  # a record must be named after its own file (no "../victim")
-        if record.kernel_id is not None and not (
-            isinstance(record.kernel_id, str) and _KERNEL_FILE.fullmatch(f"kernel-{record.kernel_id}.json")
-        ):
-            record.kernel_id = None  # only ever compared, but a record is not trusted to hold anything else
+        # only ever compared, but a record is not trusted to hold anything else
+        record.kernel_id = kernel_id_or_none(record.kernel_id)
         if record.owner_alive():
             records.append(record)
         elif cleanup:

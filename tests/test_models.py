@@ -73,7 +73,18 @@ def payloads() -> dict:
         worker_addr,
     )
     job = models.job_message(
-        "job-1", "%%parallel x in range(10)", 4242, "demo", 10, 4, 1, "running", 1.0, 2.0, [failure]
+        "job-1",
+        "%%parallel x in range(10)",
+        4242,
+        "demo",
+        10,
+        4,
+        1,
+        "running",
+        1.0,
+        2.0,
+        [failure],
+        kernel_id="5f0c2a9e-1b7d-4c1e-9a43-2f6e8d0b7c11",
     )
     jobs.add(job)
     jobs.add(models.job_message("job-0", "Pool.map", 4242, "demo", None, 3, 0, "finished", 0.5, 0.9))

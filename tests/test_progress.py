@@ -83,6 +83,7 @@ def test_counts_are_exact_under_failures_and_retries(cluster, jobs, tmp_path):
     last = _last(jobs, job.id)
     assert (last["total"], last["done"], last["failed"]) == (60, 60 - len(failing), len(failing))
     assert last["label"] == "flaky" and last["kernel"] == os.getpid() and last["cluster"] == cluster.name
+    assert last["kernel_id"] is None  # this process is no Jupyter kernel (a kernel's id: test_registry, tests/ui)
     assert last["updated"] >= last["started"]
     # the first five failures, each with its index, one-line error, traceback tail and worker
     assert [f["index"] for f in last["failures"]] == failing[:5]
@@ -177,6 +178,21 @@ def test_failures_in_a_job_message_are_bounded():
     extra = [models.job_failure(0, "KeyError: 'a'"), models.job_failure(20, "KeyError: 'b'")]
     msg = models.job_message("j", "f", 1, "c", 9, 0, 9, "failed", 0.0, 1.0, got[::-1] + extra)
     assert [f["index"] for f in msg["failures"]] == [0, 1, 2, 3, 4]
+
+
+def test_the_kernel_id_of_a_job_message_is_checked_by_the_server():
+    from jupyter_cluster.server.jobs import JobsStore
+
+    store = JobsStore()
+    base = {"label": "f", "total": 1, "done": 0, "failed": 0, "state": "running", "started": 1.0, "updated": 1.0}
+    store.add(dict(base, job="a", kernel_id="5f0c2a9e-1b7d-4c1e-9a43-2f6e8d0b7c11"))
+    store.add(dict(base, job="b", kernel_id="../x y"))
+    store.add(dict(base, job="c", kernel_id=["not", "a", "string"]))
+    assert {j: m["kernel_id"] for j, m in store.jobs.items()} == {
+        "a": "5f0c2a9e-1b7d-4c1e-9a43-2f6e8d0b7c11",
+        "b": None,
+        "c": None,
+    }
 
 
 def test_model_and_line_while_running_with_unknown_total():

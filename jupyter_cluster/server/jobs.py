@@ -71,6 +71,7 @@ class JobsStore:
             started=_number(msg.get("started")) or time.time(),
             updated=_number(msg.get("updated")) or time.time(),
             failures=job_failures(msg.get("failures")),
+            kernel_id=msg.get("kernel_id"),
         )
         old = self.jobs.get(job["job"])
         if old is not None and old["updated"] > job["updated"]:

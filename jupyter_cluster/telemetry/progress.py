@@ -336,6 +336,10 @@ class ProgressObserver:
         self.cluster = (
             cluster if isinstance(cluster, str) else (_cluster_name(self.client) if self.client is not None else None)
         )
+        from ..registry import current_kernel_id
+
+        #: the panel follows the active notebook to the cluster its maps run on
+        self.kernel_id = current_kernel_id() if self.client is not None else None
         self._lock = threading.Lock()
         self._last_render = 0.0
         self._last_publish = 0.0
@@ -387,6 +391,7 @@ class ProgressObserver:
             started=snap["started"],
             updated=time.time(),
             failures=failures_of(job),
+            kernel_id=self.kernel_id,
         )
         if len(self.published) < 64 or force:
             self.published.append(msg)

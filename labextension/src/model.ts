@@ -76,6 +76,8 @@ export interface IJob {
   updated: number;
   /** the first failed items (at most 5), by index */
   failures: IJobFailure[];
+  /** the Jupyter kernel running it (the browser's kernel id), or null outside a kernel */
+  kernel_id: string | null;
 }
 
 /** A stopped cluster whose jobs and metrics the server kept (name: "NAME.stopped-HHMMSS"). */
@@ -166,15 +168,21 @@ export function initialState(): IPanelState {
 }
 
 /**
- * The live cluster of a kernel: the newest one it started or attached to,
- * or null (no kernel, or it has none).
+ * The live cluster of a kernel: the newest one it started or attached to
+ * with a registry record of its own, else the live cluster of its newest
+ * map (a notebook that did `%cluster connect NAME`), or null.
  */
-export function clusterOfKernel(clusters: IClusterSummary[], kernel: string | null): string | null {
+export function clusterOfKernel(clusters: IClusterSummary[], kernel: string | null, jobs: IJob[] = []): string | null {
   if (!kernel) {
     return null;
   }
   const mine = clusters.filter(c => (c.kernels ?? []).includes(kernel)).sort((a, b) => b.started - a.started);
-  return mine[0]?.name ?? null;
+  if (mine.length) {
+    return mine[0].name;
+  }
+  const live = new Set(clusters.map(c => c.name));
+  const mapped = jobs.filter(j => j.kernel_id === kernel && live.has(j.cluster)).sort((a, b) => b.started - a.started);
+  return mapped[0]?.cluster ?? null;
 }
 
 /**
@@ -184,7 +192,7 @@ export function clusterOfKernel(clusters: IClusterSummary[], kernel: string | nu
  * with no cluster keeps the current view; a user's click stays until then.
  */
 function followKernel(state: IPanelState): IPanelState {
-  const target = clusterOfKernel(state.clusters, state.activeKernel);
+  const target = clusterOfKernel(state.clusters, state.activeKernel, [...state.jobs.running, ...state.jobs.recent]);
   if (target === state.kernelCluster) {
     return state;
   }
@@ -247,9 +255,12 @@ export function reduce(state: IPanelState, msg: ServerMessage): IPanelState {
       return followKernel(keepSelection(state, msg.clusters));
     }
     case 'jobs':
-      return followJobs(
-        { ...state, jobs: { running: msg.running, recent: msg.recent }, history: msg.history ?? [] },
-        state.jobs.running
+      // the active notebook's maps may name its cluster (one it connected to by name)
+      return followKernel(
+        followJobs(
+          { ...state, jobs: { running: msg.running, recent: msg.recent }, history: msg.history ?? [] },
+          state.jobs.running
+        )
       );
     case 'cluster':
       return msg.name === state.selected ? { ...state, detail: msg.model } : state;

@@ -1,7 +1,9 @@
 """The panel with two notebooks in a real JupyterLab, driven through Debian's Chromium.
 
 Two notebooks, each with its own kernel and its own cluster: switching tabs
-switches the panel to the active notebook's cluster (unless pinned).  The
+switches the panel to the active notebook's cluster (unless pinned); a third
+that only connects to the first cluster by name is followed there once it
+maps (its job messages name its kernel).  The
 first notebook maps a cell that reports two metrics and fails on two items
 (collect mode): a click on the job lists the failed items with their error
 and worker; the x axis switches to wall time and to time since start; an
@@ -45,6 +47,8 @@ time.time()""",
     'import json\njson.dump(sorted(finished), open("lag-a.json", "w"))\nprint("lag written")',
 ]
 CELLS_B = [f"%load_ext jupyter_cluster\n%cluster start --name {B} --workers 1 --threads 1"]
+# a notebook that only connects to A by name (no registry record of its own): its maps name its kernel
+CELLS_C = [f"%load_ext jupyter_cluster\n%cluster connect {A}", "%%parallel i in range(4)\ni"]
 
 # Run one cell of the active notebook once its kernel has answered (the promise ends with the cell).
 RUN_CELL_JS = """
@@ -116,6 +120,7 @@ def _wait_idle(page) -> None:
 def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
     _notebook(os.path.join(lab.root_dir, "a.ipynb"), CELLS_A)
     _notebook(os.path.join(lab.root_dir, "b.ipynb"), CELLS_B)
+    _notebook(os.path.join(lab.root_dir, "c.ipynb"), CELLS_C)
     context = browser.new_context(viewport={"width": 1500, "height": 1000})
     page = context.new_page()
     console_errors: list[str] = []
@@ -267,6 +272,25 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
         page.wait_for_timeout(1000)  # several pushes at the 250 ms refresh: nothing may move it
         assert page.locator(f'#jupyter-cluster-panel .jc-cluster.jc-selected[data-name="{B}"]').count() == 1
         page.click("#jupyter-cluster-panel .jc-pin")
+        _selected(page, A, timeout=10_000)
+
+        # a third notebook connects to A by name: no cluster of its own yet, so the view stays on B;
+        # its first map names its kernel, and the panel follows it to A
+        _tab(page, "b.ipynb")
+        _selected(page, B, timeout=10_000)
+        page.evaluate("window.jupyterapp.commands.execute('docmanager:open', {path: 'c.ipynb'})")
+        page.wait_for_function("window.jupyterapp.shell.currentWidget?.context?.path === 'c.ipynb'", timeout=30_000)
+        _wait_idle(page)
+        page.evaluate(RUN_CELL_JS, 0)
+        page.wait_for_timeout(1000)  # several pushes at the 250 ms refresh: nothing may move it
+        assert page.locator(f'#jupyter-cluster-panel .jc-cluster.jc-selected[data-name="{B}"]').count() == 1
+        page.evaluate(RUN_CELL_JS, 1)
+        _selected(page, A, timeout=60_000)
+        _tab(page, "b.ipynb")
+        _selected(page, B, timeout=10_000)
+        _tab(page, "c.ipynb")
+        _selected(page, A, timeout=10_000)
+        _tab(page, "a.ipynb")
         _selected(page, A, timeout=10_000)
 
         # -- lag: when the panel shows k/N against when the k-th item ended -----------------------

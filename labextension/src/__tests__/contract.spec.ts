@@ -52,6 +52,8 @@ describe('the Python builders and model.ts agree', () => {
     // the owner's and an attached notebook's kernel ids: either notebook, when active, shows it
     expect(clusterOfKernel([summary], summary.kernels[1])).toBe('demo');
     expect(clusterOfKernel([summary], summary.kernels[0])).toBe('demo');
+    // a job names the kernel running it: a notebook that only connected by name is followed by its maps
+    expect(clusterOfKernel([{ ...summary, kernels: [] }], job.kernel_id, [job])).toBe('demo');
   });
 
   it('jobs go through the reducer and the progress text', () => {

@@ -70,6 +70,7 @@ function job(extra: Partial<IJob> = {}): IJob {
     started: 1,
     updated: 2,
     failures: [],
+    kernel_id: null,
     ...extra
   };
 }
@@ -345,6 +346,27 @@ describe('the panel follows the active notebook to its cluster', () => {
     s = select(s, 'a');
     s = reduce(s, { type: 'clusters', clusters: [...clusters, cluster('n', { kernels: ['k9'], started: 5 })] });
     expect(s.selected).toBe('a');
+  });
+
+  it("finds a notebook's cluster by its maps when it only connected to it by name", () => {
+    const jobs = [
+      job({ job: 'old', cluster: 'a', kernel_id: 'kc', started: 1 }),
+      job({ job: 'new', cluster: 'c', kernel_id: 'kc', started: 5 }),
+      job({ job: 'gone', cluster: 'stopped', kernel_id: 'kc', started: 9 })
+    ];
+    expect(clusterOfKernel(clusters, 'kc', jobs)).toBe('c');
+    // its own record wins over its maps
+    expect(clusterOfKernel(clusters, 'k1', jobs)).toBe('a');
+    let s = reduce(initialState(), { type: 'clusters', clusters });
+    s = setActiveKernel(s, 'kc');
+    expect(s.selected).toBe('a');
+    // the notebook's first map starts on c: the panel goes there (and stays with the notebook after)
+    s = reduce(s, { type: 'jobs', running: [jobs[1]], recent: [] });
+    expect(s.selected).toBe('c');
+    s = setActiveKernel(s, 'k2');
+    expect(s.selected).toBe('b');
+    s = setActiveKernel(s, 'kc');
+    expect(s.selected).toBe('c');
   });
 
   it('holds one cluster when pinned and follows again when let go', () => {
