@@ -343,3 +343,18 @@ def test_workers_fork_from_a_server_and_get_the_notebooks_environment(monkeypatc
     for expr in ("__import__('random').random()", "__import__('numpy').random.random()"):
         draws = list(second.client.run(eval, expr).values())
         assert len(set(draws)) == 3, (expr, draws)
+
+
+def test_fork_server_can_be_switched_off_and_on_again():
+    import os
+
+    import dask
+    import psutil
+
+    jc.start(workers=1, name="fork-on").close()  # the fork server runs now
+    with dask.config.set({"jupyter-cluster.local.forkserver": False}):
+        off = jc.start(workers=1, name="fork-off")
+        assert _worker_view(off.client)["ppid"] == os.getpid()  # spawned by this process's nanny
+        off.close()
+    on = jc.start(workers=1, name="fork-on-again")
+    assert "forkserver" in " ".join(psutil.Process(_worker_view(on.client)["ppid"]).cmdline())

@@ -330,9 +330,10 @@ def use_forkserver() -> bool:
     """Whether local workers start from a fork server with distributed already imported.
 
     Dask spawns each worker process as a fresh interpreter that imports
-    distributed (0.3-0.4 s of CPU each: half of a 1.0 s first start of 2
-    workers on 2 cores).  A fork server (one interpreter with distributed
-    imported, started with the first cluster) forks them instead.  Only Dask's
+    distributed: 0.4-0.5 s of CPU per worker, half of a 1.0 s first start of
+    2 workers on 2 cores.  A fork server (one interpreter with distributed
+    imported, started with the first cluster) forks them instead: 0.09 s of
+    CPU per worker.  Only Dask's
     default method ("spawn") is replaced, as for the settings above, and not
     when ``jupyter-cluster.local.forkserver`` is false, on platforms without
     fork servers, or when another part of this process runs one we did not
@@ -344,15 +345,18 @@ def use_forkserver() -> bool:
 
     key = "distributed.worker.multiprocessing-method"
     method = dask.config.get(key, None)
+    ours = _forkserver_thread is not None
     if not config.get("local.forkserver", True):
+        if method == "forkserver" and ours:  # switched off after we chose it: back to Dask's default
+            dask.config.set({key: "spawn"})
         return False
-    if method == "forkserver" and _forkserver_thread is not None:  # ours
+    if method == "forkserver" and ours:
         return True
     if method != "spawn" or "forkserver" not in multiprocessing.get_all_start_methods() or not _forkserver_is_private():
         return False
     from multiprocessing import forkserver
 
-    if getattr(forkserver._forkserver, "_forkserver_pid", None) is not None:  # someone else's
+    if getattr(forkserver._forkserver, "_forkserver_pid", None) is not None and not ours:  # someone else's
         return False
     dask.config.set({key: "forkserver"})
     return True
