@@ -237,7 +237,6 @@ def _unique_name(prefix: str) -> str:
     return f"{prefix}-{i}"
 
 
-# -- public API ----------------------------------------------------------------
 def _connect_client(started: StartedCluster, name: str):
     from distributed import Client
 
@@ -302,6 +301,7 @@ def _discard(started: StartedCluster) -> None:
             pass
 
 
+# -- public API ----------------------------------------------------------------
 def start(name: str | None = None, backend: str | None = None, wait: bool = True, **options: Any) -> ClusterHandle:
     """Start a cluster and make it the current one.
 
