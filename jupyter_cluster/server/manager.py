@@ -316,7 +316,7 @@ class ClusterManager:
         #: up again by the connection to the same cluster after a restart (:func:`.jobs.restore_live`)
         self._live = HistoryFolder(folder=_live_folder(), keep=LIVE_KEEP)
         self._waiting: dict[str, dict[str, Any]] | None = {
-            str(d.get("key")): d for d in self._live.read_all() if isinstance(d.get("key"), str)
+            d["key"]: d for d in self._live.read_all() if registry.valid_name(d.get("key"))
         }
         self._live_versions: dict[str, Any] = {}
         self._live_due = time.monotonic() + LIVE_SAVE_INTERVAL
