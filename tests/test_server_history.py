@@ -224,3 +224,17 @@ def test_running_clusters_keep_their_jobs_and_curves_across_a_real_server_restar
         server.stop()
         if registry.read(name) is not None:
             jc.stop(name)
+
+
+def test_a_kept_running_cluster_under_a_name_that_is_no_cluster_name_is_ignored(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    from jupyter_cluster.server.manager import ClusterManager
+
+    live = tmp_path / "jupyter-cluster-live"
+    live.mkdir()
+    outside = tmp_path / "victim.json"
+    outside.write_text("{}")
+    (live / "planted.json").write_text(json.dumps({"format": 1, "key": "../victim", "jobs": [], "topics": []}))
+    manager = ClusterManager()
+    assert manager._waiting == {}
+    assert outside.exists()
