@@ -10,7 +10,7 @@ behind Jupyter's own authentication (token, cookie, XSRF for writes).  The
 proxy strips the prefix (the dashboard's pages use relative links, as they do
 behind jupyter-server-proxy), never forwards the user's Jupyter cookies or
 token, and only connects to sockets owned by this user in a folder only this
-user can enter.  Kept import-light: the kernel imports :func:`public_link`.
+user can enter.  Kept import-light: the kernel's local backend imports :func:`link`.
 """
 
 from __future__ import annotations
@@ -55,27 +55,6 @@ _DROP_RESPONSE = {
 def link(base_url: str, name: str) -> str:
     """The browser link of cluster ``name``'s dashboard under a server at ``base_url``."""
     return "/" + "/".join(p.strip("/") for p in (base_url, ROUTE, name, "status") if p.strip("/"))
-
-
-def _server_base_url() -> str:
-    """Best guess, in a kernel, of the base URL of the Jupyter server that runs it ("/" if none)."""
-    try:
-        import psutil
-        from jupyter_server.serverapp import list_running_servers
-
-        ancestors = {p.pid for p in psutil.Process().parents()}
-        servers = list(list_running_servers())
-    except Exception:  # no jupyter_server, unreadable runtime dir: fall back below
-        servers, ancestors = [], set()
-    for info in servers:
-        if info.get("pid") in ancestors:
-            return info.get("base_url") or "/"
-    return os.environ.get("JUPYTERHUB_SERVICE_PREFIX") or "/"
-
-
-def public_link(name: str) -> str:
-    """The dashboard link a kernel shows for its cluster ``name`` (a path on its Jupyter server)."""
-    return link(_server_base_url(), name)
 
 
 def socket_is_ours(path: Any) -> bool:
