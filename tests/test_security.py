@@ -200,3 +200,18 @@ def test_a_name_whose_credentials_another_start_wrote_is_not_picked():
             handle.close()
     finally:
         credentials.forget_security(pending)
+
+
+def test_the_fork_server_listens_only_for_this_user():
+    """Whoever can connect to the fork server that local workers come from can run code as us."""
+    from multiprocessing import forkserver
+
+    handle = jc.start(workers=1)
+    try:
+        address = forkserver._forkserver._forkserver_address
+        assert isinstance(address, str) and address.startswith("/"), f"not a socket file: {address!r}"
+        st, folder = os.stat(address), os.stat(os.path.dirname(address))
+        assert stat.S_ISSOCK(st.st_mode) and st.st_uid == os.getuid()
+        assert stat.S_IMODE(st.st_mode) == 0o600 and stat.S_IMODE(folder.st_mode) == 0o700
+    finally:
+        handle.close()
