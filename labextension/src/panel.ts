@@ -155,6 +155,10 @@ export class ClusterPanel extends Widget {
   private fetched = '';
   /** the overlay's other topics fetched over REST for a stopped cluster ("cluster\0topic") */
   private readonly fetchedOverlay = new Set<string>();
+  /** earlier runs the server kept: their topics (read once each: they no longer change), for the overlay */
+  private readonly keptTopics = new Map<string, ITopicSummary[] | null>();
+  /** their models the overlay draws, read once each ("cluster\0topic") */
+  private readonly keptModels = new Map<string, IMetricsModel | null>();
 
   private readonly errorNode = el('div', 'jc-error');
   private readonly listNode = el('div', 'jc-clusters');
@@ -902,6 +906,37 @@ export class ClusterPanel extends Widget {
     return list;
   }
 
+  /**
+   * Earlier runs' topics the overlay can draw (the server's kept stopped
+   * clusters, other than the one shown); each one's topic list is read once.
+   */
+  private keptCatalog(): { topic: string; scalars: string[]; cluster: string }[] {
+    const out: { topic: string; scalars: string[]; cluster: string }[] = [];
+    for (const h of this.state.history) {
+      if (h.name === this.state.selected || h.topics.length === 0) {
+        continue;
+      }
+      const topics = this.keptTopics.get(h.name);
+      if (topics === undefined) {
+        this.keptTopics.set(h.name, null);
+        void requestAPI<{ topics: ITopicSummary[] }>(`clusters/${encodeURIComponent(h.name)}/metrics`)
+          .then(reply => {
+            this.keptTopics.set(h.name, reply.topics);
+            this.renderMetrics();
+          })
+          .catch(error => {
+            this.keptTopics.set(h.name, []); // not asked again on every push
+            console.warn('jupyter-cluster:', (error as Error).message);
+          });
+        continue;
+      }
+      for (const t of topics ?? []) {
+        out.push({ topic: t.topic, scalars: t.scalars, cluster: h.name });
+      }
+    }
+    return out;
+  }
+
   private renderMetrics(): void {
     const { topics, topic, metrics, hidden } = this.state;
     if (this.changed('topics', [topics.map(t => t.topic), topic])) {
@@ -946,6 +981,30 @@ export class ClusterPanel extends Widget {
     }
     if (!this.charts) {
       this.charts = new MetricsCharts(this.chartsHost, { height: 200, dark: this.dark ?? undefined });
+      // an earlier run's topics: read once, then drawn like the others
+      this.charts.onOverlayKept = kept => {
+        for (const { cluster, topic } of kept) {
+          const key = `${cluster}\u0000${topic}`;
+          const known = this.keptModels.get(key);
+          if (known) {
+            this.charts?.setSource(known, cluster);
+            continue;
+          }
+          if (known === null) {
+            continue; // being read
+          }
+          this.keptModels.set(key, null);
+          void requestAPI<IMetricsModel>(`clusters/${encodeURIComponent(cluster)}/metrics/${encodeURIComponent(topic)}`)
+            .then(data => {
+              this.keptModels.set(key, data);
+              this.charts?.setSource(data, cluster);
+            })
+            .catch(error => {
+              this.keptModels.delete(key);
+              console.warn('jupyter-cluster:', (error as Error).message);
+            });
+        }
+      };
       // the overlay may draw from other topics of the cluster: watch them too
       this.charts.onOverlayTopics = overlayTopics => {
         const before = this.state.overlayTopics;
@@ -959,7 +1018,7 @@ export class ClusterPanel extends Widget {
       this.chartInput = { ...this.chartInput, metrics, off };
       this.charts.update(metrics, off);
     }
-    this.charts.setCatalog(topics.map(t => ({ topic: t.topic, scalars: t.scalars })));
+    this.charts.setCatalog([...topics.map(t => ({ topic: t.topic, scalars: t.scalars })), ...this.keptCatalog()]);
     for (const model of Object.values(this.state.overlayMetrics)) {
       if (this.chartInput.sources.get(model.topic) !== model) {
         this.chartInput.sources.set(model.topic, model);

@@ -3,7 +3,8 @@
 Two notebooks, each with its own kernel and its own cluster: switching tabs
 switches the panel to the active notebook's cluster (unless pinned); a third
 that only connects to the first cluster by name is followed there once it
-maps (its job messages name its kernel).  The
+maps (its job messages name its kernel).  Last, the first cluster stops and
+a run on the second is overlaid with the first's kept curves.  The
 first notebook maps a cell that reports two metrics and fails on two items
 (collect mode): a click on the job lists the failed items with their error
 and worker; the x axis switches to wall time and to time since start; an
@@ -46,7 +47,14 @@ time.sleep(0.1)
 time.time()""",
     'import json\njson.dump(sorted(finished), open("lag-a.json", "w"))\nprint("lag written")',
 ]
-CELLS_B = [f"%load_ext jupyter_cluster\n%cluster start --name {B} --workers 1 --threads 1"]
+CELLS_B = [
+    f"%load_ext jupyter_cluster\n%cluster start --name {B} --workers 1 --threads 1",
+    # a second run of the same experiment, compared on the overlay with A's, kept after A stopped
+    """%%parallel i in range(6)
+import jupyter_cluster
+jupyter_cluster.report(step=i, topic="follow", reward=5.0 * i)
+i""",
+]
 # a notebook that only connects to A by name (no registry record of its own): its maps name its kernel
 CELLS_C = [f"%load_ext jupyter_cluster\n%cluster connect {A}", "%%parallel i in range(4)\ni"]
 
@@ -332,6 +340,39 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
         print("panel lag:", report)
         # a generous bound (a loaded CI machine); the figure itself is in panel-lag.json and docs/sidebar.md
         assert report["median_s"] < 2.0, report
+        # -- an earlier run on the overlay: A stops (its history is kept), B's run is compared with it
+        page.click(f'#jupyter-cluster-panel .jc-clusters .jc-cluster[data-name="{A}"] .jc-stop')
+        page.click(".jp-Dialog .jp-mod-accept")
+        page.locator(f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{A}.stopped-"]').wait_for(
+            timeout=60_000
+        )
+        _tab(page, "b.ipynb")
+        _selected(page, B, timeout=10_000)
+        page.evaluate(RUN_CELL_JS, 1)
+        page.wait_for_function(
+            "(document.querySelector('#jupyter-cluster-panel .jc-metrics-status') || {}).textContent"
+            "?.startsWith('follow: 6 reports')",
+            timeout=60_000,
+        )
+        add = page.locator("#jupyter-cluster-panel .jc-metrics-toolbar select.jc-overlay-add")
+        add.select_option(label="reward")
+        earlier = page.wait_for_function(
+            f"[...document.querySelectorAll('#jupyter-cluster-panel select.jc-overlay-add option')]"
+            f".map(o => o.textContent).find(t => t.startsWith('{A}.stopped-') && t.endsWith('follow: reward')) || null",
+            timeout=30_000,
+        ).json_value()
+        add.select_option(label=earlier)
+        page.wait_for_function(
+            f"(document.querySelector('#jupyter-cluster-panel .jc-metrics-overlay') || {{dataset: {{}}}})"
+            f".dataset.lines?.split('|').filter(n => n.startsWith('{A}.stopped-')).length === 2",
+            timeout=30_000,
+        )
+        overlay = page.locator("#jupyter-cluster-panel .jc-metrics-overlay")
+        # the earlier run's reward is a reward: one axis for both runs
+        assert overlay.get_attribute("data-axes") == "shared", overlay.get_attribute("data-axes")
+        assert overlay.get_attribute("data-lines").split("|")[0] == "reward"
+        _shot(page, artifacts, "panel-overlay-earlier-run.png", "#jupyter-cluster-panel .jc-metrics-overlay")
+
         ours = [e for e in console_errors if "jupyter-cluster" in e]
         assert not ours, ours
     finally:

@@ -12,8 +12,10 @@ import {
   overlayOption,
   parsePick,
   pickKey,
+  pickKept,
   pickTopics,
-  removePick
+  removePick,
+  sourceKey
 } from '../charts/overlay';
 
 const rl: IMetricsModel = {
@@ -82,8 +84,8 @@ const pick = (topic: string, value: string, series: string | null = null): IOver
 describe('picking metrics for the overlay', () => {
   it('round-trips a pick through its key and rejects anything else', () => {
     const p = pick('rl', 'reward', 'member=0');
-    expect(parsePick(pickKey(p))).toEqual(p);
-    expect(parsePick(pickKey(pick('rl', 'loss')))).toEqual(pick('rl', 'loss'));
+    expect(parsePick(pickKey(p))).toEqual({ ...p, cluster: null });
+    expect(parsePick(pickKey(pick('rl', 'loss')))).toEqual({ ...pick('rl', 'loss'), cluster: null });
     expect(parsePick('')).toBeNull();
     expect(parsePick('["rl", 3, null]')).toBeNull();
     expect(parsePick('{"topic": "rl"}')).toBeNull();
@@ -99,6 +101,57 @@ describe('picking metrics for the overlay', () => {
     picks = addPick(picks, pick('sys', 'gpu_mem'));
     expect(pickTopics(picks, 'rl')).toEqual(['sys']);
     expect(removePick(picks, pick('sys', 'gpu_mem'))).toEqual([pick('rl', 'reward')]);
+  });
+});
+
+describe('an earlier run the server kept, on the same overlay', () => {
+  const earlier: IMetricsModel = {
+    ...rl,
+    scalars: {
+      reward: {
+        'member=0': [
+          [0, 5],
+          [1, 6],
+          [2, 7]
+        ]
+      }
+    },
+    times: {
+      'member=0': [
+        [0, 1000],
+        [2, 1010]
+      ]
+    }
+  };
+  const kept = 'rl-run.stopped-120000';
+  const sources = { rl, [sourceKey('rl', kept)]: earlier };
+
+  it('keys, parses and lists picks of a kept cluster apart from the same value of this one', () => {
+    const p = pick('rl', 'reward', null);
+    const k = { ...p, cluster: kept };
+    expect(parsePick(pickKey(k))).toEqual(k);
+    expect(parsePick('["rl","reward",null]')).toEqual({ ...p, cluster: null });
+    const picks = addPick(addPick([], p), k);
+    expect(picks).toHaveLength(2);
+    expect(pickTopics(picks, 'other')).toEqual(['rl']);
+    expect(pickKept(picks)).toEqual([{ cluster: kept, topic: 'rl' }]);
+  });
+
+  it("shares the metric's axis, names the run, and starts its relative time at its own first report", () => {
+    const o = overlayLines(
+      sources,
+      [pick('rl', 'reward', 'member=0'), { ...pick('rl', 'reward', 'member=0'), cluster: kept }],
+      'relative'
+    );
+    expect(o.axes).toBe('shared');
+    expect(o.lines.map(l => l.name)).toEqual(['reward · member 0', `${kept} · reward · member 0`]);
+    // this run's origin is its first report (100 s), the kept run's its own (1000 s)
+    expect(o.lines[0].points[0][0]).toBe(0);
+    expect(o.lines[1].points).toEqual([
+      [0, 5],
+      [5, 6],
+      [10, 7]
+    ]);
   });
 });
 

@@ -51,9 +51,11 @@ import {
   overlayLines,
   overlayOption,
   parsePick,
+  pickKept,
   pickKey,
   pickTopics,
-  removePick
+  removePick,
+  sourceKey
 } from './overlay';
 
 export type { IMetricsModel, IVectorSeries, Point, XAxisMode } from './data';
@@ -465,12 +467,14 @@ export class MetricsCharts {
   private picks: IOverlayPick[] = [];
   private overlayAxes: OverlayAxes = 'auto';
   private readonly sources = new Map<string, IMetricsModel>();
-  private catalog: { topic: string; scalars: string[] }[] = [];
+  private catalog: { topic: string; scalars: string[]; cluster?: string }[] = [];
   private readonly overlayAdd: HTMLSelectElement;
   private readonly overlayAxesSelect: HTMLSelectElement;
   private readonly overlayPicks: HTMLElement;
   /** Called with the topics besides this one that the overlay draws from (the host should feed them). */
   onOverlayTopics: ((topics: string[]) => void) | null = null;
+  /** Called with the kept clusters' topics the overlay draws from (the host should read them once). */
+  onOverlayKept: ((sources: { cluster: string; topic: string }[]) => void) | null = null;
 
   constructor(host: HTMLElement, options: IChartOptions = {}) {
     this.options = { height: options.height ?? 260, manySeries: options.manySeries ?? 12 };
@@ -605,11 +609,12 @@ export class MetricsCharts {
   }
 
   /**
-   * What the overlay can draw from other topics of the same cluster: their
-   * names and scalar values (the panel's topic list).
+   * What the overlay can draw besides this topic: other topics of the same
+   * cluster, and (`cluster` set) topics of earlier runs the server kept, with
+   * their scalar values.
    */
-  setCatalog(topics: { topic: string; scalars: string[] }[]): void {
-    const next = topics.filter(t => t.topic !== this.model.topic && t.scalars.length > 0);
+  setCatalog(topics: { topic: string; scalars: string[]; cluster?: string }[]): void {
+    const next = topics.filter(t => (t.cluster || t.topic !== this.model.topic) && t.scalars.length > 0);
     if (JSON.stringify(next) === JSON.stringify(this.catalog)) {
       return;
     }
@@ -617,10 +622,10 @@ export class MetricsCharts {
     this.redraw();
   }
 
-  /** The latest model of another topic the overlay draws from. */
-  setSource(model: IMetricsModel): void {
-    this.sources.set(model.topic, model);
-    if (this.picks.some(p => p.topic === model.topic)) {
+  /** The latest model of another topic the overlay draws from (of a kept cluster when `cluster` is given). */
+  setSource(model: IMetricsModel, cluster?: string): void {
+    this.sources.set(sourceKey(model.topic, cluster), model);
+    if (this.picks.some(p => p.topic === model.topic && (p.cluster ?? undefined) === cluster)) {
       this.redraw();
     }
   }
@@ -635,6 +640,7 @@ export class MetricsCharts {
   private setPicks(picks: IOverlayPick[]): void {
     this.picks = picks;
     this.onOverlayTopics?.(pickTopics(picks, this.model.topic));
+    this.onOverlayKept?.(pickKept(picks));
     this.redraw();
   }
 
@@ -741,7 +747,10 @@ export class MetricsCharts {
     }
     for (const t of this.catalog) {
       for (const value of [...t.scalars].sort(naturalCompare)) {
-        options.push([pickKey({ topic: t.topic, value, series: null }), `${t.topic}: ${value}`]);
+        options.push([
+          pickKey({ topic: t.topic, value, series: null, cluster: t.cluster ?? null }),
+          `${t.cluster ? `${t.cluster} · ` : ''}${t.topic}: ${value}`
+        ]);
       }
     }
     const chosen = new Set(this.picks.map(pickKey));
@@ -768,7 +777,8 @@ export class MetricsCharts {
       this.overlayPicks.replaceChildren(
         ...this.picks.map(pick => {
           const label =
-            (pick.topic !== own ? `${pick.topic}: ` : '') +
+            (pick.cluster ? `${pick.cluster} · ` : '') +
+            (pick.topic !== own || pick.cluster ? `${pick.topic}: ` : '') +
             pick.value +
             (pick.series !== null ? ` · ${seriesLabel(pick.series)}` : '');
           const chip = el('button', 'jc-overlay-pick', `${label} ×`);

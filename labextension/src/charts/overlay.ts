@@ -16,11 +16,25 @@
 import type { IMetricsModel, Point, XAxisMode } from './data';
 import { ema, escapeHTML, formatNumber, formatX, naturalCompare, pointsOnAxis, seriesLabel, xAxisOption } from './data';
 
-/** One chosen metric: a scalar value of a topic, one of its series or all of them (series null). */
+/**
+ * One chosen metric: a scalar value of a topic, one of its series or all of
+ * them (series null), of the charts' own cluster or (cluster set) of an
+ * earlier run the server kept ("NAME.stopped-HHMMSS").
+ */
 export interface IOverlayPick {
   topic: string;
   value: string;
   series: string | null;
+  cluster?: string | null;
+}
+
+/** Where the model of a pick's topic is kept: its topic, or its kept cluster and topic. */
+export function sourceKey(topic: string, cluster?: string | null): string {
+  return cluster ? `${cluster}\u0000${topic}` : topic;
+}
+
+function sameValue(a: IOverlayPick, b: IOverlayPick): boolean {
+  return a.topic === b.topic && a.value === b.value && (a.cluster ?? null) === (b.cluster ?? null);
 }
 
 /** How the overlay's y axes are shared: decided from the picks ('auto') or forced by the user. */
@@ -52,7 +66,7 @@ export interface IOverlay {
 
 /** A pick as a string (for a <select> value and for de-duplication). */
 export function pickKey(pick: IOverlayPick): string {
-  return JSON.stringify([pick.topic, pick.value, pick.series]);
+  return JSON.stringify([pick.topic, pick.value, pick.series, pick.cluster ?? null]);
 }
 
 /** The pick a pickKey() names, or null when the text is not one. */
@@ -61,12 +75,13 @@ export function parsePick(key: string): IOverlayPick | null {
     const v = JSON.parse(key) as unknown;
     if (
       Array.isArray(v) &&
-      v.length === 3 &&
+      (v.length === 3 || v.length === 4) &&
       typeof v[0] === 'string' &&
       typeof v[1] === 'string' &&
-      (v[2] === null || typeof v[2] === 'string')
+      (v[2] === null || typeof v[2] === 'string') &&
+      (v[3] === undefined || v[3] === null || typeof v[3] === 'string')
     ) {
-      return { topic: v[0], value: v[1], series: v[2] };
+      return { topic: v[0], value: v[1], series: v[2], cluster: v[3] ?? null };
     }
   } catch {
     // not JSON: not a pick
@@ -80,10 +95,10 @@ export function addPick(picks: IOverlayPick[], pick: IOverlayPick): IOverlayPick
   if (picks.some(p => pickKey(p) === key)) {
     return picks;
   }
-  if (pick.series !== null && picks.some(p => p.topic === pick.topic && p.value === pick.value && p.series === null)) {
+  if (pick.series !== null && picks.some(p => sameValue(p, pick) && p.series === null)) {
     return picks; // already drawn with every series of its value
   }
-  const rest = pick.series === null ? picks.filter(p => !(p.topic === pick.topic && p.value === pick.value)) : picks;
+  const rest = pick.series === null ? picks.filter(p => !sameValue(p, pick)) : picks;
   return [...rest, pick];
 }
 
@@ -93,9 +108,20 @@ export function removePick(picks: IOverlayPick[], pick: IOverlayPick): IOverlayP
   return picks.filter(p => pickKey(p) !== key);
 }
 
-/** Topics the picks need besides `topic` (the panel watches them too). */
+/** Topics of the charts' own cluster the picks need besides `topic` (the panel watches them too). */
 export function pickTopics(picks: IOverlayPick[], topic: string): string[] {
-  return [...new Set(picks.map(p => p.topic))].filter(t => t !== topic).sort(naturalCompare);
+  return [...new Set(picks.filter(p => !p.cluster).map(p => p.topic))].filter(t => t !== topic).sort(naturalCompare);
+}
+
+/** The kept clusters' topics the picks need (read once: they no longer change). */
+export function pickKept(picks: IOverlayPick[]): { cluster: string; topic: string }[] {
+  const seen = new Map<string, { cluster: string; topic: string }>();
+  for (const p of picks) {
+    if (p.cluster) {
+      seen.set(sourceKey(p.topic, p.cluster), { cluster: p.cluster, topic: p.topic });
+    }
+  }
+  return [...seen.values()];
 }
 
 /** The sharing of y axes that 'auto' means for `metrics` distinct metrics (see the module's comment). */
@@ -118,10 +144,11 @@ function range(lines: Point[][]): [number, number] | null {
 }
 
 /**
- * The overlay's lines from the models of their topics.  Picks whose topic,
- * value or series is not (yet) there draw nothing.  Relative time counts
- * from the earliest report of all the topics drawn, so lines from several
- * topics share one origin.
+ * The overlay's lines from the models of their topics (`sources`, keyed by
+ * sourceKey()).  Picks whose topic, value or series is not (yet) there draw
+ * nothing.  Relative time counts from the earliest report of all the topics
+ * drawn of one run, so lines from several topics share one origin and an
+ * earlier run's lines start at 0 too.
  */
 export function overlayLines(
   sources: { [topic: string]: IMetricsModel | undefined },
@@ -133,11 +160,14 @@ export function overlayLines(
   const topics = new Set(picks.map(p => p.topic));
   // names say the topic when the lines come from several, or from another than the chart's own
   const many = topics.size > 1 || (home !== undefined && picks.some(p => p.topic !== home));
-  let origin: number | null = null;
-  for (const t of topics) {
-    for (const pairs of Object.values(sources[t]?.times ?? {})) {
+  // relative time counts from each run's first report (its cluster's topics drawn), so an earlier
+  // run's curve starts where the current one does
+  const origins = new Map<string, number>();
+  for (const p of picks) {
+    const run = p.cluster ?? '';
+    for (const pairs of Object.values(sources[sourceKey(p.topic, p.cluster)]?.times ?? {})) {
       for (const [, time] of pairs) {
-        origin = origin === null ? time : Math.min(origin, time);
+        origins.set(run, Math.min(origins.get(run) ?? Infinity, time));
       }
     }
   }
@@ -146,15 +176,16 @@ export function overlayLines(
   const found: { id: string; name: string; metric: string; points: Point[] }[] = [];
   const seen = new Set<string>();
   for (const pick of picks) {
-    const model = sources[pick.topic];
+    const model = sources[sourceKey(pick.topic, pick.cluster)];
     const bySeries = model?.scalars[pick.value];
     if (!model || !bySeries) {
       continue;
     }
+    // one metric (one axis, one scale) whichever run it comes from: an earlier run's reward is a reward
     const metric = `${pick.topic}/${pick.value}`;
     const keys = pick.series === null ? Object.keys(bySeries).sort(naturalCompare) : [pick.series];
     for (const key of keys) {
-      const id = `${metric}/${key}`;
+      const id = `${sourceKey(metric, pick.cluster)}/${key}`;
       if (!bySeries[key] || seen.has(id)) {
         continue;
       }
@@ -164,11 +195,12 @@ export function overlayLines(
         metricLabel.set(metric, many ? `${pick.topic}: ${pick.value}` : pick.value);
       }
       const label = key === 'all' ? pick.value : `${pick.value} · ${seriesLabel(key)}`;
+      const name = many ? `${pick.topic}: ${label}` : label;
       found.push({
         id,
-        name: many ? `${pick.topic}: ${label}` : label,
+        name: pick.cluster ? `${pick.cluster} · ${name}` : name,
         metric,
-        points: pointsOnAxis(bySeries[key], model.times?.[key], mode, origin)
+        points: pointsOnAxis(bySeries[key], model.times?.[key], mode, origins.get(pick.cluster ?? '') ?? null)
       });
     }
   }
