@@ -44,6 +44,18 @@ def test_the_tail_is_spread_over_the_batches_and_never_below_the_floor():
     assert planner.next_size(remaining=3, per_item=0.0001, spread=8, probe=1)[0] == 3
 
 
+def test_many_leases_get_batches_the_client_can_keep_up_with():
+    # Few leases: the usual 0.2 s batches and 10 ms tail.
+    assert planner.batch_seconds(2) == (planner.TARGET_TASK_SECONDS, planner.MIN_TASK_SECONDS)
+    # 256 leases at 500 batches a second: about 0.5 s batches, a tail of at least 0.128 s.
+    target, floor = planner.batch_seconds(256)
+    assert target == 256 / planner.CLIENT_BATCHES_PER_SECOND and floor == target / 4
+    # 16 rollouts of 50 ms per lease: 10-item batches instead of 4, and a tail of 3 items, not 1.
+    assert planner.next_size(remaining=4096, per_item=0.05, spread=256, probe=1, target=target, floor=floor)[0] == 10
+    assert planner.next_size(remaining=300, per_item=0.05, spread=512, probe=1, target=target, floor=floor)[0] == 3
+    assert planner.next_size(remaining=4096, per_item=0.05, spread=256, probe=1)[0] == 4
+
+
 def test_remembered_durations_are_keyed_by_code_and_bounded():
     def f(x):
         return x

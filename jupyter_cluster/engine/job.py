@@ -536,21 +536,31 @@ class MapJob:
         if self.chunksize != "auto":
             return self.chunksize, None
         if self._round_remaining is not None:
-            # Direct path.  While batches are running, the remaining work is spread over every
-            # batch slot (DEPTH per lease), not one share per lease: a batch sent now may wait
-            # behind its lease's running one, and one share per lease measured the last lease
-            # finishing 55-100 ms after the others on 1,000 × 1 ms items (a 180-item batch
-            # queued behind a running one).  The first round (nothing running) gives each
-            # lease one share, so a short map is one batch per lease, not two.
+            # Direct path.  The remaining work is spread over every batch slot (DEPTH per lease),
+            # not one share per lease: a batch sent now may wait behind its lease's running one,
+            # and one share per lease measured the last lease finishing 55-100 ms after the
+            # others on 1,000 × 1 ms items (a 180-item batch queued behind a running one).  Only
+            # when nothing runs yet and one batch per lease holds all that is left (a short map,
+            # an evolution-strategies iteration) is it one share per lease: one batch each, not two.
             from .dask import DEPTH
 
-            spread = self._threads * (DEPTH if self._inflight else 1)
             remaining = self._round_remaining
+            spread = DEPTH * self._threads
+            per_item = self._per_item()
+            target, floor = planner.batch_seconds(self._threads)
+            if not self._inflight and remaining is not None and per_item is not None:
+                if target / per_item >= math.ceil(remaining / max(self._threads, 1)):
+                    # No tail to balance: the share is all there is, however small.
+                    spread, floor = self._threads, planner.MIN_TASK_SECONDS
         else:
             remaining, spread = self._remaining(), 2 * self._threads
         per_item = self._per_item()
         probe = self._probe_size() if per_item is None else 1
-        return planner.next_size(remaining=remaining, per_item=per_item, spread=spread, probe=probe)
+        if self._round_remaining is None:  # the task path: the scheduler's pace, not the client's
+            return planner.next_size(remaining=remaining, per_item=per_item, spread=spread, probe=probe)
+        return planner.next_size(
+            remaining=remaining, per_item=per_item, spread=spread, probe=probe, target=target, floor=floor
+        )
 
     def _probe_size(self) -> int:
         if self._probe_items is None:
