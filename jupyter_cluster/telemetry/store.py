@@ -145,10 +145,10 @@ def _downsample(steps: array, values: array, cap: int) -> list[list]:
         import numpy as np
     except ImportError:  # pragma: no cover - numpy comes with pandas in practice
         stride = -(-n // cap)
-        idx = list(range(0, n, stride))
-        if idx[-1] != n - 1:
-            idx.append(n - 1)
-        return [[steps[i], _json_number(values[i])] for i in idx]
+        picks = list(range(0, n, stride))
+        if picks[-1] != n - 1:
+            picks.append(n - 1)
+        return [[steps[i], _json_number(values[i])] for i in picks]
     s = np.frombuffer(steps, dtype=np.float64)
     v = np.frombuffer(values, dtype=np.float64)
     k = -(-n // buckets)
@@ -177,8 +177,12 @@ def _thin(steps: array, times: array, cap: int) -> list[list[float]]:
     return [[steps[i], times[i]] for i in idx]
 
 
-def _restored_column(points: list[list[float | None]]) -> _Column:
-    """A scalar column from a model's [step, value] points (None: not a number)."""
+def _restored_column(points: list[list[Any]]) -> _Column:
+    """A scalar column from a model's [step, value] points (None: not a number).
+
+    The points come from a snapshot file's JSON, so nothing is known of their
+    types until ``float`` has checked them (a damaged file raises there).
+    """
     col = _Column()
     for step, value in points:
         col.add(float(step), math.nan if value is None else float(value), 1 << 62)
