@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import parse_qsl, urlencode
 
 ROUTE = "jupyter-cluster/dashboard"
@@ -57,7 +57,7 @@ def link(base_url: str, name: str) -> str:
     return "/" + "/".join(p.strip("/") for p in (base_url, ROUTE, name, "status") if p.strip("/"))
 
 
-def socket_is_ours(path: Any) -> bool:
+def socket_is_ours(path: Any) -> TypeGuard[str]:
     """Whether ``path`` is a Unix socket of this user in a folder only this user can enter."""
     if not isinstance(path, str) or not os.path.isabs(path):
         return False
@@ -167,7 +167,7 @@ def make_handler():
         async def post(self, name: str, path: str) -> None:
             await self._proxy(name, path)
 
-        async def get(self, name: str, path: str) -> None:  # type: ignore[override]
+        async def get(self, name: str, path: str) -> None:
             # the auth decorators answer (redirect, 403) without a coroutine to await
             if self.request.headers.get("Upgrade", "").lower() == "websocket":
                 result = self._websocket(name, path)
@@ -206,8 +206,9 @@ def make_handler():
             chosen = getattr(self.upstream, "selected_subprotocol", None)
             return chosen if chosen in subprotocols else None
 
-        def check_origin(self, origin: str) -> bool:
-            return JupyterHandler.check_origin(self, origin)
+        def check_origin(self, origin_to_satisfy_tornado: str = "") -> bool:
+            # Jupyter's rule (its allow_origin settings), not tornado's same-host one
+            return JupyterHandler.check_origin(self, origin_to_satisfy_tornado)
 
         def _from_upstream(self, message: Any) -> None:
             if message is None:  # the dashboard closed it
