@@ -144,6 +144,25 @@ def test_a_restarted_manager_takes_up_a_running_cluster_and_keeps_a_gone_one_as_
     assert os.listdir(tmp_path / "jupyter-cluster-live") == ["still-running.json"]
 
 
+async def test_a_kept_cluster_serves_reads_and_refuses_actions(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    from jupyter_cluster.errors import ClusterError
+    from jupyter_cluster.server.manager import ClusterManager
+
+    manager = ClusterManager()
+    kept = KeptCluster.from_connection("c1.stopped-120000", _stopped_connection(), PANEL_MODEL)
+    manager.history[kept.key] = kept
+    assert [t["topic"] for t in manager.topics(kept.key)] == ["es"]
+    model = manager.metrics(kept.key, "es")
+    assert model["version"] == 1 and sorted(model["scalars"]["reward"]) == ["walk=walk 0", "walk=walk 1"]
+    with pytest.raises(ClusterError, match="'c1' has stopped; there is nothing to scale"):
+        await manager.scale(kept.key, 2)
+    with pytest.raises(ClusterError, match="'c1' has stopped; there is nothing to adapt"):
+        await manager.adapt(kept.key, 0, 2)
+    with pytest.raises(ClusterError, match="kept as 'c1.stopped-120000'"):
+        await manager.cluster(kept.key)
+
+
 def test_running_clusters_keep_their_jobs_and_curves_across_a_real_server_restart(tmp_path):
     """A real Jupyter server, stopped and started again while a cluster keeps running.
 

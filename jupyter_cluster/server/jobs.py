@@ -23,8 +23,9 @@ import math
 import os
 import time
 from numbers import Real
-from typing import Any
+from typing import Any, NoReturn
 
+from ..errors import ClusterError
 from ..models import JOB_STATES, JobMessage, job_failures, job_message
 
 logger = logging.getLogger(__name__)
@@ -194,15 +195,12 @@ class KeptCluster:
             str(data["key"]), dict(data["summary"]), list(data.get("jobs") or []), list(data.get("topics") or [])
         )
 
-    async def model(self) -> dict[str, Any]:
-        from ..errors import ClusterError
-
+    async def model(self) -> NoReturn:
         raise ClusterError(f"cluster {self.name!r} has stopped; its jobs and metrics are kept as {self.key!r}.")
 
-    async def request(self, op: str, **_: Any) -> None:
-        from ..errors import ClusterError
-
-        raise ClusterError(f"cluster {self.name!r} has stopped; there is nothing to {op}.")
+    def refusal(self, op: str) -> ClusterError:
+        """The error an action on a stopped cluster gets (the manager raises it)."""
+        return ClusterError(f"cluster {self.name!r} has stopped; there is nothing to {op}.")
 
     async def close(self) -> None:
         return None

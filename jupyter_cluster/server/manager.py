@@ -34,6 +34,7 @@ from ..errors import ClusterError
 from ..models import (
     ClusterDetail,
     ClusterSummary,
+    TopicSummary,
     cluster_detail,
     cluster_model,
     cluster_summary,
@@ -212,7 +213,8 @@ class Connection:
     def _on_control(self, event: tuple[float, Any]) -> None:
         msg = event[1]
         if isinstance(msg, dict) and msg.get("op") == "reply":
-            fut = self._pending.get(msg.get("id"))
+            req_id = msg.get("id")
+            fut = self._pending.get(req_id) if isinstance(req_id, str) else None
             if fut is not None and not fut.done():
                 fut.set_result(msg)
 
@@ -487,7 +489,14 @@ class ClusterManager:
             raise NotFound(f"no live cluster named {name!r}; the list shows the running ones.")
         return conn
 
-    def clusters(self) -> list[dict[str, Any]]:
+    def live(self, name: str, op: str) -> Connection:
+        """The running cluster ``name``, to ``op``; a stopped one kept for its history refuses."""
+        conn = self.get(name)
+        if isinstance(conn, KeptCluster):
+            raise conn.refusal(op)
+        return conn
+
+    def clusters(self) -> list[ClusterSummary]:
         """Summaries of the live clusters, oldest first.
 
         A kernel's attachment to a scheduler that no longer answers (its owner
@@ -496,7 +505,7 @@ class ClusterManager:
         shown = (c for c in self.connections.values() if not (c.record.attached and c.status == "unreachable"))
         return sorted((c.summary() for c in shown), key=lambda s: s["started"])
 
-    async def cluster(self, name: str) -> dict[str, Any]:
+    async def cluster(self, name: str) -> ClusterDetail:
         """One cluster's details and workers."""
         return await self.get(name).model()
 
@@ -505,7 +514,9 @@ class ClusterManager:
 
         ``history`` lists the stopped clusters whose jobs and metrics are kept.
         """
-        conns = [self.get(name)] if name else [*self.connections.values(), *self.history.values()]
+        conns: list[Connection | KeptCluster] = (
+            [self.get(name)] if name else [*self.connections.values(), *self.history.values()]
+        )
         running: list[dict[str, Any]] = []
         recent: list[dict[str, Any]] = []
         for c in conns:
@@ -519,7 +530,7 @@ class ClusterManager:
     def jobs_version(self) -> int:
         return sum(c.jobs.version for c in self.connections.values()) + len(self.connections) + self._history_version
 
-    def topics(self, name: str) -> list[dict[str, Any]]:
+    def topics(self, name: str) -> list[TopicSummary]:
         """What each of one cluster's metric topics holds (no points)."""
         conn = self.get(name)
         return [topic_summary(conn.metrics[topic]) for topic in sorted(conn.metrics)]
@@ -532,9 +543,7 @@ class ClusterManager:
             known = ", ".join(sorted(conn.metrics)) or "none yet"
             raise NotFound(f"cluster {name!r} has no metrics topic {topic!r} (topics: {known}).")
         version = store.version
-        data = store.model(**PANEL_MODEL)
-        data["version"] = version
-        return data
+        return {**store.model(**PANEL_MODEL), "version": version}
 
     # -- control -----------------------------------------------------------------
     def _new_name(self) -> str:
@@ -552,7 +561,7 @@ class ClusterManager:
         memory_limit: str | None = None,
         backend: str | None = None,
         timeout: float = 180.0,
-    ) -> dict[str, Any]:
+    ) -> ClusterSummary:
         """Start a cluster owned by a new host process; returns its summary."""
         from .. import backends
 
@@ -585,6 +594,7 @@ class ClusterManager:
                 stderr=log,
                 start_new_session=True,  # Ctrl-C on the server must not stop the cluster
             )
+        assert proc.stdout is not None  # stdout=PIPE above
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), timeout)
         except asyncio.TimeoutError:
@@ -606,12 +616,17 @@ class ClusterManager:
             await self.refresh()
             if name not in self.connections:
                 await asyncio.sleep(0.05)
-        return self.get(name).summary()
+        conn = self.connections.get(name)
+        if conn is None:
+            raise ClusterError(
+                f"cluster {name!r} started, but this server has not reached its scheduler yet; "
+                "it will show in the list once it has."
+            )
+        return conn.summary()
 
     async def scale(self, name: str, n: int) -> None:
         validate_count(n, "workers")
-        conn = self.get(name)
-        await self._request(conn, "scale", n=n)
+        await self._request(self.live(name, "scale"), "scale", n=n)
 
     async def adapt(self, name: str, minimum: int = 0, maximum: int | None = None) -> None:
         validate_count(minimum, "minimum")
@@ -619,8 +634,7 @@ class ClusterManager:
             validate_count(maximum, "maximum")
             if maximum < minimum:
                 raise ClusterError(f"maximum ({maximum}) must be at least minimum ({minimum}).")
-        conn = self.get(name)
-        await self._request(conn, "adapt", minimum=minimum, maximum=maximum)
+        await self._request(self.live(name, "adapt"), "adapt", minimum=minimum, maximum=maximum)
 
     async def _request(self, conn: Connection, op: str, **args: Any) -> None:
         try:
@@ -639,7 +653,7 @@ class ClusterManager:
         if name in self.history and name not in self.connections:
             self.forget(name)
             return
-        conn = self.get(name)
+        conn = self.live(name, "stop")
         rec = conn.record
         asked = False
         if conn.client is not None:
