@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Iterable, Mapping
 from contextlib import suppress
-from typing import Any
+from typing import Any, cast
 
 from .. import config
 from ..errors import ClusterError
@@ -467,13 +467,14 @@ def _guarded_kube_cluster():
         async def _list_pods(self) -> list[dict[str, Any]]:
             from kr8s.asyncio.objects import Pod
 
-            # raw=True yields the API's dicts; kr8s's annotation says Pod
-            return [
-                p  # type: ignore[misc]
+            pods = [
+                p
                 async for p in Pod.list(
                     namespace=self.namespace, label_selector=f"dask.org/cluster-name={self.name}", raw=True
                 )
             ]
+            # raw=True yields the API's dicts; kr8s's annotation says Pod (and lint runs without kr8s)
+            return cast("list[dict[str, Any]]", pods)
 
         async def _watch_pods(self, began: float, until_worker: bool) -> None:
             """Return once a worker pod runs (if asked); raise ClusterError on a hopeless pod."""
