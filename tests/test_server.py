@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import pytest
 import requests
@@ -297,28 +298,36 @@ def _client(name: str):
     return Client(registry.read(name).address, timeout=10, set_as_default=False, security=saved_security(name))
 
 
+def _job(job: str, now: float, **fields: Any) -> dict[str, Any]:
+    """A map job's update as a kernel publishes it (:func:`jupyter_cluster.models.job_message`).
+
+    One item, none done, running since ``now``, unless ``fields`` say otherwise.
+    """
+    from jupyter_cluster.models import job_message
+
+    args: dict[str, Any] = dict(
+        label=job,
+        kernel=os.getpid(),
+        cluster=None,
+        total=1,
+        done=0,
+        failed=0,
+        state="running",
+        started=now,
+        updated=now,
+    )
+    return dict(job_message(job, **{**args, **fields}))
+
+
 def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_cluster):
     from jupyter_cluster import telemetry
 
     client = _client("panel-t")
     try:
         now = time.time()
-        client.log_event(
-            telemetry.JOBS_TOPIC,
-            {
-                "job": "job-1",
-                "label": "%%parallel cell",
-                "kernel": os.getpid(),
-                "cluster": "x",
-                "total": 10,
-                "done": 4,
-                "failed": 1,
-                "state": "running",
-                "started": now,
-                "updated": now,
-                "failures": [{"index": 2, "error": "ValueError: bad 2", "traceback": "", "worker": "tcp://w:1"}],
-            },
-        )
+        failure = {"index": 2, "error": "ValueError: bad 2", "traceback": "", "worker": "tcp://w:1"}
+        job = _job("job-1", now, label="%%parallel cell", cluster="x", total=10, done=4, failed=1, failures=[failure])
+        client.log_event(telemetry.JOBS_TOPIC, job)
 
         def report_on_worker(i):
             import jupyter_cluster
@@ -346,21 +355,7 @@ def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_clus
         rows = model["vectors"]["load"]["member=0"]
         assert rows["steps"] == [0, 2, 4] and rows["rows"][1] == [2.0, 1.0, 2.0, 3.0]
         assert model["dropped"] == 0
-        client.log_event(
-            telemetry.JOBS_TOPIC,
-            {
-                "job": "job-1",
-                "label": "%%parallel cell",
-                "kernel": os.getpid(),
-                "cluster": "x",
-                "total": 10,
-                "done": 10,
-                "failed": 1,
-                "state": "finished",
-                "started": now,
-                "updated": time.time(),
-            },
-        )
+        client.log_event(telemetry.JOBS_TOPIC, dict(job, done=10, state="finished", updated=time.time()))
         recent = wait_for(lambda: api.ok("GET", "jobs")["recent"], 10, message="finished job")
         assert recent[0]["state"] == "finished" and recent[0]["done"] == 10
     finally:
@@ -482,22 +477,12 @@ def test_server_follows_a_restarted_scheduler(api):
             client = _client("restarts")
             try:
                 now = time.time()
-                client.log_event(
-                    telemetry.JOBS_TOPIC,
-                    {
-                        "job": job,
-                        "label": job,
-                        "kernel": os.getpid(),
-                        "total": 1,
-                        "done": 0,
-                        "failed": 0,
-                        "state": "running",
-                        "started": now,
-                        "updated": now,
-                    },
-                )
+                client.log_event(telemetry.JOBS_TOPIC, _job(job, now))
             finally:
                 client.close()
+
+        def status() -> str:
+            return next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "restarts")["status"]
 
         def job_ids() -> set[str]:
             return {j["job"] for j in api.ok("GET", "jobs?cluster=restarts")["running"]}
@@ -505,32 +490,14 @@ def test_server_follows_a_restarted_scheduler(api):
         wait_for(lambda: "restarts" in api.names(), 5, message="the record in the list")
         # Publish once the server's client is connected and subscribed, as a real job's
         # repeated progress messages would find it; the listing alone comes from the registry.
-        wait_for(
-            lambda: (
-                next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "restarts")["status"] == "running"
-            ),
-            15,
-            message="the server to connect",
-        )
+        wait_for(lambda: status() == "running", 15, message="the server to connect")
         publish("before")
         wait_for(lambda: "before" in job_ids(), 15, message="job 'before'")
         first.kill()
         first.wait(10)
-        wait_for(
-            lambda: (
-                next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "restarts")["status"] != "running"
-            ),
-            15,
-            message="the server to notice",
-        )
+        wait_for(lambda: status() != "running", 15, message="the server to notice")
         second = _scheduler(port)
-        wait_for(
-            lambda: (
-                next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "restarts")["status"] == "running"
-            ),
-            30,
-            message="reconnection",
-        )
+        wait_for(lambda: status() == "running", 30, message="reconnection")
         publish("after")
         wait_for(lambda: {"before", "after"} <= job_ids(), 15, message="job 'after' from the new scheduler")
     finally:

@@ -62,6 +62,16 @@ def _out(capsys) -> str:
     return ANSI.sub("", captured.out + captured.err)
 
 
+def _all_reduce_works(shell) -> None:
+    """A %%spmd cell's all_reduce of ones over the 2 ranks gives 2.0 on each: the group works."""
+    res = run_cell(
+        shell,
+        "%%spmd --out total\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()\n",
+    )
+    assert res.error_in_exec is None, res.error_in_exec
+    assert shell.user_ns["total"] == {0: 2.0, 1: 2.0}
+
+
 def _statuses(cluster):
     return cluster.client.run(spmd_worker.status)
 
@@ -417,12 +427,7 @@ dist.all_reduce(torch.ones(1))
     # the cluster stays usable: the nanny brings a worker back, the next cell builds a new group
     cluster.wait_for_workers(2, timeout=60)
     wait_for(lambda: len(workers_now(cluster.client)) == 2, timeout=60, message="2 workers")
-    res = run_cell(
-        shell,
-        "%%spmd --out again\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()\n",
-    )
-    assert res.error_in_exec is None, res.error_in_exec
-    assert shell.user_ns["again"] == {0: 2.0, 1: 2.0}
+    _all_reduce_works(shell)
     out = _out(capsys)
     assert "rebuilt the process group with 2 ranks" in out and out.count("%%spmd:") == 1, out
     assert spmd_mod.group(cluster).id != old_group.id
@@ -467,12 +472,7 @@ def test_ranks_stuck_inside_torch_are_restarted_by_the_next_cell(shell, cluster,
     assert all(s["running"] for s in _statuses(cluster).values())  # really stuck in torch
     _out(capsys)
     t0 = time.monotonic()
-    res = run_cell(
-        shell,
-        "%%spmd --out ok\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()\n",
-    )
-    assert res.error_in_exec is None, res.error_in_exec
-    assert shell.user_ns["ok"] == {0: 2.0, 1: 2.0}
+    _all_reduce_works(shell)
     out = _out(capsys)
     assert (
         "were still busy with an earlier cell, inside a call Python cannot interrupt; restarting their workers" in out
