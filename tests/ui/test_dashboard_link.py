@@ -10,6 +10,7 @@ import pytest
 
 import jupyter_cluster as jc
 
+from .pages import lab_page
 from .test_panel import _open_panel
 
 
@@ -22,10 +23,8 @@ def kernel_cluster():
 
 
 def test_dashboard_link_opens_through_jupyter_under_base_url(lab, browser, kernel_cluster):
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    page = context.new_page()
-    try:
-        page.goto(f"{lab.url}lab?token={lab.token}", timeout=90_000)
+    with lab_page(browser, lab, "lab", (1400, 900)) as page:
+        context = page.context
         page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
         _open_panel(page)
         row = page.locator('#jupyter-cluster-panel .jc-cluster[data-name="ui-dash"]')
@@ -66,5 +65,3 @@ def test_dashboard_link_opens_through_jupyter_under_base_url(lab, browser, kerne
             assert "/hub/user/tester/login" in other.url
         finally:
             stranger.close()
-    finally:
-        context.close()

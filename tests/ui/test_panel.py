@@ -19,6 +19,8 @@ import re
 import nbformat
 import pytest
 
+from .pages import lab_page, shot
+
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
 CLUSTER = "ui-panel"
@@ -158,23 +160,9 @@ def _chart_fits(page, width_range: tuple[float, float]) -> int:
     return page.locator("#jupyter-cluster-panel .jc-metrics-line").first.evaluate(CANVAS_WIDTH_JS)
 
 
-def _shot(page, artifacts: str, name: str, selector: str | None = None) -> str:
-    path = os.path.join(artifacts, name)
-    if selector:
-        page.locator(selector).screenshot(path=path)
-    else:
-        page.screenshot(path=path, full_page=False)
-    return path
-
-
 def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser, artifacts):
     _write_notebook(os.path.join(lab.root_dir, "ui.ipynb"))
-    context = browser.new_context(viewport={"width": 1500, "height": 1000})
-    page = context.new_page()
-    console_errors: list[str] = []
-    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
-    try:
-        page.goto(f"{lab.url}lab?token={lab.token}", timeout=90_000)
+    with lab_page(browser, lab, "lab", artifacts=artifacts, last_shot="panel-last-state.png") as page:
         page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
 
         # -- the panel, and a cluster started from it --------------------------------
@@ -198,7 +186,7 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         )
         statuses = page.locator("#jupyter-cluster-panel .jc-worker .jc-worker-status").all_inner_texts()
         assert statuses == ["running", "running"]
-        _shot(page, artifacts, "panel-cluster-started.png", "#jupyter-cluster-panel")
+        shot(page, artifacts, "panel-cluster-started.png", "#jupyter-cluster-panel")
 
         # -- a notebook that attaches to it, maps a cell and reports metrics ------------
         page.goto(f"{lab.url}lab/tree/ui.ipynb", timeout=90_000)
@@ -260,7 +248,7 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
             "document.querySelector('#jupyter-cluster-panel .jc-metrics-heat').dataset.diff === 'member=0,member=1'",
             timeout=5_000,
         )
-        _shot(page, artifacts, "panel-heatmaps-shared-scale.png", "#jupyter-cluster-panel .jc-metrics-heat")
+        shot(page, artifacts, "panel-heatmaps-shared-scale.png", "#jupyter-cluster-panel .jc-metrics-heat")
         heat.locator("select.jc-diff").select_option(index=0)
         # the topic opens in the main area, as a dockable tab with the same charts
         page.click("#jupyter-cluster-panel .jc-open-topic")
@@ -272,7 +260,7 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
             timeout=30_000,
         )
         _wait_coloured(page, ".jc-topic-view .jc-metrics-panel", 200)  # drawn before the screenshot
-        _shot(page, artifacts, "main-area-topic.png")
+        shot(page, artifacts, "main-area-topic.png")
         page.evaluate("window.jupyterapp.commands.execute('application:close')")
         page.wait_for_selector(".jc-topic-view", state="detached", timeout=10_000)
         # tooltips: rounded numbers, short series names
@@ -294,7 +282,7 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         toolbar.locator("select.jc-smoothing").select_option("0.9")
         toolbar.locator("input.jc-log-y").check()
         _wait_coloured(page, "#jupyter-cluster-panel .jc-charts .jc-metrics-panel", 200)
-        _shot(page, artifacts, "panel-smoothing-log-y.png", "#jupyter-cluster-panel .jc-metrics-line")
+        shot(page, artifacts, "panel-smoothing-log-y.png", "#jupyter-cluster-panel .jc-metrics-line")
         toolbar.locator("select.jc-smoothing").select_option("0")
         toolbar.locator("input.jc-log-y").uncheck()
         # series selection: switching a member off redraws without it
@@ -311,18 +299,18 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
             "return f(document.querySelector('#jupyter-cluster-panel .jc-metrics-line'), [80, 112, 221]) < 5; })()",
             timeout=5_000,
         )
-        _shot(page, artifacts, "panel-workers-jobs-metrics.png", "#jupyter-cluster-panel")
-        _shot(page, artifacts, "lab-notebook-and-panel.png")
+        shot(page, artifacts, "panel-workers-jobs-metrics.png", "#jupyter-cluster-panel")
+        shot(page, artifacts, "lab-notebook-and-panel.png")
 
         # -- the charts follow the sidebar's width: narrow -> wide -> narrow ---------------
         narrow = _chart_fits(page, (150, 320))
         _drag_sidebar_to(page, 760)
         wide = _chart_fits(page, (550, 760))
-        _shot(page, artifacts, "panel-wide.png")
+        shot(page, artifacts, "panel-wide.png")
         _drag_sidebar_to(page, 300)
         again = _chart_fits(page, (150, 300))
         assert wide > narrow + 250 and again < wide - 250, (narrow, wide, again)
-        _shot(page, artifacts, "panel-narrow.png", "#jupyter-cluster-panel")
+        shot(page, artifacts, "panel-narrow.png", "#jupyter-cluster-panel")
 
         # -- a theme switch re-styles the charts already drawn ------------------------------
         line = page.locator("#jupyter-cluster-panel .jc-metrics-line").first
@@ -343,7 +331,7 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
             "Math.abs(p.querySelector('canvas').getBoundingClientRect().width - p.clientWidth) <= 1)",
             timeout=10_000,
         )
-        _shot(page, artifacts, "lab-dark-theme.png")
+        shot(page, artifacts, "lab-dark-theme.png")
         page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
         page.wait_for_function("document.body.dataset.jpThemeLight === 'true'", timeout=30_000)
 
@@ -375,22 +363,15 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
             "document.querySelectorAll('#jupyter-cluster-panel .jc-worker').length === 1", timeout=60_000
         )
         page.locator(".jp-NotebookPanel .jp-OutputArea-output").nth(1).scroll_into_view_if_needed()
-        _shot(page, artifacts, "notebook-widgets.png", ".jp-NotebookPanel")
-        # no error from our extension in the browser console
-        ours = [e for e in console_errors if "jupyter-cluster" in e]
-        assert not ours, ours
-    finally:
-        _shot(page, artifacts, "panel-last-state.png")
-        context.close()
+        shot(page, artifacts, "notebook-widgets.png", ".jp-NotebookPanel")
 
 
 def test_panel_in_notebook_7(lab, browser, artifacts):
     """The same extension in Notebook 7's notebook page: its left sidebar shows the panel."""
     pytest.importorskip("notebook", minversion="7", reason="Notebook 7 is in the test extras")
-    context = browser.new_context(viewport={"width": 1300, "height": 900})
-    page = context.new_page()
-    try:
-        page.goto(f"{lab.url}notebooks/ui.ipynb?token={lab.token}", timeout=90_000)
+    with lab_page(
+        browser, lab, "notebooks/ui.ipynb", (1300, 900), artifacts=artifacts, last_shot="notebook7-last-state.png"
+    ) as page:
         page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
         page.wait_for_function(
             "!!window.jupyterapp && window.jupyterapp.commands.hasCommand('jupyter-cluster:open')", timeout=30_000
@@ -400,10 +381,7 @@ def test_panel_in_notebook_7(lab, browser, artifacts):
         # the cluster started from JupyterLab's panel is listed here too
         page.click(f'#jupyter-cluster-panel .jc-cluster[data-name="{CLUSTER}"] .jc-cluster-name', timeout=30_000)
         page.wait_for_selector("#jupyter-cluster-panel .jc-worker", timeout=30_000)
-        _shot(page, artifacts, "notebook7-panel.png")
-    finally:
-        _shot(page, artifacts, "notebook7-last-state.png")
-        context.close()
+        shot(page, artifacts, "notebook7-panel.png")
 
 
 def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
@@ -411,11 +389,12 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
 
     And the server's log shows no traceback for it (its client's cancelled reconnect).
     """
-    context = browser.new_context(viewport={"width": 1500, "height": 1000})
-    page = context.new_page()
     log_start = os.path.getsize(lab.log_path)
-    try:
-        page.goto(f"{lab.url}lab?token={lab.token}", timeout=90_000)
+    # the Jupyter server restarts in it: the panel's events socket is refused meanwhile
+    refused = "jupyter-cluster/api/events' failed: Error in connection establishment: net::ERR_CONNECTION_REFUSED"
+    with lab_page(
+        browser, lab, "lab", artifacts=artifacts, last_shot="panel-history-last-state.png", expected_errors=(refused,)
+    ) as page:
         page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
         _open_panel(page)
         page.click(f'#jupyter-cluster-panel .jc-cluster[data-name="{CLUSTER}"] .jc-cluster-name', timeout=30_000)
@@ -453,7 +432,7 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
             timeout=15_000,
         )
         _wait_coloured(page, "#jupyter-cluster-panel .jc-charts .jc-metrics-panel", 200)
-        _shot(page, artifacts, "panel-after-stop.png", "#jupyter-cluster-panel")
+        shot(page, artifacts, "panel-after-stop.png", "#jupyter-cluster-panel")
         # a reload reads the kept history over REST
         page.reload()
         _open_panel(page)
@@ -482,7 +461,7 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
             page.click(".jp-Dialog .jp-mod-accept")
             page.wait_for_selector(".jp-Dialog .jc-form-error >> text=does not answer", timeout=15_000)
             assert page.locator(".jp-Dialog .jc-input-workers").input_value() == "3"
-            _shot(page, artifacts, "dialog-server-refusal.png", ".jp-Dialog-content")
+            shot(page, artifacts, "dialog-server-refusal.png", ".jp-Dialog-content")
             page.click(".jp-Dialog .jp-mod-reject")
             page.wait_for_selector(".jp-Dialog", state="detached", timeout=5_000)
         finally:
@@ -518,7 +497,7 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
             timeout=15_000,
         )
         assert page.locator("#jupyter-cluster-panel .jc-job", has_text=f"{ITEMS} / {ITEMS}").count() >= 1
-        _shot(page, artifacts, "panel-after-server-restart.png", "#jupyter-cluster-panel")
+        shot(page, artifacts, "panel-after-server-restart.png", "#jupyter-cluster-panel")
         # Forget deletes the kept history, on disk too
         page.locator(
             f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{CLUSTER}.stopped-"] .jc-forget'
@@ -529,6 +508,3 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
             timeout=15_000,
         )
         assert not any(n.startswith(f"{CLUSTER}.stopped-") for n in os.listdir(kept_dir))
-    finally:
-        _shot(page, artifacts, "panel-history-last-state.png")
-        context.close()

@@ -23,7 +23,8 @@ import statistics
 import nbformat
 import pytest
 
-from .test_panel import COLOURED_PIXELS_JS, _open_panel, _shot
+from .pages import lab_page, shot
+from .test_panel import COLOURED_PIXELS_JS, _open_panel
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
@@ -111,10 +112,25 @@ def _selected(page, name: str, timeout: float = 60_000) -> None:
     )
 
 
-def _tab(page, filename: str) -> None:
-    """Click a notebook's tab in the main area, as a user switches notebooks."""
+def _stays_on(page, name: str) -> None:
+    """The panel still shows ``name`` after a second (several pushes at its 250 ms refresh)."""
+    page.wait_for_timeout(1000)
+    assert page.locator(f'#jupyter-cluster-panel .jc-cluster.jc-selected[data-name="{name}"]').count() == 1
+
+
+def _tab(page, filename: str, shows: str | None = None) -> None:
+    """Click a notebook's tab in the main area, as a user switches notebooks; the panel then ``shows`` that cluster."""
     page.locator("#jp-main-dock-panel .lm-TabBar-tab", has_text=filename).first.click()
     page.wait_for_function(f"window.jupyterapp.shell.currentWidget?.context?.path === '{filename}'", timeout=10_000)
+    if shows is not None:
+        _selected(page, shows, timeout=10_000)
+
+
+def _open(page, filename: str) -> None:
+    """Open a notebook from the file browser's command, as its tab, and wait for its kernel."""
+    page.evaluate(f"window.jupyterapp.commands.execute('docmanager:open', {{path: '{filename}'}})")
+    page.wait_for_function(f"window.jupyterapp.shell.currentWidget?.context?.path === '{filename}'", timeout=30_000)
+    _wait_idle(page)
 
 
 def _wait_idle(page) -> None:
@@ -125,16 +141,29 @@ def _wait_idle(page) -> None:
     )
 
 
+def _x_axis(page, choice: str, label: str) -> tuple[float, float]:
+    """Switch the charts' x axis to ``choice``; the reward chart's x range once it is drawn on ``label``."""
+    page.locator("#jupyter-cluster-panel .jc-metrics-toolbar select.jc-x-axis").select_option(choice)
+    page.wait_for_function(
+        "document.querySelector('#jupyter-cluster-panel .jc-metrics-line[data-value=\"reward\"]')"
+        f".dataset.xAxis === '{label}'",
+        timeout=10_000,
+    )
+    lo, hi = (
+        page.locator('#jupyter-cluster-panel .jc-metrics-line[data-value="reward"]')
+        .get_attribute("data-x-range")
+        .split(",")
+    )
+    return float(lo), float(hi)
+
+
 def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
     _notebook(os.path.join(lab.root_dir, "a.ipynb"), CELLS_A)
     _notebook(os.path.join(lab.root_dir, "b.ipynb"), CELLS_B)
     _notebook(os.path.join(lab.root_dir, "c.ipynb"), CELLS_C)
-    context = browser.new_context(viewport={"width": 1500, "height": 1000})
-    page = context.new_page()
-    console_errors: list[str] = []
-    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
-    try:
-        page.goto(f"{lab.url}lab/tree/a.ipynb?token={lab.token}", timeout=90_000)
+    with lab_page(
+        browser, lab, "lab/tree/a.ipynb", artifacts=artifacts, last_shot="panel-follow-last-state.png"
+    ) as page:
         page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
         _wait_idle(page)
         _open_panel(page)
@@ -162,7 +191,7 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
         assert errors == ["ValueError: bad 3", "ValueError: bad 7"], errors
         workers = items.locator(".jc-job-failure-worker").all_inner_texts()
         assert all(w.startswith("on tls://") or w.startswith("on tcp://") for w in workers), workers
-        _shot(page, artifacts, "panel-failed-items.png", "#jupyter-cluster-panel")
+        shot(page, artifacts, "panel-failed-items.png", "#jupyter-cluster-panel")
         job.locator(".jc-job-head").click()  # a second click (on the job, not its list) hides them
         page.wait_for_selector("#jupyter-cluster-panel .jc-job-failure", state="detached", timeout=10_000)
 
@@ -180,31 +209,18 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
             timeout=10_000,
         )
         assert reward.get_attribute("data-x-axis") == "step"
-        x_select = page.locator("#jupyter-cluster-panel .jc-metrics-toolbar select.jc-x-axis")
-        x_select.select_option("wall")
-        page.wait_for_function(
-            "document.querySelector('#jupyter-cluster-panel .jc-metrics-line[data-value=\"reward\"]')"
-            ".dataset.xAxis === 'wall time'",
-            timeout=10_000,
-        )
-        lo, hi = (float(v) for v in reward.get_attribute("data-x-range").split(","))
+        lo, hi = _x_axis(page, "wall", "wall time")
         assert 1.6e12 < lo <= hi < 1.6e12 + 1e13, (lo, hi)  # epoch milliseconds
         assert page.wait_for_function(
             "(() => { const f = " + COLOURED_PIXELS_JS + "; return f(document.querySelector("
             "'#jupyter-cluster-panel .jc-metrics-line[data-value=\"reward\"]')) > 100; })()",
             timeout=10_000,
         )
-        _shot(page, artifacts, "panel-x-wall-time.png", '#jupyter-cluster-panel .jc-metrics-line[data-value="reward"]')
-        x_select.select_option("relative")
-        page.wait_for_function(
-            "document.querySelector('#jupyter-cluster-panel .jc-metrics-line[data-value=\"reward\"]')"
-            ".dataset.xAxis === 'time since start'",
-            timeout=10_000,
-        )
-        lo, hi = (float(v) for v in reward.get_attribute("data-x-range").split(","))
+        shot(page, artifacts, "panel-x-wall-time.png", '#jupyter-cluster-panel .jc-metrics-line[data-value="reward"]')
+        lo, hi = _x_axis(page, "relative", "time since start")
         assert 0 <= lo < hi < 120, (lo, hi)  # seconds since the topic's first report
-        _shot(page, artifacts, "panel-x-relative.png", '#jupyter-cluster-panel .jc-metrics-line[data-value="reward"]')
-        x_select.select_option("step")
+        shot(page, artifacts, "panel-x-relative.png", '#jupyter-cluster-panel .jc-metrics-line[data-value="reward"]')
+        _x_axis(page, "step", "step")
 
         # -- an overlay of two chosen metrics: one chart, an axis each ----------------------------
         add = page.locator("#jupyter-cluster-panel .jc-metrics-toolbar select.jc-overlay-add")
@@ -224,7 +240,7 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
             "'#jupyter-cluster-panel .jc-metrics-overlay')) > 200; })()",
             timeout=10_000,
         )
-        _shot(page, artifacts, "panel-overlay.png", "#jupyter-cluster-panel .jc-metrics-overlay")
+        shot(page, artifacts, "panel-overlay.png", "#jupyter-cluster-panel .jc-metrics-overlay")
         # a value of another topic of the cluster: three metrics, each scaled to 0-1
         add.select_option(label="follow-sys: mem")
         page.wait_for_function(
@@ -236,7 +252,7 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
             ".split('|').includes('follow-sys: mem')",
             timeout=15_000,
         )
-        _shot(page, artifacts, "panel-overlay-two-topics.png", "#jupyter-cluster-panel .jc-metrics-overlay")
+        shot(page, artifacts, "panel-overlay-two-topics.png", "#jupyter-cluster-panel .jc-metrics-overlay")
         page.locator("#jupyter-cluster-panel .jc-overlay-pick", has_text="follow-sys").click()
         page.locator("#jupyter-cluster-panel .jc-overlay-pick").first.click()
         page.wait_for_function(
@@ -258,48 +274,36 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
             " === 'follow-sys: mem'",
             timeout=15_000,
         )
-        _shot(page, artifacts, "main-area-overlay-other-topic.png")
+        shot(page, artifacts, "main-area-overlay-other-topic.png")
         page.evaluate("window.jupyterapp.commands.execute('application:close')")
         page.wait_for_selector(".jc-topic-view", state="detached", timeout=10_000)
 
         # -- a second notebook with its own cluster: the panel follows the active tab -------------
-        page.evaluate("window.jupyterapp.commands.execute('docmanager:open', {path: 'b.ipynb'})")
-        page.wait_for_function("window.jupyterapp.shell.currentWidget?.context?.path === 'b.ipynb'", timeout=30_000)
-        _wait_idle(page)
+        _open(page, "b.ipynb")
         page.evaluate(RUN_CELL_JS, 0)
         _selected(page, B, timeout=120_000)
-        _tab(page, "a.ipynb")
-        _selected(page, A, timeout=10_000)
-        _tab(page, "b.ipynb")
-        _selected(page, B, timeout=10_000)
-        _shot(page, artifacts, "panel-follows-notebook-b.png")
+        _tab(page, "a.ipynb", shows=A)
+        _tab(page, "b.ipynb", shows=B)
+        shot(page, artifacts, "panel-follows-notebook-b.png")
         # pinned, the panel holds its cluster; let go, it follows the active notebook again
         page.click("#jupyter-cluster-panel .jc-pin")
         page.wait_for_selector("#jupyter-cluster-panel .jc-pin.jc-pinned", timeout=5_000)
         _tab(page, "a.ipynb")
-        page.wait_for_timeout(1000)  # several pushes at the 250 ms refresh: nothing may move it
-        assert page.locator(f'#jupyter-cluster-panel .jc-cluster.jc-selected[data-name="{B}"]').count() == 1
+        _stays_on(page, B)
         page.click("#jupyter-cluster-panel .jc-pin")
         _selected(page, A, timeout=10_000)
 
         # a third notebook connects to A by name: no cluster of its own yet, so the view stays on B;
         # its first map names its kernel, and the panel follows it to A
-        _tab(page, "b.ipynb")
-        _selected(page, B, timeout=10_000)
-        page.evaluate("window.jupyterapp.commands.execute('docmanager:open', {path: 'c.ipynb'})")
-        page.wait_for_function("window.jupyterapp.shell.currentWidget?.context?.path === 'c.ipynb'", timeout=30_000)
-        _wait_idle(page)
+        _tab(page, "b.ipynb", shows=B)
+        _open(page, "c.ipynb")
         page.evaluate(RUN_CELL_JS, 0)
-        page.wait_for_timeout(1000)  # several pushes at the 250 ms refresh: nothing may move it
-        assert page.locator(f'#jupyter-cluster-panel .jc-cluster.jc-selected[data-name="{B}"]').count() == 1
+        _stays_on(page, B)
         page.evaluate(RUN_CELL_JS, 1)
         _selected(page, A, timeout=60_000)
-        _tab(page, "b.ipynb")
-        _selected(page, B, timeout=10_000)
-        _tab(page, "c.ipynb")
-        _selected(page, A, timeout=10_000)
-        _tab(page, "a.ipynb")
-        _selected(page, A, timeout=10_000)
+        _tab(page, "b.ipynb", shows=B)
+        _tab(page, "c.ipynb", shows=A)
+        _tab(page, "a.ipynb", shows=A)
 
         # -- lag: when the panel shows k/N against when the k-th item ended -----------------------
         page.evaluate(WATCH_PROGRESS_JS, LAG_ITEMS)
@@ -346,8 +350,7 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
         page.locator(f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{A}.stopped-"]').wait_for(
             timeout=60_000
         )
-        _tab(page, "b.ipynb")
-        _selected(page, B, timeout=10_000)
+        _tab(page, "b.ipynb", shows=B)
         page.evaluate(RUN_CELL_JS, 1)
         page.wait_for_function(
             "(document.querySelector('#jupyter-cluster-panel .jc-metrics-status') || {}).textContent"
@@ -371,10 +374,4 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
         # the earlier run's reward is a reward: one axis for both runs
         assert overlay.get_attribute("data-axes") == "shared", overlay.get_attribute("data-axes")
         assert overlay.get_attribute("data-lines").split("|")[0] == "reward"
-        _shot(page, artifacts, "panel-overlay-earlier-run.png", "#jupyter-cluster-panel .jc-metrics-overlay")
-
-        ours = [e for e in console_errors if "jupyter-cluster" in e]
-        assert not ours, ours
-    finally:
-        _shot(page, artifacts, "panel-follow-last-state.png")
-        context.close()
+        shot(page, artifacts, "panel-overlay-earlier-run.png", "#jupyter-cluster-panel .jc-metrics-overlay")

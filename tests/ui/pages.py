@@ -1,0 +1,49 @@
+"""A JupyterLab page in the test browser, as every browser test opens and closes one."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+def shot(page: Any, artifacts: str, name: str, selector: str | None = None) -> str:
+    """A screenshot of the page (or of ``selector``) in ``artifacts``; its path."""
+    path = os.path.join(artifacts, name)
+    if selector:
+        page.locator(selector).screenshot(path=path)
+    else:
+        page.screenshot(path=path, full_page=False)
+    return path
+
+
+@contextmanager
+def lab_page(
+    browser: Any,
+    lab: Any,
+    path: str,
+    viewport: tuple[int, int] = (1500, 1000),
+    artifacts: str | None = None,
+    last_shot: str | None = None,
+    expected_errors: tuple[str, ...] = (),
+) -> Iterator[Any]:
+    """A new browser context's page at ``<lab.url><path>`` (logged in with the token).
+
+    When the body ends without an error, the browser console must hold no error
+    from our extension but those containing one of ``expected_errors``; at the end, failing or not, the page is shot as
+    ``last_shot`` (the state a failure left) and the context closed.
+    """
+    context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
+    page = context.new_page()
+    console_errors: list[str] = []
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    try:
+        page.goto(f"{lab.url}{path}?token={lab.token}", timeout=90_000)
+        yield page
+        ours = [e for e in console_errors if "jupyter-cluster" in e and not any(x in e for x in expected_errors)]
+        assert not ours, ours
+    finally:
+        if artifacts and last_shot:
+            shot(page, artifacts, last_shot)
+        context.close()
