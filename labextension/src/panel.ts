@@ -14,6 +14,7 @@ import { Widget } from '@lumino/widgets';
 import { eventsURL, postAPI, requestAPI } from './api';
 import { IMetricsModel, MetricsCharts } from './charts/charts';
 import { seriesLabel } from './charts/data';
+import { el } from './charts/dom';
 import {
   IClusterSummary,
   IHistoryCluster,
@@ -64,17 +65,6 @@ export interface IPanelSettings {
 }
 
 export const DEFAULT_SETTINGS: IPanelSettings = { refreshRate: 250, defaultWorkers: null };
-
-function el<K extends keyof HTMLElementTagNameMap>(tag: K, className = '', text?: string): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  if (className) {
-    node.className = className;
-  }
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
-}
 
 function button(label: string, className: string, title: string, onClick: () => void): HTMLButtonElement {
   const b = el('button', `jp-Button jc-button ${className}`, label);

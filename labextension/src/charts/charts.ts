@@ -43,6 +43,7 @@ import {
   withoutSeries,
   xAxisOption
 } from './data';
+import { el } from './dom';
 
 import type { IOverlay, IOverlayPick, OverlayAxes } from './overlay';
 import {
@@ -255,6 +256,31 @@ const HEAT_TOP = 24; // the value's title
 const HEAT_BLOCK = 44; // a run's label above its grid and the step labels below
 const HEAT_BOTTOM = 40; // the colour bars
 
+/** An echarts visualMap: the draggable colour bar of the heatmaps ``seriesIndex``, from ``min`` to ``max``. */
+function colourBar(
+  seriesIndex: number[],
+  min: number,
+  max: number,
+  colours: string[],
+  side: { left: number } | { right: number },
+  length: number
+): object {
+  return {
+    seriesIndex,
+    min,
+    max,
+    calculable: true,
+    orient: 'horizontal',
+    ...side,
+    bottom: 4,
+    itemWidth: 10,
+    itemHeight: length,
+    textStyle: { fontSize: 10 },
+    formatter: (v: number) => formatNumber(v),
+    inRange: { color: colours }
+  };
+}
+
 /**
  * Option for one vector value: one heatmap per run (steps across, vector
  * index down) sharing one colour scale, plus `diff` (a - b) on a diverging
@@ -342,38 +368,11 @@ export function heatmapOption(
     });
   });
   const barLength = Math.max(60, Math.min(180, (diffIndices.length ? width / 2 : width) - 110));
-  const visualMap: object[] = [
-    {
-      seriesIndex: runIndices,
-      min: lo,
-      max: hi,
-      calculable: true,
-      orient: 'horizontal',
-      left: 4,
-      bottom: 4,
-      itemWidth: 10,
-      itemHeight: barLength,
-      textStyle: { fontSize: 10 },
-      formatter: (v: number) => formatNumber(v),
-      inRange: { color: VIRIDIS }
-    }
-  ];
+  // the runs' shared scale at the bottom left; the difference's, centred on 0, at the bottom right
+  const visualMap: object[] = [colourBar(runIndices, lo, hi, VIRIDIS, { left: 4 }, barLength)];
   if (diffIndices.length) {
     const m = absMax((panels[panels.length - 1] as { data: IVectorSeries }).data);
-    visualMap.push({
-      seriesIndex: diffIndices,
-      min: -m,
-      max: m,
-      calculable: true,
-      orient: 'horizontal',
-      right: 4,
-      bottom: 4,
-      itemWidth: 10,
-      itemHeight: barLength,
-      textStyle: { fontSize: 10 },
-      formatter: (v: number) => formatNumber(v),
-      inRange: { color: DIVERGING }
-    });
+    visualMap.push(colourBar(diffIndices, -m, m, DIVERGING, { right: 4 }, barLength));
   }
   return {
     animation: false,
@@ -412,17 +411,6 @@ interface IPanel {
   drawn: string;
   /** heatmaps: the "difference of two runs" picker */
   diff?: HTMLSelectElement;
-}
-
-function el<K extends keyof HTMLElementTagNameMap>(tag: K, className = '', text?: string): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  if (className) {
-    node.className = className;
-  }
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
 }
 
 function download(filename: string, blob: Blob): void {
