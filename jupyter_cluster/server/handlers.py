@@ -345,10 +345,9 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
         if key != self.sent.get("topics"):
             self.sent["topics"] = key
             self._send({"type": "topics", "cluster": name, "topics": topics})
-        stores = m.connections[name].metrics
         for topic in self.topics:
-            store = stores.get(topic)
-            if store is None or self.versions.get(topic) == store.version:
+            version = m.topic_version(name, topic)
+            if version is None or self.versions.get(topic) == version:
                 continue
             data = m.metrics(name, topic)
             self.versions[topic] = data["version"]

@@ -535,6 +535,16 @@ class ClusterManager:
         conn = self.get(name)
         return [topic_summary(conn.metrics[topic]) for topic in sorted(conn.metrics)]
 
+    def topic_version(self, name: str, topic: str) -> int | None:
+        """How often a running cluster's metrics topic has changed; None when it has no such topic.
+
+        Cheaper than :meth:`metrics` (no downsampling): the events socket asks it to
+        skip the topics that have not changed since it last sent them.
+        """
+        conn = self.connections.get(name)
+        store = conn.metrics.get(topic) if conn is not None else None
+        return None if store is None else store.version
+
     def metrics(self, name: str, topic: str) -> dict[str, Any]:
         """A topic in the shared metrics model, downsampled for the panel, plus ``version``."""
         conn = self.get(name)
