@@ -88,7 +88,13 @@ def _execute(name: str):
     )
     started = time.monotonic()
     client.execute()  # raises CellExecutionError on any error outside raises-exception cells
-    return nb, time.monotonic() - started
+    print(f"{name}: {time.monotonic() - started:.1f} s")
+    return nb
+
+
+def _example_run(test):
+    """Mark a test that runs an example notebook: slow, 10 minutes at most."""
+    return pytest.mark.slow(pytest.mark.timeout(600)(test))
 
 
 def _chart(nb, topic: str) -> dict:
@@ -107,10 +113,9 @@ def _cell(nb, needle: str):
     return found[0]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
+@_example_run
 def test_quickstart_runs(ci_size):
-    nb, seconds = _execute("01-quickstart.ipynb")
+    nb = _execute("01-quickstart.ipynb")
     out = cell_text(_cell(nb, "%cluster start"))
     assert "Started cluster" in out
     # the raise-mode cell really raised, with the item and the cell's own line
@@ -125,13 +130,11 @@ def test_quickstart_runs(ci_size):
     assert sorted(chart["scalars"]["position"]) == [f"walk=walk {w}" for w in range(4)]
     assert all(len(points) == 25 for points in chart["scalars"]["position"].values())
     assert all(len(v["rows"]) == 25 for v in chart["vectors"]["visits"].values())
-    print(f"01-quickstart: {seconds:.1f} s")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
+@_example_run
 def test_evolution_strategies_learns(ci_size):
-    nb, seconds = _execute("02-evolution-strategies.ipynb")
+    nb = _execute("02-evolution-strategies.ipynb")
     out = cell_text(_cell(nb, "for generation in range(GENERATIONS)"))
     solved = re.search(r"solved: the policy's mean return ([\d.]+) >= ([\d.]+) after (\d+) generations", out)
     assert solved, out[-2000:]
@@ -139,26 +142,23 @@ def test_evolution_strategies_learns(ci_size):
     generations = int(solved.group(3))
     chart = _chart(nb, "es")
     assert [p[0] for p in chart["scalars"]["policy_mean"]["all"]] == list(range(generations))
-    print(f"02-evolution-strategies: {seconds:.1f} s, solved after {solved.group(3)} generations")
+    print(f"02-evolution-strategies: solved after {generations} generations")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
+@_example_run
 def test_population_based_training_replaces_members(ci_size):
-    nb, seconds = _execute("03-population-based-training.ipynb")
+    nb = _execute("03-population-based-training.ipynb")
     out = cell_text(_cell(nb, "for round_ in range(ROUNDS)"))
     # exploit events are shown as they happen
     assert re.search(r"member \d+ \([-\d.]+, lr [\d.e+-]+\) <- member \d+", out), out[-2000:]
     chart = _chart(nb, "pbt")  # one series per member, a point per round
     assert sorted(chart["scalars"]["score"]) == sorted(f"member={m}" for m in range(8))
     assert all(len(points) == 8 for points in chart["scalars"]["score"].values())
-    print(f"03-population-based-training: {seconds:.1f} s")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
+@_example_run
 def test_mixture_of_experts_shows_collapse_and_balance(ci_size):
-    nb, seconds = _execute("04-mixture-of-experts.ipynb")
+    nb = _execute("04-mixture-of-experts.ipynb")
     out = cell_text(_cell(nb, "for (experts, k, cf), pair in table.groupby"))
     assert out.count("busiest expert") == 3, out
     chart = _chart(nb, "moe")  # a tokens-per-expert heatmap and a dropped-tokens line per run
@@ -167,13 +167,11 @@ def test_mixture_of_experts_shows_collapse_and_balance(ci_size):
     for key, heat in heatmaps.items():
         experts = int(re.search(r"E=(\d+)", key).group(1))
         assert len(heat["rows"]) == 200 and all(len(row) == experts for row in heat["rows"]), key
-    print(f"04-mixture-of-experts: {seconds:.1f} s")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
+@_example_run
 def test_expert_parallel_moe_matches_its_reference_and_balances(ci_size):
-    nb, seconds = _execute("05-expert-parallel-moe.ipynb")
+    nb = _execute("05-expert-parallel-moe.ipynb")
     check = cell_text(_cell(nb, "worst = max("))
     found = re.search(r"largest difference ([\d.e+-]+) \(tolerance 1e-09\)", check)
     assert found and float(found.group(1)) < 1e-9, check
@@ -194,4 +192,3 @@ def test_expert_parallel_moe_matches_its_reference_and_balances(ci_size):
     assert re.search(r"\b1 rank: [\d,]+ tokens/s", scaling) and re.search(r"\b2 ranks: [\d,]+ tokens/s", scaling), (
         scaling
     )
-    print(f"05-expert-parallel-moe: {seconds:.1f} s")
