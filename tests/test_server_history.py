@@ -1,4 +1,4 @@
-"""What the server keeps of a stopped cluster (server/jobs.py): the snapshot, its
+"""What the server keeps of a stopped cluster (server/history.py): the snapshot, its
 files on disk, their bound and their deletion.  No browser: the browser test
 (tests/ui/test_panel.py) shows the same history in the panel, across a server restart.
 """
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from jupyter_cluster import registry
-from jupyter_cluster.server.jobs import HistoryFolder, KeptCluster
+from jupyter_cluster.server.history import HistoryFolder, KeptCluster
 from jupyter_cluster.server.manager import PANEL_MODEL, Connection
 from jupyter_cluster.telemetry.store import TopicStore
 

@@ -45,7 +45,8 @@ from ..models import (
 from ..telemetry.hub import Hub, follow
 from ..telemetry.store import TopicStore
 from ..telemetry.topics import CONTROL_TOPIC, JOBS_TOPIC
-from .jobs import HistoryFolder, JobsStore, KeptCluster, live_snapshot, restore_live, same_cluster
+from .history import HistoryFolder, KeptCluster, live_snapshot, restore_live, same_cluster
+from .jobs import JobsStore
 
 logger = logging.getLogger(__name__)
 
