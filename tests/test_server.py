@@ -159,6 +159,7 @@ def test_writes_need_the_xsrf_token_with_cookie_login(server, method, path):
         ("POST", "clusters/x/adapt", {"minimum": 3, "maximum": 1}, 400, "at least minimum"),
         ("DELETE", "clusters/bad%20name", None, 400, "not a valid cluster name"),
         ("GET", "clusters/x", None, 404, "no live cluster named 'x'"),
+        ("GET", "clusters/x/metrics", None, 404, "no live cluster"),
         ("GET", "clusters/x/metrics/t", None, 404, "no live cluster"),
         ("GET", "jobs?cluster=x", None, 404, "no live cluster"),
     ],

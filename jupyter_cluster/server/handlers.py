@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 from urllib.parse import unquote
 
 import tornado.web
@@ -63,7 +64,7 @@ class BaseHandler(APIHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"message": message}))
 
-    def fail(self, status: int, message: str) -> None:
+    def fail(self, status: int, message: str) -> NoReturn:
         raise Refusal(status, message)
 
     def body(self) -> dict[str, Any]:
@@ -83,7 +84,6 @@ class BaseHandler(APIHandler):
             return validate_name(name)
         except ClusterError as exc:
             self.fail(400, str(exc))
-            raise  # unreachable: fail raises
 
     async def run(self, coro: Any) -> Any:
         """Await a manager call, turning its errors into JSON responses."""
@@ -93,6 +93,13 @@ class BaseHandler(APIHandler):
             self.fail(404, str(exc))
         except ClusterError as exc:
             self.fail(400, str(exc))
+
+    def read(self, query: Callable[..., Any], *args: Any) -> Any:
+        """A manager query's answer; a cluster or topic it does not know is a 404."""
+        try:
+            return query(*args)
+        except NotFound as exc:
+            self.fail(404, str(exc))
 
     def reply(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
@@ -190,30 +197,21 @@ class TopicsHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self, name: str) -> None:
         name = self.name_arg(name)
-        try:
-            self.reply({"cluster": name, "topics": self.manager.topics(name)})
-        except NotFound as exc:
-            self.fail(404, str(exc))
+        self.reply({"cluster": name, "topics": self.read(self.manager.topics, name)})
 
 
 class MetricsHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self, name: str, topic: str) -> None:
         name = self.name_arg(name)
-        try:
-            self.reply(self.manager.metrics(name, unquote(topic)))
-        except NotFound as exc:
-            self.fail(404, str(exc))
+        self.reply(self.read(self.manager.metrics, name, unquote(topic)))
 
 
 class JobsHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
         cluster = self.get_query_argument("cluster", None)
-        try:
-            self.reply(self.manager.jobs(self.name_arg(cluster) if cluster else None))
-        except NotFound as exc:
-            self.fail(404, str(exc))
+        self.reply(self.read(self.manager.jobs, self.name_arg(cluster) if cluster else None))
 
 
 class ConfigHandler(BaseHandler):
