@@ -145,8 +145,30 @@ def names_with_credentials() -> set[str]:
     return {f[: -len(".pem")] for f in files if f.endswith(".pem") and not f.startswith(".")}
 
 
-def forget_security(name: str) -> None:
-    """Delete the credential files of the cluster ``name`` (no error if there are none)."""
+def written_identity(name: str) -> tuple[int, int, int] | None:
+    """Which key file ``name`` has now (device, inode, modification time), or None if it has none.
+
+    A cluster keeps this to delete only its own credentials later: once it has
+    stopped, a later cluster of this process or another may take the same name
+    and write new files under it.
+    """
+    try:
+        st = os.stat(pem_path(name))
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns)
+
+
+def forget_security(name: str, identity: tuple[int, int, int] | None = None) -> None:
+    """Delete the credential files of the cluster ``name`` (no error if there are none).
+
+    With ``identity`` (from :func:`written_identity`), only if the key file is
+    still that one: a stopped cluster's finaliser, run whenever the garbage
+    collector gets to it, must not delete the files of a newer cluster that
+    reused the name.
+    """
+    if identity is not None and written_identity(name) != identity:
+        return
     for path in (credentials_path(name), pem_path(name)):
         with contextlib.suppress(OSError):
             os.remove(path)

@@ -184,3 +184,35 @@ def test_the_panel_reaches_the_tls_cluster(tls_cluster):
     summary, model = asyncio.run(reach())
     assert summary["status"] == "running" and summary["error"] is None, summary
     assert model["n_workers"] == 2 and model["address"].startswith("tls://")
+
+
+def test_a_stopped_clusters_finaliser_leaves_a_newer_clusters_credentials():
+    """A stopped cluster's credentials finaliser runs whenever the garbage collector gets to its
+    LocalCluster; by then a newer cluster may have taken the name, and its key must stay (seen: a
+    %%spmd cluster's nanny could not restart a killed worker, its CA file was gone)."""
+    import gc
+    import weakref
+
+    first = jc.start(workers=1, threads=1, tls=True, name="tls-reused")
+    old = weakref.ref(first.cluster)
+    first.close()
+    second = jc.start(workers=1, threads=1, tls=True, name="tls-reused")
+    try:
+        # Dask keeps closed clusters in cycles, so only the collector ends the first one here.
+        del first
+        for _ in range(20):
+            gc.collect()
+            if old() is None:
+                break
+            time.sleep(0.1)
+        assert old() is None, "the first cluster was never collected: the test proves nothing"
+        assert os.path.exists(credentials.pem_path("tls-reused"))
+        assert second.client.submit(sum, [1, 2]).result() == 3
+        second.cluster.scale(2)  # a new worker reads the CA file: the nanny fails if it was deleted
+        deadline = time.monotonic() + 60
+        while len(second.client.scheduler_info(n_workers=-1)["workers"]) < 2:
+            assert time.monotonic() < deadline, "the second worker never joined"
+            time.sleep(0.2)
+    finally:
+        second.close()
+    assert not os.path.exists(credentials.pem_path("tls-reused"))

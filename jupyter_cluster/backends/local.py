@@ -33,7 +33,7 @@ from typing import Any
 from distributed import WorkerPlugin
 
 from .. import config
-from ..credentials import forget_security, new_security
+from ..credentials import forget_security, new_security, written_identity
 from ..errors import ClusterError
 from . import Backend, StartedCluster
 
@@ -556,8 +556,10 @@ class LocalBackend(Backend):
         )
         security = None
         cred_name = name or f"unnamed-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        identity = None  # which credential files are this cluster's (the name may be reused after it stops)
         if tls:
             security = new_security(cred_name)
+            identity = written_identity(cred_name)
             kwargs["security"] = security
             kwargs["protocol"] = "tls://"
         cluster = None
@@ -601,23 +603,26 @@ class LocalBackend(Backend):
             raise
         finally:
             if security is not None and cluster is None:
-                forget_security(cred_name)
+                forget_security(cred_name, identity)
         try:
-            return self._finish(cluster, security, cred_name, [] if devices is None else plugins)
+            return self._finish(cluster, security, cred_name, identity, [] if devices is None else plugins)
         except BaseException:
             _close_quietly(cluster)
             if security is not None:
-                forget_security(cred_name)
+                forget_security(cred_name, identity)
             raise
 
     @staticmethod
-    def _finish(cluster: Any, security: Any, cred_name: str, to_register: list) -> StartedCluster:
+    def _finish(
+        cluster: Any, security: Any, cred_name: str, identity: tuple[int, int, int] | None, to_register: list
+    ) -> StartedCluster:
         cleanup = []
         extra: dict[str, Any] = {}
         dashboard_link = cluster.dashboard_link
         if security is not None:
-            cleanup.append(lambda: forget_security(cred_name))
-            weakref.finalize(cluster, forget_security, cred_name)  # a cluster dropped without stop
+            cleanup.append(lambda: forget_security(cred_name, identity))
+            # a cluster dropped without stop; the collector may get to it after a newer cluster took its name
+            weakref.finalize(cluster, forget_security, cred_name, identity)
             if (
                 getattr(cluster, "scheduler", None) is not None
                 and getattr(cluster.scheduler, "http_server", None) is not None
