@@ -91,3 +91,38 @@ def test_scale_sim_quick_runs_end_to_end(tmp_path):
     for r in rows:
         assert r["iteration_s"] > 0 and 0 < r["efficiency"] <= 1.5
         assert r["tasks_per_s"] > 0
+
+
+STARTUP_CASES = ("jc", "jc spawn", "jc after load_ext", "kernel", "dask", "mp fork", "mp spawn")
+
+
+def test_startup_runs_every_case_and_prints_its_table():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(BENCH, "startup.py"),
+            "--workers",
+            "1",
+            "--repeat",
+            "1",
+            "--cases",
+            ",".join(STARTUP_CASES),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| case | import | first start |" in proc.stdout, proc.stdout
+    # One row per case, each with a measured first start: a case that failed
+    # in its child interpreter would be missing or carry no number.
+    rows = {}
+    for line in proc.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 8 and cells[0] in STARTUP_CASES:
+            rows[cells[0]] = cells
+    assert set(rows) == set(STARTUP_CASES), proc.stdout
+    for case, cells in rows.items():
+        assert float(cells[2]) > 0, (case, cells)
+    # The report names the machine it ran on.
+    assert "CPUs" in proc.stdout
