@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import types
 import uuid
 import weakref
 from typing import Any
@@ -228,6 +229,12 @@ def _remove_dashboard_socket(path: str) -> None:
 
 
 # -- backend -----------------------------------------------------------------------
+def _sentence(exc: BaseException) -> str:
+    """An exception's message ending in one full stop (Dask's "Nanny failed to start." has one)."""
+    text = str(exc).strip() or type(exc).__name__
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
 def _os_error_in(exc: BaseException | None) -> OSError | None:
     seen = 0
     while exc is not None and seen < 10:
@@ -303,6 +310,115 @@ def sigint_blocked_for_children():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+# -- scripts: worker processes import the main module ------------------------------------
+GUARD_FIX = 'put the code that starts it under `if __name__ == "__main__":`'
+
+
+def main_imported_by_workers() -> str | None:
+    """The script (or module) each new worker process imports as ``__mp_main__``; None if none.
+
+    A spawned or fork-served worker re-imports the parent's main module, as
+    :mod:`multiprocessing.spawn` decides: a file script or a ``python -m``
+    module, but not ``python -c``, stdin, a package's ``__main__`` or IPython.
+    """
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        if name == "__main__" or name.endswith(".__main__"):
+            return None
+        return getattr(main, "__file__", None) or name
+    path = getattr(main, "__file__", None)
+    if path is None or os.path.splitext(os.path.basename(path))[0] == "ipython":
+        return None
+    return os.path.abspath(path)
+
+
+def _is_main_test(test: Any) -> bool:
+    import ast
+
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return any(_is_main_test(value) for value in test.values)
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and any(
+        isinstance(s, ast.Constant) and s.value == "__main__" for s in sides
+    )
+
+
+def _guarded_lines(path: str) -> list[tuple[int, int]] | None:
+    """Line ranges of the ``if __name__ == "__main__":`` bodies in a script; None if unreadable."""
+    import ast
+    import tokenize
+
+    try:
+        with tokenize.open(path) as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return [
+        (node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and _is_main_test(node.test)
+    ]
+
+
+def check_main_guard(processes: bool | None) -> None:
+    """Refuse to start worker processes from a main script's unguarded top-level code.
+
+    Each worker imports the script (see :func:`main_imported_by_workers`), so
+    code at its top level that starts a cluster would start one in every
+    worker, which multiprocessing refuses with pages of tracebacks.  In such a
+    worker (still importing it: multiprocessing's ``_inheriting``) this exits
+    the process with one line on stderr; in the script's own process it
+    raises :class:`ClusterError` before anything starts, when the call comes
+    from a top-level line outside an ``if __name__ == "__main__":`` block.
+    """
+    if processes is False:
+        return
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # One line per worker, not a traceback each: they would bury the script's own error.
+        sys.stderr.write(
+            f"jupyter_cluster: a worker process imported the main script, which starts a cluster; {GUARD_FIX}.\n"
+        )
+        sys.stderr.flush()
+        raise SystemExit(1)
+    main = sys.modules.get("__main__")
+    if main is None:
+        return
+    path = getattr(main, "__file__", None)
+    if path is not None and getattr(main, "__spec__", None) is None:
+        from multiprocessing import process
+
+        if not os.path.isfile(os.path.join(getattr(process, "ORIGINAL_DIR", None) or "", path)):
+            # `python - < script.py` names its main "<stdin>", which multiprocessing would make
+            # every worker run as a file and fail to find; without a name they import nothing.
+            del main.__file__
+    script = main_imported_by_workers()
+    path = getattr(main, "__file__", None)
+    if script is None or path is None:
+        return
+    path = os.path.abspath(path)
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None and not (
+        frame.f_code.co_name == "<module>"
+        and frame.f_globals is vars(main)
+        and os.path.abspath(frame.f_code.co_filename) == path
+    ):
+        frame = frame.f_back
+    if frame is None:  # not called from the script's top level (from a thread, say): the workers report it
+        return
+    guarded = _guarded_lines(path)
+    if guarded is None or any(first <= frame.f_lineno <= last for first, last in guarded):
+        return
+    raise ClusterError(
+        f"the worker processes import this script ({script}) and line {frame.f_lineno} starts a cluster "
+        f"when it is imported; {GUARD_FIX}."
+    )
 
 
 # -- worker processes from a fork server ------------------------------------------------
@@ -403,8 +519,13 @@ def start_forkserver() -> threading.Thread:
         with _forkserver_lock:
             if _forkserver_environ is None:
                 _forkserver_environ = dict(os.environ)
-            with sigint_blocked_for_children():
-                forkserver.ensure_running()
+            try:
+                with sigint_blocked_for_children():
+                    forkserver.ensure_running()
+            except Exception:
+                # A thread's traceback on stderr says nothing useful: the nannies start the
+                # server themselves on their first process start, and raise what went wrong.
+                pass
 
     with _forkserver_lock:
         _forkserver_thread = threading.Thread(target=run, name="jupyter-cluster-forkserver", daemon=True)
@@ -491,6 +612,7 @@ class LocalBackend(Backend):
 
     def prepare(self, processes: bool | None = None, gpus: Any = None, **options: Any) -> None:
         """Start the fork server the workers will come from (see :func:`use_forkserver`)."""
+        check_main_guard(processes)
         if processes is not False and gpus in (None, False) and use_forkserver():
             start_forkserver()
 
@@ -513,6 +635,7 @@ class LocalBackend(Backend):
         **options: Any,
     ) -> StartedCluster:
         self.check_options(options)
+        check_main_guard(processes)
         from distributed import LocalCluster
 
         _keep_nannies()
@@ -591,9 +714,9 @@ class LocalBackend(Backend):
                 raise ClusterError(
                     f"port {port} is already taken on {host}; pick another --port or leave it out to use a free one."
                 ) from None
-            raise ClusterError(f"the local cluster could not start: {cause or exc}.") from exc
+            raise ClusterError(f"the local cluster could not start: {_sentence(cause or exc)}") from exc
         except ValueError as exc:
-            raise ClusterError(f"the local cluster could not start: {exc}.") from None
+            raise ClusterError(f"the local cluster could not start: {_sentence(exc)}") from None
         except BaseException:
             # The stop button pressed during start-up: Python raises KeyboardInterrupt in the main
             # thread wherever it is, even inside LocalCluster() (whose object we then never get).
