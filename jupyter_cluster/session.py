@@ -9,6 +9,7 @@ used by ``%%parallel`` and ``Pool`` unless told otherwise.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures.thread  # noqa: F401  (its exit hook must be registered before ours)
 import html
 import sys
 import threading
@@ -557,4 +558,15 @@ def stop_all() -> None:
             pass
 
 
+def _stop_all_before_executors() -> None:
+    # At exit concurrent.futures refuses new work once its own hook in threading's shutdown has
+    # run, and the Dask future callbacks fired by closing a cluster after it print a traceback
+    # each ("cannot schedule new futures after interpreter shutdown").  Hooks run last-registered
+    # first, so this one runs before it -- unless a thread of the program still runs and may
+    # use a cluster: then the atexit hook stops them after it ends.
+    if not any(t.is_alive() and not t.daemon and t is not threading.main_thread() for t in threading.enumerate()):
+        stop_all()
+
+
 atexit.register(stop_all)
+threading._register_atexit(_stop_all_before_executors)  # type: ignore[attr-defined]
