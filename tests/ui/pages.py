@@ -47,3 +47,27 @@ def lab_page(
         if artifacts and last_shot:
             shot(page, artifacts, last_shot)
         context.close()
+
+
+def open_panel(page: Any, command: str = "jupyter-cluster:open", panel: str = "#jupyter-cluster-panel") -> None:
+    """Show the panel through its command, once JupyterLab can keep it shown.
+
+    The command only activates the panel's sidebar tab; run before the app has
+    restored its saved layout, the restore can collapse the sidebar again
+    afterwards and the panel stays hidden.  So wait for the command to be
+    registered and for ``app.restored``, then run the command until the panel
+    is attached and visible (a run that JupyterLab undid is run again).
+    """
+    page.wait_for_function(f"!!window.jupyterapp && window.jupyterapp.commands.hasCommand('{command}')", timeout=60_000)
+    page.evaluate("window.jupyterapp.restored")  # a Promise: evaluate waits for it
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    last: Exception | None = None
+    for _ in range(5):
+        page.evaluate(f"window.jupyterapp.commands.execute('{command}')")
+        try:
+            page.locator(panel).wait_for(state="visible", timeout=10_000)
+            return
+        except PlaywrightTimeout as e:
+            last = e
+    raise AssertionError(f"{panel} stayed hidden after running {command} 5 times") from last

@@ -10,8 +10,7 @@ import pytest
 
 import jupyter_cluster as jc
 
-from .pages import lab_page
-from .test_panel import _open_panel
+from .pages import lab_page, open_panel
 
 
 @pytest.fixture
@@ -26,7 +25,7 @@ def test_dashboard_link_opens_through_jupyter_under_base_url(lab, browser, kerne
     with lab_page(browser, lab, "lab", (1400, 900)) as page:
         context = page.context
         page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
-        _open_panel(page)
+        open_panel(page)
         row = page.locator('#jupyter-cluster-panel .jc-cluster[data-name="ui-dash"]')
         row.wait_for(timeout=60_000)
         link = row.locator("a.jc-dashboard")

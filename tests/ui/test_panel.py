@@ -19,7 +19,7 @@ import re
 import nbformat
 import pytest
 
-from .pages import lab_page, shot
+from .pages import lab_page, open_panel, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -125,15 +125,6 @@ def _write_notebook(path: str) -> None:
     nbformat.write(nb, path)
 
 
-def _open_panel(page) -> None:
-    """Show the panel through its command (a tab click would close it if the restored layout showed it)."""
-    page.wait_for_function(
-        "!!window.jupyterapp && window.jupyterapp.commands.hasCommand('jupyter-cluster:open')", timeout=60_000
-    )
-    page.evaluate("window.jupyterapp.commands.execute('jupyter-cluster:open')")
-    page.locator("#jupyter-cluster-panel").wait_for(state="visible", timeout=30_000)
-
-
 def _drag_sidebar_to(page, x: float) -> None:
     """Drag the handle between the left sidebar and the main area to ``x``."""
     handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle").first
@@ -166,7 +157,7 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
 
         # -- the panel, and a cluster started from it --------------------------------
-        _open_panel(page)
+        open_panel(page)
         page.wait_for_selector("#jupyter-cluster-panel .jc-clusters", timeout=30_000)
         # another cluster, which the panel will show when the notebook starts its work
         page.click("#jupyter-cluster-panel .jc-new")
@@ -195,7 +186,7 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         picker = page.locator(".jp-Dialog .jp-mod-accept")
         if picker.count():  # a kernel picker despite autoStartDefaultKernel: take the default
             picker.click()
-        _open_panel(page)
+        open_panel(page)
         # the panel shows another cluster than the notebook's ...
         page.click(f'#jupyter-cluster-panel .jc-cluster[data-name="{OTHER}"] .jc-cluster-name', timeout=30_000)
         page.wait_for_selector(f'#jupyter-cluster-panel .jc-cluster.jc-selected[data-name="{OTHER}"]', timeout=30_000)
@@ -373,11 +364,7 @@ def test_panel_in_notebook_7(lab, browser, artifacts):
         browser, lab, "notebooks/ui.ipynb", (1300, 900), artifacts=artifacts, last_shot="notebook7-last-state.png"
     ) as page:
         page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
-        page.wait_for_function(
-            "!!window.jupyterapp && window.jupyterapp.commands.hasCommand('jupyter-cluster:open')", timeout=30_000
-        )
-        page.evaluate("window.jupyterapp.commands.execute('jupyter-cluster:open')")
-        page.wait_for_selector("#jupyter-cluster-panel", state="visible", timeout=30_000)
+        open_panel(page)
         # the cluster started from JupyterLab's panel is listed here too
         page.click(f'#jupyter-cluster-panel .jc-cluster[data-name="{CLUSTER}"] .jc-cluster-name', timeout=30_000)
         page.wait_for_selector("#jupyter-cluster-panel .jc-worker", timeout=30_000)
@@ -396,7 +383,7 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
         browser, lab, "lab", artifacts=artifacts, last_shot="panel-history-last-state.png", expected_errors=(refused,)
     ) as page:
         page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
-        _open_panel(page)
+        open_panel(page)
         page.click(f'#jupyter-cluster-panel .jc-cluster[data-name="{CLUSTER}"] .jc-cluster-name', timeout=30_000)
         page.wait_for_function(
             "document.querySelectorAll('#jupyter-cluster-panel .jc-metrics-panel canvas').length >= 2", timeout=30_000
@@ -435,7 +422,7 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
         shot(page, artifacts, "panel-after-stop.png", "#jupyter-cluster-panel")
         # a reload reads the kept history over REST
         page.reload()
-        _open_panel(page)
+        open_panel(page)
         page.click(f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{CLUSTER}.stopped-"] .jc-cluster-name')
         page.wait_for_function(
             f"(document.querySelector('#jupyter-cluster-panel .jc-metrics-status') || {{}}).textContent"
@@ -482,7 +469,7 @@ def test_stopping_a_cluster_keeps_its_jobs_and_curves(lab, browser, artifacts):
         lab.stop()
         lab.start(timeout=120)
         page.reload()
-        _open_panel(page)
+        open_panel(page)
         page.click(
             f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{CLUSTER}.stopped-"] .jc-cluster-name',
             timeout=60_000,

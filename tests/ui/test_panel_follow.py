@@ -23,8 +23,8 @@ import statistics
 import nbformat
 import pytest
 
-from .pages import lab_page, shot
-from .test_panel import COLOURED_PIXELS_JS, _open_panel
+from .pages import lab_page, open_panel, shot
+from .test_panel import COLOURED_PIXELS_JS
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
@@ -166,7 +166,7 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
     ) as page:
         page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
         _wait_idle(page)
-        _open_panel(page)
+        open_panel(page)
         page.evaluate(RUN_CELL_JS, 0)
         page.locator(f'#jupyter-cluster-panel .jc-cluster[data-name="{A}"]').wait_for(timeout=120_000)
         page.evaluate(RUN_CELL_JS, 1)
