@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures.thread  # noqa: F401  (its exit hook must be registered before ours)
 import html
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -563,10 +564,14 @@ def _stop_all_before_executors() -> None:
     # run, and the Dask future callbacks fired by closing a cluster after it print a traceback
     # each ("cannot schedule new futures after interpreter shutdown").  Hooks run last-registered
     # first, so this one runs before it -- unless a thread of the program still runs and may
-    # use a cluster: then the atexit hook stops them after it ends.
+    # use a cluster: then the atexit hook stops them after it ends.  A child forked by
+    # multiprocessing runs these hooks too, and must not touch the parent's clusters.
+    if os.getpid() != _PID:
+        return
     if not any(t.is_alive() and not t.daemon and t is not threading.main_thread() for t in threading.enumerate()):
         stop_all()
 
 
+_PID = os.getpid()
 atexit.register(stop_all)
 threading._register_atexit(_stop_all_before_executors)  # type: ignore[attr-defined]
