@@ -283,27 +283,64 @@ def _n_workers(client):
     return len(client.scheduler_info(n_workers=-1)["workers"])
 
 
+def _used(job) -> set[str]:
+    """The addresses ``job`` has results from (read from another thread than the map's)."""
+    while job is not None:
+        try:
+            return set(job.workers_used)
+        except RuntimeError:  # the map added a worker while we copied
+            continue
+    return set()
+
+
 def test_sigkilled_workers_mid_map_lose_nothing(fault_cluster):
     client = fault_cluster
+    wait_for(lambda: _n_workers(client) == 2, timeout=60, message="2 workers")
+    original = _worker_pids(client)  # address -> pid
+    assert len(original) == 2
+    before = mapping.last_job()
     kills = []
+    errors = []
+
+    def current():
+        job = mapping.last_job()
+        return job if job is not before else None
+
+    def wait(cond, what):
+        deadline = time.monotonic() + 60
+        while not cond():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the killer waited 60 s for {what}")
+            time.sleep(0.02)
 
     def killer():
-        for delay in (0.5, 1.0):
-            time.sleep(delay)
-            pids = _worker_pids(client)
-            if pids:
-                pid = sorted(pids.values())[len(kills) % len(pids)]
-                os.kill(pid, 9)
-                kills.append(pid)
+        # Kill on the map's progress, not on a clock: each original worker once it has
+        # delivered results, the second only after a restarted worker delivered some,
+        # so the results come from both originals and a replacement (a clock-timed kill
+        # on a loaded machine hit workers that had delivered nothing: 2 addresses).
+        try:
+            wait(lambda: _used(current()) & set(original), "results from an original worker")
+            first = sorted(_used(current()) & set(original))[0]
+            os.kill(original[first], 9)
+            kills.append(first)
+            wait(lambda: _used(current()) - set(original), "results from a restarted worker")
+            second = next(a for a in original if a != first)
+            wait(lambda: second in _used(current()), "results from the second original worker")
+            os.kill(original[second], 9)
+            kills.append(second)
+        except BaseException as e:
+            errors.append(e)
 
     t = threading.Thread(target=killer, daemon=True)
     t.start()
-    out = mapping.map(slow, range(80), [0.05] * 80, client=fault_cluster)
+    # 200 items of 50 ms: long enough for a killed worker's replacement to start and take over
+    out = mapping.map(slow, range(200), [0.05] * 200, client=fault_cluster)
     t.join(10)
-    assert out == list(range(80))  # every result exactly once, in order
-    assert len(kills) >= 2
+    assert not errors, errors
+    assert out == list(range(200))  # every result exactly once, in order
+    assert len(kills) == 2
     job = mapping.last_job()
-    assert job.done == 80 and job.failed == 0
+    assert job.done == 200 and job.failed == 0
     assert len(job.workers_used) > 2  # restarted workers (new addresses) took over
     wait_for(lambda: _n_workers(client) == 2, timeout=60, message="workers to come back")
 
