@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -27,10 +28,10 @@ class MagicArgumentParser(argparse.ArgumentParser):
     magic = ""
     usage_text = ""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         raise UsageError(f"{self.magic}: {message}.\n\n{self.usage_text}")
 
-    def exit(self, status: int = 0, message: str | None = None):  # type: ignore[override]
+    def exit(self, status: int = 0, message: str | None = None):
         raise UsageError(message or self.usage_text)
 
 
@@ -58,7 +59,7 @@ def _formatter(prog: str) -> argparse.HelpFormatter:
     return argparse.HelpFormatter(prog, width=100)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> _ArgumentParser:
     """The ``%cluster`` parser: every sub-command, its options and its one-line description."""
     p = _ArgumentParser(prog="%cluster", add_help=False)
     sub = p.add_subparsers(dest="command", parser_class=_ArgumentParser)
@@ -110,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _usage(commands: dict[str, argparse.ArgumentParser]) -> str:
+def _usage(commands: Mapping[str, argparse.ArgumentParser]) -> str:
     """The usage text, written from the parser: each sub-command's synopsis, then what it does."""
     lines = []
     for sp in commands.values():
@@ -190,12 +191,12 @@ class ClusterMagics(Magics):
         if cmd == "list":
             return _print_list(session.clusters())
         if cmd == "use":
-            handle = session.connect(args.name) if args.name in {h.name for h in session.handles()} else None
-            if handle is None:
+            held = session.connect(args.name) if args.name in {h.name for h in session.handles()} else None
+            if held is None:
                 raise ClusterError(
                     f"this kernel holds no cluster named {args.name!r}; attach with %cluster connect {args.name}."
                 )
-            print(f"Current cluster: {handle.name!r}")
+            print(f"Current cluster: {held.name!r}")
             return None
         if cmd == "scale":
             handle = session.get()
@@ -223,13 +224,13 @@ class ClusterMagics(Magics):
             print(f"Stopped cluster {name!r}")
             return None
         # status
-        handle = session.current()
-        if handle is None:
+        current = session.current()
+        if current is None:
             print(
                 "No cluster in this kernel. Start one with %cluster start, or attach with %cluster connect ADDRESS|NAME."
             )
             return None
-        return _display_handle(handle)
+        return _display_handle(current)
 
 
 def _display_handle(handle: session.ClusterHandle):
