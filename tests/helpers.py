@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import time
 import uuid
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -24,3 +26,44 @@ def cell_text(cell) -> str:
         elif "text/plain" in o.get("data", {}):
             parts.append(o["data"]["text/plain"])
     return ANSI.sub("", "".join(parts))
+
+
+def kernel_execute(kc, code: str, timeout: float = 120, retry_aborted: bool = False) -> tuple[str, str]:
+    """Run ``code`` through a kernel client; return the reply's status and the cell's stdout and tracebacks.
+
+    With ``retry_aborted``, a cell the kernel aborted (ipykernel aborts what was
+    queued behind an error, for a moment after it) is sent again, up to 20 times.
+    """
+    out: list[str] = []
+
+    def hook(msg):
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append("\n".join(msg["content"]["traceback"]))
+
+    for _ in range(20 if retry_aborted else 1):
+        reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+        if reply["content"]["status"] != "aborted":
+            break
+        time.sleep(0.1)
+    return reply["content"]["status"], "".join(out)
+
+
+def kernel_ok(kc, code: str, timeout: float = 120, retry_aborted: bool = False) -> str:
+    """:func:`kernel_execute`, failing the test unless the kernel replied ok; returns the output."""
+    status, out = kernel_execute(kc, code, timeout, retry_aborted)
+    assert status == "ok", out
+    return out
+
+
+def gated_square(flag, x):
+    """Items from 100 on wait for ``flag`` to exist, so a map outlasts the kills of a fault test.
+
+    Workers import it from here (by reference), as they import the test modules.
+    """
+    time.sleep(0.05)
+    deadline = time.monotonic() + 120
+    while x >= 100 and not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return x * x

@@ -25,6 +25,7 @@ from jupyter_cluster import mapping
 from jupyter_cluster.engine import dask as engine_dask
 
 from .conftest import wait_for
+from .helpers import gated_square
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -32,15 +33,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 def where(x):
     time.sleep(0.01)
     return (x, os.getpid())
-
-
-def gated_square(flag, x):
-    """Items from 100 on wait for ``flag`` to exist, so the map outlasts the kills."""
-    time.sleep(0.05)
-    deadline = time.monotonic() + 120
-    while x >= 100 and not os.path.exists(flag) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return x * x
 
 
 @pytest.fixture(scope="module")

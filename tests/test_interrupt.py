@@ -20,6 +20,7 @@ import pytest
 from jupyter_client import KernelManager
 
 from .conftest import wait_for
+from .helpers import kernel_ok
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX-only")
 
@@ -39,21 +40,7 @@ def kernel():
 
 
 def _execute(kc, code: str, timeout: float = 120) -> str:
-    out: list[str] = []
-
-    def hook(msg):
-        if msg["msg_type"] == "stream":
-            out.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            out.append("\n".join(msg["content"]["traceback"]))
-
-    for _ in range(20):  # right after an error ipykernel aborts what was queued behind it
-        reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
-        if reply["content"]["status"] != "aborted":
-            break
-        time.sleep(0.1)
-    assert reply["content"]["status"] == "ok", "".join(out)
-    return "".join(out)
+    return kernel_ok(kc, code, timeout, retry_aborted=True)
 
 
 def _worker_pids(kc) -> list[int]:

@@ -14,6 +14,7 @@ from nbclient import NotebookClient
 from jupyter_cluster import registry
 
 from .conftest import wait_for
+from .helpers import kernel_ok
 
 
 def _notebook(*sources: str) -> nbformat.NotebookNode:
@@ -43,17 +44,7 @@ def test_cluster_magic_in_a_real_notebook():
 
 def _execute(kc, code: str, timeout: float = 120) -> str:
     """Run ``code`` in the kernel and return its stdout; fail on an error reply."""
-    out: list[str] = []
-
-    def hook(msg):
-        if msg["msg_type"] == "stream":
-            out.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            out.append("\n".join(msg["content"]["traceback"]))
-
-    reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
-    assert reply["content"]["status"] == "ok", "".join(out)
-    return "".join(out)
+    return kernel_ok(kc, code, timeout)
 
 
 def test_kill_9_of_the_kernel_leaves_no_worker_and_no_live_record():

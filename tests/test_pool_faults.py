@@ -23,21 +23,13 @@ import jupyter_cluster as jc
 from jupyter_cluster.errors import ClusterError, WorkerLostError
 
 from .conftest import wait_for
+from .helpers import gated_square
 
 pytestmark = pytest.mark.slow
 
 
 def slow_square(x):
     time.sleep(0.05)
-    return x * x
-
-
-def gated_square(flag, x):
-    """Items from 100 on wait for ``flag`` to exist, so the map outlasts the kills."""
-    time.sleep(0.05)
-    deadline = time.monotonic() + 120
-    while x >= 100 and not os.path.exists(flag) and time.monotonic() < deadline:
-        time.sleep(0.05)
     return x * x
 
 

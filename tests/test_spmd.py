@@ -25,10 +25,9 @@ from jupyter_cluster.engine.dask import workers_now
 from jupyter_cluster.errors import ClusterError
 
 from .conftest import wait_for
+from .helpers import ANSI, kernel_execute
 
 spmd_mod = importlib.import_module("jupyter_cluster.spmd")  # jc.spmd is the function
-
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pytest.fixture(scope="module")
@@ -527,16 +526,8 @@ def test_stop_button_in_a_real_kernel(tmp_path):
         kc.wait_for_ready(timeout=60)
 
         def execute(code, timeout=120):
-            out = []
-
-            def hook(msg):
-                if msg["msg_type"] == "stream":
-                    out.append(msg["content"]["text"])
-                elif msg["msg_type"] == "error":
-                    out.append("\n".join(msg["content"]["traceback"]))
-
-            reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
-            return reply["content"]["status"], ANSI.sub("", "".join(out))
+            status, out = kernel_execute(kc, code, timeout)
+            return status, ANSI.sub("", out)
 
         status, out = execute("%load_ext jupyter_cluster\n%cluster start --workers 2 --threads 1")
         assert status == "ok", out
