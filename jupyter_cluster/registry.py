@@ -5,6 +5,11 @@ to is written to ``<jupyter runtime dir>/jupyter-cluster/<name>.json``.  A recor
 names its owner process (pid and start time, so a recycled pid is not mistaken
 for the owner); records whose owner is gone are reported as dead and removed by
 :func:`live_records`.  The sidebar panel and ``%cluster list`` read it.
+
+A process that attaches to a registered cluster by name writes no record (the
+cluster has one, its owner's) but an :class:`Attachment` beside it,
+``<name>@<pid>.attached``: which kernel uses which cluster, so that the panel
+follows that kernel's notebook there (:func:`live_attachments`).
 """
 
 from __future__ import annotations
@@ -231,3 +236,102 @@ def live_records(cleanup: bool = True) -> list[ClusterRecord]:
             )
     records.sort(key=lambda r: r.started)
     return records
+
+
+# -- attachments: a process that uses a registered cluster it did not start ------------------
+ATTACHED = ".attached"
+
+
+@dataclass
+class Attachment:
+    """A process (a kernel, mostly) attached by name to a registered cluster another process owns.
+
+    Written by :func:`jupyter_cluster.session.connect` and removed when that
+    process detaches or stops the cluster; one whose process has died is
+    ignored and removed like a dead owner's record.
+    """
+
+    name: str  # the cluster's registry name
+    address: str  # its scheduler, as the record had it: a later cluster of the same name is not this one
+    owner_pid: int = field(default_factory=os.getpid)
+    owner_started: float = 0.0
+    started: float = field(default_factory=time.time)
+    #: the Jupyter kernel that attached (see :func:`current_kernel_id`), or None for another process
+    kernel_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.owner_started:
+            self.owner_started = _process_start_time(self.owner_pid)
+        if self.kernel_id is None and self.owner_pid == os.getpid():
+            self.kernel_id = current_kernel_id()
+
+    def owner_alive(self) -> bool:
+        """Whether the process that attached still runs."""
+        return _process_start_time(self.owner_pid) == self.owner_started != 0.0
+
+
+def _attachment_path(name: str, pid: int) -> str:
+    if not valid_name(name):
+        raise ClusterError(f"{name!r} is not a valid cluster name; use letters, digits, '-', '_' or '.' (at most 63).")
+    return os.path.join(registry_dir(), f"{name}@{pid}{ATTACHED}")
+
+
+def write_attachment(name: str, address: str) -> Attachment:
+    """Say that this process uses the registered cluster ``name`` (at ``address``); returns what was written."""
+    attachment = Attachment(name=name, address=address)
+    fd, tmp = tempfile.mkstemp(dir=registry_dir(), prefix=".tmp-", suffix=ATTACHED)
+    with os.fdopen(fd, "w") as f:
+        json.dump(asdict(attachment), f)
+    os.replace(tmp, _attachment_path(name, attachment.owner_pid))
+    return attachment
+
+
+def remove_attachment(name: str, pid: int | None = None) -> None:
+    """Forget that this process (or ``pid``) uses cluster ``name`` (no error if it did not say so)."""
+    try:
+        os.remove(_attachment_path(name, os.getpid() if pid is None else pid))
+    except FileNotFoundError:
+        pass
+
+
+def live_attachments(cleanup: bool = True) -> list[Attachment]:
+    """Attachments whose process still runs, oldest first.
+
+    Parameters
+    ----------
+    cleanup : bool
+        Delete the files of attachments whose process has died.
+    """
+    found = []
+    directory = registry_dir()
+    for entry in sorted(os.listdir(directory)):
+        if not entry.endswith(ATTACHED) or entry.startswith("."):
+            continue
+        path = os.path.join(directory, entry)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                continue  # a link or another user's file: never trusted
+            with open(path) as f:
+                data = json.load(f)
+            attachment = Attachment(**data)
+        except (OSError, ValueError, TypeError):
+            continue  # half-written or foreign file
+        if (
+            type(attachment.owner_pid) is not int
+            or not valid_name(attachment.name)
+            or entry != f"{attachment.name}@{attachment.owner_pid}{ATTACHED}"
+            or not isinstance(attachment.address, str)
+            or not isinstance(attachment.started, (int, float))
+        ):
+            continue  # named after its own content, or not ours to judge
+        attachment.kernel_id = kernel_id_or_none(attachment.kernel_id)
+        if attachment.owner_alive():
+            found.append(attachment)
+        elif cleanup:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+    found.sort(key=lambda a: a.started)
+    return found

@@ -174,8 +174,10 @@ class ClusterHandle:
             _handles.pop(self.name, None)
             if _current == self.name:
                 _current = next(reversed(_handles), None) if _handles else None
-        if self.attached_record is None:  # an attached-by-name cluster's record is its owner's
+        if self.attached_record is None:
             registry.remove(self.name)
+        else:  # attached by name: the record is its owner's; only our attachment goes
+            registry.remove_attachment(self.name)
         if not gone:  # idle map leases end first, rather than being cut off by the cluster's close
             from .engine.dask import release_leases
 
@@ -409,6 +411,8 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
     client = _connect_client(started, name)
     handle = ClusterHandle(name, "address", started, client)
     handle.attached_record = record
+    if record is not None:  # the panel follows this kernel's notebook to the cluster from now on
+        registry.write_attachment(record.name, record.address)
     return _adopt(handle, attached=True)
 
 

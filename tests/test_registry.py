@@ -225,3 +225,73 @@ def test_a_kernel_id_that_could_not_name_a_connection_file_is_dropped():
         assert registry.read("odd-id").kernel_id is None
     finally:
         registry.remove("odd-id")
+
+
+# -- attachments: a process attached by name to a cluster it does not own -------------------
+def test_an_attachment_is_listed_while_its_process_runs_and_removed_after():
+    written = registry.write_attachment("att-a", "tcp://127.0.0.1:11")
+    try:
+        (got,) = [a for a in registry.live_attachments() if a.name == "att-a"]
+        assert got == written and got.owner_pid == os.getpid() and got.kernel_id is None  # no kernel here
+        assert "att-a" not in {r.name for r in registry.live_records()}  # not a cluster of its own
+    finally:
+        registry.remove_attachment("att-a")
+    assert "att-a" not in {a.name for a in registry.live_attachments()}
+    registry.remove_attachment("att-a")  # removing twice is harmless
+
+
+def test_attachments_of_dead_processes_are_dropped_and_planted_ones_ignored(tmp_path):
+    import dask
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    victim = tmp_path / "victim.attached"
+    victim.write_text("{}")
+    with dask.config.set({"jupyter-cluster.registry-dir": str(tmp_path / "reg4")}):
+        d = registry.registry_dir()
+        stale = registry.Attachment(name="att-b", address="tcp://127.0.0.1:12", owner_pid=dead.pid, kernel_id="k1")
+        with open(os.path.join(d, f"att-b@{dead.pid}.attached"), "w") as f:
+            json.dump(stale.__dict__, f)
+        # a file whose name is not its content's (a live owner, so it would be listed were it trusted)
+        planted = registry.Attachment(name="../victim", address="tcp://127.0.0.1:13", kernel_id="k2")
+        with open(os.path.join(d, "other@1.attached"), "w") as f:
+            json.dump(planted.__dict__, f)
+        assert registry.live_attachments() == []
+        assert sorted(os.listdir(d)) == ["other@1.attached"]  # the dead one's file went, the planted one stays
+    assert victim.exists()
+
+
+def test_a_kernel_that_connects_by_name_is_attached_until_it_detaches_or_dies(tmp_path):
+    """``%cluster connect NAME`` in a real kernel: an attachment naming the kernel, gone on stop and on kill."""
+    import uuid
+
+    from jupyter_client import KernelManager
+
+    from .helpers import kernel_ok
+    from .test_server import start_kernel_like
+
+    owner = start_kernel_like("att-owner")
+    kernel_id = str(uuid.uuid4())
+    km = KernelManager(kernel_name="python3", connection_file=str(tmp_path / f"kernel-{kernel_id}.json"))
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        kernel_ok(kc, "%load_ext jupyter_cluster\n%cluster connect att-owner")
+        (att,) = registry.live_attachments()
+        assert (att.name, att.kernel_id) == ("att-owner", kernel_id)
+        assert att.address == registry.read("att-owner").address and att.owner_pid != os.getpid()
+        kernel_ok(kc, "%cluster stop att-owner")  # detaches; the cluster is its owner's and runs on
+        assert registry.live_attachments() == [] and registry.read("att-owner") is not None
+        kernel_ok(kc, "%cluster connect att-owner")
+        assert [a.kernel_id for a in registry.live_attachments()] == [kernel_id]
+        km.shutdown_kernel(now=True)  # killed: nothing runs its exit hooks
+        assert registry.live_attachments() == []
+        assert [f for f in os.listdir(registry.registry_dir()) if f.endswith(".attached")] == []
+    finally:
+        kc.stop_channels()
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
+        owner.kill()
+        owner.wait(10)

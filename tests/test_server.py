@@ -251,6 +251,71 @@ def test_stop_from_the_panel_asks_the_owning_kernel(api):
             proc.kill()
 
 
+def test_a_kernel_that_connects_by_name_is_listed_with_the_cluster_from_the_connect_on(api, tmp_path):
+    """The panel follows a notebook to the cluster it attached to by name, before any map.
+
+    A real kernel (connection file ``kernel-<id>.json``, as a Jupyter server
+    names it) does ``%cluster connect NAME`` to another process's cluster: the
+    cluster's row lists the kernel's id; after ``%cluster stop`` (a detach) and
+    after the kernel is killed, it no longer does.
+    """
+    import uuid
+
+    from jupyter_client import KernelManager
+
+    from .helpers import kernel_ok
+
+    def kernels() -> list[str]:
+        return next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "proc-k")["kernels"]
+
+    owner = start_kernel_like("proc-k", workers=0)
+    kernel_id = str(uuid.uuid4())
+    km = KernelManager(kernel_name="python3", connection_file=str(tmp_path / f"kernel-{kernel_id}.json"))
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        wait_for(lambda: "proc-k" in api.names(), 5, message="proc-k in the list")
+        assert kernels() == []
+        kernel_ok(kc, "%load_ext jupyter_cluster\n%cluster connect proc-k")
+        wait_for(lambda: kernels() == [kernel_id], 2.0, interval=0.05, message="the kernel listed with proc-k")
+        assert api.names().count("proc-k") == 1  # an attachment adds no row
+        kernel_ok(kc, "%cluster stop proc-k")
+        wait_for(lambda: kernels() == [], 2.0, interval=0.05, message="the detached kernel to leave proc-k")
+        kernel_ok(kc, "%cluster connect proc-k")
+        wait_for(lambda: kernels() == [kernel_id], 2.0, interval=0.05, message="the kernel listed again")
+        km.shutdown_kernel(now=True)
+        wait_for(lambda: kernels() == [], 5.0, interval=0.05, message="the killed kernel to leave proc-k")
+        assert "proc-k" in api.names()  # the owner's cluster runs on
+    finally:
+        kc.stop_channels()
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
+        owner.kill()
+        owner.wait(10)
+
+
+def test_an_attachment_counts_only_for_the_cluster_it_attached_to():
+    """A later cluster of the same name at another address is not the one the kernel attached to."""
+    from jupyter_cluster import registry
+    from jupyter_cluster.server.manager import _attached_kernels
+
+    owned = registry.ClusterRecord(name="c1", backend="local", address="tcp://127.0.0.1:21")
+    by_address = registry.ClusterRecord(
+        name="remote-1", backend="address", address="tcp://127.0.0.1:21", attached=True, kernel_id="k-addr"
+    )
+    by_address.started = owned.started + 2
+    same = registry.Attachment(name="c1", address="tcp://127.0.0.1:21", kernel_id="k-name")
+    same.started = owned.started + 1
+    older_cluster = registry.Attachment(name="c1", address="tcp://127.0.0.1:99", kernel_id="k-old")
+    no_kernel = registry.Attachment(name="c1", address="tcp://127.0.0.1:21")  # a script: nothing to follow
+    unknown = registry.Attachment(name="gone", address="tcp://127.0.0.1:22", kernel_id="k-gone")
+    assert _attached_kernels([owned, by_address], [same, older_cluster, no_kernel, unknown]) == {
+        "tcp://127.0.0.1:21": ["k-name", "k-addr"]
+    }
+
+
 # -- a panel cluster: start, details, scale, adapt, jobs, metrics, push, stop ------------
 @pytest.fixture(scope="module")
 def panel_cluster(server):

@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
 # Imported here, at server start, rather than at the first connection: importing
@@ -281,12 +282,22 @@ def _visible(records: list[registry.ClusterRecord]) -> dict[str, registry.Cluste
     return {r.name: r for r in records if not (r.attached and r.address in owned)}
 
 
-def _attached_kernels(records: list[registry.ClusterRecord]) -> dict[str, list[str]]:
-    """Scheduler address -> ids of the kernels attached to it (oldest first): they follow it too."""
+def _attached_kernels(
+    records: list[registry.ClusterRecord], attachments: Iterable[registry.Attachment] = ()
+) -> dict[str, list[str]]:
+    """Scheduler address -> ids of the kernels attached to it (oldest first): they follow it too.
+
+    A kernel attached by address has a record of its own; one attached by name
+    has an attachment (:func:`.registry.live_attachments`), counted while the
+    cluster it names still has that name and address.
+    """
+    live = {r.name: r.address for r in records if not r.attached}
+    found = [(r.started, r.address, r.kernel_id) for r in records if r.attached and r.kernel_id]
+    found += [(a.started, a.address, a.kernel_id) for a in attachments if a.kernel_id and live.get(a.name) == a.address]
     out: dict[str, list[str]] = {}
-    for r in records:
-        if r.attached and r.kernel_id:
-            out.setdefault(r.address, []).append(r.kernel_id)
+    for _, address, kernel_id in sorted(found, key=lambda f: f[0]):
+        if kernel_id not in out.setdefault(address, []):
+            out[address].append(kernel_id)
     return out
 
 
@@ -410,7 +421,7 @@ class ClusterManager:
         async with self._lock:
             every = registry.live_records()
             records = _visible(every)
-            attached = _attached_kernels(every)
+            attached = _attached_kernels(every, registry.live_attachments())
             for name in list(self.connections):
                 rec = records.get(name)
                 conn = self.connections[name]

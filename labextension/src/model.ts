@@ -168,9 +168,10 @@ export function initialState(): IPanelState {
 }
 
 /**
- * The live cluster of a kernel: the newest one it started or attached to
- * with a registry record of its own, else the live cluster of its newest
- * map (a notebook that did `%cluster connect NAME`), or null.
+ * The live cluster of a kernel: the newest one the server lists it with
+ * (started there, or attached by address or by name: `%cluster connect`),
+ * else the live cluster of its newest map (a kernel that reached a cluster
+ * in a way the registry does not record, e.g. a Client of its own), or null.
  */
 export function clusterOfKernel(clusters: IClusterSummary[], kernel: string | null, jobs: IJob[] = []): string | null {
   if (!kernel) {

@@ -2,8 +2,8 @@
 
 Two notebooks, each with its own kernel and its own cluster: switching tabs
 switches the panel to the active notebook's cluster (unless pinned); a third
-that only connects to the first cluster by name is followed there once it
-maps (its job messages name its kernel).  Last, the first cluster stops and
+that only connects to the first cluster by name is followed there as soon as
+it connects, before any map (its kernel's registry attachment).  Last, the first cluster stops and
 a run on the second is overlaid with the first's kept curves.  The
 first notebook maps a cell that reports two metrics and fails on two items
 (collect mode): a click on the job lists the failed items with their error
@@ -56,7 +56,7 @@ import jupyter_cluster
 jupyter_cluster.report(step=i, topic="follow", reward=5.0 * i)
 i""",
 ]
-# a notebook that only connects to A by name (no registry record of its own): its maps name its kernel
+# a notebook that only connects to A by name: no record of its own, an attachment that names its kernel
 CELLS_C = [f"%load_ext jupyter_cluster\n%cluster connect {A}", "%%parallel i in range(4)\ni"]
 
 # Run one cell of the active notebook once its kernel has answered (the promise ends with the cell).
@@ -293,16 +293,17 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
         page.click("#jupyter-cluster-panel .jc-pin")
         _selected(page, A, timeout=10_000)
 
-        # a third notebook connects to A by name: no cluster of its own yet, so the view stays on B;
-        # its first map names its kernel, and the panel follows it to A
+        # a third notebook connects to A by name: it has no cluster yet, so the view stays on B; the
+        # connect itself (no map yet) takes the panel to A, and tab switches follow it there
         _tab(page, "b.ipynb", shows=B)
         _open(page, "c.ipynb")
-        page.evaluate(RUN_CELL_JS, 0)
         _stays_on(page, B)
-        page.evaluate(RUN_CELL_JS, 1)
-        _selected(page, A, timeout=60_000)
+        page.evaluate(RUN_CELL_JS, 0)
+        _selected(page, A, timeout=10_000)  # only cell 0 has run: this kernel has mapped nothing yet
         _tab(page, "b.ipynb", shows=B)
         _tab(page, "c.ipynb", shows=A)
+        page.evaluate(RUN_CELL_JS, 1)
+        _stays_on(page, A)
         _tab(page, "a.ipynb", shows=A)
 
         # -- lag: when the panel shows k/N against when the k-th item ended -----------------------
