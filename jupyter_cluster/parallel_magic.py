@@ -20,10 +20,13 @@ from __future__ import annotations
 import argparse
 import ast
 import shlex
+import types
+from collections.abc import Callable
 from functools import partial as functools_partial
-from typing import Any
+from typing import Any, cast
 
 from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, magics_class
 
 from . import capture, mapping, session
@@ -162,17 +165,20 @@ def parse_header(header: str) -> tuple[str, str, set[str]]:
             "write e.g. `%%parallel seed in range(100)` or `%%parallel lr, depth in grid`."
         )
     src = f"for {header}: pass"
+    targets, iterable = _segment(src, node.target), _segment(src, node.iter)
     for sub in ast.walk(node.target):
         if isinstance(sub, (ast.Attribute, ast.Subscript)):
             raise CellError(
-                f"the %%parallel targets `{ast.get_source_segment(src, node.target)}` must be plain names "
+                f"the %%parallel targets `{targets}` must be plain names "
                 "(tuple unpacking is fine), because they are bound on the workers."
             )
-    return (
-        ast.get_source_segment(src, node.target),
-        ast.get_source_segment(src, node.iter),
-        capture.target_names(node.target),
-    )
+    return targets, iterable, capture.target_names(node.target)
+
+
+def _segment(src: str, node: ast.AST) -> str:
+    """``node``'s text as written in ``src`` (parsed nodes carry their positions; unparsed as a fallback)."""
+    text = ast.get_source_segment(src, node)
+    return text if text is not None else ast.unparse(node)
 
 
 def _parse_resources(text: str | None) -> dict[str, float] | None:
@@ -225,7 +231,7 @@ class _OutputPrinter:
             print(" " * len(tag) + ln)
 
 
-def rebuild_traceback(frames: dict, namespace: dict | None = None):
+def rebuild_traceback(frames: dict, namespace: dict | None = None) -> types.TracebackType | None:
     """A real traceback object from a worker's frames (a tblib dict), for IPython to render.
 
     Each frame's code object starts at the line where the worker's did
@@ -240,9 +246,10 @@ def rebuild_traceback(frames: dict, namespace: dict | None = None):
     which renames their file ``<dynamic-code>``; their frames get their
     cell's filename back from the functions in ``namespace``.
     """
-    cells = None
-    top = last = None
-    node = frames
+    cells: dict | None = None
+    top: types.TracebackType | None = None
+    last: types.TracebackType | None = None
+    node: dict | None = frames
     while node is not None:
         info = dict(node["tb_frame"]["f_code"])
         if info.get("co_filename") == "<dynamic-code>" and namespace is not None:
@@ -251,7 +258,7 @@ def rebuild_traceback(frames: dict, namespace: dict | None = None):
             info["co_filename"] = cells.get((info.get("co_name"), info.get("co_firstlineno")), "<dynamic-code>")
         tb = _frame(info, int(node["tb_lineno"]))
         if tb is not None:
-            if top is None:
+            if last is None:
                 top = tb
             else:
                 last.tb_next = tb
@@ -260,14 +267,14 @@ def rebuild_traceback(frames: dict, namespace: dict | None = None):
     return top
 
 
-def _frame(info: dict, line: int):
+def _frame(info: dict, line: int) -> types.TracebackType | None:
     """One traceback entry whose code looks like ``info`` and fails at ``line``."""
     first = info.get("co_firstlineno")
     name = info.get("co_name") or "<module>"
     if not isinstance(first, int) or first < 1 or first > line:
         first = 1 if name == "<module>" else line
     params = info.get("co_params") if name != "<module>" and line > first else None
-    names = {"co_filename": info.get("co_filename") or "<unknown>", "co_name": name}
+    names: dict[str, Any] = {"co_filename": info.get("co_filename") or "<unknown>", "co_name": name}
     if hasattr(_frame.__code__, "co_qualname"):
         names["co_qualname"] = info.get("co_qualname") or name
     if params:
@@ -297,14 +304,15 @@ def _frame(info: dict, line: int):
     try:
         call()
     except _FrameMaker as exc:
-        return exc.__traceback__.tb_next.tb_next  # skip this function's and the lambda's frames
+        tb = exc.__traceback__
+        for _ in range(2):  # skip this function's and the lambda's frames
+            tb = tb.tb_next if tb is not None else None
+        return tb
     return None
 
 
 def _code_files(namespace: dict) -> dict:
     """``(co_name, co_firstlineno) -> co_filename`` of the notebook's functions and methods."""
-    import types
-
     found: dict = {}
     seen: set[int] = set()
 
@@ -359,6 +367,15 @@ def _interrupted_traceback(message: str | None):
     return lambda: [line]
 
 
+def set_renderer(exc: BaseException, render: Callable[[], list[str]]) -> None:
+    """Give ``exc`` IPython's ``_render_traceback_`` hook: IPython shows ``render()``'s lines instead of a traceback.
+
+    The hook is a plain instance attribute that IPython looks up by name; no
+    exception type declares it, so it is put in the instance's ``__dict__``.
+    """
+    vars(exc)["_render_traceback_"] = render
+
+
 def remote_renderer(shell, exc: BaseException, frames: dict, note: str):
     """A ``_render_traceback_`` showing remote ``frames`` with the cell's own lines, then ``note``.
 
@@ -393,8 +410,15 @@ class ParallelMagics(Magics):
         except KeyboardInterrupt as exc:
             # our frames (magic, map engine, the wait in threading) would only bury what happened
             if not hasattr(exc, "_render_traceback_"):
-                exc._render_traceback_ = _interrupted_traceback(None)
+                set_renderer(exc, _interrupted_traceback(None))
             raise
+
+    @property
+    def _shell(self) -> InteractiveShell:
+        """The shell this magic is registered in (``Magics.shell`` is typed optional)."""
+        if self.shell is None:
+            raise UsageError("%%parallel runs inside an IPython shell; this magic object is not registered in one.")
+        return self.shell
 
     parallel.__doc__ = "Run a cell once per item of an iterable on the cluster.\n\n" + PARALLEL_USAGE
 
@@ -426,12 +450,13 @@ class ParallelMagics(Magics):
             )
         except (ValueError, TypeError) as exc:
             raise UsageError(f"%%parallel: {exc}") from None
+        targets: str | None = None
+        bound: set[str] = set()
         if args.all_workers:
             if header:
                 raise CellError(
                     "--all-workers runs the cell once on every worker, so it takes no `TARGETS in ITERABLE`; drop the header."
                 )
-            targets, bound = None, set()
         else:
             if not header:
                 raise CellError(
@@ -442,7 +467,7 @@ class ParallelMagics(Magics):
         filename, text = self._cell_filename(line, cell)
         tree = capture.parse_body(cell, filename, first_line=2)
         analysis = capture.analyse(tree, bound=bound, filename=filename)
-        user_ns = self.shell.user_ns
+        user_ns = self._shell.user_ns
 
         if not args.all_workers:
             try:
@@ -477,7 +502,11 @@ class ParallelMagics(Magics):
         if args.all_workers:
             return self._run_all_workers(func, handle, analysis, args, options)
         printer = _OutputPrinter()
-        job = mapping.MapJob(func, (iterable,), label=f"%%parallel {header}", on_output=printer, retain=True, **options)
+        # The engine takes a callable or an object with prepare() (a CellFunction, prepared once per
+        # worker process); MapJob's annotation names only the first.
+        job = mapping.MapJob(
+            cast(Callable, func), (iterable,), label=f"%%parallel {header}", on_output=printer, retain=True, **options
+        )
         user_ns[JOB_NAME] = job
         self._drive(job, printer)
         user_ns[args.out] = job.result_list()
@@ -505,7 +534,7 @@ class ParallelMagics(Magics):
                 f"Interrupted: {job.done} of {total} items had finished and the rest were cancelled; "
                 f"their results are in {JOB_NAME}.results (a dict index -> result)."
             )
-            exc._render_traceback_ = _interrupted_traceback("the %%parallel cell was interrupted; see the line above.")
+            set_renderer(exc, _interrupted_traceback("the %%parallel cell was interrupted; see the line above."))
             raise
         except (ClusterError, CellError, SerializationError):
             raise
@@ -514,11 +543,14 @@ class ParallelMagics(Magics):
             if index is not None and index in job.tracebacks and job.tracebacks[index][1]:
                 item, worker = job.failed_items.get(index, ("?", None))
                 where = f" on worker {worker}" if worker else ""
-                exc._render_traceback_ = remote_renderer(
-                    self.shell,
+                set_renderer(
                     exc,
-                    job.tracebacks[index][1],
-                    f"%%parallel: item {index} ({mapping.abbreviate(item)}) failed{where}; details in {JOB_NAME}.",
+                    remote_renderer(
+                        self.shell,
+                        exc,
+                        job.tracebacks[index][1],
+                        f"%%parallel: item {index} ({mapping.abbreviate(item)}) failed{where}; details in {JOB_NAME}.",
+                    ),
                 )
             raise
 

@@ -25,7 +25,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterable
 from multiprocessing import TimeoutError
-from typing import Any
+from typing import Any, TypeVar
 
 from .engine.dask import SchedulerWatch, translate_error
 from .errors import ClusterError
@@ -97,9 +97,10 @@ def _run_initializer(pool_id: str, initializer: Callable, initargs: tuple) -> No
         try:
             init(*initargs)
         except BaseException as exc:
-            exc.add_note(
-                f"(raised by the initializer of {pool_id}; the next task in this worker process tries it again)"
-            )
+            if hasattr(exc, "add_note"):  # Python 3.11+; on 3.10 the exception goes up without the note
+                exc.add_note(
+                    f"(raised by the initializer of {pool_id}; the next task in this worker process tries it again)"
+                )
             raise
         _init_names[pool_id] = frozenset(k for k, v in namespace.items() if k not in before or before[k] is not v)
         _initialized.add(pool_id)
@@ -128,7 +129,7 @@ class _PoolTask:
         self.initializer = initializer
         self.initargs = initargs
         self.star = star
-        self._bound = None
+        self._bound: Callable | None = None
 
     def __reduce__(self):
         return (_PoolTask, (self.func, self.pool_id, self.initializer, self.initargs, self.star))
@@ -142,9 +143,10 @@ class _PoolTask:
         if self.initializer is not None:
             if self.pool_id not in _initialized:
                 _run_initializer(self.pool_id, self.initializer, self.initargs)
-            if self._bound is None:
-                self._bound = _adopt(func, self.pool_id, _init_names.get(self.pool_id, ()))
-            func = self._bound
+            bound = self._bound
+            if bound is None:
+                bound = self._bound = _adopt(func, self.pool_id, _init_names.get(self.pool_id, ()))
+            func = bound
         if self.star:
             (args,) = args
         return func(*args, **kwargs)
@@ -162,7 +164,8 @@ def _apply(task: _PoolTask, args: tuple, kwds: dict) -> Any:
 class ApplyResult:
     """The result of :meth:`Pool.apply_async` (``multiprocessing.pool.AsyncResult``)."""
 
-    __class_getitem__ = classmethod(types.GenericAlias)
+    def __class_getitem__(cls, item: Any) -> types.GenericAlias:  # ApplyResult[int], as multiprocessing allows
+        return types.GenericAlias(cls, item)
 
     def __init__(self, pool: Pool, callback: Callable | None, error_callback: Callable | None):
         self._pool = pool
@@ -266,9 +269,9 @@ class IMapIterator:
             if _is_failure(self._job, value):
                 raise value
             return value
-        self._start_feeder()
+        buffer = self._start_feeder()
         try:
-            kind, value = self._buffer.get(timeout=timeout)
+            kind, value = buffer.get(timeout=timeout)
         except queue.Empty:
             raise TimeoutError from None
         if kind == "value":
@@ -283,14 +286,16 @@ class IMapIterator:
 
     __next__ = next
 
-    def _start_feeder(self) -> None:
+    def _start_feeder(self) -> queue.Queue:
+        """The one-slot buffer a feeder thread fills (started by the first timed ``next``)."""
         with self._lock:
             if self._buffer is not None:
-                return
-            self._buffer = queue.Queue(maxsize=1)
+                return self._buffer
+            buffer = self._buffer = queue.Queue(maxsize=1)
         threading.Thread(
-            target=_feed, args=(self._job, self._buffer, self._stop), daemon=True, name="jupyter-cluster-imap"
+            target=_feed, args=(self._job, buffer, self._stop), daemon=True, name="jupyter-cluster-imap"
         ).start()
+        return buffer
 
     def __del__(self) -> None:
         # An abandoned iterator must not leave its map running on the cluster.
@@ -340,6 +345,9 @@ class IMapUnorderedIterator(IMapIterator):
     """The iterator returned by :meth:`Pool.imap_unordered` (results in completion order)."""
 
     _ordered = False
+
+
+_Iter = TypeVar("_Iter", bound=IMapIterator)
 
 
 # -- the pool ------------------------------------------------------------------------------
@@ -720,7 +728,7 @@ class Pool:
         self._check_running()
         return self._imap(func, iterable, chunksize, IMapUnorderedIterator, "imap_unordered")
 
-    def _imap(self, func: Callable, iterable: Iterable, chunksize: Any, cls: type, method: str) -> IMapIterator:
+    def _imap(self, func: Callable, iterable: Iterable, chunksize: Any, cls: type[_Iter], method: str) -> _Iter:
         # errors="collect": a failed item raises at its place and iteration
         # can go on past it, as with multiprocessing's iterators.
         job = self._job(

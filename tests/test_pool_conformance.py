@@ -307,6 +307,18 @@ def test_constructor_validation_same_as_multiprocessing(cluster, args, kwargs):
     assert results["multiprocessing"][0] == "raise"
 
 
+def test_result_types_subscript_as_in_multiprocessing():
+    # multiprocessing.pool.ApplyResult[int] is a types.GenericAlias (annotations, isinstance on the origin)
+    import multiprocessing.pool as mp_pool
+
+    from jupyter_cluster import pool as jc_pool
+
+    for ours, theirs in ((jc_pool.ApplyResult, mp_pool.ApplyResult), (jc_pool.MapResult, mp_pool.MapResult)):
+        alias, reference = ours[int], theirs[int]
+        assert type(alias) is type(reference)
+        assert (alias.__origin__, alias.__args__) == (ours, (int,))
+
+
 def test_maxtasksperchild_accepted(fresh):
     p = fresh("jupyter_cluster", 2, None, (), 3)
     assert p.map(sq, range(5)) == [0, 1, 4, 9, 16]
