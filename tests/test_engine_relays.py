@@ -23,6 +23,7 @@ import pytest
 import jupyter_cluster as jc
 from jupyter_cluster import mapping
 from jupyter_cluster.engine import dask as engine_dask
+from jupyter_cluster.engine import worker as engine_worker
 
 from .conftest import wait_for
 from .helpers import gated_square
@@ -87,16 +88,16 @@ def test_a_relay_forwards_a_batch_only_with_the_secret_of_the_map_that_placed_th
     run = (token, cloudpickle.dumps(abs), False, {"retries": 0, "timeout": None, "capture": False})
 
     async def relay_once(secret):
-        from distributed.protocol import to_serialize
-
-        entries = [(lease.addr, lease.id, secret, run, [-3, -4], None)]
-        answer = await engine_dask.call(client, relay, "jc_relay", entries=to_serialize(engine_dask.Packed(entries)))
-        return getattr(answer["answers"], "value", answer["answers"])[0]
+        entries = [(lease.addr, lease.id, secret, run, engine_worker.pack([-3, -4]), None)]
+        answer = await engine_dask.call(client, relay, "jc_relay", entries=entries)
+        return answer["answers"][0]
 
     refused = client.sync(relay_once, "0" * 32)
     assert refused == {"status": "refused"}
     accepted = client.sync(relay_once, pool.secret)
-    assert accepted["status"] == "ok" and accepted["result"][0] == [3, 4]
+    # The result comes back pickled as the member sent it: the relay did not unpickle it.
+    assert accepted["status"] == "ok" and isinstance(accepted["result"], bytes)
+    assert engine_worker.unpack(accepted["result"])[0] == [3, 4]
 
 
 def test_a_relayed_map_survives_sigkilled_relays_and_members(cluster, relays_always, tmp_path):

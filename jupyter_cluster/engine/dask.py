@@ -43,7 +43,7 @@ import time
 from typing import Any
 
 from ..errors import ClusterError, WorkerLostError
-from .worker import ATTACH_WAIT_SECONDS, EnginePlugin, Items, Packed, lease, run_items
+from .worker import ATTACH_WAIT_SECONDS, EnginePlugin, Items, lease, pack, run_items
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ CONNECT_TIMEOUT_SECONDS = 10.0
 RELAY_GROUP = 32
 #: A round of batches reaching at least this many workers goes through relays (config ``engine.relay-min-workers``).
 RELAY_MIN_WORKERS = 64
-#: Longest a client's idle leases are kept when it maps in a loop with pauses, in seconds.
-LINGER_CAP_SECONDS = 5.0
+#: How long a client's idle leases wait for its next map when ``engine.linger`` is not configured, in seconds.
+LINGER_SECONDS = 60.0
 
 _lease_numbers = itertools.count()
 
@@ -140,10 +140,14 @@ class Sent:
 
 
 class LeasePool:
-    """A client's idle leases, kept ``linger`` seconds for its next map; ends them after that.
+    """A client's idle leases, kept ``engine.linger`` seconds for its next map; ends them after that.
 
     One per client (:func:`pool_for`); the secret that every lease of the
-    client checks on each batch lives here.
+    client checks on each batch lives here.  Every map's leases are kept the
+    same time, whatever the pause before it: keeping them costs the cluster
+    no thread (:class:`.worker.EnginePlugin` makes them yield to any task that
+    waits for one), so the first map after a long pause is kept as long as the
+    tenth map of a loop.
     """
 
     def __init__(self, client: Any):
@@ -151,24 +155,15 @@ class LeasePool:
 
         self.client = client
         self.secret = secrets.token_hex(16)
-        self.linger = config.timeout_seconds("engine.linger") if config.get("engine.linger") is not None else 1.0
+        configured = config.get("engine.linger")
+        self.linger = config.timeout_seconds("engine.linger") if configured is not None else LINGER_SECONDS
         self.lock = threading.Lock()
         self.idle: dict[tuple, list[Lease]] = {}
         self.timer: threading.Timer | None = None
-        self.hold = self.linger  # how long the leases given back now are kept
-        self.last_given: float | None = None
 
     def take(self, key: tuple, n: int) -> list[Lease]:
-        """Up to ``n`` idle leases for resources ``key``, least recently used last.
-
-        Called as each map starts: the pause since the client's previous map
-        sets how long the leases of this one are kept (:data:`LINGER_CAP_SECONDS`).
-        """
+        """Up to ``n`` idle leases for resources ``key``, the most recently used first."""
         with self.lock:
-            if self.last_given is not None and self.linger > 0:
-                pause = time.monotonic() - self.last_given
-                self.hold = max(self.linger, 2 * pause) if pause <= LINGER_CAP_SECONDS else self.linger
-                self.hold = min(max(self.hold, self.linger), max(self.linger, LINGER_CAP_SECONDS))
             idle = self.idle.get(key, [])
             got: list[Lease] = []
             while idle and len(got) < n:
@@ -178,16 +173,16 @@ class LeasePool:
             return got
 
     def give(self, key: tuple, leases: list[Lease]) -> None:
+        """Keep ``leases`` (idle now) for the client's next map with resources ``key``."""
         now = time.monotonic()
         with self.lock:
-            self.last_given = now
             for ls in leases:
                 ls.owner = None
                 ls.idle_since = now
-                ls.hold = self.hold
+                ls.hold = self.linger
             self.idle.setdefault(key, []).extend(leases)
             if self.timer is None and self.linger > 0:
-                self._arm(self.hold)
+                self._arm(self.linger)
         if self.linger <= 0:
             self.reap()
 
@@ -197,7 +192,7 @@ class LeasePool:
         self.timer.start()
 
     def reap(self, everything: bool = False, wait: float = 0.0) -> None:
-        """End the leases idle longer than ``linger`` (or all of them)."""
+        """End the leases idle longer than ``engine.linger``, and those that ended by themselves (or all of them)."""
         now = time.monotonic()
         ending = []
         with self.lock:
@@ -532,9 +527,11 @@ class Leases:
             groups.setdefault(group_of[ls.addr], []).append(sent)
             out.append(sent)
         for k, sents in groups.items():
-            # Built here, on the map's thread (the lease's token set is this thread's).
+            # Built here, on the map's thread (the lease's token set is this thread's; pickling stays off
+            # the client's event loop).  Plain msgpack with each batch's items pickled apart: the relay
+            # forwards them as they are.
             entries = [
-                (ls.addr, ls.id, self.secret, self._run_for(ls), sent.chunk.items, sent.chunk.budget)
+                (ls.addr, ls.id, self.secret, self._run_for(ls), pack(sent.chunk.items), sent.chunk.budget)
                 for sent in sents
                 for ls in (sent.lease,)
             ]
@@ -545,10 +542,8 @@ class Leases:
         return out
 
     async def _send_group(self, relay: str, sents: list[Sent], entries: list[tuple]) -> None:
-        from distributed.protocol import to_serialize
-
         try:
-            answer = await call(self.client, relay, "jc_relay", entries=to_serialize(Packed(entries)))
+            answer = await call(self.client, relay, "jc_relay", entries=entries)
             answers = answer["answers"]
             answers = getattr(answers, "value", answers)
         except asyncio.CancelledError:
@@ -569,13 +564,11 @@ class Leases:
                 self.events.put(("answer", sent, ans))
 
     async def _send(self, sent: Sent, run: tuple) -> None:
-        from distributed.protocol import to_serialize
-
         ls = sent.lease
         try:
             answer = await call(
-                self.client, ls.addr, "jc_batch", lease=ls.id, secret=self.secret, run=to_serialize(Packed(run)) if run[1] is not None else run,
-                items=to_serialize(Packed(sent.chunk.items)), budget=sent.chunk.budget,
+                self.client, ls.addr, "jc_batch", lease=ls.id, secret=self.secret, run=run,
+                items=pack(sent.chunk.items), budget=sent.chunk.budget,
             )  # fmt: skip
         except asyncio.CancelledError:
             raise

@@ -81,6 +81,7 @@ from .dask import (
     workers_now,
 )
 from .planner import MAX_CHUNK_ITEMS
+from .worker import unpack
 
 logger = logging.getLogger(__name__)
 
@@ -926,7 +927,7 @@ class MapJob:
         status = data.get("status") if isinstance(data, dict) else None
         if status == "ok":
             result = data["result"]
-            self._record(chunk, getattr(result, "value", result))
+            self._record(chunk, unpack(result))
         elif status == "need-fn":  # the worker process dropped the function from its cache: send it again
             sent.lease.tokens.discard(self._token)
             self._requeue(chunk)

@@ -50,10 +50,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from ..cellfunc import ITEM_NAME, RESULT_NAME, CellFunction
 
-#: How often an idle lease checks whether its task was cancelled, in seconds.
+#: How often an idle lease looks, by itself, whether its task was cancelled or a task waits for its thread,
+#: in seconds.  A backstop only: :class:`EnginePlugin` wakes it at once when either happens.
 IDLE_CHECK_SECONDS = 0.25
-#: An idle lease gives its thread up after this long when other tasks wait for one on its worker, in seconds.
-YIELD_AFTER_SECONDS = 0.25
 #: Longest a ``jc_attach`` call waits for its lease to start before answering "waiting", in seconds.
 ATTACH_WAIT_SECONDS = 2.0
 
@@ -77,16 +76,68 @@ class Packed:
         return (Packed, (self.value,))
 
 
-class _Lease:
-    __slots__ = ("id", "secret", "mailbox", "loop", "closed", "ended")
+#: A batch's items or result pickled to at most this many bytes travels inside the message as bytes.
+INLINE_BYTES = 4 * 1024 * 1024
 
-    def __init__(self, lease_id: str, secret: str, loop):
+
+def pack(value: Any) -> Any:
+    """``value`` ready for the comm: its pickle as ``bytes``, or Dask frames when large.
+
+    Bytes travel inside Dask's msgpack message, past Dask's serialisation
+    machinery (a dispatch, a header, a compression check, a size estimate:
+    about a fifth of a worker's CPU per batch when hundreds of small batches
+    pass, profiled in benchmarks/scale_sim.py), and a relay forwards them
+    without unpickling.  Values holding out-of-band buffers (arrays) or
+    pickling to more than :data:`INLINE_BYTES` travel as frames
+    (:class:`Packed`), which Dask sends without copying.  Pickled like Dask
+    pickles (cloudpickle for what plain pickle cannot take).
+    """
+    from distributed.protocol import pickle as dask_pickle
+    from distributed.protocol import to_serialize
+
+    buffers: list = []
+    blob = dask_pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    if not buffers and len(blob) <= INLINE_BYTES:
+        return blob
+    return to_serialize(Packed(value))
+
+
+def unpack(data: Any) -> Any:
+    """The value of what :func:`pack` made, once received (or still local: a ``Serialize``)."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        from distributed.protocol import pickle as dask_pickle
+
+        return dask_pickle.loads(data)
+    data = getattr(data, "data", data)  # a local Serialize
+    return data.value if isinstance(data, Packed) else data
+
+
+def _forwardable(data: Any) -> Any:
+    """What :func:`pack` made, received by a relay, ready to send on without unpickling it."""
+    if data is None or isinstance(data, (bytes, list, tuple)):
+        return data
+    from distributed.protocol import to_serialize
+
+    return to_serialize(Packed(unpack(data)))
+
+
+#: Put in a lease's mailbox to make it look at once whether it should end (yield its thread, or cancelled).
+_WAKE = "wake"
+
+
+class _Lease:
+    __slots__ = ("id", "secret", "mailbox", "loop", "worker", "closed", "ended", "busy", "yielding")
+
+    def __init__(self, lease_id: str, secret: str, loop, worker=None):
         self.id = lease_id
         self.secret = secret
         self.mailbox: queue.SimpleQueue = queue.SimpleQueue()
         self.loop = loop
-        self.closed = False
+        self.worker = worker  # the Worker whose thread it holds (a process may host several)
+        self.closed = False  # takes no more batches ("gone"); set under the registry's lock
         self.ended = False  # the lease function has returned
+        self.busy = False  # running a batch
+        self.yielding = False  # told to give its thread to a waiting task (:func:`_make_room`)
 
 
 class _Registry:
@@ -96,6 +147,10 @@ class _Registry:
         self.lock = threading.Lock()
         self.leases: dict[str, _Lease] = {}
         self.waiters: dict[str, list] = {}  # lease id -> asyncio futures of jc_attach calls
+        # Keys of leases told to yield whose task the worker still counts as executing (their
+        # thread is about to be free: a waiting task is not given a second one).
+        self.yielded: dict[str, _Lease] = {}
+        self.room_asked: set[int] = set()  # id() of workers with a _make_room call scheduled
 
 
 _REGISTRY = _Registry()
@@ -140,7 +195,8 @@ async def _batch(comm=None, lease=None, secret=None, run=None, items=None, budge
     """Queue a batch on ``lease`` and answer with its result (or "gone" if the lease ended first).
 
     ``run`` is ``(token, blob, star, options)`` of the map (``blob`` None once
-    this worker process has the map's function).
+    this worker process has the map's function); ``items`` and the answer's
+    ``result`` travel as :func:`pack` made them.
     """
     reg = _REGISTRY
     fut = asyncio.get_running_loop().create_future()
@@ -150,20 +206,21 @@ async def _batch(comm=None, lease=None, secret=None, run=None, items=None, budge
             return {"status": "gone"}
         if not _matches(found, secret):
             return {"status": "refused"}
-        found.mailbox.put((run, items, budget, fut))
+        found.mailbox.put((run, unpack(items), budget, fut))
     result = await fut
     if result is None:
         return {"status": "gone"}
     if result == "need-fn":
         return {"status": "need-fn"}
-    from distributed.protocol import to_serialize
+    from ..telemetry.report import _producer, current_worker, flush_to_scheduler
 
-    from ..telemetry.report import current_worker, flush_to_scheduler
-
-    worker = current_worker()
-    if worker is not None:  # the batch's reports reach the scheduler before its result reaches the client
-        await flush_to_scheduler(worker)
-    return {"status": "ok", "result": to_serialize(Packed(result))}
+    # The batch's reports reach the scheduler before its result reaches the client.  Looked up only
+    # when there are some: finding the worker walks the process's workers (64 in benchmarks/scale_sim.py).
+    if _producer.pending:
+        worker = current_worker()
+        if worker is not None:
+            await flush_to_scheduler(worker)
+    return {"status": "ok", "result": pack(result)}
 
 
 #: Longest wait for a relay's connection to a member worker, in seconds (as the client's own, engine.dask).
@@ -173,8 +230,10 @@ RELAY_CONNECT_TIMEOUT_SECONDS = 10.0
 async def _relay(worker, comm=None, entries=None):
     """Forward a group's batches to their leases and answer with all their answers, in order.
 
-    ``entries`` (one :class:`Packed` list) holds ``(address, lease, secret,
-    run, items, budget)`` per batch.  A batch for a lease of this worker goes
+    ``entries`` (a list, or one :class:`Packed` list) holds ``(address, lease,
+    secret, run, items, budget)`` per batch, ``items`` as :func:`pack` made
+    them: the relay passes items and results on as they came, without
+    unpickling them.  A batch for a lease of this worker goes
     straight to its mailbox; the others go over this worker's own connection
     pool, which Dask built with the cluster's ``Security`` (a TLS cluster's
     relays speak TLS), to the member's ``jc_batch``, which checks the map's
@@ -184,7 +243,6 @@ async def _relay(worker, comm=None, entries=None):
     client treats it exactly as it treats its own broken connection.
     """
     from distributed.core import send_recv
-    from distributed.protocol import to_serialize
 
     here = worker.address
     pool = worker.rpc
@@ -201,8 +259,8 @@ async def _relay(worker, comm=None, entries=None):
                 return {"status": "unreachable", "connected": False, "error": f"{type(exc).__name__}: {exc}"}
             try:
                 answer = await send_recv(
-                    comm=c, op="jc_batch", lease=lease_id, secret=secret, run=_wire(run, to_serialize),
-                    items=to_serialize(Packed(items)), budget=budget,
+                    comm=c, op="jc_batch", lease=lease_id, secret=secret, run=_wire(run),
+                    items=_forwardable(items), budget=budget,
                 )  # fmt: skip
             except asyncio.CancelledError:
                 raise
@@ -210,24 +268,17 @@ async def _relay(worker, comm=None, entries=None):
                 return {"status": "unreachable", "connected": True, "error": f"{type(exc).__name__}: {exc}"}
             finally:
                 pool.reuse(addr, c)
-        result = answer.get("result") if isinstance(answer, dict) else None
-        if (
-            result is not None
-        ):  # unwrap (a local answer is still wrapped for the wire): the group's answers travel in one piece
-            result = getattr(result, "data", result)
-            answer = {**answer, "result": getattr(result, "value", result)}
+        if isinstance(answer, dict) and answer.get("result") is not None:
+            answer = {**answer, "result": _forwardable(answer["result"])}
         return answer
 
     group = entries.value if isinstance(entries, Packed) else entries
-    answers = await asyncio.gather(*(one(*e) for e in group))
-    return {"status": "ok", "answers": to_serialize(Packed(answers))}
+    return {"status": "ok", "answers": await asyncio.gather(*(one(*e) for e in group))}
 
 
-def _wire(run: Any, to_serialize: Callable) -> Any:
-    """A map's ``run`` tuple as sent over the comm: pickled in one piece when it carries the function."""
-    if isinstance(run, Packed):
-        run = run.value
-    return to_serialize(Packed(run)) if run[1] is not None else run
+def _wire(run: Any) -> Any:
+    """A map's ``run`` tuple as sent over the comm (plain msgpack: its function, if any, is bytes already)."""
+    return run.value if isinstance(run, Packed) else run
 
 
 async def _close(comm=None, lease=None, secret=None, wait=0.0):
@@ -260,14 +311,130 @@ def install(worker) -> None:
     worker.handlers.setdefault("jc_ping", _ping)
 
 
+def _ask_room(worker) -> None:
+    """Have :func:`_make_room` run on ``worker``'s event loop soon (once, however often asked meanwhile).
+
+    Thread-safe: called from the loop (the plugin's hook) and from lease threads.
+    """
+    asked = _REGISTRY.room_asked
+    if id(worker) in asked:
+        return
+    asked.add(id(worker))
+    worker.loop.add_callback(_make_room, worker)
+
+
+def _restrictions(state, lease: _Lease) -> dict:
+    ts = state.tasks.get(lease.id)
+    return (ts.resource_restrictions or {}) if ts is not None else {}
+
+
+def _make_room(worker) -> None:
+    """Give waiting tasks the threads of ``worker``'s idle leases: one lease per task that lacks a thread.
+
+    Runs on the worker's event loop, after the worker has started every task
+    it had a thread for, so what still waits in ``state.ready`` (or in
+    ``state.constrained``, for resources an idle lease holds) needs a thread
+    a lease holds.  Idle means no batch running or queued: a lease of an
+    active map always has its next batch queued, so it keeps working.  A
+    lease told to yield takes no more batches (their senders hear "gone"),
+    returns, and Dask gives its thread to the waiting task.
+    """
+    reg = _REGISTRY
+    reg.room_asked.discard(id(worker))
+    state = worker.state
+    if not state.running or not (state.ready or state.constrained):
+        return
+    executing = {ts.key for ts in state.executing}
+    with reg.lock:
+        for key, ls in list(reg.yielded.items()):
+            if ls.worker is worker and key not in executing:
+                del reg.yielded[key]  # its thread is free again (and taken, or it would not be waiting)
+        pending = [ls for ls in reg.yielded.values() if ls.worker is worker]
+        idle = [
+            ls
+            for ls in reg.leases.values()
+            if ls.worker is worker and not ls.closed and not ls.busy and ls.mailbox.empty()
+        ]
+        if not idle:
+            return
+        held = {ls.id: _restrictions(state, ls) for ls in idle}
+        idle.sort(key=lambda ls: bool(held[ls.id]))  # leases holding no resources go first
+        avail = dict(state.available_resources)
+        for ls in pending:
+            for name, amount in _restrictions(state, ls).items():
+                avail[name] = avail.get(name, 0) + amount
+        supply = max(state.nthreads - len(executing), 0) + len(pending)
+        demand = len(state.ready)
+        chosen: list[_Lease] = []
+        for ts in sorted(state.constrained, key=lambda t: t.priority):
+            need = ts.resource_restrictions or {}
+            short = {name for name, amount in need.items() if avail.get(name, 0) < amount}
+            picks: list[_Lease] = []
+            for ls in idle:
+                if not short:
+                    break
+                if short & held[ls.id].keys():
+                    picks.append(ls)
+                    for name, amount in held[ls.id].items():
+                        avail[name] = avail.get(name, 0) + amount
+                    short = {name for name, amount in need.items() if avail.get(name, 0) < amount}
+            if short:  # no idle lease holds what it waits for: yielding would not start it
+                for ls in picks:
+                    for name, amount in held[ls.id].items():
+                        avail[name] -= amount
+                continue
+            for name, amount in need.items():
+                avail[name] = avail.get(name, 0) - amount
+            for ls in picks:
+                idle.remove(ls)
+            chosen += picks
+            supply += len(picks)
+            demand += 1
+        chosen += idle[: max(demand - supply, 0)]
+        for ls in chosen:
+            ls.closed = ls.yielding = True
+            reg.yielded[ls.id] = ls
+            ls.mailbox.put(_WAKE)
+
+
 class EnginePlugin(WorkerPlugin):
-    """Registers the direct path's comm handlers on every worker, present and future."""
+    """Registers the direct path's comm handlers on every worker, and makes idle leases yield at once.
+
+    Its :meth:`transition` hook sees every task that starts waiting for a
+    thread on the worker (ready, or constrained by resources) and has the
+    worker's idle leases give theirs up within milliseconds
+    (:func:`_make_room`); it also wakes a lease whose task was cancelled (its
+    client closed or was killed), so the thread is free at once.
+    """
 
     name = PLUGIN_NAME
     idempotent = True
 
+    def __init__(self):
+        self.worker = None
+
     def setup(self, worker) -> None:
+        self.worker = worker
         install(worker)
+
+    def teardown(self, worker) -> None:
+        # The worker is closing (or the plugin removed): its leases look at once whether to end.
+        with _REGISTRY.lock:
+            mine = [ls for ls in _REGISTRY.leases.values() if ls.worker is worker]
+        for ls in mine:
+            ls.mailbox.put(_WAKE)
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        # Called for every transition of every task on the worker, on its event loop: kept cheap.
+        reg = _REGISTRY
+        if not reg.leases or self.worker is None:
+            return
+        if finish in ("ready", "constrained"):
+            _ask_room(self.worker)
+        elif start == "executing" and finish != "memory":
+            ls = reg.leases.get(key)
+            if ls is not None:  # cancelled (its client closed or went away): end now, not at the next check
+                ls.mailbox.put(_WAKE)
 
 
 def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
@@ -295,13 +462,14 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
 
     reg = _REGISTRY
     loop = worker.loop.asyncio_loop  # type: ignore[attr-defined]  # distributed runs an AsyncIOLoop
-    me = _Lease(lease_id, secret, loop)
+    me = _Lease(lease_id, secret, loop, worker)
     with reg.lock:
         reg.leases[lease_id] = me
         waiting = reg.waiters.pop(lease_id, [])
     for fut in waiting:
         loop.call_soon_threadsafe(_set, fut, me)
-    runs = idle = 0
+    state = worker.state
+    runs = 0
     try:
         while True:
             try:
@@ -309,27 +477,34 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
             except queue.Empty:
                 if cancelled():
                     return runs
-                idle += 1
-                if idle * IDLE_CHECK_SECONDS >= YIELD_AFTER_SECONDS and worker.state.ready:
-                    # Idle (between maps, or a map's tail) while other tasks wait for a thread here: let them have it.
+                if state.ready or state.constrained:  # the plugin's hook was missed: ask again
+                    _ask_room(worker)
+                continue
+            if entry is _WAKE:
+                if me.yielding or cancelled():
                     return runs
                 continue
-            idle = 0
             if entry is None:  # jc_close
                 return runs
-            run, items, budget, fut = entry
-            token, blob, star, options = run.value if isinstance(run, Packed) else run
-            if isinstance(items, Packed):
-                items = items.value
-            if blob is None and token not in _STATE.cache and not (big and "__fn__" in big):
-                loop.call_soon_threadsafe(_set, fut, "need-fn")  # evicted from the cache: the client resends it
-                continue
-            opts = options if budget is None else {**options, "budget": budget}
-            result = run_chunk(token, blob, big, items, star, opts)
-            loop.call_soon_threadsafe(_set, fut, result)
-            runs += 1
+            with reg.lock:
+                me.busy = True
+                # Told to yield in the instant it took this batch (its mailbox looked empty): it stays,
+                # since its map is active, and another idle lease is looked for.
+                stays = me.yielding
+                if stays:
+                    me.yielding = me.closed = False
+                    reg.yielded.pop(me.id, None)
+            if stays:
+                _ask_room(worker)
+            try:
+                ran = _run_entry(entry, big, loop)
+            finally:
+                me.busy = False
+            runs += ran
             if cancelled():
                 return runs
+            if (state.ready or state.constrained) and me.mailbox.empty():
+                _ask_room(worker)  # idle now (a map's tail, or its end) while tasks wait for a thread here
     finally:
         with reg.lock:
             me.closed = True
@@ -342,9 +517,24 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
                 entry = me.mailbox.get_nowait()
             except queue.Empty:
                 break
-            if entry is not None:
+            if entry is not None and entry is not _WAKE:
                 loop.call_soon_threadsafe(_set, entry[-1], None)
         me.ended = True
+
+
+def _run_entry(entry: tuple, big: dict | None, loop) -> int:
+    """Run one batch from a lease's mailbox and answer its ``jc_batch`` call; 1 if it ran, 0 if not."""
+    run, items, budget, fut = entry
+    token, blob, star, options = run.value if isinstance(run, Packed) else run
+    if isinstance(items, Packed):
+        items = items.value
+    if blob is None and token not in _STATE.cache and not (big and "__fn__" in big):
+        loop.call_soon_threadsafe(_set, fut, "need-fn")  # evicted from the cache: the client resends it
+        return 0
+    opts = options if budget is None else {**options, "budget": budget}
+    result = run_chunk(token, blob, big, items, star, opts)
+    loop.call_soon_threadsafe(_set, fut, result)
+    return 1
 
 
 class Items:
