@@ -141,3 +141,71 @@ def test_worker_importing_the_script_starts_nothing(tmp_path):
     refusals = [line for line in proc.stderr.splitlines() if line.startswith("jupyter_cluster: a worker process")]
     assert refusals and all(line.endswith(FIX) for line in refusals), proc.stderr
     assert "bootstrapping phase" not in proc.stderr
+
+
+# -- the forms of the guard people write ---------------------------------------------------
+def _body(code: str, indent: int = 4) -> str:
+    return textwrap.indent(code, " " * indent)
+
+
+USE = "with jc.Pool(2) as p:\n    print(p.map(f, range(5)))\n"
+MAIN = "def main():\n" + _body(USE) + "\n\n"
+GUARD_FORMS = {
+    "reversed": 'if "__main__" == __name__:\n' + _body(USE),
+    "and_more": "import sys\n\nif __name__ == '__main__' and len(sys.argv) >= 1:\n" + _body(USE),
+    "main_called_under_guard": "import sys\n\n" + MAIN + 'if __name__ == "__main__":\n    sys.exit(main())\n',
+    "function_called_by_main": "def inner():\n"
+    + _body(USE)
+    + '\n\ndef outer():\n    inner()\n\n\nif __name__ == "__main__":\n    outer()\n',
+    "in_a_tuple": 'if __name__ in ("__main__",):\n' + _body(USE),
+    "else_of_not_main": MAIN + 'if __name__ != "__main__":\n    pass\nelse:\n    main()\n',
+    "inside_try": 'try:\n    if __name__ == "__main__":\n' + _body(USE, 8) + "except KeyboardInterrupt:\n    pass\n",
+    "asyncio_run": "import asyncio\n\n\nasync def main():\n"
+    + _body(USE)
+    + '\n\nif __name__ == "__main__":\n    asyncio.run(main())\n',
+    "one_line_and": MAIN + '__name__ == "__main__" and main()\n',
+    "match": MAIN + 'match __name__:\n    case "__main__":\n        main()\n',
+}
+
+
+@pytest.mark.parametrize("form", list(GUARD_FORMS))
+def test_other_forms_of_the_guard_work(tmp_path, form):
+    """No false error: each form keeps the workers from starting a cluster, and the script runs."""
+    script = _write(tmp_path, f"{form}.py", POOL + GUARD_FORMS[form])
+    proc = run_python([str(script)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines().count(RESULT) == 1, proc.stdout
+    assert "Traceback" not in proc.stderr and "jupyter_cluster: a worker" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "form,line",
+    [
+        ("main_called_unguarded", MAIN + "main()\n"),
+        ("or_anything", 'import sys\n\nif __name__ == "__main__" or len(sys.argv) >= 1:\n' + _body(USE)),
+        ("if_true", "if True:\n" + _body(USE)),
+    ],
+    ids=lambda v: v if "\n" not in v else "",
+)
+def test_guards_that_do_not_guard_are_reported(tmp_path, form, line):
+    script = _write(tmp_path, f"{form}.py", POOL + line)
+    proc = run_python([str(script)], tmp_path)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().endswith(FIX), proc.stderr
+    assert "starts a cluster when it is imported" in proc.stderr
+    assert RESULT not in proc.stdout
+
+
+@pytest.mark.parametrize("leave", ["sys.exit()", "raise SystemExit", 'raise ImportError("run it as a script")'])
+def test_a_script_that_exits_when_imported_gets_one_sentence(tmp_path, leave):
+    """``if __name__ != "__main__": sys.exit()`` ends every worker's import: say that, not "line N starts"."""
+    script = _write(tmp_path, "exits.py", "import sys\n" + POOL + f'if __name__ != "__main__":\n    {leave}\n' + USE)
+    proc = run_python([str(script)], tmp_path)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"jupyter_cluster.errors.ClusterError: the worker processes import this script ({script}) and line 9 "
+        "ends that import (it exits when the script is not the main one), so no worker can start; "
+        f"instead, {FIX}"
+    ), proc.stderr
+    assert proc.stderr.count("Traceback") == 1, proc.stderr
