@@ -534,8 +534,9 @@ class MapJob:
 
     def _next_size(self) -> tuple[int, float | None]:
         """Items and time budget of the next chunk (:func:`.engine.planner.next_size`)."""
-        if self.chunksize != "auto":
+        if isinstance(self.chunksize, int):  # check_options: a positive int, or "auto"
             return self.chunksize, None
+        remaining: int | None
         if self._round_remaining is not None:
             # Direct path.  The remaining work is spread over every batch slot (DEPTH per lease),
             # not one share per lease: a batch sent now may wait behind its lease's running one,
@@ -608,7 +609,8 @@ class MapJob:
         self._shared = scatter_shared(self.client, self._shared_values)
 
     def _shared_lost(self) -> bool:
-        return bool(self._shared) and not all_finished(self._shared.values())
+        shared = self._shared
+        return shared is not None and bool(shared) and not all_finished(shared.values())
 
     def _submit(self, chunk: _Chunk) -> None:
         self._submit_many([chunk])
@@ -1123,8 +1125,11 @@ class MapJob:
                     return
 
     def _call_output(self, index: int, text: str, failed: bool) -> None:
+        callback = self.on_output
+        if callback is None:
+            return
         try:
-            self.on_output(index, text, failed)
+            callback(index, text, failed)
         except Exception:
             logger.exception("jupyter_cluster: output callback failed")
 
