@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import shlex
 import types
 from collections.abc import Callable
@@ -79,7 +80,10 @@ class _ArgumentParser(MagicArgumentParser):
     usage_text = PARALLEL_USAGE
 
 
+@functools.cache
 def _parser() -> argparse.ArgumentParser:
+    """The options parser, built once: building it cost ~1 ms of every cell (argparse looks up
+    its translations for each option); parse_args leaves the parser unchanged, so one serves all cells."""
     p = _ArgumentParser(prog="%%parallel", add_help=False)
     add_options(p, OPTIONS)
     return p
