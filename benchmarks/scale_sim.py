@@ -13,12 +13,19 @@ under test.
 The cluster is a real Dask cluster over TCP on loopback: the scheduler runs in
 its own process (as in a deployment), the client (the "notebook") in this
 process, and the N single-thread workers are real ``distributed.Worker``
-objects packed ``--per-host`` (default 128) to a process, sharing that
+objects packed ``--per-host`` (default 64) to a process, sharing that
 process's event loop.  Packing is what makes 1,024 workers fit on a laptop;
 its cost is that a worker host's event loop may itself become busy, which a
 real cluster would not have, so the CPU share of every role (scheduler,
 client, worker hosts) is reported next to the times, and a limit is blamed on
-our engine only when the scheduler or client is the saturated role.
+our engine only when the scheduler or client is the saturated role.  What a
+real worker process runs once (the statistical profiler, the system monitor,
+the event loop's 20 ms tick) runs once per host process here, not once per
+packed worker (``HOST_CONFIG``, :func:`host_main`).
+
+``--py-spy DIR`` samples the first worker host, the scheduler and the client
+with py-spy during each measured loop (collapsed stacks, GIL-holding samples
+only); its figures are not comparable with a run without it.
 
 Per configuration (engine × N): time per iteration (median), the ideal (the
 population's total sleep ÷ N, or the longest rollout if larger), efficiency =

@@ -129,3 +129,18 @@ def test_a_relayed_map_survives_sigkilled_relays_and_members(cluster, relays_alw
     # every result exactly once, in input order
     assert values == [x * x for x in items]
     assert job.relays > 0
+
+
+@pytest.mark.parametrize("relay_min", [1, 0], ids=["relayed", "direct"])
+def test_a_batch_whose_items_cannot_be_pickled_fails_alone(cluster, relay_min):
+    # The client pickles each batch's items itself (relayed or not): a lock in one batch fails that
+    # batch's items as data, and the map goes on with the others.
+    items: list = list(range(10))
+    items[5] = threading.Lock()
+    with dask.config.set({"jupyter-cluster.engine.relay-min-workers": relay_min}):
+        out = mapping.map(where, items, chunksize=2, errors="collect", client=cluster, progress=False)
+    job = mapping.last_job()
+    assert job.path == "direct" and (job.relays > 0) == (relay_min == 1)
+    assert sorted(job.errors) == [4, 5]  # the lock's batch, as a whole
+    assert all(isinstance(out[i], TypeError) for i in (4, 5))
+    assert [out[i][0] for i in range(10) if i not in (4, 5)] == [0, 1, 2, 3, 6, 7, 8, 9]

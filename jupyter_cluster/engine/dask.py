@@ -15,17 +15,23 @@ connection, a lease task that ended) arrives on one thread-safe queue that
 the map's thread reads (:meth:`Leases.poll`).
 
 A map that ends hands its leases to its client's :class:`LeasePool`, which
-keeps them for ``jupyter-cluster.engine.linger`` (500 ms) so that the next map
-of the same client with the same resources starts at once, with no
-scheduler round trip (a loop of short maps, like the iterations of an
-evolution strategy, places its leases once).  A client that maps in a loop
-with longer pauses (an update step between iterations) has its leases kept
-twice its last pause, up to :data:`LINGER_CAP_SECONDS`: a map then starts in
-about 2 ms instead of 8-25 ms through the scheduler (``benchmarks/first_item.py``).
-Idle leases give their thread up to any task waiting for one on their worker
-(:data:`.worker.YIELD_AFTER_SECONDS`), so keeping them longer costs other work
-on the cluster nothing but a wake-up every :data:`.worker.IDLE_CHECK_SECONDS`.  A map that captured large
-values places its own leases (Dask hands them the values) and ends them.
+keeps them ``jupyter-cluster.engine.linger`` (:data:`LINGER_SECONDS`, 60 s)
+so that the next map of the same client with the same resources starts at
+once, with no scheduler round trip: a loop of short maps places its leases
+once, and a cell run again within a minute starts its first item in about
+2-3 ms instead of 9 ms or more through the scheduler (``benchmarks/first_item.py``).
+Keeping them costs other work no thread: a task that waits for a thread on
+a lease's worker makes an idle lease give its own up at once
+(:class:`.worker.EnginePlugin`).  They still end after ``engine.linger``,
+since Dask counts a lease as a running task: the dashboard shows it
+processing, a worker running one never looks idle to adaptive scaling (and
+the lease's long run inflates Dask's duration estimate for ``jc-lease``
+tasks), and with ``distributed.scheduler.worker-saturation: 1.0`` a large
+``client.map`` of other work stays queued on the scheduler until they end.
+Closing a cluster ends them first (:func:`release_leases`); a worker that
+closes (scaling down) wakes its own, which end at once.
+A map that captured large values places its own leases (Dask hands them the
+values) and ends them.
 """
 
 from __future__ import annotations
@@ -173,8 +179,18 @@ class LeasePool:
             return got
 
     def give(self, key: tuple, leases: list[Lease]) -> None:
-        """Keep ``leases`` (idle now) for the client's next map with resources ``key``."""
+        """Keep ``leases`` (idle now) for the client's next map with resources ``key``.
+
+        A lease that never answered its attach (still queued behind a busy
+        thread when its map ended) is ended instead: the map that placed it no
+        longer asks whether it runs, so a map that took it would count a thread
+        it could never send work to.
+        """
         now = time.monotonic()
+        unready = [ls for ls in leases if not ls.ready]
+        if unready:
+            leases = [ls for ls in leases if ls.ready]
+            end_leases(self.client, self.secret, unready)
         with self.lock:
             for ls in leases:
                 ls.owner = None
@@ -520,18 +536,24 @@ class Leases:
             return [self.send(ls, chunk) for ls, chunk in pairs]
         group_of = {a: k // RELAY_GROUP for k, a in enumerate(addrs)}
         groups: dict[int, list[Sent]] = {}
+        payloads: dict[int, Any] = {}
         out = []
         for ls, chunk in pairs:
             sent = Sent(chunk, ls)
             ls.outstanding.append(sent)
-            groups.setdefault(group_of[ls.addr], []).append(sent)
             out.append(sent)
+            # Pickled here, on the map's thread (off the client's event loop), each batch apart: the
+            # relay forwards the bytes as they are.
+            try:
+                payloads[id(sent)] = pack(chunk.items)
+            except Exception as exc:  # noqa: BLE001 - items that cannot be pickled fail their batch, as sent directly
+                self.events.put(("error", sent, exc))
+                continue
+            groups.setdefault(group_of[ls.addr], []).append(sent)
         for k, sents in groups.items():
-            # Built here, on the map's thread (the lease's token set is this thread's; pickling stays off
-            # the client's event loop).  Plain msgpack with each batch's items pickled apart: the relay
-            # forwards them as they are.
+            # The lease's token set is the map thread's: the run tuples are built here too.
             entries = [
-                (ls.addr, ls.id, self.secret, self._run_for(ls), pack(sent.chunk.items), sent.chunk.budget)
+                (ls.addr, ls.id, self.secret, self._run_for(ls), payloads[id(sent)], sent.chunk.budget)
                 for sent in sents
                 for ls in (sent.lease,)
             ]
