@@ -22,10 +22,15 @@ import cloudpickle
 import pytest
 
 from jupyter_cluster import mapping
+from jupyter_cluster.engine import dask as engine_dask
+from jupyter_cluster.engine.worker import IDLE_CHECK_SECONDS
 
 from .conftest import wait_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+#: As shipped (the tests that raise it on the workers put it back).
+IDLE_CHECK_DEFAULT = IDLE_CHECK_SECONDS
 
 
 def interval(x):
@@ -44,6 +49,21 @@ def no_leases(client) -> bool:
     return not any(leases_running(client).values())
 
 
+def leases_on_workers(client) -> list[str]:
+    """Lease tasks that hold a thread as the workers see it (a cancelled task holds one until it returns)."""
+
+    def executing(dask_worker):
+        return [str(ts.key) for ts in dask_worker.state.executing if str(ts.key).startswith("jc-lease-")]
+
+    return [k for keys in client.run(executing).values() for k in keys]
+
+
+def end_idle_leases(client, message: str = "earlier leases to end") -> None:
+    """End the client's idle leases (kept ``engine.linger``, 60 s, for its next map) and wait until none runs."""
+    engine_dask.release_leases(client)
+    wait_for(lambda: no_leases(client), timeout=15, message=message)
+
+
 def worker_tls_args(handle) -> list[str]:
     if not handle.address.startswith("tls://"):
         return []
@@ -60,7 +80,7 @@ def worker_tls_args(handle) -> list[str]:
 
 def test_a_map_runs_on_leases_and_the_scheduler_sees_one_task_per_thread(cluster):
     client = cluster.client
-    wait_for(lambda: no_leases(client), timeout=15, message="earlier leases to end")
+    end_idle_leases(client, "earlier leases to end")
     seen = []
     job = mapping.MapJob(interval, (range(200),), client=cluster, progress=False)
     it = iter(job)
@@ -74,7 +94,9 @@ def test_a_map_runs_on_leases_and_the_scheduler_sees_one_task_per_thread(cluster
     assert sum(len(v) for v in seen[0].values()) == 2 and all(len(v) == 1 for v in seen[0].values())
 
 
-def test_leases_end_after_their_client_process_is_killed(cluster, tmp_path):
+@pytest.mark.parametrize("when", ["mapping", "idle"])
+def test_leases_end_after_their_client_process_is_killed(cluster, tmp_path, when):
+    """``idle``: the owner's map is over and its leases wait (60 s) for its next one when it is killed."""
     client = cluster.client
     sec = client.security
     script = tmp_path / "owner.py"
@@ -94,10 +116,14 @@ def test_leases_end_after_their_client_process_is_killed(cluster, tmp_path):
                                 tls_client_key={(sec.tls_client_key or sec.tls_client_cert)!r}, require_encryption=True) \\
                 if {cluster.address!r}.startswith("tls://") else None
             c = Client({cluster.address!r}, security=security)
-            jc.map(nap, range(100000), client=c, progress=False)
+            jc.map(nap, range({100000 if when == "mapping" else 10}), client=c, progress=False)
+            time.sleep(600)
     """)
     )
-    wait_for(lambda: no_leases(client), timeout=15, message="earlier leases to end")
+    end_idle_leases(client, "earlier leases to end")
+    if when == "idle":  # the lease's own check would take 30 s: it is the plugin's hook that ends it
+        set_idle_check(client, 30.0)
+        time.sleep(IDLE_CHECK_DEFAULT + 0.1)
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(
@@ -109,11 +135,19 @@ def test_leases_end_after_their_client_process_is_killed(cluster, tmp_path):
         proc.wait(timeout=10)
         killed = time.monotonic()
         wait_for(lambda: no_leases(client), timeout=20, message="the killed client's leases to end")
-        assert time.monotonic() - killed < 20
+        # The workers' threads, not just the scheduler's books: a cancelled lease holds its thread until it returns.
+        wait_for(
+            lambda: not leases_on_workers(client),
+            timeout=10,
+            message=f"the workers to free the leases threads {leases_on_workers(client)}",
+        )
+        assert time.monotonic() - killed < (10 if when == "idle" else 20)
         # The threads are free: a plain task runs at once on each worker.
         for w in client.scheduler_info(n_workers=-1)["workers"]:
             assert client.submit(os.getpid, workers=[w], pure=False).result(timeout=10) > 0
     finally:
+        if when == "idle":
+            set_idle_check(client, IDLE_CHECK_DEFAULT)
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
@@ -123,7 +157,7 @@ def test_a_plain_task_gets_a_free_thread_and_never_shares_a_leased_one(cluster):
     import jupyter_cluster as jc
 
     client = cluster.client
-    wait_for(lambda: no_leases(client), timeout=15, message="earlier leases to end")
+    end_idle_leases(client, "earlier leases to end")
     # A pool capped at 1 process leases 1 of the 2 threads: a plain task gets the other at once.
     with jc.Pool(processes=1, cluster=cluster, progress=False) as pool:
         result = pool.map_async(interval, range(60))
@@ -138,7 +172,7 @@ def test_a_plain_task_gets_a_free_thread_and_never_shares_a_leased_one(cluster):
 
     # A map using every thread: a task submitted meanwhile waits for a thread,
     # it never runs beside a lease on the same (1-thread) worker.
-    wait_for(lambda: no_leases(client), timeout=15, message="the pool's lease to end")
+    end_idle_leases(client, "the pool's lease to end")
     job = mapping.MapJob(interval, (range(80),), client=cluster, progress=False)
     it = iter(job)
     next(it)
@@ -149,6 +183,179 @@ def test_a_plain_task_gets_a_free_thread_and_never_shares_a_leased_one(cluster):
     assert same_worker, "the map used the task's worker too"
     overlapping = [(s, e) for s, e in same_worker if s < end and start < e]
     assert not overlapping, f"a plain task ran beside a lease on a 1-thread worker: {overlapping[:3]}"
+
+
+# -- idle leases: kept engine.linger (60 s), given up at once to any task that needs their thread ------
+def set_idle_check(client, seconds: float) -> None:
+    """Set how often idle leases look for themselves whether to end (worker.IDLE_CHECK_SECONDS) on every worker.
+
+    30 s makes that backstop too slow for a test's bounds, so what such a test
+    sees is the plugin's hook waking the lease.
+    """
+
+    def setter(value=seconds):
+        from jupyter_cluster.engine import worker
+
+        worker.IDLE_CHECK_SECONDS = value
+
+    client.run(setter)
+
+
+def wait_gate(started, gate, x):
+    """Say it started (a file), then run until the gate file exists (at most 30 s)."""
+    with open(started, "w") as f:
+        f.write(str(os.getpid()))
+    deadline = time.time() + 30
+    while not os.path.exists(gate) and time.time() < deadline:
+        time.sleep(0.01)
+    return os.getpid(), x
+
+
+def idle_leases(client) -> list:
+    pool = engine_dask.pool_for(client)
+    with pool.lock:
+        return [ls for leases in pool.idle.values() for ls in leases]
+
+
+def worker_pids(client) -> dict[str, int]:
+    return client.run(os.getpid)
+
+
+def test_a_plain_task_takes_an_idle_leases_thread_at_once(cluster, tmp_path):
+    """Issue 13: idle leases are kept for the next map, and a task that needs their thread gets it at once."""
+    client = cluster.client
+    end_idle_leases(client)
+    assert engine_dask.pool_for(client).linger == 60  # the default hold
+    set_idle_check(client, 30.0)
+    time.sleep(IDLE_CHECK_DEFAULT + 0.1)  # a lease waiting out the old check has started a 30 s one
+    try:
+        assert len(mapping.map(interval, range(20), client=cluster, progress=False)) == 20
+        kept = idle_leases(client)
+        assert len(kept) == 2 and all(ls.future.status == "pending" for ls in kept)
+        time.sleep(1.0)  # idle for a while: still held, both threads
+        assert sum(len(v) for v in leases_running(client).values()) == 2
+
+        started, gate = str(tmp_path / "started"), str(tmp_path / "gate")
+        t0 = time.monotonic()
+        task = client.submit(wait_gate, started, gate, 1, pure=False)
+        # Woken by the plugin's hook: the 30 s self-check would be far too late (the old poll yielded after it).
+        wait_for(lambda: os.path.exists(started), timeout=10, message="the plain task to start")
+        took = time.monotonic() - t0
+        pids = worker_pids(client)
+        task_worker = next(a for a, pid in pids.items() if pid == int(open(started).read()))
+        running = leases_running(client)
+        # The lease on the task's worker gave its thread up (it returned: "finished", not cancelled);
+        # the other worker's lease, with no task waiting there, is still held.
+        assert running[task_worker] == [], f"a lease still runs beside the task on a 1-thread worker: {running}"
+        assert sum(len(v) for v in running.values()) == 1
+        yielded = [ls for ls in kept if ls.addr == task_worker]
+        assert len(yielded) == 1
+        wait_for(lambda: yielded[0].future.status == "finished", timeout=10, message="the lease task to return")
+        assert [ls.future.status for ls in kept if ls.addr != task_worker] == ["pending"]
+        open(gate, "w").close()
+        assert task.result(timeout=30) == (pids[task_worker], 1)
+        assert took < 10
+        # The next map of the client uses the lease still kept and places one for the one that yielded.
+        assert len(mapping.map(interval, range(10), client=cluster, progress=False)) == 10
+        assert mapping.last_job().leases == 1
+    finally:
+        set_idle_check(client, IDLE_CHECK_DEFAULT)
+
+
+def test_a_large_client_map_queued_on_the_scheduler_reaches_threads_idle_leases_hold(cluster):
+    """Dask queues a large group's tasks on the scheduler (worker-saturation 1.1) and sends a worker
+    one task more than its threads: that one makes a lease yield, and so on, one lease at a time."""
+    client = cluster.client
+    end_idle_leases(client)
+    set_idle_check(client, 30.0)
+    time.sleep(IDLE_CHECK_DEFAULT + 0.1)
+    try:
+        assert len(mapping.map(interval, range(10), client=cluster, progress=False)) == 10
+        kept = idle_leases(client)
+        assert len(kept) == 2
+        t0 = time.monotonic()
+        futures = client.map(abs, range(-40, 0), pure=False)  # 40 tasks > 2 x 2 threads: root-ish, queued
+        assert client.gather(futures) == list(range(40, 0, -1))
+        assert time.monotonic() - t0 < 20  # the leases' own 30 s check did not free the threads
+        wait_for(lambda: all(ls.future.status == "finished" for ls in kept), timeout=10, message="both leases to yield")
+    finally:
+        set_idle_check(client, IDLE_CHECK_DEFAULT)
+
+
+def test_a_running_maps_leases_do_not_yield_to_waiting_tasks_mid_map(cluster):
+    client = cluster.client
+    end_idle_leases(client)
+    workers = sorted(worker_pids(client))
+    job = mapping.MapJob(interval, (range(100),), client=cluster, progress=False)
+    it = iter(job)
+    out = [next(it)]
+    # One plain task pinned to each worker while every thread runs a batch with the next one queued.
+    tasks = [client.submit(interval, -k, workers=[w], pure=False) for k, w in enumerate(workers)]
+    out += list(it)
+    assert len(out) == 100
+    ends = {}
+    for pid, _, end in out:
+        ends[pid] = max(end, ends.get(pid, 0.0))
+    for task in tasks:
+        pid, start, _ = task.result(timeout=60)
+        # Each task ran once its worker's lease had run its last item (a lease of the map's tail
+        # with nothing queued is idle, and gives its thread up then).
+        assert start >= ends[pid] - 0.005, (
+            f"a task started {ends[pid] - start:.3f} s before its worker's last item ended"
+        )
+
+
+def test_idle_leases_end_after_engine_linger(cluster):
+    import dask
+    from distributed import Client
+
+    other = Client(cluster.address, security=cluster.client.security)
+    try:
+        with dask.config.set({"jupyter-cluster.engine.linger": "1.5s"}):
+            assert engine_dask.pool_for(other).linger == 1.5  # read as the client's pool is made
+        end_idle_leases(cluster.client)
+        mapping.map(interval, range(10), client=other, progress=False)
+        given = time.monotonic()
+        mine = lambda: sum(  # noqa: E731
+            1 for keys in leases_running(other).values() for k in keys if mapping.last_job().id in str(k)
+        )
+        assert mine() == 2
+        time.sleep(0.5)
+        assert mine() == 2, "the idle leases ended before engine.linger"
+        wait_for(lambda: mine() == 0, timeout=15, message="the idle leases to end after engine.linger")
+        assert time.monotonic() - given >= 1.4
+    finally:
+        other.close()
+
+
+def test_a_waiting_task_needing_a_resource_an_idle_lease_holds_gets_it_at_once(cluster, tmp_path):
+    """A GPU task on a worker whose GPU an idle GPU lease holds (its other thread is free, the GPU is not)."""
+    client = cluster.client
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_worker", cluster.address, "--nthreads", "2",
+         "--resources", "GPU=1", "--no-nanny", "--no-dashboard", "--host", "127.0.0.1", *worker_tls_args(cluster)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 3, timeout=60, message="GPU worker")
+        end_idle_leases(client)
+        set_idle_check(client, 30.0)
+        time.sleep(IDLE_CHECK_DEFAULT + 0.1)
+        assert len(mapping.map(interval, range(6), resources={"GPU": 1}, client=cluster, progress=False)) == 6
+        (kept,) = idle_leases(client)
+        started, gate = str(tmp_path / "started"), str(tmp_path / "gate")
+        task = client.submit(wait_gate, started, gate, 2, resources={"GPU": 1}, pure=False)
+        wait_for(lambda: os.path.exists(started), timeout=10, message="the GPU task to start")
+        wait_for(lambda: kept.future.status == "finished", timeout=10, message="the GPU lease to return")
+        open(gate, "w").close()
+        assert task.result(timeout=30)[1] == 2
+    finally:
+        set_idle_check(client, IDLE_CHECK_DEFAULT)
+        proc.terminate()
+        proc.wait(timeout=30)
+    wait_for(
+        lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 2, timeout=30, message="the GPU worker to leave"
+    )
 
 
 def test_leases_of_a_gpu_map_land_only_on_workers_with_the_resource(cluster):
@@ -165,7 +372,7 @@ def test_leases_of_a_gpu_map_land_only_on_workers_with_the_resource(cluster):
             return [a for a, w in info.items() if w.get("resources", {}).get("GPU")]
 
         gpu = wait_for(gpu_workers, timeout=60, message="the GPU worker to join")
-        wait_for(lambda: no_leases(client), timeout=15, message="earlier leases to end")
+        end_idle_leases(client, "earlier leases to end")
         job = mapping.MapJob(interval, (range(40),), resources={"GPU": 1}, client=cluster, progress=False)
         it = iter(job)
         next(it)
@@ -225,7 +432,7 @@ def test_retry_storm_stops_when_cancelled_and_keeps_output_bounded(cluster):
     text = mapping.last_job().outputs[0]
     assert text.count("attempt of 1") == 1 and "retry 2000 of 2000" in text and len(text) < 200
 
-    wait_for(lambda: no_leases(client), timeout=15, message="earlier leases to end")
+    end_idle_leases(client, "earlier leases to end")
     timer = threading.Timer(1.0, _thread.interrupt_main)
     timer.start()
     t0 = time.monotonic()

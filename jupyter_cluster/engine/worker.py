@@ -10,9 +10,26 @@ calling the handlers :class:`EnginePlugin` registers on every worker
 (``jc_attach``, ``jc_batch``, ``jc_ping``), the way distributed's P2P shuffle
 registers its own.
 
-A lease ends when the map sends no more work and Dask cancels it, which Dask
-also does when the client that placed it goes away (a kernel killed with
-``kill -9``): the lease looks at its task's state between batches and at
+Between maps a lease is *idle* (no batch running or queued) and waits in
+its client's pool for the next map (``engine.linger``).  It gives its thread
+up as soon as a task needs it: the plugin's ``transition`` hook sees every
+task that starts waiting on the worker (``ready``, or ``constrained`` by a
+resource an idle lease holds) and :func:`_make_room` has one idle lease per
+task that lacks a thread return at once, so Dask starts that task on the
+freed thread within milliseconds.  A lease of a running map always has its
+next batch queued, so it keeps working; one at a map's tail with nothing
+left to run yields like an idle one.  Tasks reach a worker whose threads
+leases hold because Dask sends the tasks of a large group to a worker up to
+``worker-saturation`` times its threads (1.1 by default, rounded up: at
+least one more task than threads), and any other task regardless; with
+``distributed.scheduler.worker-saturation: 1.0`` the tasks of a large
+``client.map`` stay queued on the scheduler, never reach the worker, and
+start only when the idle leases end (``engine.linger``).
+
+A lease ends when the map or the pool sends ``jc_close``, when it yields,
+and when Dask cancels it, which Dask also does when the client that placed
+it goes away (a kernel killed with ``kill -9``): the plugin's hook wakes it
+then, and as a backstop it looks at its task's state between batches and at
 least every :data:`IDLE_CHECK_SECONDS`, so no thread stays held.
 
 It also holds the worker half of every map (:func:`run_chunk`, moved here
@@ -471,6 +488,12 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
     state = worker.state
     runs = 0
     try:
+        # What the plugin's hook saw before this lease was in the registry (cancelled as it started,
+        # a task that began waiting meanwhile) it could not tell the lease: look now.
+        if cancelled():
+            return runs
+        if state.ready or state.constrained:
+            _ask_room(worker)
         while True:
             try:
                 entry = me.mailbox.get(timeout=IDLE_CHECK_SECONDS)
