@@ -23,6 +23,7 @@ def summarise(records: list[dict], systems: list[str], workloads: list[str]) -> 
             "startup_s": median([r.get("startup_s") for r in rs]),
             "cluster_start_s": median([r.get("cluster_start_s") for r in rs]),
             "preload_s": median([r.get("preload_s") for r in rs]),
+            "first_map_s": median([r.get("first_map_s") for r in rs]),
             "stop_s": median([r.get("stop_s") for r in rs]),
             "errors": sorted({r["error"] for r in rs if r.get("error")}),
             "skipped": {k: v for r in rs for k, v in r.get("skipped", {}).items()},
@@ -106,6 +107,7 @@ def fmt(v, kind="num"):
 def tables(summary: dict, systems: list[str], workloads: list[str]) -> str:
     main_cols = [
         ("start-up s", lambda r: fmt(r["startup_s"], "s")),
+        ("first map s", lambda r: fmt(r.get("first_map_s"), "s")),
         ("noop µs/item", lambda r: _w(r, "noop", "us_per_item", "us")),
         ("noop100k µs/item", lambda r: _w(r, "noop100k", "us_per_item", "us")),
         ("sleep1ms eff", lambda r: _w(r, "sleep1ms", "efficiency", "pct")),
