@@ -282,6 +282,30 @@ def test_a_large_client_map_queued_on_the_scheduler_reaches_threads_idle_leases_
         set_idle_check(client, IDLE_CHECK_DEFAULT)
 
 
+def test_a_lease_still_queued_when_its_map_ends_is_ended_not_kept(cluster, tmp_path):
+    """A map that finished on one worker while its other lease waited behind a task: that lease never
+    attached, so a later map that took it from the pool could never send it work; it is ended instead."""
+    client = cluster.client
+    end_idle_leases(client)
+    workers = sorted(worker_pids(client))
+    started, gate = str(tmp_path / "started"), str(tmp_path / "gate")
+    busy = client.submit(wait_gate, started, gate, 3, workers=[workers[1]], pure=False)
+    try:
+        wait_for(lambda: os.path.exists(started), timeout=30, message="the task to occupy a worker")
+        assert len(mapping.map(interval, range(6), client=cluster, progress=False)) == 6
+        job = mapping.last_job()
+        assert set(job.workers_used) == {workers[0]} and job.leases == 2
+        kept = idle_leases(client)
+        assert [ls.addr for ls in kept if not ls.dead] == [workers[0]]
+        wait_for(lambda: leases_running(client)[workers[1]] == [], timeout=10, message="the queued lease to end")
+    finally:
+        open(gate, "w").close()
+    assert busy.result(timeout=30)[1] == 3
+    # The next map gets both workers: the kept lease at once, a new one where the task was.
+    out = mapping.map(interval, range(40), client=cluster, progress=False)
+    assert len({pid for pid, _, _ in out}) == 2
+
+
 def test_a_running_maps_leases_do_not_yield_to_waiting_tasks_mid_map(cluster):
     client = cluster.client
     end_idle_leases(client)
