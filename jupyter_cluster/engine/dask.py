@@ -181,16 +181,14 @@ class LeasePool:
     def give(self, key: tuple, leases: list[Lease]) -> None:
         """Keep ``leases`` (idle now) for the client's next map with resources ``key``.
 
-        A lease that never answered its attach (still queued behind a busy
-        thread when its map ended) is ended instead: the map that placed it no
-        longer asks whether it runs, so a map that took it would count a thread
-        it could never send work to.
+        A lease that has not answered its attach yet (placed late in its map,
+        or queued behind a busy thread) is kept too: the map that adopts it
+        asks again (:meth:`Leases.adopt`) and sends it work once it runs.
+        Ending it instead made a map that outruns its own lease placement (a
+        thousand workers on a loaded scheduler) place the same leases again
+        every map, and about a tenth of the workers never got a batch.
         """
         now = time.monotonic()
-        unready = [ls for ls in leases if not ls.ready]
-        if unready:
-            leases = [ls for ls in leases if ls.ready]
-            end_leases(self.client, self.secret, unready)
         with self.lock:
             for ls in leases:
                 ls.owner = None
@@ -408,6 +406,8 @@ class Leases:
             self.leases[ls.id] = ls
             if ls.future.done():  # ended between the pool's check and now
                 self.events.put(("lease-done", ls, None))
+            elif not ls.ready:  # its first map ended before it ran: this map asks for it
+                self._run(self._attach(ls))
         self.reused += len(got)
         return len(got)
 
