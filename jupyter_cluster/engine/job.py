@@ -984,7 +984,6 @@ class MapJob:
         """A lease's worker is gone: its batches go elsewhere, the one it was running counted as a death."""
         self._leases.kill(lease)
         outstanding, lease.outstanding = list(lease.outstanding), []
-        self._next_place = 0.0
         for k, sent in enumerate(outstanding):
             chunk = self._inflight.pop(sent, None)
             if sent.handle is not None:
@@ -999,6 +998,10 @@ class MapJob:
                 self._requeue(chunk)
             if self.finished:
                 return
+        if not (self._exhausted and not self._buffer and not self._resubmit and not self._suspects):
+            # Work is left to send: replace the lease now.  At a map's tail (a lease that yielded its
+            # thread to another task with nothing left to run) a new lease would only queue behind that task.
+            self._next_place = 0.0
 
     def _chunk_died(self, chunk: _Chunk) -> None:
         """A worker process died while running ``chunk``: run it again, split it, or give up on its item.
