@@ -371,7 +371,21 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
             client.close()
             _discard(started)
             raise
+        if backend == "local":
+            # The engine's first direct-path check (about 150 ms) runs while the user writes the next
+            # cell, not in the first map.  Local workers are always reachable; elsewhere the check may
+            # print a fallback notice, which belongs to the map that needs it, not to some later cell.
+            threading.Thread(target=_warm_engine, args=(client,), daemon=True, name="jupyter-cluster-warm").start()
     return _adopt(handle, attached=False)
+
+
+def _warm_engine(client: Any) -> None:
+    try:
+        from .engine.dask import direct_reachable
+
+        direct_reachable(client)
+    except Exception:  # noqa: BLE001 - a cluster stopped at once, say; the first map asks again and reports
+        pass
 
 
 def connect(target: str, security: Any = None) -> ClusterHandle:

@@ -305,6 +305,17 @@ def direct_reachable(client: Any) -> bool:
     verdict = getattr(client, "_jc_direct", None)
     if verdict is not None:
         return verdict
+    with _reach_lock:  # the background check at cluster start and a first map ask once between them
+        verdict = getattr(client, "_jc_direct", None)
+        if verdict is not None:
+            return verdict
+        return _direct_reachable(client)
+
+
+_reach_lock = threading.Lock()
+
+
+def _direct_reachable(client: Any) -> bool:
     workers = list(workers_now(client))
     if not workers:
         return True  # not known yet; asked again once there are workers
