@@ -419,9 +419,23 @@ def _script_guards(path: str) -> tuple[list[tuple[int, int]], list[int]] | None:
 
     try:
         with tokenize.open(path) as f:
-            tree = ast.parse(f.read(), path)
+            source = f.read()
     except (OSError, SyntaxError, ValueError):
         return None
+    tree = None
+    for _ in range(3):
+        try:
+            tree = ast.parse(source, path)
+            break
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+        except SystemError:
+            # CPython 3.11 keeps ast.parse's recursion count per interpreter, so a parse in another
+            # thread at the same moment can fail this one ("AST constructor recursion depth
+            # mismatch", seen once when starting 16 workers); it is not about the script: try again.
+            continue
+    if tree is None:
+        return None  # cannot tell: the check never blocks a script it could not read
     guarded: list[tuple[int, int]] = []
     ends: list[int] = []
     for node in ast.walk(tree):
