@@ -185,7 +185,7 @@ def _notes(summary, systems, workloads):
             continue
         if r.get("cluster_start_s") is not None:
             extra.append(
-                f"- `{s}`: `%cluster start --workers 2` took {fmt(r['cluster_start_s'], 's')} s (median), after "
+                f"- `{s}`: `%cluster start` (the run's workers) took {fmt(r['cluster_start_s'], 's')} s (median), after "
                 f"`%load_ext jupyter_cluster` had imported the engine in the background "
                 f"({fmt(r.get('preload_s'), 's')} s still to wait when the start-up clock began)."
             )
