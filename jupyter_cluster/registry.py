@@ -39,6 +39,20 @@ def valid_name(name: object) -> bool:
     return isinstance(name, str) and NAME_RE.fullmatch(name) is not None
 
 
+def _identify_owner(entry: Any) -> None:
+    """Fill in a registry entry's owner start time and, when written by this process, its kernel id."""
+    if not entry.owner_started:
+        entry.owner_started = _process_start_time(entry.owner_pid)
+    if entry.kernel_id is None and entry.owner_pid == os.getpid():
+        # found here rather than passed by each writer, so every entry a kernel writes carries it
+        entry.kernel_id = current_kernel_id()
+
+
+def _owner_alive(entry: Any) -> bool:
+    """Whether the process that wrote a registry entry still runs (the same pid and start time)."""
+    return _process_start_time(entry.owner_pid) == entry.owner_started != 0.0
+
+
 @dataclass
 class ClusterRecord:
     """What the registry knows about one cluster."""
@@ -58,15 +72,11 @@ class ClusterRecord:
     kernel_id: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.owner_started:
-            self.owner_started = _process_start_time(self.owner_pid)
-        if self.kernel_id is None and self.owner_pid == os.getpid():
-            # found here rather than passed by each writer, so every record a kernel writes carries it
-            self.kernel_id = current_kernel_id()
+        _identify_owner(self)
 
     def owner_alive(self) -> bool:
         """Whether the process that wrote this record still runs."""
-        return _process_start_time(self.owner_pid) == self.owner_started != 0.0
+        return _owner_alive(self)
 
     def owner_is_panel_host(self) -> bool:
         """Whether the owner is provably the panel's host process for this cluster, run by this user.
@@ -260,14 +270,11 @@ class Attachment:
     kernel_id: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.owner_started:
-            self.owner_started = _process_start_time(self.owner_pid)
-        if self.kernel_id is None and self.owner_pid == os.getpid():
-            self.kernel_id = current_kernel_id()
+        _identify_owner(self)
 
     def owner_alive(self) -> bool:
         """Whether the process that attached still runs."""
-        return _process_start_time(self.owner_pid) == self.owner_started != 0.0
+        return _owner_alive(self)
 
 
 def _attachment_path(name: str, pid: int) -> str:

@@ -67,3 +67,24 @@ def gated_square(flag, x):
     while x >= 100 and not os.path.exists(flag) and time.monotonic() < deadline:
         time.sleep(0.05)
     return x * x
+
+
+def start_jupyter_named_kernel(tmp_path):
+    """A real, ready python3 kernel whose connection file is ``kernel-<id>.json``, as a Jupyter server names it.
+
+    Returns ``(km, kc, kernel_id)``; the caller stops the channels and shuts the kernel down.
+    """
+    from jupyter_client import KernelManager
+
+    kernel_id = str(uuid.uuid4())
+    km = KernelManager(kernel_name="python3", connection_file=str(tmp_path / f"kernel-{kernel_id}.json"))
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+    except BaseException:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        raise
+    return km, kc, kernel_id

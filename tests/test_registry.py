@@ -179,17 +179,11 @@ def test_a_record_written_in_a_kernel_names_that_kernel_and_others_name_none(tmp
     ``kernel-<id>.json``) writes a record as ``session`` does, without naming
     itself; the record carries the id.  This process, no kernel, writes None.
     """
-    import uuid
 
-    from jupyter_client import KernelManager
+    from .helpers import start_jupyter_named_kernel
 
-    kernel_id = str(uuid.uuid4())
-    km = KernelManager(kernel_name="python3", connection_file=str(tmp_path / f"kernel-{kernel_id}.json"))
-    km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
+    km, kc, kernel_id = start_jupyter_named_kernel(tmp_path)
     try:
-        kc.wait_for_ready(timeout=60)
         out: list[str] = []
         code = (
             "from jupyter_cluster import registry\n"
@@ -263,21 +257,13 @@ def test_attachments_of_dead_processes_are_dropped_and_planted_ones_ignored(tmp_
 
 def test_a_kernel_that_connects_by_name_is_attached_until_it_detaches_or_dies(tmp_path):
     """``%cluster connect NAME`` in a real kernel: an attachment naming the kernel, gone on stop and on kill."""
-    import uuid
 
-    from jupyter_client import KernelManager
-
-    from .helpers import kernel_ok
+    from .helpers import kernel_ok, start_jupyter_named_kernel
     from .test_server import start_kernel_like
 
     owner = start_kernel_like("att-owner")
-    kernel_id = str(uuid.uuid4())
-    km = KernelManager(kernel_name="python3", connection_file=str(tmp_path / f"kernel-{kernel_id}.json"))
-    km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
+    km, kc, kernel_id = start_jupyter_named_kernel(tmp_path)
     try:
-        kc.wait_for_ready(timeout=60)
         kernel_ok(kc, "%load_ext jupyter_cluster\n%cluster connect att-owner")
         (att,) = registry.live_attachments()
         assert (att.name, att.kernel_id) == ("att-owner", kernel_id)

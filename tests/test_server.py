@@ -259,23 +259,15 @@ def test_a_kernel_that_connects_by_name_is_listed_with_the_cluster_from_the_conn
     cluster's row lists the kernel's id; after ``%cluster stop`` (a detach) and
     after the kernel is killed, it no longer does.
     """
-    import uuid
 
-    from jupyter_client import KernelManager
-
-    from .helpers import kernel_ok
+    from .helpers import kernel_ok, start_jupyter_named_kernel
 
     def kernels() -> list[str]:
         return next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "proc-k")["kernels"]
 
     owner = start_kernel_like("proc-k", workers=0)
-    kernel_id = str(uuid.uuid4())
-    km = KernelManager(kernel_name="python3", connection_file=str(tmp_path / f"kernel-{kernel_id}.json"))
-    km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
+    km, kc, kernel_id = start_jupyter_named_kernel(tmp_path)
     try:
-        kc.wait_for_ready(timeout=60)
         wait_for(lambda: "proc-k" in api.names(), 5, message="proc-k in the list")
         assert kernels() == []
         kernel_ok(kc, "%load_ext jupyter_cluster\n%cluster connect proc-k")
