@@ -21,6 +21,7 @@ import stat
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -210,6 +211,28 @@ def read(name: str) -> ClusterRecord | None:
     return None
 
 
+def _own_json_files(suffix: str) -> Iterator[tuple[str, str, dict]]:
+    """``(entry, path, data)`` for each registry file ending in ``suffix`` that this user owns and that holds a JSON object.
+
+    Links and other users' files are never trusted; half-written files are skipped.
+    """
+    directory = registry_dir()
+    for entry in sorted(os.listdir(directory)):
+        if not entry.endswith(suffix) or entry.startswith("."):
+            continue
+        path = os.path.join(directory, entry)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            yield entry, path, data
+
+
 def live_records(cleanup: bool = True) -> list[ClusterRecord]:
     """Records whose owner process still runs, oldest first.
 
@@ -219,20 +242,11 @@ def live_records(cleanup: bool = True) -> list[ClusterRecord]:
         Delete the files of records whose owner has died.
     """
     records = []
-    directory = registry_dir()
-    for entry in sorted(os.listdir(directory)):
-        if not entry.endswith(".json") or entry.startswith("."):
-            continue
-        path = os.path.join(directory, entry)
+    for entry, _, data in _own_json_files(".json"):
         try:
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-                continue  # a link or another user's file: never trusted
-            with open(path) as f:
-                data = json.load(f)
             record = ClusterRecord(**data)
-        except (OSError, ValueError, TypeError):
-            continue  # half-written or foreign file: not ours to judge
+        except TypeError:
+            continue  # a foreign file: not ours to judge
         if record.name != entry[: -len(".json")] or not valid_name(record.name) or type(record.owner_pid) is not int:
             continue  # a record must be named after its own file (no "../victim")
         # only ever compared, but a record is not trusted to hold anything else
@@ -310,20 +324,11 @@ def live_attachments(cleanup: bool = True) -> list[Attachment]:
         Delete the files of attachments whose process has died.
     """
     found = []
-    directory = registry_dir()
-    for entry in sorted(os.listdir(directory)):
-        if not entry.endswith(ATTACHED) or entry.startswith("."):
-            continue
-        path = os.path.join(directory, entry)
+    for entry, path, data in _own_json_files(ATTACHED):
         try:
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-                continue  # a link or another user's file: never trusted
-            with open(path) as f:
-                data = json.load(f)
             attachment = Attachment(**data)
-        except (OSError, ValueError, TypeError):
-            continue  # half-written or foreign file
+        except TypeError:
+            continue  # a foreign file
         if (
             type(attachment.owner_pid) is not int
             or not valid_name(attachment.name)

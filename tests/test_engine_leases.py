@@ -353,14 +353,27 @@ def test_idle_leases_end_after_engine_linger(cluster):
         other.close()
 
 
-def test_a_waiting_task_needing_a_resource_an_idle_lease_holds_gets_it_at_once(cluster, tmp_path):
-    """A GPU task on a worker whose GPU an idle GPU lease holds (its other thread is free, the GPU is not)."""
-    client = cluster.client
-    proc = subprocess.Popen(
+def start_gpu_worker(cluster) -> subprocess.Popen:
+    """A third worker, 2 threads and the Dask resource GPU=1, joining ``cluster`` (a real process)."""
+    return subprocess.Popen(
         [sys.executable, "-m", "distributed.cli.dask_worker", cluster.address, "--nthreads", "2",
          "--resources", "GPU=1", "--no-nanny", "--no-dashboard", "--host", "127.0.0.1", *worker_tls_args(cluster)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+
+
+def stop_gpu_worker(client, proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(timeout=30)
+    wait_for(
+        lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 2, timeout=30, message="the GPU worker to leave"
+    )
+
+
+def test_a_waiting_task_needing_a_resource_an_idle_lease_holds_gets_it_at_once(cluster, tmp_path):
+    """A GPU task on a worker whose GPU an idle GPU lease holds (its other thread is free, the GPU is not)."""
+    client = cluster.client
+    proc = start_gpu_worker(cluster)
     try:
         wait_for(lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 3, timeout=60, message="GPU worker")
         end_idle_leases(client)
@@ -376,20 +389,12 @@ def test_a_waiting_task_needing_a_resource_an_idle_lease_holds_gets_it_at_once(c
         assert task.result(timeout=30)[1] == 2
     finally:
         set_idle_check(client, IDLE_CHECK_DEFAULT)
-        proc.terminate()
-        proc.wait(timeout=30)
-    wait_for(
-        lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 2, timeout=30, message="the GPU worker to leave"
-    )
+        stop_gpu_worker(client, proc)
 
 
 def test_leases_of_a_gpu_map_land_only_on_workers_with_the_resource(cluster):
     client = cluster.client
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "distributed.cli.dask_worker", cluster.address, "--nthreads", "2",
-         "--resources", "GPU=1", "--no-nanny", "--no-dashboard", "--host", "127.0.0.1", *worker_tls_args(cluster)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc = start_gpu_worker(cluster)
     try:
 
         def gpu_workers():
@@ -409,11 +414,7 @@ def test_leases_of_a_gpu_map_land_only_on_workers_with_the_resource(cluster):
         assert {w for w, keys in during.items() if keys} == set(gpu)
         assert set(job.workers_used) == set(gpu)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    wait_for(
-        lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 2, timeout=30, message="the GPU worker to leave"
-    )
+        stop_gpu_worker(client, proc)
 
 
 def test_the_direct_path_uses_the_clusters_tls_and_refuses_a_client_without_credentials(cluster):
