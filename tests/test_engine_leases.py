@@ -622,3 +622,24 @@ def test_the_task_path_still_does_everything_the_direct_path_does(cluster):
     assert [v for i, v in enumerate(out) if i != 7] == [2 * i for i in range(300) if i != 7]
     assert isinstance(out[7], ValueError) and job.outputs[8] == "item 8\n"
     assert job.chunks_submitted > 2  # chunked, more than one task per worker
+
+
+def _telemetry_imported() -> bool:
+    return "jupyter_cluster.telemetry" in sys.modules
+
+
+def test_a_new_local_cluster_is_warmed_for_its_first_map_while_the_user_writes_the_next_cell():
+    """``jupyter_cluster.start`` makes the engine's direct-path check and has the workers import what a first
+    batch needs, in the background: nothing of it is left for the first map to pay."""
+    import jupyter_cluster as jc
+
+    handle = jc.start(workers=1, threads=1, name=f"warm-{uuid.uuid4().hex[:6]}")
+    try:
+        wait_for(
+            lambda: all(handle.client.run(_telemetry_imported).values()),
+            timeout=30,
+            message="the workers to import the telemetry modules before any map",
+        )
+        assert getattr(handle.client, "_jc_direct", None) is True
+    finally:
+        handle.close()
