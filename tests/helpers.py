@@ -88,3 +88,10 @@ def start_jupyter_named_kernel(tmp_path):
         km.shutdown_kernel(now=True)
         raise
     return km, kc, kernel_id
+
+
+def stop_jupyter_named_kernel(km, kc) -> None:
+    """Undo :func:`start_jupyter_named_kernel` (the kernel may already be gone)."""
+    kc.stop_channels()
+    if km.is_alive():
+        km.shutdown_kernel(now=True)

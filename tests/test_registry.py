@@ -258,7 +258,7 @@ def test_attachments_of_dead_processes_are_dropped_and_planted_ones_ignored(tmp_
 def test_a_kernel_that_connects_by_name_is_attached_until_it_detaches_or_dies(tmp_path):
     """``%cluster connect NAME`` in a real kernel: an attachment naming the kernel, gone on stop and on kill."""
 
-    from .helpers import kernel_ok, start_jupyter_named_kernel
+    from .helpers import kernel_ok, start_jupyter_named_kernel, stop_jupyter_named_kernel
     from .test_server import start_kernel_like
 
     owner = start_kernel_like("att-owner")
@@ -276,8 +276,6 @@ def test_a_kernel_that_connects_by_name_is_attached_until_it_detaches_or_dies(tm
         assert registry.live_attachments() == []
         assert [f for f in os.listdir(registry.registry_dir()) if f.endswith(".attached")] == []
     finally:
-        kc.stop_channels()
-        if km.is_alive():
-            km.shutdown_kernel(now=True)
+        stop_jupyter_named_kernel(km, kc)
         owner.kill()
         owner.wait(10)

@@ -260,7 +260,7 @@ def test_a_kernel_that_connects_by_name_is_listed_with_the_cluster_from_the_conn
     after the kernel is killed, it no longer does.
     """
 
-    from .helpers import kernel_ok, start_jupyter_named_kernel
+    from .helpers import kernel_ok, start_jupyter_named_kernel, stop_jupyter_named_kernel
 
     def kernels() -> list[str]:
         return next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "proc-k")["kernels"]
@@ -281,9 +281,7 @@ def test_a_kernel_that_connects_by_name_is_listed_with_the_cluster_from_the_conn
         wait_for(lambda: kernels() == [], 5.0, interval=0.05, message="the killed kernel to leave proc-k")
         assert "proc-k" in api.names()  # the owner's cluster runs on
     finally:
-        kc.stop_channels()
-        if km.is_alive():
-            km.shutdown_kernel(now=True)
+        stop_jupyter_named_kernel(km, kc)
         owner.kill()
         owner.wait(10)
 
