@@ -61,13 +61,32 @@ class _QuietSchedulerLoss(logging.Filter):
     traceback (or "Failed to reconnect" had it run out first).  The panel shows
     the cluster as gone; the log needs nothing.  Only the server process imports
     this module, so kernels' own clients keep their messages.
+
+    Any other error raised inside that reconnect is dropped too: closing the
+    client while its reconnect is in a TLS handshake to the vanished scheduler
+    can raise tornado's ``ValueError: IOStream is not idle``, which
+    ``Client._close`` logs.  The manager reconnects by itself (``tick``) and the
+    panel shows an unreachable cluster as such.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, asyncio.CancelledError):
+        if isinstance(exc, asyncio.CancelledError) or _raised_in_reconnect(exc):
             return False
         return not record.getMessage().startswith("Failed to reconnect to scheduler")
+
+
+def _raised_in_reconnect(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an exception it chains) came out of ``Client._reconnect``."""
+    seen = 0
+    while exc is not None and seen < 8:
+        tb = exc.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_name == "_reconnect":
+                return True
+            tb = tb.tb_next
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 logging.getLogger("distributed.client").addFilter(_QuietSchedulerLoss())
@@ -86,6 +105,10 @@ LIVE_KEEP = 32
 
 class NotFound(ClusterError):
     """No live cluster of that name."""
+
+
+class SchedulerLost(ClusterError):
+    """The server's connection to a scheduler closed while a request waited for its answer."""
 
 
 def _pid_alive(pid: int) -> bool:
@@ -117,6 +140,7 @@ class Connection:
         self._pending: dict[str, asyncio.Future] = {}
         self._next_attempt = 0.0
         self._backoff = 0.25
+        self._connecting = asyncio.Lock()
         self.connects = 0  # how many times a client was (re)connected
         #: kernels attached to this scheduler by records of their own (hidden from the list)
         self.attached_kernels: list[str] = []
@@ -148,6 +172,12 @@ class Connection:
             self.status = "unreachable"
 
     async def _connect(self) -> None:
+        # the refresh loop's tick and a panel action (reach) may both want a client: make one
+        async with self._connecting:
+            if self.client is None:
+                await self._connect_once()
+
+    async def _connect_once(self) -> None:
         security = None
         if self.record.address.startswith("tls://"):
             from ..credentials import saved_security  # written (0600) by the process that started it
@@ -187,13 +217,27 @@ class Connection:
         client, self.client = self.client, None
         for fut in self._pending.values():
             if not fut.done():
-                fut.set_exception(ClusterError(f"lost the connection to the scheduler of {self.name!r}."))
+                fut.set_exception(SchedulerLost(f"lost the connection to the scheduler of {self.name!r}."))
         self._pending.clear()
         if client is not None:
             await _quietly_close(client)
 
     async def close(self) -> None:
         await self._drop_client()
+
+    async def reach(self, timeout: float = 10.0) -> None:
+        """Connect now if there is no client, without waiting out the reconnect back-off.
+
+        For an action from the panel: the user should not get "does not
+        answer" because the last attempt failed a moment ago.
+        """
+        if self.client is not None or self._next_attempt == float("inf"):
+            return
+        self._next_attempt = 0.0
+        try:
+            await asyncio.wait_for(self._connect(), timeout)
+        except asyncio.TimeoutError:
+            pass
 
     async def _subscribe_jobs(self) -> None:
         """Follow the jobs topic, replaying the scheduler's backlog once (:func:`.telemetry.hub.follow`)."""
@@ -678,11 +722,19 @@ class ClusterManager:
         conn = self.live(name, "stop")
         rec = conn.record
         asked = False
+        await conn.reach()
         if conn.client is not None:
             try:
                 await conn.request("stop", timeout=5)
                 asked = True
-            except (asyncio.TimeoutError, ClusterError):
+            except SchedulerLost:
+                # The owner answers, then closes its cluster: the scheduler can go down before
+                # the answer reaches us.  Gone is what was asked for; its record going confirms it.
+                asked = True
+            except asyncio.TimeoutError:
+                # the same, seen before the refresh loop noticed the lost connection
+                asked = conn.client is None or conn.client.status != "running"
+            except ClusterError:
                 asked = False
         if not asked:
             if rec.owner_kind == "panel" and rec.owner_is_panel_host():  # never signal a process not proven ours
