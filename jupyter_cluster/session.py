@@ -381,11 +381,9 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
 
 def _warm_engine(client: Any) -> None:
     try:
-        from .engine.dask import direct_reachable
-        from .engine.worker import warm_up
+        from .engine.dask import warm_engine
 
-        if direct_reachable(client):
-            client.run(warm_up)  # measured: a fresh cluster's first item 35 -> 25 ms (median of 3, load 1.2)
+        warm_engine(client)  # measured: see benchmarks/README.md, first_item.py, session 6
     except Exception:  # noqa: BLE001 - a cluster stopped at once, say; the first map asks again and reports
         pass
 

@@ -307,6 +307,57 @@ def test_a_lease_still_queued_when_its_map_ends_serves_the_next_map_once_it_runs
     assert mapping.last_job().leases == 0
 
 
+def early_kept(dask_worker=None) -> int:
+    """Batches a worker process keeps for leases that have not started (worker._REGISTRY.early)."""
+    from jupyter_cluster.engine.worker import _REGISTRY
+
+    with _REGISTRY.lock:
+        return sum(len(v) for v in _REGISTRY.early.values())
+
+
+def test_a_new_leases_first_batch_is_sent_with_its_placement_and_runs_once_it_starts(cluster):
+    """A map that places its leases sends each its first batch at once (before the lease attaches): the
+    worker keeps it and the lease takes it as it starts.  Every item runs once; nothing is left kept."""
+    client = cluster.client
+    end_idle_leases(client)
+    out = mapping.map(interval, range(40), client=cluster, progress=False)
+    job = mapping.last_job()
+    assert job.path == "direct" and job.leases == 2
+    assert job._leases.early_sent == 2  # one per new lease, none once they attached
+    assert len(out) == 40 and len({pid for pid, _, _ in out}) == 2
+    assert sum(client.run(early_kept).values()) == 0
+
+
+def test_an_early_batch_for_a_lease_queued_behind_a_task_comes_back_at_once(cluster, tmp_path):
+    """A lease placed on a worker whose thread a task holds is queued there: its early batch is sent back
+    ("waiting") as soon as the worker queues the lease -- not after the wait -- and runs on the other lease.
+    The wait is raised to 60 s here, so a map that ends within the bound shows the queued check worked."""
+    client = cluster.client
+    end_idle_leases(client)
+    workers = sorted(worker_pids(client))
+    pids = worker_pids(client)
+    started, gate = str(tmp_path / "started"), str(tmp_path / "gate")
+    busy = client.submit(wait_gate, started, gate, 5, workers=[workers[1]], pure=False)
+    saved = engine_dask.EARLY_WAIT_SECONDS
+    engine_dask.EARLY_WAIT_SECONDS = 60.0
+    try:
+        wait_for(lambda: os.path.exists(started), timeout=30, message="the task to occupy a worker")
+        t0 = time.monotonic()
+        out = mapping.map(interval, range(6), client=cluster, progress=False)
+        took = time.monotonic() - t0
+        job = mapping.last_job()
+        assert took < 20, f"the map waited {took:.1f} s for a queued lease"
+        assert [pid for pid, _, _ in out] == [pids[workers[0]]] * 6  # each item once, on the free worker
+        assert job.leases == 2 and job._leases.early_sent == 2
+        queued = [ls for ls in idle_leases(client) if ls.addr == workers[1]]
+        assert len(queued) == 1 and not queued[0].ready and not queued[0].early  # bounced: no second early batch
+        assert sum(client.run(early_kept).values()) == 0
+    finally:
+        engine_dask.EARLY_WAIT_SECONDS = saved
+        open(gate, "w").close()
+    assert busy.result(timeout=30) == (pids[workers[1]], 5)
+
+
 def test_a_running_maps_leases_do_not_yield_to_waiting_tasks_mid_map(cluster):
     client = cluster.client
     end_idle_leases(client)
@@ -633,13 +684,41 @@ def test_a_new_local_cluster_is_warmed_for_its_first_map_while_the_user_writes_t
     batch needs, in the background: nothing of it is left for the first map to pay."""
     import jupyter_cluster as jc
 
-    handle = jc.start(workers=1, threads=1, name=f"warm-{uuid.uuid4().hex[:6]}")
+    handle = jc.start(workers=2, threads=1, name=f"warm-{uuid.uuid4().hex[:6]}")
+    client = handle.client
     try:
         wait_for(
-            lambda: all(handle.client.run(_telemetry_imported).values()),
+            lambda: all(client.run(_telemetry_imported).values()),
             timeout=30,
             message="the workers to import the telemetry modules before any map",
         )
-        assert getattr(handle.client, "_jc_direct", None) is True
+        assert getattr(client, "_jc_direct", None) is True
+        # Direct connections to every worker, and spare ones to the scheduler, are open before any map
+        # (their TLS handshakes are not the first map's), and the warm-up tasks left nothing behind.
+        pool = client.rpc
+
+        def open_comms(addr: str) -> int:
+            return len(pool.available.get(addr, ())) + len(pool.occupied.get(addr, ()))
+
+        workers = sorted(engine_dask.workers_now(client))
+        wait_for(
+            lambda: (
+                all(open_comms(a) >= engine_dask.WARM_COMMS_PER_THREAD for a in workers)
+                and open_comms(client.scheduler.address) >= 2
+            ),
+            timeout=30,
+            message="the start to open the first map's connections",
+        )
+        assert len(workers) == 2 and handle.address.startswith("tls://")
+        wait_for(
+            lambda: not any(str(k).startswith("jc-warm-") for k in client.run_on_scheduler(_scheduler_task_keys)),
+            timeout=30,
+            message="the warm-up tasks to be forgotten",
+        )
+        assert not any(client.processing().values())
     finally:
         handle.close()
+
+
+def _scheduler_task_keys(dask_scheduler=None) -> list:
+    return list(dask_scheduler.tasks)

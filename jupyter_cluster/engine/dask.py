@@ -49,7 +49,7 @@ import time
 from typing import Any
 
 from ..errors import ClusterError, WorkerLostError
-from .worker import ATTACH_WAIT_SECONDS, EnginePlugin, Items, lease, pack, run_items
+from .worker import ATTACH_WAIT_SECONDS, EARLY_WAIT_SECONDS, EnginePlugin, Items, lease, pack, run_items
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +114,7 @@ class Lease:
         "pooled",
         "idle_since",
         "hold",
+        "early",
     )
 
     def __init__(self, lease_id: str, addr: str, future: Any, owner: Any, pooled: bool):
@@ -128,6 +129,9 @@ class Lease:
         self.pooled = pooled  # may serve the client's next map (it holds no map's large values)
         self.idle_since = 0.0
         self.hold = 0.0  # seconds it is kept once idle (set when given back)
+        # May take one batch before it answers its attach (the worker keeps it for the lease); cleared
+        # once such a batch came back "waiting" (the lease is queued behind other work there).
+        self.early = True
 
     def failed(self) -> bool:
         """Whether the lease task ended with an error (its worker died, or it could not run)."""
@@ -352,6 +356,68 @@ def _direct_reachable(client: Any) -> bool:
     return client._jc_direct
 
 
+#: At start-up, direct connections opened to each worker per worker thread (:func:`warm_engine`):
+#: a fresh map has its attach, its early batch and then its next batch in flight to each lease at once.
+WARM_COMMS_PER_THREAD = 3
+#: :func:`warm_engine` opens direct connections to at most this many workers (a client of a larger
+#: cluster sends most batches through relays, and a thousand TLS handshakes would load the client).
+WARM_WORKERS = 64
+
+
+def warm_engine(client: Any, timeout: float = 10.0) -> None:
+    """Ready a new cluster for its first map, ahead of it (a background thread at cluster start).
+
+    The direct-path check (:func:`direct_reachable`), then per worker: one
+    no-op task pinned to it (:func:`.worker.warm_up`: imports what a first
+    batch needs; the scheduler's and the worker's task path run once, so a
+    first lease does not pay their first-time costs) and the direct
+    connections a first map uses (:data:`WARM_COMMS_PER_THREAD` per thread:
+    opened now, the TLS handshakes do not run on the client's event loop in
+    the middle of the first map's sends; the same for a few connections to
+    the scheduler, since a map's "job started" event holds one while the map
+    asks the scheduler for its workers; the client's connection pool keeps
+    idle connections open until it reaches its limit, 512 by default).  Each
+    task ends at once and holds no thread afterwards.
+    """
+    from distributed import wait
+
+    from .worker import warm_up
+
+    if not direct_reachable(client):
+        return
+    workers = workers_now(client)
+    addrs = sorted(workers)[:WARM_WORKERS]
+    futures = [
+        client.submit(
+            warm_up, key=f"jc-warm-{secrets.token_hex(6)}", workers=[a], allow_other_workers=False, pure=False
+        )
+        for a in addrs
+    ]
+    try:
+        pings = [(a, WARM_COMMS_PER_THREAD * int(workers[a].get("nthreads", 1) or 1)) for a in addrs]
+        client.sync(_open_comms, client, pings, timeout)
+        wait(futures, timeout=timeout)
+    finally:
+        client.cancel([f for f in futures if not f.done()])
+        del futures
+
+
+#: Connections to the scheduler a new cluster's client keeps open for its first map (:func:`warm_engine`): the
+#: map's "job started" event, its look at the workers and the client's own periodic update may overlap.
+WARM_SCHEDULER_COMMS = 3
+
+
+async def _open_comms(client: Any, pings: list[tuple[str, int]], timeout: float) -> None:
+    """``n`` concurrent pings to each ``(address, n)``, and :data:`WARM_SCHEDULER_COMMS` to the scheduler.
+
+    Concurrent calls each take their own connection from the client's pool,
+    which keeps them open afterwards for the next calls.
+    """
+    calls = [call(client, a, "jc_ping") for a, n in pings for _ in range(n)]
+    calls += [client.scheduler.identity(n_workers=0) for _ in range(WARM_SCHEDULER_COMMS)]
+    await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout)
+
+
 def _allowed_failures(dask_scheduler=None) -> int:
     return dask_scheduler.allowed_failures
 
@@ -398,6 +464,8 @@ class Leases:
         self.wanted = 0
         self.closed = False
         self.relayed = 0  # relay messages sent
+        self.unattached: list[Lease] = []  # placed or adopted, their jc_attach not sent yet (attach_new)
+        self.early_sent = 0  # batches sent to a lease before it attached (:meth:`room`)
         from .. import config
 
         relay_min = config.get("engine.relay-min-workers")
@@ -418,7 +486,7 @@ class Leases:
             if ls.future.done():  # ended between the pool's check and now
                 self.events.put(("lease-done", ls, None))
             elif not ls.ready:  # its first map ended before it ran: this map asks for it
-                self._run(self._attach(ls))
+                self.unattached.append(ls)
         self.reused += len(got)
         return len(got)
 
@@ -469,7 +537,20 @@ class Leases:
         self.leases[lease_id] = ls
         self.placed += 1
         fut.add_done_callback(lambda f, ls=ls: _lease_done(ls))
-        self._run(self._attach(ls))
+        self.unattached.append(ls)
+
+    def attach_new(self) -> None:
+        """Send the ``jc_attach`` of every lease placed or adopted since the last call.
+
+        The map calls it after its first round of sends: a fresh lease's early
+        batch then leaves the client before the attach, which the first item
+        does not wait for (measured on a fresh 2-worker TLS cluster: the two
+        attaches' connections ahead of the batches cost the first item ~2 ms).
+        """
+        todo, self.unattached = self.unattached, []
+        for ls in todo:
+            if not ls.dead and not ls.ready:
+                self._run(self._attach(ls))
 
     async def _attach(self, ls: Lease) -> None:
         while not ls.dead and not self.closed:
@@ -512,14 +593,37 @@ class Leases:
 
     # -- batches ------------------------------------------------------------------------
     def free(self) -> list[Lease]:
-        """Ready leases with room for another batch."""
-        return [ls for ls in self.leases.values() if ls.ready and not ls.dead and len(ls.outstanding) < DEPTH]
+        """Leases with room for another batch (:meth:`room`)."""
+        return [ls for ls in self.leases.values() if self.room(ls) > 0]
+
+    def room(self, ls: Lease) -> int:
+        """How many more batches ``ls`` may be sent now.
+
+        A ready lease: up to :data:`DEPTH` in flight.  One that has not
+        answered its attach yet (just placed, or adopted before it ran): one
+        *early* batch, which its worker keeps until the lease starts
+        (``jc_batch`` with ``wait``), so a fresh map's first item does not
+        wait for the attach's answer and another message.  Not through
+        relays (rounds of ``relay_min`` workers or more), and not again for
+        a lease whose early batch came back "waiting".
+        """
+        if ls.dead:
+            return 0
+        if ls.ready:
+            return DEPTH - len(ls.outstanding)
+        if not ls.early or ls.outstanding or len(self.leases) >= self.relay_min > 0:
+            return 0
+        return 1
 
     def send(self, ls: Lease, chunk: Any) -> Sent:
-        """Send one batch to one lease (one RPC)."""
+        """Send one batch to one lease (one RPC; an early one if the lease has not attached yet)."""
         sent = Sent(chunk, ls)
         ls.outstanding.append(sent)
-        sent.handle = self._run(self._send(sent, self._run_for(ls)))
+        wait = None
+        if not ls.ready:
+            wait = EARLY_WAIT_SECONDS
+            self.early_sent += 1
+        sent.handle = self._run(self._send(sent, self._run_for(ls), wait))
         return sent
 
     def _run_for(self, ls: Lease) -> tuple:
@@ -576,9 +680,10 @@ class Leases:
 
     async def _send_group(self, relay: str, sents: list[Sent], entries: list[tuple]) -> None:
         try:
-            answer = await call(self.client, relay, "jc_relay", entries=entries)
-            answers = answer["answers"]
-            answers = getattr(answers, "value", answers)
+            from .worker import pack_group, unpack_answers
+
+            answer = await call(self.client, relay, "jc_relay", entries=pack_group(entries))
+            answers = unpack_answers(answer["answers"])
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - sorted out by the map's thread
@@ -596,12 +701,13 @@ class Leases:
             else:
                 self.events.put(("answer", sent, ans))
 
-    async def _send(self, sent: Sent, run: tuple) -> None:
+    async def _send(self, sent: Sent, run: tuple, wait: float | None = None) -> None:
         ls = sent.lease
+        extra = {} if wait is None else {"wait": wait}
         try:
             answer = await call(
                 self.client, ls.addr, "jc_batch", lease=ls.id, secret=self.secret, run=run,
-                items=pack(sent.chunk.items), budget=sent.chunk.budget,
+                items=pack(sent.chunk.items), budget=sent.chunk.budget, **extra,
             )  # fmt: skip
         except asyncio.CancelledError:
             raise
@@ -615,6 +721,8 @@ class Leases:
 
     def poll(self, timeout: float) -> list[tuple]:
         """Events that happened, waiting up to ``timeout`` seconds for the first."""
+        if self.unattached:
+            self.attach_new()
         try:
             out = [self.events.get(timeout=timeout)]
         except queue.Empty:
