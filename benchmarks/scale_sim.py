@@ -277,7 +277,7 @@ def run_engine(engine: str, cluster: SimCluster, args) -> dict:
     times: list[float] = []
     ideals: list[float] = []
     tasks = items = 0
-    spies = _start_spies(engine, cluster, args.py_spy) if args.py_spy else []
+    spies = _start_spies(engine, cluster, args.py_spy, args.py_spy_rate) if args.py_spy else []
     meter.start()
     t_all = time.perf_counter()
     for _ in range(args.iterations):
@@ -313,12 +313,13 @@ def run_engine(engine: str, cluster: SimCluster, args) -> dict:
     }
 
 
-def _start_spies(engine: str, cluster: SimCluster, folder: str) -> list:
+def _start_spies(engine: str, cluster: SimCluster, folder: str, rate: int = 100) -> list:
     """Sample the first worker host, the scheduler and this process with py-spy during the measured loop.
 
     Collapsed stacks (py-spy's ``raw`` format, one line per stack with its
     sample count) land in ``folder`` as ``<engine>-<N>-<role>.txt``; idle
     threads are left out, so the samples show where each role's CPU goes.
+    ``rate`` is py-spy's samples per second.
     """
     import shutil
 
@@ -331,6 +332,7 @@ def _start_spies(engine: str, cluster: SimCluster, folder: str) -> list:
     for role, pid in roles.items():
         out = os.path.join(folder, f"{engine}-{cluster.n}-{role}.txt")
         cmd = [exe, "record", "--pid", str(pid), "--format", "raw", "--gil", "--nonblocking", "--output", out]
+        cmd += ["--rate", str(rate)]
         spies.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     time.sleep(1.0)  # py-spy attaches in a fraction of a second; the loop must not start before it samples
     return spies
@@ -418,6 +420,7 @@ def main(argv=None) -> int:
         help="profile the first worker host, the scheduler and the client with py-spy during each measured loop "
         "(collapsed stacks in DIR; figures taken with it on are not comparable)",
     )
+    ap.add_argument("--py-spy-rate", type=int, default=100, help="py-spy's samples per second (with --py-spy)")
     ap.add_argument("--out", help="write the results as JSON")
     ap.add_argument("--md", help="write the table as Markdown")
     ap.add_argument("--role", help=argparse.SUPPRESS)

@@ -87,17 +87,22 @@ def test_a_relay_forwards_a_batch_only_with_the_secret_of_the_map_that_placed_th
     token = "relay-test"
     run = (token, cloudpickle.dumps(abs), False, {"retries": 0, "timeout": None, "capture": False})
 
-    async def relay_once(secret):
+    async def relay_once(secret, packed):
         entries = [(lease.addr, lease.id, secret, run, engine_worker.pack([-3, -4]), None)]
-        answer = await engine_dask.call(client, relay, "jc_relay", entries=entries)
-        return answer["answers"][0]
+        # As the client sends a group (one pickle), and as a plain list, which a relay also takes.
+        sent = engine_worker.pack_group(entries) if packed else entries
+        answer = await engine_dask.call(client, relay, "jc_relay", entries=sent)
+        # Small results: the relay answers with one pickle of all its answers.
+        assert isinstance(answer["answers"], bytes)
+        return engine_worker.unpack_answers(answer["answers"])[0]
 
-    refused = client.sync(relay_once, "0" * 32)
-    assert refused == {"status": "refused"}
-    accepted = client.sync(relay_once, pool.secret)
-    # The result comes back pickled as the member sent it: the relay did not unpickle it.
-    assert accepted["status"] == "ok" and isinstance(accepted["result"], bytes)
-    assert engine_worker.unpack(accepted["result"])[0] == [3, 4]
+    for packed in (True, False):
+        refused = client.sync(relay_once, "0" * 32, packed)
+        assert refused == {"status": "refused"}
+        accepted = client.sync(relay_once, pool.secret, packed)
+        # The result comes back pickled as the member sent it: the relay did not unpickle it.
+        assert accepted["status"] == "ok" and isinstance(accepted["result"], bytes)
+        assert engine_worker.unpack(accepted["result"])[0] == [3, 4]
 
 
 def test_a_relayed_map_survives_sigkilled_relays_and_members(cluster, relays_always, tmp_path):
@@ -144,3 +149,55 @@ def test_a_batch_whose_items_cannot_be_pickled_fails_alone(cluster, relay_min):
     assert sorted(job.errors) == [4, 5]  # the lock's batch, as a whole
     assert all(isinstance(out[i], TypeError) for i in (4, 5))
     assert [out[i][0] for i in range(10) if i not in (4, 5)] == [0, 1, 2, 3, 6, 7, 8, 9]
+
+
+def tail_of(blob):
+    time.sleep(0.005)
+    return blob if len(blob) > 1000 else blob[-3:]
+
+
+def test_relayed_items_and_results_too_big_to_inline_travel_as_frames(cluster, relays_always):
+    # A group whose items include one over INLINE_BYTES goes as the plain list (the big item as
+    # Dask frames), and so do the answers when a result is that big; small ones travel in one msgpack.
+    big = b"b" * (engine_worker.INLINE_BYTES + 10)
+    items = [b"%03d" % k for k in range(12)]
+    items[7] = big
+    out = mapping.map(tail_of, items, chunksize=1, client=cluster, progress=False)
+    job = mapping.last_job()
+    assert job.path == "direct" and job.relays > 0
+    assert out[7] == big
+    assert [out[k] for k in range(12) if k != 7] == [b"%03d" % k for k in range(12) if k != 7]
+    assert len(job.workers_used) == 2
+    # pack_group keeps the list only when some items are not bytes
+    run = ("t", None, False, {"retries": 0, "timeout": None, "capture": True})
+    small = [("tcp://a:1", "L", "s", run, engine_worker.pack([1]), None)]
+    assert isinstance(engine_worker.pack_group(small), bytes)
+    mixed = small + [("tcp://a:2", "M", "s", run, engine_worker.pack([big]), None)]
+    assert engine_worker.pack_group(mixed) is mixed
+
+
+class _DefinedInMain:
+    def __init__(self, v):
+        self.v = v
+
+
+def test_pack_uses_plain_pickle_and_falls_back_where_dask_would():
+    this = sys.modules[__name__]
+    cloudpickle.unregister_pickle_by_value(this)  # the module registers itself; pack's fast path needs none
+    main = sys.modules["__main__"]
+    cls = type("_JcPackProbe", (_DefinedInMain,), {"__module__": "__main__"})
+    main._JcPackProbe = cls  # type: ignore[attr-defined]
+    try:
+        assert not cloudpickle.list_registry_pickle_by_value()
+        blob = engine_worker.pack([1, 2.5, "x"])
+        assert isinstance(blob, bytes) and engine_worker.unpack(blob) == [1, 2.5, "x"]
+        # Plain pickle cannot take a lambda: cloudpickle does, as Dask's dumps would.
+        assert engine_worker.unpack(engine_worker.pack([lambda x: x + 1]))[0](1) == 2
+        # A class of __main__ (a notebook's) goes by value, so a worker without it can load it.
+        blob = engine_worker.pack([cls(5)])
+        delattr(main, "_JcPackProbe")
+        assert engine_worker.unpack(blob)[0].v == 5
+    finally:
+        if hasattr(main, "_JcPackProbe"):
+            delattr(main, "_JcPackProbe")
+        cloudpickle.register_pickle_by_value(this)
