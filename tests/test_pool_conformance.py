@@ -347,6 +347,23 @@ def test_processes_caps_concurrency(fresh):
         assert not any(b[0] < a[1] - 0.01 for a, b in zip(spans, spans[1:])), (kind, spans)
 
 
+def test_two_maps_of_a_pool_at_once_each_finish_without_waiting_for_idle_leases(fresh):
+    """The second map's leases can end (yield) while the first map's go idle: it takes those up.
+
+    It used to count them against the workers' threads without using them, and
+    waited until they ended (``engine.linger``, 60 s) in about half the rounds.
+    """
+    p = fresh("jupyter_cluster")
+    for _ in range(8):
+        t0 = time.monotonic()
+        first = p.map_async(sq, [1, 2])
+        second = p.starmap_async(add, [(1, 2)])
+        assert first.get(30) == [1, 4]
+        assert second.get(30) == [3]
+        took = time.monotonic() - t0
+        assert took < 10, f"two small maps took {took:.1f} s"
+
+
 def test_callbacks_run_in_caller_process_on_a_result_thread(fresh):
     for kind in FACTORIES:
         p = fresh(kind)

@@ -506,14 +506,20 @@ class Leases:
         }
         total = sum(slots.values())
         self.wanted = total if self.limit is None else min(self.limit, total)
+        # This client's idle leases (an earlier map's, or one's that ended while this map ran) hold
+        # threads this map wants: take them up.  Counted against the slots but left idle, they made a
+        # map whose own leases had ended wait until they ended too (engine.linger, 60 s).
+        self.adopt(self.wanted - len(self.live()))
         used: dict[str, int] = {}
         for ls in self.live():
             used[ls.addr] = used.get(ls.addr, 0) + 1
-        # Idle leases of this client on a worker count against its slots too.
-        with self.pool.lock:
-            for ls in self.pool.idle.get(self.key, []):
-                if not ls.dead:
-                    used[ls.addr] = used.get(ls.addr, 0) + 1
+        if not self.big:
+            # Idle leases this map could not take (it has enough) count against their workers' slots.
+            # A map with large values places leases of its own: idle ones yield their threads to them.
+            with self.pool.lock:
+                for ls in self.pool.idle.get(self.key, []):
+                    if not ls.dead:
+                        used[ls.addr] = used.get(ls.addr, 0) + 1
         room = {a: n - used.get(a, 0) for a, n in sorted(slots.items())}
         need = self.wanted - len(self.live())
         # Round robin over the workers, so a capped map spreads out.
