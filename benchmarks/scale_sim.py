@@ -25,7 +25,8 @@ packed worker (``HOST_CONFIG``, :func:`host_main`).
 
 ``--py-spy DIR`` samples the first worker host, the scheduler and the client
 with py-spy during each measured loop (collapsed stacks, GIL-holding samples
-only); its figures are not comparable with a run without it.
+only); its figures are not comparable with a run without it.  ``--timeline``
+records where each ``jc`` iteration's time went (:func:`_timeline`).
 
 Per configuration (engine × N): time per iteration (median), the ideal (the
 population's total sleep ÷ N, or the longest rollout if larger), efficiency =
@@ -244,6 +245,7 @@ def run_engine(engine: str, cluster: SimCluster, args) -> dict:
     client = cluster.client
     rng = random.Random(1234)
     n = cluster.n
+    timeline: list[dict] = []
 
     if engine in ("jc", "jc-tasks", "jc-norelay"):
         import dask
@@ -261,8 +263,11 @@ def run_engine(engine: str, cluster: SimCluster, args) -> dict:
 
         def evaluate(pop):
             # progress=False: a script has no widget, and a text bar would flood the log.
+            t_call = time.time()
             out = mapping.map(wl.sleep_item, pop, client=client, progress=False)
             job = mapping.last_job()
+            if args.timeline:
+                timeline.append(_timeline(job, t_call))
             return out, job.chunks_submitted
     elif engine == "dask":
 
@@ -273,6 +278,7 @@ def run_engine(engine: str, cluster: SimCluster, args) -> dict:
         raise SystemExit(f"unknown engine {engine!r}")
 
     evaluate(population(n, 1, 0.001, rng))  # warm-up: function shipped, imports done
+    timeline.clear()
     meter = CpuMeter(cluster)
     times: list[float] = []
     ideals: list[float] = []
@@ -310,6 +316,33 @@ def run_engine(engine: str, cluster: SimCluster, args) -> dict:
         "tasks_per_s": tasks / wall,
         "tasks_per_iteration": tasks / len(times),
         "cpu_cores": cpu,
+        **(
+            {"timeline_ms": {k: round(1000 * statistics.median(t[k] for t in timeline), 1) for k in timeline[0]}}
+            if timeline
+            else {}
+        ),
+    }
+
+
+def _timeline(job, t_call: float) -> dict:
+    """Where one ``jc`` iteration's time went, in seconds from the map call (``--timeline``).
+
+    From the map's chunk log (each batch's start on its worker and its busy
+    time; one machine, so one clock): when the first and the last batch
+    started (the dispatch), the busiest worker's summed item time (the bound
+    a static split of the population gives), when the last item ended, and
+    the map's return.
+    """
+    log = job.chunk_log
+    busy: dict = {}
+    for _start, _n, worker, _t0, secs in log:
+        busy[worker] = busy.get(worker, 0.0) + secs
+    return {
+        "first_start": min(x[3] for x in log) - t_call,
+        "last_start": max(x[3] for x in log) - t_call,
+        "busiest_worker": max(busy.values()),
+        "last_end": max(x[3] + x[4] for x in log) - t_call,
+        "returned": (job.ended or time.time()) - t_call,
     }
 
 
@@ -421,6 +454,12 @@ def main(argv=None) -> int:
         "(collapsed stacks in DIR; figures taken with it on are not comparable)",
     )
     ap.add_argument("--py-spy-rate", type=int, default=100, help="py-spy's samples per second (with --py-spy)")
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="for jc engines, record when each iteration's first and last batch started, the busiest worker's "
+        "item time and when the last item ended (medians in the JSON row and after the table)",
+    )
     ap.add_argument("--out", help="write the results as JSON")
     ap.add_argument("--md", help="write the table as Markdown")
     ap.add_argument("--role", help=argparse.SUPPRESS)
@@ -479,6 +518,10 @@ def main(argv=None) -> int:
         f"{args.per_host} workers per host process, load average {load0[0]:.2f} → {load1[0]:.2f}"
     )
     text = header + "\n\n" + table(rows)
+    for r in rows:
+        if "timeline_ms" in r:
+            parts = ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in r["timeline_ms"].items())
+            text += f"\n\n{r['engine']} {r['workers']:,} workers, median ms from the map call: {parts}"
     print(text)
     if args.out:
         _write(args.out, args, [load0, load1], rows)
