@@ -182,8 +182,11 @@ class _DefinedInMain:
 
 
 def test_pack_uses_plain_pickle_and_falls_back_where_dask_would():
-    this = sys.modules[__name__]
-    cloudpickle.unregister_pickle_by_value(this)  # the module registers itself; pack's fast path needs none
+    # Test modules register themselves by value (this one, and others run before it in the same
+    # process); pack's fast path needs none registered: unregister them all here, and restore after.
+    registered = [sys.modules[name] for name in cloudpickle.list_registry_pickle_by_value() if name in sys.modules]
+    for module in registered:
+        cloudpickle.unregister_pickle_by_value(module)
     main = sys.modules["__main__"]
     cls = type("_JcPackProbe", (_DefinedInMain,), {"__module__": "__main__"})
     main._JcPackProbe = cls  # type: ignore[attr-defined]
@@ -200,4 +203,5 @@ def test_pack_uses_plain_pickle_and_falls_back_where_dask_would():
     finally:
         if hasattr(main, "_JcPackProbe"):
             delattr(main, "_JcPackProbe")
-        cloudpickle.register_pickle_by_value(this)
+        for module in registered:
+            cloudpickle.register_pickle_by_value(module)
