@@ -25,7 +25,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def _row(rows: dict, name: str, ms: list[float]) -> None:
-    rows[name] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms), "n": len(ms)}
+    rows[name] = {
+        "median_ms": statistics.median(ms),
+        "min_ms": min(ms),
+        "max_ms": max(ms),
+        "n": len(ms),
+        "samples_ms": [round(x, 3) for x in ms],  # in order: outliers and drift stay visible
+    }
     print(
         f"{name:<26} median {statistics.median(ms):6.2f} ms  (min {min(ms):.2f}, max {max(ms):.2f}, n {len(ms)})",
         flush=True,
@@ -36,6 +42,25 @@ def _first_item_ms(wl, mapping, client) -> float:
     t0 = time.time()
     starts = mapping.map(wl.started_at, range(2), client=client, progress=False)
     return (min(starts) - t0) * 1000
+
+
+def _commit() -> str | None:
+    """The commit of the jupyter_cluster being timed (its checkout's HEAD; None outside a git checkout)."""
+    import subprocess
+
+    import jupyter_cluster
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=os.path.dirname(os.path.abspath(jupyter_cluster.__file__)),
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def main(argv=None) -> int:
@@ -56,6 +81,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args(argv)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     # A plain Dask cluster (2 processes × 1 thread, TCP): what is timed is the map, not the launcher.
     cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)
     handle = Client(cluster)
@@ -94,8 +120,9 @@ def main(argv=None) -> int:
         loads.append(os.getloadavg()[0])
     print(f"load (1 min) during the run: {min(loads):.1f}-{max(loads):.1f}", flush=True)
     if args.out:
+        meta = {"date_utc": started, "commit": _commit(), "argv": sys.argv[1:], "cpus": os.cpu_count()}
         with open(args.out, "w") as f:
-            json.dump({"load": loads, "rows": rows}, f, indent=1)
+            json.dump({"meta": meta, "load": loads, "rows": rows}, f, indent=1)
     return 0
 
 

@@ -375,15 +375,19 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
             # The engine's first direct-path check (about 150 ms) runs while the user writes the next
             # cell, not in the first map.  Local workers are always reachable; elsewhere the check may
             # print a fallback notice, which belongs to the map that needs it, not to some later cell.
-            threading.Thread(target=_warm_engine, args=(client,), daemon=True, name="jupyter-cluster-warm").start()
+            # Every worker asked for (the start waited for one): each gets its warm-up and connections.
+            expected = len(getattr(started.cluster, "worker_spec", None) or {}) or None
+            threading.Thread(
+                target=_warm_engine, args=(client, expected), daemon=True, name="jupyter-cluster-warm"
+            ).start()
     return _adopt(handle, attached=False)
 
 
-def _warm_engine(client: Any) -> None:
+def _warm_engine(client: Any, expected: int | None = None) -> None:
     try:
         from .engine.dask import warm_engine
 
-        warm_engine(client)  # measured: see benchmarks/README.md, first_item.py, session 6
+        warm_engine(client, expected)  # measured: see benchmarks/README.md, first_item.py, session 6
     except Exception:  # noqa: BLE001 - a cluster stopped at once, say; the first map asks again and reports
         pass
 

@@ -5,8 +5,10 @@ thread a map may use, pinned to the worker the client chose from the
 scheduler's list, with the map's resources (so Dask still checks them and
 counts the thread as busy).  Pinning tells the client where each lease runs
 without another scheduler message, and lets a lease lost with its worker be
-replaced on a live worker instead of queuing behind a busy thread.  Once a
-lease answers ``jc_attach`` it takes batches: each batch is one
+replaced on a live worker instead of queuing behind a busy thread.  A new
+lease is sent its first batch right away, which its worker keeps until the
+lease starts (:meth:`Leases.room`); once it answers ``jc_attach`` it takes
+batches at full depth: each batch is one
 ``client.rpc(address).jc_batch(...)`` call on the client's own connection
 pool (built with the client's ``connection_args``, so a TLS cluster stays
 TLS), at most :data:`DEPTH` per lease, so a lease always has its next batch
@@ -364,7 +366,7 @@ WARM_COMMS_PER_THREAD = 3
 WARM_WORKERS = 64
 
 
-def warm_engine(client: Any, timeout: float = 10.0) -> None:
+def warm_engine(client: Any, expected: int | None = None, timeout: float = 10.0) -> None:
     """Ready a new cluster for its first map, ahead of it (a background thread at cluster start).
 
     The direct-path check (:func:`direct_reachable`), then per worker: one
@@ -377,14 +379,19 @@ def warm_engine(client: Any, timeout: float = 10.0) -> None:
     the scheduler, since a map's "job started" event holds one while the map
     asks the scheduler for its workers; the client's connection pool keeps
     idle connections open until it reaches its limit, 512 by default).  Each
-    task ends at once and holds no thread afterwards.
+    task ends at once and holds no thread afterwards.  ``expected``: the
+    workers the cluster was started with, waited for (at most ``timeout``
+    seconds), so that the last to come up is warmed too.
     """
-    from distributed import wait
-
     from .worker import warm_up
 
     if not direct_reachable(client):
         return
+    if expected:
+        try:
+            client.wait_for_workers(expected, timeout=timeout)
+        except Exception:  # noqa: BLE001 - warm the workers there are (a slow start, a worker that died)
+            pass
     workers = workers_now(client)
     addrs = sorted(workers)[:WARM_WORKERS]
     futures = [
@@ -396,7 +403,9 @@ def warm_engine(client: Any, timeout: float = 10.0) -> None:
     try:
         pings = [(a, WARM_COMMS_PER_THREAD * int(workers[a].get("nthreads", 1) or 1)) for a in addrs]
         client.sync(_open_comms, client, pings, timeout)
-        wait(futures, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        for fut in futures:  # not distributed.wait: it needs a default client, and ours is not one
+            fut.result(timeout=max(deadline - time.monotonic(), 0.1))
     finally:
         client.cancel([f for f in futures if not f.done()])
         del futures
