@@ -388,8 +388,8 @@ def _warm_engine(client: Any, expected: int | None = None) -> None:
         from .engine.dask import warm_engine
 
         warm_engine(client, expected)  # measured: see benchmarks/README.md, first_item.py, session 6
-    except Exception:  # noqa: BLE001 - a cluster stopped at once, say; the first map asks again and reports
-        pass
+    except Exception as exc:  # noqa: BLE001 - a cluster stopped at once, say; the first map asks again and reports
+        client._jc_warm_error = f"{type(exc).__name__}: {exc}"  # kept for diagnostics only
 
 
 def connect(target: str, security: Any = None) -> ClusterHandle:

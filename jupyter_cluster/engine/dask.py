@@ -406,6 +406,7 @@ def warm_engine(client: Any, expected: int | None = None, timeout: float = 10.0)
         deadline = time.monotonic() + timeout
         for fut in futures:  # not distributed.wait: it needs a default client, and ours is not one
             fut.result(timeout=max(deadline - time.monotonic(), 0.1))
+        client._jc_warmed = addrs  # what was warmed (tests, diagnostics)
     finally:
         client.cancel([f for f in futures if not f.done()])
         del futures
