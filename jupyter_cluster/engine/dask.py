@@ -364,6 +364,9 @@ WARM_COMMS_PER_THREAD = 3
 #: :func:`warm_engine` opens direct connections to at most this many workers (a client of a larger
 #: cluster sends most batches through relays, and a thousand TLS handshakes would load the client).
 WARM_WORKERS = 64
+#: Connections to the scheduler a new cluster's client keeps open for its first map (:func:`warm_engine`): the
+#: map's "job started" event, its look at the workers and the client's own periodic update may overlap.
+WARM_SCHEDULER_COMMS = 3
 
 
 def warm_engine(client: Any, expected: int | None = None, timeout: float = 10.0) -> None:
@@ -410,11 +413,6 @@ def warm_engine(client: Any, expected: int | None = None, timeout: float = 10.0)
     finally:
         client.cancel([f for f in futures if not f.done()])
         del futures
-
-
-#: Connections to the scheduler a new cluster's client keeps open for its first map (:func:`warm_engine`): the
-#: map's "job started" event, its look at the workers and the client's own periodic update may overlap.
-WARM_SCHEDULER_COMMS = 3
 
 
 async def _open_comms(client: Any, pings: list[tuple[str, int]], timeout: float) -> None:

@@ -341,8 +341,6 @@ async def _relay(worker, comm=None, entries=None):
     the batch may have reached it before the connection broke), so the
     client treats it exactly as it treats its own broken connection.
     """
-    from distributed.core import send_recv
-
     here = worker.address
     pool = worker.rpc
 
@@ -350,23 +348,10 @@ async def _relay(worker, comm=None, entries=None):
         if addr == here:
             answer = await _batch(lease=lease_id, secret=secret, run=run, items=items, budget=budget)
         else:
-            try:
-                c = await pool.connect(addr, timeout=RELAY_CONNECT_TIMEOUT_SECONDS)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - every way of not connecting is the same here
-                return {"status": "unreachable", "connected": False, "error": f"{type(exc).__name__}: {exc}"}
-            try:
-                answer = await send_recv(
-                    comm=c, op="jc_batch", lease=lease_id, secret=secret, run=_wire(run),
-                    items=_forwardable(items), budget=budget,
-                )  # fmt: skip
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the member died or its connection broke
-                return {"status": "unreachable", "connected": True, "error": f"{type(exc).__name__}: {exc}"}
-            finally:
-                pool.reuse(addr, c)
+            answer = await _ask_member(
+                pool, addr, op="jc_batch", lease=lease_id, secret=secret, run=_wire(run),
+                items=_forwardable(items), budget=budget,
+            )  # fmt: skip
         if isinstance(answer, dict) and answer.get("result") is not None:
             answer = {**answer, "result": _forwardable(answer["result"])}
         return answer
@@ -374,21 +359,7 @@ async def _relay(worker, comm=None, entries=None):
     async def forward(addr, payload):
         if addr == here:
             return await _relayed(p=payload)
-        try:
-            c = await pool.connect(addr, timeout=RELAY_CONNECT_TIMEOUT_SECONDS)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - every way of not connecting is the same here
-            return {"status": "unreachable", "connected": False, "error": f"{type(exc).__name__}: {exc}"}
-        try:
-            answer = await send_recv(comm=c, op="jc_relayed", p=payload)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the member died or its connection broke
-            return {"status": "unreachable", "connected": True, "error": f"{type(exc).__name__}: {exc}"}
-        finally:
-            pool.reuse(addr, c)
-        return answer
+        return await _ask_member(pool, addr, op="jc_relayed", p=payload)
 
     if isinstance(entries, bytes):  # the usual case: (address, payload) pairs in one msgpack (pack_group)
         pairs = msgpack.unpackb(entries, use_list=False)
@@ -397,6 +368,26 @@ async def _relay(worker, comm=None, entries=None):
         group = entries.value if isinstance(entries, Packed) else entries
         answers = await asyncio.gather(*(one(*e) for e in group))
     return {"status": "ok", "answers": pack_answers(answers)}
+
+
+async def _ask_member(pool, addr: str, **msg: Any) -> Any:
+    """One request of a relay to a member worker; its answer, or "unreachable" (``connected``: whether it was)."""
+    from distributed.core import send_recv
+
+    try:
+        c = await pool.connect(addr, timeout=RELAY_CONNECT_TIMEOUT_SECONDS)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every way of not connecting is the same here
+        return {"status": "unreachable", "connected": False, "error": f"{type(exc).__name__}: {exc}"}
+    try:
+        return await send_recv(comm=c, **msg)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the member died or its connection broke
+        return {"status": "unreachable", "connected": True, "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        pool.reuse(addr, c)
 
 
 async def _relayed(comm=None, p=None):
