@@ -12,11 +12,16 @@ handle can be closed.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Generic, TypeVar
 
 from .errors import ClusterError
 
 T = TypeVar("T")
+
+
+#: How often a waiting :meth:`ActorCall.result` looks whether the actor's worker was lost, in seconds.
+LOST_CHECK_SECONDS = 0.5
 
 
 class ActorCall(Generic[T]):
@@ -47,12 +52,22 @@ class ActorCall(Generic[T]):
             Seconds to wait; then :class:`TimeoutError` is raised (the call
             itself goes on).
         """
-        try:
-            return self._future.result(timeout=timeout)
-        except TimeoutError:
-            raise
-        except OSError as exc:
-            raise self._handle._lost(self._method) from exc
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            # In slices: a call to a worker that was killed can wait out Dask's connect retries (30 s),
+            # while the scheduler has marked the actor's task as failed within a fraction of a second.
+            left = (
+                LOST_CHECK_SECONDS if deadline is None else max(min(LOST_CHECK_SECONDS, deadline - time.monotonic()), 0)
+            )
+            try:
+                return self._future.result(timeout=left)
+            except TimeoutError:
+                if self._handle._gone():
+                    raise self._handle._lost(self._method) from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+            except OSError as exc:
+                raise self._handle._lost(self._method) from exc
 
     def __await__(self):
         return self._future.__await__()
@@ -90,6 +105,10 @@ class ActorHandle:
     @property
     def worker(self) -> str:
         return self._actor._address
+
+    def _gone(self) -> bool:
+        """Whether the scheduler says the actor's worker was lost (its task failed or was released)."""
+        return self._future is not None and self._future.status in ("error", "lost", "cancelled")
 
     def _lost(self, what: str) -> ClusterError:
         return ClusterError(
