@@ -79,9 +79,12 @@ def next_size(
         Mean seconds per item (None: unknown, so the batch is a probe).
     spread : int
         Batches the remaining work is spread over in the tail: ``2 × threads``
-        on the task path (one running and one queued per thread), the number
-        of leases on the direct path (where ``remaining`` is taken once per
-        round of sends, so one round gives every lease an equal share).
+        on the task path (one running and one queued per thread), and on the
+        direct path too (two batch slots per lease, ``remaining`` taken once
+        per round of sends), except for a round that starts a map with
+        nothing running and one batch per lease holding all that is left
+        (an evolution-strategies iteration): the number of leases then, so
+        that round gives every lease one equal share.
     probe : int
         Items in a probe batch (:func:`probe_items`).
     target, floor : float
