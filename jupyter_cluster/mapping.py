@@ -101,10 +101,14 @@ def map(fn: Callable, *iterables: Iterable, **options: Any) -> list:
 def all_workers_job(fn: Callable, **options: Any) -> MapJob:
     """A job that runs ``fn(worker_address)`` once on every worker connected now (not started yet).
 
-    The one run-on-every-worker path: :func:`run_on_workers` runs it, and
+    The run-on-every-worker path for user code: :func:`run_on_workers` runs it, and
     ``%%parallel --all-workers`` drives it itself (interrupt handling, output
     printer).  One item per worker, each pinned to its worker, so a worker lost
-    meanwhile fails its item instead of running it elsewhere.
+    meanwhile fails its item instead of running it elsewhere.  It is a job, not
+    :func:`~jupyter_cluster.engine.dask.run_on_every_worker` (each worker's
+    event loop, which ``Pool`` uses for its cleanup), so that user code runs in a
+    worker thread with output capture, timeouts, progress and interrupts instead
+    of stopping the worker's heartbeats while it runs.
 
     Parameters
     ----------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import functools
 import queue
 import sys
 import threading
@@ -27,8 +28,16 @@ from collections.abc import Callable, Iterable
 from multiprocessing import TimeoutError
 from typing import Any, TypeVar
 
-from .engine.dask import SchedulerWatch, translate_error
-from .errors import ClusterError
+from .engine.dask import (
+    SchedulerWatch,
+    cancel_futures,
+    finished_values,
+    run_on_every_worker,
+    scheduler_lost_error,
+    submit_call,
+    task_key,
+    translate_error,
+)
 
 __all__ = ["Pool", "AsyncResult", "ApplyResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"]
 
@@ -532,18 +541,20 @@ class Pool:
         # called with self._lock held
         key = f"{name.replace('<', '').replace('>', '')}-{uuid.uuid4().hex}"
         try:
-            future = self._client.submit(_apply, task, args, kwds, key=key, pure=False)
+            # _on_done may start before the future is recorded below; it waits for self._lock.
+            future = submit_call(
+                self._client, _apply, task, args, kwds, key=key, on_done=functools.partial(self._on_done, name=name)
+            )
         except Exception as exc:  # e.g. an argument that cannot be pickled
             self._outbox.put((result._set, False, exc))
             return
         self._running[key] = (future, result)
-        future.add_done_callback(lambda fut, name=name: self._on_done(fut, name))
 
     def _on_done(self, future: Any, name: str) -> None:
         # Runs on Dask's callback thread: hand the result to our own result
         # thread (where user callbacks run), then fill the freed slot.
         with self._lock:
-            entry = self._running.pop(future.key, None)
+            entry = self._running.pop(task_key(future), None)
             if entry is None or self._state == TERMINATE:
                 return
             self._outbox.put((self._finish_applies, [(future, entry[1], name)]))
@@ -551,32 +562,16 @@ class Pool:
                 self._submit(*self._pending.popleft())
 
     def _finish_applies(self, batch: list[tuple[Any, ApplyResult, str]]) -> None:
-        """Fetch finished applies' values in one gather, then fill their results in completion order.
-
-        One ``Future.result()`` per task would cost a round trip each, which
-        dominates when many small applies complete together.
-        """
+        """Fill finished applies' results in completion order (their values fetched in one gather)."""
         if self._state == TERMINATE:
             return
-        finished = [f for f, _, _ in batch if f.status == "finished"]
-        values: dict[str, Any] = {}
-        if len(finished) > 1:
-            try:
-                values = dict(zip((f.key for f in finished), self._client.gather(finished)))
-            except BaseException:  # one of them failed after all: fetch them one by one below
-                values = {}
-        for future, result, name in batch:
-            try:
-                if future.key in values:
-                    value = values[future.key]
-                else:
-                    value = future.result()
-            except BaseException as exc:
-                result._set(False, self._translate(exc, future, name))
-            else:
+        outcomes = finished_values(self._client, [future for future, _, _ in batch])
+        # outcomes first: zip then resumes it after the last result, which releases that future too.
+        for (ok, value), (_, result, name) in zip(outcomes, batch):
+            if ok:
                 result._set(True, value)
-            finally:
-                future.release()
+            else:
+                result._set(False, self._translate(value, name))
 
     def _watch_connection(self) -> None:
         """Fail outstanding applies soon after the scheduler goes away.
@@ -597,13 +592,12 @@ class Pool:
         for result in lost:
             result._set(
                 False,
-                ClusterError(
-                    f"the scheduler of cluster {self._handle.name!r} ({self._handle.address}) stopped answering, "
-                    "so this call's result is lost; start or connect a cluster (%cluster start / %cluster connect) and a new Pool."
+                scheduler_lost_error(
+                    self._client, "this call's result is lost", "a new Pool", cluster=self._handle.name
                 ),
             )
 
-    def _translate(self, exc: BaseException, future: Any, name: str) -> BaseException:
+    def _translate(self, exc: BaseException, name: str) -> BaseException:
         """Dask's ways of saying "the cluster failed" in our words (shared with the map engine)."""
         return translate_error(exc, f"apply_async({name})", self._handle.name)
 
@@ -764,10 +758,7 @@ class Pool:
             iterators = list(self._iterators)
             self._idle.notify_all()
         if futures:
-            try:
-                self._client.cancel(futures)
-            except Exception:  # the cluster may be gone already; then nothing runs anyway
-                pass
+            cancel_futures(self._client, futures, reason="Pool.terminate()")
         for job in jobs:
             try:
                 job.cancel()
@@ -801,10 +792,11 @@ class Pool:
         initializer loaded; cluster workers live on, so the pool's globals
         are released instead (in the background: never block on a sick cluster).
         This is the pool's only run-on-every-worker step (its initializer runs
-        lazily, in the first task a worker process gets), and it is not
-        :func:`jupyter_cluster.mapping.all_workers_job`: ``client.run`` runs on
-        each worker's event loop, so it needs no free thread on workers busy
-        with other work, and it reports no job to progress bars or the panel.
+        lazily, in the first task a worker process gets), and it goes through
+        :func:`~jupyter_cluster.engine.dask.run_on_every_worker`, not
+        :func:`~jupyter_cluster.mapping.all_workers_job`, because it must not
+        wait for a free thread on workers busy with other work nor show a job
+        in progress bars or the panel.
         """
         if self._initializer is None or self._forgotten:
             return
@@ -813,8 +805,7 @@ class Pool:
 
         def forget() -> None:
             try:
-                if client.status == "running":
-                    client.run(_forget_pool, pool_id, on_error="ignore")
+                run_on_every_worker(client, _forget_pool, pool_id)
             except Exception:  # the cluster is gone, and the state with it
                 pass
 

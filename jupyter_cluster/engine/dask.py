@@ -48,6 +48,7 @@ import secrets
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import ClusterError, WorkerLostError
@@ -788,7 +789,28 @@ def client_of(client: Any) -> tuple[Any, Any]:
         )
     if hasattr(client, "client") and hasattr(client, "address"):  # ClusterHandle
         return client.client, client.name
-    return client, getattr(client, "scheduler", None) and str(client.scheduler.address)
+    return client, getattr(client, "scheduler", None) and scheduler_address(client)
+
+
+def scheduler_address(client: Any) -> str:
+    """The address ``client`` talks to its scheduler at, ``"?"`` when it has none (a client being built or torn down)."""
+    return str(getattr(getattr(client, "scheduler", None), "address", "?"))
+
+
+def allowed_failures(client: Any) -> int:
+    """How many worker deaths Dask forgives a task on ``client``'s cluster (``allowed-failures``).
+
+    The scheduler's own value when :func:`direct_reachable` could ask it (a
+    scheduler process started with its own setting), else this process's
+    ``distributed.scheduler.allowed-failures``.  No round trip: a map asks
+    this when a worker dies, and must not wait on the scheduler then.
+    """
+    known = getattr(client, "_jc_allowed_failures", None)
+    if known is None:
+        import dask.config
+
+        known = dask.config.get("distributed.scheduler.allowed-failures", 3)
+    return int(known)
 
 
 def cached_threads(client: Any) -> int | None:
@@ -979,7 +1001,7 @@ def release_futures(futures: Any) -> None:
 
 
 def cancel_futures(client: Any, futures: list, reason: str) -> None:
-    """Cancel ``futures`` if the client is still connected (workers stop between items)."""
+    """Cancel ``futures`` if the client is still connected (workers stop between items; the map and ``Pool.terminate``)."""
     if getattr(client, "status", None) != "running":
         return
     try:
@@ -1003,6 +1025,83 @@ def is_killed_worker(exc: BaseException) -> bool:
     from distributed.scheduler import KilledWorker
 
     return isinstance(exc, KilledWorker)
+
+
+# -- single calls: Pool.apply_async's tasks ----------------------------------------------------
+def submit_call(client: Any, fn: Callable, *args: Any, key: str, on_done: Callable[[Any], None]) -> Any:
+    """Run ``fn(*args)`` as one Dask task named ``key``; ``on_done(future)`` runs once it has ended.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    fn : callable
+        Sent by value; ``args`` are passed positionally only, so that no
+        argument of the caller can be taken for one of ``Client.submit``'s
+        own keywords (``key``, ``workers``, ...).
+    key : str
+        The task's key: unique (``pure=False``: the same call made twice runs twice).
+    on_done : callable
+        Called with the future from Dask's callback thread, whatever the
+        outcome (finished, failed, cancelled).  It may run before this function
+        returns, so a caller that records the future first holds a lock that
+        ``on_done`` takes too.
+
+    Returns
+    -------
+    distributed.Future
+        Raises whatever ``Client.submit`` raises (an argument that cannot be pickled).
+    """
+    future = client.submit(fn, *args, key=key, pure=False)
+    future.add_done_callback(on_done)
+    return future
+
+
+def finished_values(client: Any, futures: list) -> Iterator[tuple[bool, Any]]:
+    """The outcome of each ended future, in order: ``(True, value)`` or ``(False, exception)``.
+
+    The values of all the finished ones come in one gather: one
+    ``Future.result()`` per task would cost a round trip each, which dominates
+    when many small calls end together.  If that gather fails (one of them
+    failed after all) they are fetched one by one.  Each future is released
+    once the caller has taken its outcome and asked for the next (so the
+    cluster may forget its result); the exceptions are Dask's own (see
+    :func:`translate_error`).
+    """
+    finished = [f for f in futures if f.status == "finished"]
+    values: dict[str, Any] = {}
+    if len(finished) > 1:
+        try:
+            values = dict(zip((f.key for f in finished), client.gather(finished)))
+        except BaseException:  # noqa: BLE001 - one of them failed after all: fetched one by one below
+            values = {}
+    for future in futures:
+        try:
+            outcome = (True, values[future.key] if future.key in values else future.result())
+        except BaseException as exc:  # noqa: BLE001 - the call's own error, or Dask's; the caller translates it
+            outcome = (False, exc)
+        try:
+            yield outcome
+        finally:
+            future.release()
+
+
+# -- every worker ---------------------------------------------------------------------------
+def run_on_every_worker(client: Any, fn: Callable, *args: Any) -> dict[str, Any]:
+    """``fn(*args)`` on the event loop of every worker connected now; worker address -> result.
+
+    For short bookkeeping of the package itself (``Pool`` releasing its
+    globals), not for user code: it needs no free worker thread (workers busy
+    with other tasks answer at once), shows no job in progress bars or the
+    panel, and a worker where ``fn`` fails is left out of the answer.  User
+    code runs on every worker through
+    :func:`jupyter_cluster.mapping.all_workers_job` instead: on the event loop
+    it would stop the worker's heartbeats while it runs, with no output
+    capture, timeout, progress or interrupt.  Nothing runs when the client is
+    not connected (``{}``); otherwise raises what ``Client.run`` raises.
+    """
+    if not client_running(client):
+        return {}
+    return client.run(fn, *args, on_error="ignore")
 
 
 # -- telling a scheduler that went away from one that blinked -----------------------------
@@ -1045,15 +1144,30 @@ class SchedulerWatch:
         return status in ("closed", "closing") or now - self._since > self.grace
 
 
+def scheduler_lost_error(client: Any, lost: str, redo: str, cluster: str | None = None) -> ClusterError:
+    """The error for work whose scheduler stopped answering (once :meth:`SchedulerWatch.lost` says so).
+
+    One wording for the map and ``Pool``.  ``lost`` says what became of the
+    work (``"this call's result is lost"``), ``redo`` what to make anew once
+    a cluster is back (``"a new Pool"``); ``cluster`` names the cluster when
+    it has a name (a map given a plain client knows only the address).
+    """
+    address = scheduler_address(client)
+    where = f"at {address}" if cluster is None or cluster == address else f"of cluster {cluster!r} ({address})"
+    return ClusterError(
+        f"the scheduler {where} stopped answering: {lost}; start or connect a cluster "
+        f"(%cluster start / %cluster connect) and {redo}."
+    )
+
+
 def translate_error(exc: BaseException, what: str, cluster: str) -> BaseException:
     """Dask's ways of saying "the cluster failed" in our words; a task's own error passes unchanged.
 
     ``what`` names the call (``"apply_async(f)"``), ``cluster`` the cluster.
     """
-    from distributed import KilledWorker
     from distributed.client import FutureCancelledError
 
-    if isinstance(exc, KilledWorker):
+    if is_killed_worker(exc):
         lost = WorkerLostError(
             f"{what} killed the worker process running it every time it was tried, so it was given up; "
             "look for what in the call crashes the process (memory, a native library, os._exit)."

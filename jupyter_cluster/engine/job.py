@@ -64,6 +64,7 @@ from .dask import (
     SchedulerWatch,
     TaskSubmitter,
     all_finished,
+    allowed_failures,
     cached_threads,
     cancel_futures,
     cancel_task,
@@ -75,6 +76,7 @@ from .dask import (
     on_client_loop,
     release_futures,
     scatter_shared,
+    scheduler_lost_error,
     scheduler_workers,
     task_key,
     task_state,
@@ -737,11 +739,12 @@ class MapJob:
             raise self._lost_scheduler()
 
     def _lost_scheduler(self) -> ClusterError:
-        address = getattr(getattr(self.client, "scheduler", None), "address", "?")
-        return ClusterError(
-            f"the scheduler at {address} stopped answering while {self.done} of "
-            f"{self.total if self.total is not None else '?'} items were done; their results are in "
-            "jupyter_cluster.last_job().results. Start or reconnect a cluster (%cluster start / %cluster connect) and run the map again."
+        total = self.total if self.total is not None else "?"
+        return scheduler_lost_error(
+            self.client,
+            f"{self.done} of {total} items were done, their results are in jupyter_cluster.last_job().results",
+            "run the map again",
+            cluster=self.cluster,
         )
 
     def _check_pinned_workers(self) -> None:
@@ -1040,14 +1043,9 @@ class MapJob:
         self._record_failure(chunk.start, err)
 
     def _allowed_deaths(self) -> int:
-        """Dask's ``allowed-failures`` as the scheduler has it (a process started with its own setting)."""
+        """Dask's ``allowed-failures``, looked up once per map (every chunk of it is judged by the same number)."""
         if self._allowed_failures is None:
-            known = getattr(self.client, "_jc_allowed_failures", None)
-            if known is None:
-                import dask.config
-
-                known = dask.config.get("distributed.scheduler.allowed-failures", 3)
-            self._allowed_failures = int(known)
+            self._allowed_failures = allowed_failures(self.client)
         return self._allowed_failures
 
     # -- results -------------------------------------------------------------------------
