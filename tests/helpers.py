@@ -95,3 +95,16 @@ def stop_jupyter_named_kernel(km, kc) -> None:
     kc.stop_channels()
     if km.is_alive():
         km.shutdown_kernel(now=True)
+
+
+def assert_ran_on_leases(job) -> None:
+    """Fail unless the map ``job`` (a ``MapJob``) ran on the direct path: batches sent to leases.
+
+    Not the task path (one Dask task per chunk), which a map falls back to by
+    itself when the workers cannot be reached.  ``job.leases`` counts the leases
+    the map placed; a map started within ``engine.linger`` of an earlier map of
+    the same client takes over that map's idle leases instead (``reused``).
+    """
+    assert job.path == "direct", f"the map ran on the {job.path!r} path, not on leases"
+    leases = job._leases
+    assert leases is not None and job.leases + leases.reused > 0, "the map placed no lease and took over none"

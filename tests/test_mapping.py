@@ -16,6 +16,7 @@ from jupyter_cluster import mapping
 from jupyter_cluster.errors import ClusterError
 
 from .conftest import wait_for
+from .helpers import assert_ran_on_leases
 
 # Functions defined here travel by value: the workers cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -195,6 +196,7 @@ def test_interrupt_cancels_within_two_seconds_and_keeps_results(cluster):
     assert elapsed < 1.0 + 2.0
     job = mapping.last_job()
     assert job.state == "cancelled" and job.in_flight == 0
+    assert_ran_on_leases(job)  # the interrupt cancelled lease batches, not a fallback's tasks
     assert 0 < job.done < 200 and len(job.results) == job.done
     assert all(job.results[i] == i for i in job.results)
     # The workers stop between items, so the cluster is free again at once.
@@ -342,6 +344,9 @@ def test_sigkilled_workers_mid_map_lose_nothing(fault_cluster):
     job = mapping.last_job()
     assert job.done == 200 and job.failed == 0
     assert len(job.workers_used) > 2  # restarted workers (new addresses) took over
+    # ... on the direct path: the dead leases' batches went to leases on the other workers, not to tasks
+    assert_ran_on_leases(job)
+    assert job.leases > 0  # at least the restarted worker's lease was placed by this map
     wait_for(lambda: _n_workers(client) == 2, timeout=60, message="workers to come back")
 
 
@@ -359,6 +364,7 @@ def test_poison_pill_fails_with_worker_lost_error_naming_the_item(fault_cluster)
     out = mapping.map(poison, range(4, 10), chunksize=1, errors="collect", client=fault_cluster)
     assert isinstance(out[3], WorkerLostError) and "item 3 (7)" in str(out[3])
     assert [v for i, v in enumerate(out) if i != 3] == [40, 50, 60, 80, 90]
+    assert_ran_on_leases(mapping.last_job())  # the lease path counted the deaths, not Dask's task retries
     # The cluster is still usable (its nannies restart the killed workers).
     wait_for(lambda: _n_workers(client) >= 1, timeout=120, message="a worker to come back")
     assert mapping.map(square, range(5), client=fault_cluster) == [0, 1, 4, 9, 16]
@@ -395,10 +401,14 @@ def test_vanished_scheduler_raises_cluster_error_quickly(tmp_path):
             killed_at.append(time.monotonic())
             sched.kill()
 
+        before = mapping.last_job()
         threading.Timer(1.0, kill).start()
         with pytest.raises(ClusterError, match="stopped answering"):
             mapping.map(slow, range(100), [0.1] * 100, client=handle)
         assert killed_at and time.monotonic() - killed_at[0] < 5
+        job = mapping.last_job()
+        assert job is not before and job.state == "failed"
+        assert_ran_on_leases(job)  # the scheduler vanished under a map fed over the direct path
     finally:
         for p in (worker, sched):
             if p is not None and p.poll() is None:

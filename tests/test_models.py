@@ -9,19 +9,24 @@ in ``model.ts`` no longer matches the fixture and fails them too.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import subprocess
+import threading
+import time
 
 import pytest
 
-from jupyter_cluster import models, registry
+from jupyter_cluster import mapping, models, registry
+from jupyter_cluster.engine import dask as engine_dask
 from jupyter_cluster.errors import ClusterError
 from jupyter_cluster.server.jobs import JobsStore
 from jupyter_cluster.telemetry import TopicStore
 
-from .conftest import ROOT
+from .conftest import ROOT, wait_for
+from .helpers import assert_ran_on_leases, gated_square
 
 FIXTURE = os.path.join(ROOT, "labextension", "src", "__tests__", "fixtures", "wire.json")
 
@@ -150,6 +155,65 @@ def test_shared_checks():
             models.validate_count(bad, "workers")
     with pytest.raises(ClusterError, match="from 1 to"):
         models.validate_count(0, "threads", minimum=1)
+
+
+def _running(handle) -> list[int]:
+    """The running tasks of each worker row, as the panel gets them (``cluster_model`` of the scheduler's identity)."""
+    return [w["executing"] for w in handle.model()["workers"]]
+
+
+def _executing_keys(dask_worker=None) -> list[str]:
+    """The tasks a worker runs in its threads, as the worker itself sees them (run with ``client.run``)."""
+    return sorted(str(ts.key) for ts in dask_worker.state.executing)
+
+
+def test_worker_rows_count_a_maps_leases_as_running_tasks(cluster, tmp_path):
+    """Issue 13: a map's leases are visible as running in our panel, and leave it once they end."""
+    client = cluster.client
+    # The cluster start's warm-up tasks, then earlier maps' idle leases (kept engine.linger), would count too.
+    wait_for(
+        lambda: getattr(client, "_jc_warmed", None) or getattr(client, "_jc_warm_error", None),
+        timeout=60,
+        message="the start's warm-up to end",
+    )
+    engine_dask.release_leases(client)
+    wait_for(lambda: not any(client.processing().values()), timeout=30, message="no task left on the scheduler")
+    wait_for(lambda: _running(cluster) == [0, 0], timeout=30, message="no task running in the worker rows")
+    flag = str(tmp_path / "go")
+    seen, errors = [], []
+
+    def watch():
+        # While every item waits for the flag, the 2 workers (1 thread each) run nothing but the leases.
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                rows = cluster.model()["workers"]
+                if [w["executing"] for w in rows] == [1, 1]:
+                    seen.append((rows, client.run(_executing_keys)))
+                    return
+                time.sleep(0.05)
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            open(flag, "w").close()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    out = mapping.map(functools.partial(gated_square, flag), range(100, 104), client=cluster, progress=False)
+    watcher.join(10)
+    assert not errors, errors
+    assert out == [x * x for x in range(100, 104)]
+    assert seen, "the worker rows never showed one running task per worker thread while the map ran"
+    job = mapping.last_job()
+    assert_ran_on_leases(job)
+    assert job.leases == 2
+    rows, executing = seen[0]
+    # What the rows counted were this map's leases: each worker's thread ran one, and nothing else.
+    assert sorted(executing) == sorted(w["address"] for w in rows)
+    assert all(len(keys) == 1 and keys[0].startswith(f"jc-lease-{job.id}-") for keys in executing.values()), executing
+    # Released (a cluster's close does this first), they leave the rows.
+    engine_dask.release_leases(client)
+    wait_for(lambda: _running(cluster) == [0, 0], timeout=30, message="the released leases to leave the worker rows")
 
 
 def _tool(name: str) -> str:

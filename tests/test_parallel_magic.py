@@ -6,6 +6,8 @@ import pytest
 
 from jupyter_cluster import mapping
 
+from .helpers import assert_ran_on_leases
+
 
 @pytest.fixture
 def run(ip, cluster, capsys):
@@ -32,6 +34,7 @@ def test_header_unpacking_notebook_function_class_and_modules(ip, run):
     assert "z" not in ip.user_ns
     job = ip.user_ns["_parallel_job"]
     assert job.done == 3 and job.state == "finished"
+    assert_ran_on_leases(job)  # %%parallel itself runs on leases fed over Dask's comm
 
 
 def test_default_out_and_statement_ending_gives_none(ip, run):
