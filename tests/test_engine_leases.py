@@ -730,3 +730,21 @@ def test_a_new_local_cluster_is_warmed_for_its_first_map_while_the_user_writes_t
 
 def _scheduler_task_keys(dask_scheduler=None) -> list:
     return list(dask_scheduler.tasks)
+
+
+def test_a_map_right_after_start_keeps_its_leases_while_the_warm_up_runs():
+    """``%cluster start`` and a ``%%parallel`` cell run at once (Run All): the start's warm-up tasks must
+    not reach a worker after the map's lease, or the idle lease gives them its thread and the map places
+    another one.  Seen as 4 leases for 2 one-thread workers (the first start in a process) before the warm-up's tasks went first."""
+    import jupyter_cluster as jc
+
+    counts = []
+    for _ in range(6):
+        handle = jc.start(workers=2, threads=1)
+        try:
+            job = mapping.MapJob(abs, (range(-3000, 0),), client=handle, progress=False)
+            assert len(list(job)) == 3000
+            counts.append(job.leases + job._leases.reused)
+        finally:
+            handle.close()
+    assert counts == [2] * 6, f"leases placed per map right after a start: {counts}"

@@ -385,12 +385,25 @@ def warm_engine(client: Any, expected: int | None = None, timeout: float = 10.0)
     idle connections open until it reaches its limit, 512 by default).  Each
     task ends at once and holds no thread afterwards.  ``expected``: the
     workers the cluster was started with, waited for (at most ``timeout``
-    seconds), so that the last to come up is warmed too.
+    seconds), so that the last to come up is warmed too, unless a map has
+    started meanwhile (its own leases warm it; a no-op task arriving after
+    a lease would only take the lease's thread).
     """
     from .worker import warm_up
 
-    if not direct_reachable(client):
-        return
+    def submit(addr: str) -> Any:
+        return client.submit(
+            warm_up, key=f"jc-warm-{secrets.token_hex(6)}", workers=[addr], allow_other_workers=False, pure=False
+        )
+
+    # The workers up now get their task before a first map's leases can be placed (a map waits for this
+    # lock while the check runs): a no-op task that reached a worker after a lease made the idle lease
+    # give its thread up, and the map place another (seen in tests of a map started right after start).
+    with _reach_lock:
+        direct = client._jc_direct if getattr(client, "_jc_direct", None) is not None else _direct_reachable(client)
+        if not direct:
+            return
+        tasks = {a: submit(a) for a in sorted(workers_now(client))[:WARM_WORKERS]}
     if expected:
         try:
             client.wait_for_workers(expected, timeout=timeout)
@@ -398,12 +411,11 @@ def warm_engine(client: Any, expected: int | None = None, timeout: float = 10.0)
             pass
     workers = workers_now(client)
     addrs = sorted(workers)[:WARM_WORKERS]
-    futures = [
-        client.submit(
-            warm_up, key=f"jc-warm-{secrets.token_hex(6)}", workers=[a], allow_other_workers=False, pure=False
-        )
-        for a in addrs
-    ]
+    # Workers that came up later; once a map runs, its leases warm them.
+    if not getattr(client, "_jc_engine_used", False):
+        tasks.update({a: submit(a) for a in addrs if a not in tasks})
+    addrs = [a for a in addrs if a in tasks]
+    futures = list(tasks.values())
     try:
         pings = [(a, WARM_COMMS_PER_THREAD * int(workers[a].get("nthreads", 1) or 1)) for a in addrs]
         client.sync(_open_comms, client, pings, timeout)
@@ -458,6 +470,7 @@ class Leases:
         self, client: Any, map_id: str, resources: dict | None, limit: int | None, run: tuple, big: dict | None = None
     ):
         self.client = client
+        client._jc_engine_used = True  # the start's warm-up (warm_engine) leaves this client's workers alone now
         self.map_id = map_id
         self.resources = resources
         self.key = tuple(sorted((resources or {}).items()))
