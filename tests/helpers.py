@@ -108,3 +108,27 @@ def assert_ran_on_leases(job) -> None:
     assert job.path == "direct", f"the map ran on the {job.path!r} path, not on leases"
     leases = job._leases
     assert leases is not None and job.leases + leases.reused > 0, "the map placed no lease and took over none"
+
+
+def worker_tls_args(handle) -> list[str]:
+    """``dask worker`` options that give a worker the cluster's TLS credentials (none for a plain TCP cluster)."""
+    if not handle.address.startswith("tls://"):
+        return []
+    sec = handle.client.security
+    return [
+        "--tls-ca-file",
+        sec.tls_ca_file,
+        "--tls-cert",
+        sec.tls_client_cert,
+        "--tls-key",
+        sec.tls_client_key or sec.tls_client_cert,
+    ]
+
+
+def leases_on_workers(client) -> list[str]:
+    """Lease tasks whose thread the workers hold, as the workers see it (a cancelled task holds one until it returns)."""
+
+    def executing(dask_worker):
+        return [str(ts.key) for ts in dask_worker.state.executing if str(ts.key).startswith("jc-lease-")]
+
+    return [k for keys in client.run(executing).values() for k in keys]

@@ -26,6 +26,7 @@ from jupyter_cluster.engine import dask as engine_dask
 from jupyter_cluster.engine.worker import IDLE_CHECK_SECONDS
 
 from .conftest import wait_for
+from .helpers import leases_on_workers, worker_tls_args
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -49,33 +50,10 @@ def no_leases(client) -> bool:
     return not any(leases_running(client).values())
 
 
-def leases_on_workers(client) -> list[str]:
-    """Lease tasks that hold a thread as the workers see it (a cancelled task holds one until it returns)."""
-
-    def executing(dask_worker):
-        return [str(ts.key) for ts in dask_worker.state.executing if str(ts.key).startswith("jc-lease-")]
-
-    return [k for keys in client.run(executing).values() for k in keys]
-
-
 def end_idle_leases(client, message: str = "earlier leases to end") -> None:
     """End the client's idle leases (kept ``engine.linger``, 60 s, for its next map) and wait until none runs."""
     engine_dask.release_leases(client)
     wait_for(lambda: no_leases(client), timeout=15, message=message)
-
-
-def worker_tls_args(handle) -> list[str]:
-    if not handle.address.startswith("tls://"):
-        return []
-    sec = handle.client.security
-    return [
-        "--tls-ca-file",
-        sec.tls_ca_file,
-        "--tls-cert",
-        sec.tls_client_cert,
-        "--tls-key",
-        sec.tls_client_key or sec.tls_client_cert,
-    ]
 
 
 def test_a_map_runs_on_leases_and_the_scheduler_sees_one_task_per_thread(cluster):

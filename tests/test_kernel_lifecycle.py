@@ -103,15 +103,6 @@ def _leases_running(client) -> int:
     return sum(1 for keys in client.processing().values() for k in keys if str(k).startswith("jc-lease-"))
 
 
-def _leases_on_workers(client) -> list[str]:
-    """Lease tasks whose thread the workers still hold (a cancelled task keeps its thread until it returns)."""
-
-    def executing(dask_worker):
-        return [str(ts.key) for ts in dask_worker.state.executing if str(ts.key).startswith("jc-lease-")]
-
-    return [k for keys in client.run(executing).values() for k in keys]
-
-
 def test_kill_9_of_a_kernel_mid_map_frees_its_leases_threads(tmp_path):
     """A kernel attached to a cluster it does not own is killed with ``kill -9`` in the middle of a
     ``%%parallel`` cell: its leases end and the workers' threads are free within seconds (no thread
@@ -119,7 +110,7 @@ def test_kill_9_of_a_kernel_mid_map_frees_its_leases_threads(tmp_path):
     import jupyter_cluster as jc
     from jupyter_cluster.engine import dask as engine_dask
 
-    from .helpers import start_jupyter_named_kernel, stop_jupyter_named_kernel
+    from .helpers import leases_on_workers, start_jupyter_named_kernel, stop_jupyter_named_kernel
 
     owner = jc.start(workers=2, threads=1, name="k9-shared")
     client = owner.client
@@ -133,7 +124,7 @@ def test_kill_9_of_a_kernel_mid_map_frees_its_leases_threads(tmp_path):
         os.kill(km.provisioner.process.pid, signal.SIGKILL)
         killed = time.monotonic()
         wait_for(lambda: _leases_running(client) == 0, timeout=20, message="the killed kernel's leases to end")
-        wait_for(lambda: not _leases_on_workers(client), timeout=10, message="the workers to free the threads")
+        wait_for(lambda: not leases_on_workers(client), timeout=10, message="the workers to free the threads")
         assert time.monotonic() - killed < 20
         # The threads are free for the owner: a plain task runs at once on each worker, and so does a map.
         for w in client.scheduler_info(n_workers=-1)["workers"]:

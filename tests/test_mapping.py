@@ -16,7 +16,7 @@ from jupyter_cluster import mapping
 from jupyter_cluster.errors import ClusterError
 
 from .conftest import wait_for
-from .helpers import assert_ran_on_leases
+from .helpers import assert_ran_on_leases, worker_tls_args
 
 # Functions defined here travel by value: the workers cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -208,21 +208,6 @@ def test_interrupt_cancels_within_two_seconds_and_keeps_results(cluster):
 def test_missing_resources_fail_fast(cluster):
     with pytest.raises(ClusterError, match="GPU=1"):
         mapping.map(square, range(3), resources={"GPU": 1}, client=cluster)
-
-
-def worker_tls_args(handle) -> list[str]:
-    """``dask worker`` options that give a worker the cluster's TLS credentials (none for a plain TCP cluster)."""
-    if not handle.address.startswith("tls://"):
-        return []
-    sec = handle.client.security
-    return [
-        "--tls-ca-file",
-        sec.tls_ca_file,
-        "--tls-cert",
-        sec.tls_client_cert,
-        "--tls-key",
-        sec.tls_client_key or sec.tls_client_cert,
-    ]
 
 
 def test_resources_restrict_items_to_workers_that_have_them(cluster):
