@@ -1035,8 +1035,12 @@ class MapJob:
             for k, item in enumerate(chunk.items):
                 self._suspects.append(_Chunk(chunk.start + k, [item], suspect=True))
             return
+        self._poison(chunk, chunk.deaths)
+
+    def _poison(self, chunk: _Chunk, deaths: int) -> None:
+        """Fail a suspect chunk's one item: it killed ``deaths`` worker processes (either path)."""
         err = WorkerLostError(
-            f"item {chunk.start} ({abbreviate(chunk.items[0])}) killed {chunk.deaths} worker processes that ran it "
+            f"item {chunk.start} ({abbreviate(chunk.items[0])}) killed {deaths} worker processes that ran it "
             "(it crashed its process or ran out of memory), so it was not tried again; the cluster is still usable."
         )
         self.failed_items[chunk.start] = (chunk.items[0], None)
@@ -1081,13 +1085,7 @@ class MapJob:
                 for k, item in enumerate(chunk.items):
                     self._suspects.append(_Chunk(chunk.start + k, [item], suspect=True, pin=chunk.pin))
                 return
-            attempts = getattr(exc, "allowed_failures", 0) + 1
-            err = WorkerLostError(
-                f"item {chunk.start} ({abbreviate(chunk.items[0])}) killed {attempts} worker processes that ran it "
-                "(it crashed its process or ran out of memory), so it was not tried again; the cluster is still usable."
-            )
-            self.failed_items[chunk.start] = (chunk.items[0], None)
-            self._record_failure(chunk.start, err)
+            self._poison(chunk, getattr(exc, "allowed_failures", 0) + 1)
             return
         # A failure of the task itself (not of an item): arguments or result
         # that could not be (de)serialised, and the like.
