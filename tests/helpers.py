@@ -132,3 +132,8 @@ def leases_on_workers(client) -> list[str]:
         return [str(ts.key) for ts in dask_worker.state.executing if str(ts.key).startswith("jc-lease-")]
 
     return [k for keys in client.run(executing).values() for k in keys]
+
+
+def leases_running(client) -> dict[str, list[str]]:
+    """Lease tasks the scheduler counts as processing, per worker."""
+    return {w: [k for k in keys if str(k).startswith("jc-lease-")] for w, keys in client.processing().items()}

@@ -26,7 +26,7 @@ from jupyter_cluster.engine import dask as engine_dask
 from jupyter_cluster.engine.worker import IDLE_CHECK_SECONDS
 
 from .conftest import wait_for
-from .helpers import leases_on_workers, worker_tls_args
+from .helpers import leases_on_workers, leases_running, worker_tls_args
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -39,11 +39,6 @@ def interval(x):
     t0 = time.time()
     time.sleep(0.05)
     return (os.getpid(), t0, time.time())
-
-
-def leases_running(client) -> dict[str, list[str]]:
-    """Worker address -> keys of lease tasks it is processing, as the scheduler sees it."""
-    return {w: [k for k in keys if str(k).startswith("jc-lease-")] for w, keys in client.processing().items()}
 
 
 def no_leases(client) -> bool:

@@ -99,10 +99,6 @@ def test_kill_9_of_the_kernel_leaves_no_worker_and_no_live_record():
         km.shutdown_kernel(now=True)
 
 
-def _leases_running(client) -> int:
-    return sum(1 for keys in client.processing().values() for k in keys if str(k).startswith("jc-lease-"))
-
-
 def test_kill_9_of_a_kernel_mid_map_frees_its_leases_threads(tmp_path):
     """A kernel attached to a cluster it does not own is killed with ``kill -9`` in the middle of a
     ``%%parallel`` cell: its leases end and the workers' threads are free within seconds (no thread
@@ -110,20 +106,32 @@ def test_kill_9_of_a_kernel_mid_map_frees_its_leases_threads(tmp_path):
     import jupyter_cluster as jc
     from jupyter_cluster.engine import dask as engine_dask
 
-    from .helpers import leases_on_workers, start_jupyter_named_kernel, stop_jupyter_named_kernel
+    from .helpers import leases_on_workers, leases_running, start_jupyter_named_kernel, stop_jupyter_named_kernel
 
     owner = jc.start(workers=2, threads=1, name="k9-shared")
     client = owner.client
     km, kc, _ = start_jupyter_named_kernel(tmp_path)
     try:
         engine_dask.release_leases(client)
-        wait_for(lambda: _leases_running(client) == 0, timeout=15, message="the owner's warm-up to end")
+        wait_for(
+            lambda: sum(map(len, leases_running(client).values())) == 0,
+            timeout=15,
+            message="the owner's warm-up to end",
+        )
         _execute(kc, "%load_ext jupyter_cluster\n%cluster connect k9-shared")
         kc.execute("%%parallel x in range(100000) --out r\nimport time\ntime.sleep(0.1)\nx")
-        wait_for(lambda: _leases_running(client) == 2, timeout=60, message="the kernel's 2 leases to run")
+        wait_for(
+            lambda: sum(map(len, leases_running(client).values())) == 2,
+            timeout=60,
+            message="the kernel's 2 leases to run",
+        )
         os.kill(km.provisioner.process.pid, signal.SIGKILL)
         killed = time.monotonic()
-        wait_for(lambda: _leases_running(client) == 0, timeout=20, message="the killed kernel's leases to end")
+        wait_for(
+            lambda: sum(map(len, leases_running(client).values())) == 0,
+            timeout=20,
+            message="the killed kernel's leases to end",
+        )
         wait_for(lambda: not leases_on_workers(client), timeout=10, message="the workers to free the threads")
         assert time.monotonic() - killed < 20
         # The threads are free for the owner: a plain task runs at once on each worker, and so does a map.

@@ -400,8 +400,8 @@ def warm_engine(client: Any, expected: int | None = None, timeout: float = 10.0)
     # lock while the check runs): a no-op task that reached a worker after a lease made the idle lease
     # give its thread up, and the map place another (seen in tests of a map started right after start).
     with _reach_lock:
-        direct = client._jc_direct if getattr(client, "_jc_direct", None) is not None else _direct_reachable(client)
-        if not direct:
+        direct = getattr(client, "_jc_direct", None)
+        if not (_direct_reachable(client) if direct is None else direct):
             return
         tasks = {a: submit(a) for a in sorted(workers_now(client))[:WARM_WORKERS]}
     if expected:
@@ -411,8 +411,8 @@ def warm_engine(client: Any, expected: int | None = None, timeout: float = 10.0)
             pass
     workers = workers_now(client)
     addrs = sorted(workers)[:WARM_WORKERS]
-    # Workers that came up later; once a map runs, its leases warm them.
-    if not getattr(client, "_jc_engine_used", False):
+    # Workers that came up later; once a map runs (its Leases made the client's pool), its leases warm them.
+    if getattr(client, "_jc_lease_pool", None) is None:
         tasks.update({a: submit(a) for a in addrs if a not in tasks})
     addrs = [a for a in addrs if a in tasks]
     futures = list(tasks.values())
@@ -470,7 +470,6 @@ class Leases:
         self, client: Any, map_id: str, resources: dict | None, limit: int | None, run: tuple, big: dict | None = None
     ):
         self.client = client
-        client._jc_engine_used = True  # the start's warm-up (warm_engine) leaves this client's workers alone now
         self.map_id = map_id
         self.resources = resources
         self.key = tuple(sorted((resources or {}).items()))
