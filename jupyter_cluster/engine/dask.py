@@ -385,25 +385,14 @@ def warm_engine(client: Any, expected: int | None = None, timeout: float = 10.0)
     idle connections open until it reaches its limit, 512 by default).  Each
     task ends at once and holds no thread afterwards.  ``expected``: the
     workers the cluster was started with, waited for (at most ``timeout``
-    seconds), so that the last to come up is warmed too, unless a map has
-    started meanwhile (its own leases warm it; a no-op task arriving after
-    a lease would only take the lease's thread).
+    seconds), so that the last to come up is warmed too; no task is sent
+    once a map has started meanwhile (its own leases warm the workers; a
+    no-op task arriving after a lease would only take the lease's thread).
     """
     from .worker import warm_up
 
-    def submit(addr: str) -> Any:
-        return client.submit(
-            warm_up, key=f"jc-warm-{secrets.token_hex(6)}", workers=[addr], allow_other_workers=False, pure=False
-        )
-
-    # The workers up now get their task before a first map's leases can be placed (a map waits for this
-    # lock while the check runs): a no-op task that reached a worker after a lease made the idle lease
-    # give its thread up, and the map place another (seen in tests of a map started right after start).
-    with _reach_lock:
-        direct = getattr(client, "_jc_direct", None)
-        if not (_direct_reachable(client) if direct is None else direct):
-            return
-        tasks = {a: submit(a) for a in sorted(workers_now(client))[:WARM_WORKERS]}
+    if not direct_reachable(client):
+        return
     if expected:
         try:
             client.wait_for_workers(expected, timeout=timeout)
@@ -411,11 +400,18 @@ def warm_engine(client: Any, expected: int | None = None, timeout: float = 10.0)
             pass
     workers = workers_now(client)
     addrs = sorted(workers)[:WARM_WORKERS]
-    # Workers that came up later; once a map runs (its Leases made the client's pool), its leases warm them.
+    futures = []
+    # Not once a map has begun (its Leases made the client's pool): its leases warm the workers, and a
+    # no-op task reaching a worker after an idle lease took that lease's thread, so the map placed
+    # another (4 leases for 2 one-thread workers, a map run right after the start).  Submitted before a
+    # map's leases, the tasks run first and cost the map nothing.
     if getattr(client, "_jc_lease_pool", None) is None:
-        tasks.update({a: submit(a) for a in addrs if a not in tasks})
-    addrs = [a for a in addrs if a in tasks]
-    futures = list(tasks.values())
+        futures = [
+            client.submit(
+                warm_up, key=f"jc-warm-{secrets.token_hex(6)}", workers=[a], allow_other_workers=False, pure=False
+            )
+            for a in addrs
+        ]
     try:
         pings = [(a, WARM_COMMS_PER_THREAD * int(workers[a].get("nthreads", 1) or 1)) for a in addrs]
         client.sync(_open_comms, client, pings, timeout)
