@@ -195,6 +195,26 @@ def test_reports_from_workers_arrive_in_order_per_series(cluster):
     assert df.attrs["dropped"] == 0
 
 
+def _report_where(i: int, topic: str) -> str:
+    from distributed import get_worker
+
+    telemetry.report(step=i, topic=topic, loss=float(i))
+    return get_worker().address
+
+
+def test_metrics_worker_column_names_the_worker_of_each_report_of_a_map(cluster):
+    """A map's reports travel with its direct batches, which the scheduler cannot attribute: all NaN (issue 25.6)."""
+    import jupyter_cluster as jc
+
+    topic = unique_topic("where")
+    ran_on = jc.map(functools.partial(_report_where, topic=topic), range(40), client=cluster, progress=False)
+    # a batch's reports reach the scheduler before its result leaves the worker; sync brings them here
+    wait_for(lambda: telemetry.sync() and telemetry.store(topic).received == 40, message="the map's 40 reports")
+    df = telemetry.metrics(topic)
+    assert len(df) == 40 and df["worker"].notna().all(), df["worker"].tolist()
+    assert dict(zip(df["step"], df["worker"])) == dict(enumerate(ran_on))
+
+
 def test_burst_of_10000_reports_from_two_workers_all_arrive(cluster):
     client = cluster.client
     telemetry.attach(client)

@@ -344,6 +344,8 @@ async def flush_to_scheduler(worker) -> None:
     if not _producer.pending:
         return
     for dask_topic, msg in _producer.take():
+        # the scheduler names the sender of events on a worker's stream only; an RPC's it cannot tell
+        msg["worker"] = worker.address
         try:
             await worker.scheduler.log_event(topic=dask_topic, msg=msg)
         except Exception:  # a scheduler that went away: the subscriber counts the gap
