@@ -152,6 +152,7 @@ def test_writes_need_the_xsrf_token_with_cookie_login(server, method, path):
         ("POST", "clusters", {"colour": "red"}, 400, "unknown field"),
         ("POST", "clusters", {"backend": "nope"}, 400, "unknown backend"),
         ("POST", "clusters", {"memory_limit": "lots"}, 400, "memory_limit must be a size"),
+        ("POST", "clusters", {"workers": 0}, 400, "0 workers can run nothing"),
         ("POST", "clusters", [1, 2], 400, "must be a JSON object"),
         ("POST", "clusters/x/scale", {"workers": 10**6}, 400, "workers must be a whole number"),
         ("POST", "clusters/x/scale", {}, 400, "give the number of workers"),
@@ -168,6 +169,47 @@ def test_bad_input_gets_a_json_message(api, method, path, body, status, words):
     r = api(method, path, json=body)
     assert r.status_code == status, r.text
     assert words in r.json()["message"]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '"1e999GB"',  # overflowed int() in parse_bytes: a 500 (issue 25.6)
+        "1e999",  # JSON's overflowing number is a float infinity
+        '"inf"',
+        '"infGB"',
+        '"nan"',
+        '"nanGB"',
+        "NaN",
+        "-Infinity",
+        '"-1GB"',
+        '"-5"',
+        "-1",
+        "0",
+        '"0"',
+        '"0.1B"',
+        str(2**64),
+        "1" + "0" * 400,
+        "2.5",
+        "true",
+        "false",
+        '""',
+        "[]",
+        '["2GiB"]',
+        '{"size": "2GiB"}',
+        '"12 parsecs"',
+        '"GB GB"',
+        '"GiB"',
+        '"' + "9" * 40 + '"',
+        '"2GiB\\u0000"',
+    ],
+)
+def test_every_malformed_memory_limit_is_a_400(api, raw):
+    r = api("POST", "clusters", data='{"memory_limit": ' + raw + "}")
+    assert r.status_code == 400, (raw, r.status_code, r.text)
+    message = r.json()["message"]
+    assert message.startswith('memory_limit must be a size such as "2GiB"'), message
+    assert message.endswith(".") and message.count(". ") == 0, message  # one sentence
 
 
 def test_bad_json_body(api):

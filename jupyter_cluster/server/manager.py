@@ -641,6 +641,8 @@ class ClusterManager:
             )
         if workers is not None:
             validate_count(workers, "workers")
+            if workers == 0:  # the panel starts no adaptive clusters: this one would never run a task
+                raise ClusterError("a cluster with 0 workers can run nothing; ask for 1 or more workers.")
         if threads is not None:
             validate_count(threads, "threads", minimum=1)
         cmd = [sys.executable, "-m", "jupyter_cluster.server.host", "--name", name, "--backend", backend]
