@@ -257,3 +257,178 @@ def test_a_kept_running_cluster_under_a_name_that_is_no_cluster_name_is_ignored(
     manager = ClusterManager()
     assert manager._waiting == {}
     assert outside.exists()
+
+
+# -- damaged files (issue 25.6) ------------------------------------------------------------
+def _kept_json(key: str) -> dict:
+    return json.loads(
+        json.dumps(KeptCluster.from_connection(key, _stopped_connection(key.split(".")[0]), PANEL_MODEL).to_json())
+    )
+
+
+def _damaged(good: dict, path: tuple, value) -> dict:
+    """A copy of ``good`` with the value at ``path`` (keys and list indices) replaced."""
+    data = json.loads(json.dumps(good))
+    at = data
+    for step in path[:-1]:
+        at = at[step]
+    at[path[-1]] = value
+    return data
+
+
+def _damaged_kept_files(good: dict) -> dict[str, str]:
+    """One file per malformed shape, at every level of a kept cluster's JSON (name -> text)."""
+    shapes = {
+        "topics-str": (("topics",), ["str"]),  # the issue's: AttributeError in ClusterManager.__init__
+        "scalars-list": (("topics", 0, "scalars"), [1, 2]),  # the issue's other one
+        "topics-dict": (("topics",), {"a": 1}),
+        "topic-name-int": (("topics", 0, "topic"), 3),
+        "series-list": (("topics", 0, "scalars", "reward"), [[0, 1]]),
+        "points-dict": (("topics", 0, "scalars", "reward", "walk=walk 0"), {"0": 1}),
+        "point-str": (("topics", 0, "scalars", "reward", "walk=walk 0", 0), ["a", 1]),
+        "point-short": (("topics", 0, "scalars", "reward", "walk=walk 0", 0), [1]),
+        "vectors-list": (("topics", 0, "vectors"), ["load"]),
+        "vector-rows-str": (("topics", 0, "vectors", "load", "walk=walk 0", "rows"), "x"),
+        "vector-row-values": (("topics", 0, "vectors", "load", "walk=walk 0", "rows", 0), [{"x": 1}]),
+        "times-short": (("topics", 0, "times", "walk=walk 0"), [[1]]),
+        "received-str": (("topics", 0, "received"), "many"),
+        "summary-list": (("summary",), []),
+        "summary-workers-str": (("summary", "n_workers"), "2"),
+        "jobs-dict": (("jobs",), {"j1": {}}),
+        "job-str": (("jobs", 0), "j1"),
+        "key-int": (("key",), 7),
+    }
+    files = {name: json.dumps(_damaged(good, *shape)) for name, shape in shapes.items()}
+    files.update(
+        {
+            "not-json": "{not json",
+            "json-list": "[1, 2]",
+            "json-null": "null",
+            "json-str": '"kept"',
+            "too-deep": "[" * 100_000 + "]" * 100_000,
+            "empty": "",
+        }
+    )
+    return files
+
+
+def _plant(folder, files: dict[str, str], binary: bool = True) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, (name, text) in enumerate(files.items()):
+        path = folder / f"{name}.json"
+        path.write_text(text)
+        os.utime(path, (1000 + i, 1000 + i))  # newer than the good file (mtime 10)
+        paths.append(str(path))
+    if binary:
+        (folder / "not-utf8.json").write_bytes(b'{"key": "\xff\xfe"}')
+        os.utime(folder / "not-utf8.json", (999, 999))
+        paths.append(str(folder / "not-utf8.json"))
+    return paths
+
+
+def test_each_damaged_history_file_is_skipped_with_one_warning_naming_it(tmp_path, monkeypatch, caplog):
+    """A malformed file raised AttributeError from ClusterManager(): Jupyter dropped the whole extension."""
+    import logging
+
+    from jupyter_cluster.server.manager import HISTORY_KEEP, ClusterManager
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    good = _kept_json("good.stopped-120000")
+    history = tmp_path / "jupyter-cluster-history"
+    history.mkdir()
+    (history / "good.stopped-120000.json").write_text(json.dumps(good))
+    os.utime(history / "good.stopped-120000.json", (10, 10))  # the oldest: more damaged files than HISTORY_KEEP
+    bad = _plant(history, _damaged_kept_files(good))
+    assert len(bad) > HISTORY_KEEP
+
+    live_good = json.loads(json.dumps(live_snapshot_of("still-running")))
+    live = tmp_path / "jupyter-cluster-live"
+    live.mkdir()
+    (live / "still-running.json").write_text(json.dumps(live_good))
+    os.utime(live / "still-running.json", (10, 10))
+    live_bad = _plant(
+        live,
+        {
+            "live-list": "[]",
+            "live-record-list": json.dumps(_damaged(live_good, ("record",), [1])),
+            "live-jobs-int": json.dumps(_damaged(live_good, ("jobs",), 5)),
+            "live-topics-str": json.dumps(_damaged(live_good, ("topics",), ["str"])),
+            "live-summary-str": json.dumps(_damaged(live_good, ("summary",), "s")),
+            "live-saved-str": json.dumps(_damaged(live_good, ("saved",), "yesterday")),
+            "live-key-list": json.dumps(_damaged(live_good, ("key",), ["a"])),
+        },
+        binary=False,
+    )
+
+    with caplog.at_level(logging.WARNING, logger="jupyter_cluster.server.history"):
+        manager = ClusterManager()
+    assert list(manager.history) == ["good.stopped-120000"]
+    kept = manager.history["good.stopped-120000"]
+    assert manager.metrics("good.stopped-120000", "es")["scalars"] == good["topics"][0]["scalars"]
+    assert {j["job"] for j in kept.jobs.jobs.values()} == {"j1", "j2"}
+    assert list(manager._waiting or {}) == ["still-running"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for path in bad + live_bad:
+        assert sum(path in w for w in warnings) == 1, (path, warnings)
+    assert len(warnings) == len(bad) + len(live_bad)
+    assert all(os.path.exists(p) for p in bad)  # kept for the user to look at, not deleted
+
+
+def live_snapshot_of(name: str) -> dict:
+    from jupyter_cluster.server.history import live_snapshot
+
+    return live_snapshot(_stopped_connection(name), PANEL_MODEL)
+
+
+def test_a_damaged_kept_topic_of_a_gone_cluster_is_left_out_with_a_warning(tmp_path, monkeypatch, caplog):
+    """A running cluster's file whose topic model is damaged, for a cluster gone meanwhile: history is not poisoned."""
+    import logging
+
+    from jupyter_cluster.server.manager import ClusterManager
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    live = tmp_path / "jupyter-cluster-live"
+    live.mkdir()
+    snap = json.loads(json.dumps(live_snapshot_of("gone")))
+    snap["topics"][0]["model"]["scalars"] = ["str"]
+    snap["saved"] = 1e300  # no clock shows it: time.localtime raised OverflowError
+    (live / "gone.json").write_text(json.dumps(snap))
+    manager = ClusterManager()
+    with caplog.at_level(logging.WARNING, logger="jupyter_cluster.server.manager"):
+        manager._keep_live(manager._waiting.pop("gone"))
+    assert manager.history == {}
+    assert any("gone" in r.getMessage() and "unreadable" in r.getMessage() for r in caplog.records)
+    assert not (live / "gone.json").exists()
+
+
+def test_a_real_server_with_damaged_history_files_serves_its_routes_and_the_good_history(tmp_path, monkeypatch):
+    """Before, every route of the extension answered 404 on every start until the file was deleted by hand."""
+    import requests
+
+    from .jupyter_process import JupyterProcess
+
+    runtime = tmp_path / "runtime"
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    good = _kept_json("good.stopped-120000")
+    history = runtime / "jupyter-cluster-history"
+    history.mkdir(parents=True)
+    (history / "good.stopped-120000.json").write_text(json.dumps(good))
+    os.utime(history / "good.stopped-120000.json", (10, 10))
+    damaged = _damaged_kept_files(good)
+    bad = _plant(history, {k: damaged[k] for k in ("topics-str", "scalars-list", "json-list", "not-json")})
+    root = tmp_path / "root"
+    root.mkdir()
+    server = JupyterProcess(str(root), app="server").start(timeout=120)
+    try:
+        r = requests.get(server.api("clusters"), headers=server.headers, timeout=30)
+        assert r.status_code == 200, r.text
+        jobs = requests.get(server.api("jobs"), headers=server.headers, timeout=30).json()
+        assert [h["name"] for h in jobs["history"]] == ["good.stopped-120000"]
+        model = requests.get(server.api("clusters/good.stopped-120000/metrics/es"), headers=server.headers, timeout=30)
+        assert model.status_code == 200 and model.json()["scalars"] == good["topics"][0]["scalars"]
+    finally:
+        server.stop()
+    log = server.log_tail(400)
+    for path in bad:
+        assert log.count(path) == 1, (path, log)

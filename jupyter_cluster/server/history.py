@@ -15,12 +15,159 @@ import json
 import logging
 import os
 import time
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 from ..errors import ClusterError
 from .jobs import JobsStore, number
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+# -- checking what a file holds ----------------------------------------------------------
+# A file in the runtime folder may be damaged, hand-edited, or from another version: its JSON
+# is checked down to the points before anything of it is used, and one that does not fit is
+# skipped with a warning naming it (an AttributeError here once stopped the whole server
+# extension from loading, on every start, until the file was deleted by hand).
+class BadFile(ValueError):
+    """What is wrong with a kept file, as ``"<where>: <what>"``."""
+
+
+def _fail(where: str, what: str) -> NoReturn:
+    raise BadFile(f"{where or 'the file'}: {what}")
+
+
+def _type(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _obj(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        _fail(where, f"expected a JSON object, found {_type(value)}")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        _fail(where, f"expected a list, found {_type(value)}")
+    return value
+
+
+def _num(value: Any, where: str, none: bool = False) -> None:
+    if value is None and none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(where, f"expected a number, found {_type(value)}")
+
+
+def _count(data: dict[str, Any], key: str, where: str) -> int:
+    value = data.get(key) or 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _fail(f"{where}/{key}", f"expected a count, found {value!r:.40}")
+    return value
+
+
+def _points(value: Any, where: str, none: bool) -> None:
+    for i, point in enumerate(_list(value, where)):
+        if not isinstance(point, list) or len(point) != 2:
+            _fail(f"{where}/{i}", "expected a [step, value] pair")
+        _num(point[0], f"{where}/{i}/0")
+        _num(point[1], f"{where}/{i}/1", none=none)
+
+
+def check_topic_model(data: Any, where: str = "topic") -> dict[str, Any]:
+    """``data`` if it is a topic's chart model (:func:`jupyter_cluster.models.metrics_model`), else :class:`BadFile`."""
+    model = _obj(data, where)
+    if not isinstance(model.get("topic"), str) or not model["topic"]:
+        _fail(f"{where}/topic", "expected the topic's name")
+    for name, by_series in _obj(model.get("scalars") or {}, f"{where}/scalars").items():
+        for key, points in _obj(by_series, f"{where}/scalars/{name}").items():
+            _points(points, f"{where}/scalars/{name}/{key}", none=True)
+    for name, by_series in _obj(model.get("vectors") or {}, f"{where}/vectors").items():
+        for key, vs in _obj(by_series, f"{where}/vectors/{name}").items():
+            at = f"{where}/vectors/{name}/{key}"
+            vs = _obj(vs, at)
+            steps, rows = _list(vs.get("steps"), f"{at}/steps"), _list(vs.get("rows"), f"{at}/rows")
+            if len(steps) != len(rows):
+                _fail(at, f"{len(steps)} steps but {len(rows)} rows")
+            for i, step in enumerate(steps):
+                _num(step, f"{at}/steps/{i}")
+            for i, row in enumerate(rows):
+                for j, x in enumerate(_list(row, f"{at}/rows/{i}")):
+                    _num(x, f"{at}/rows/{i}/{j}", none=True)
+    for key, pairs in _obj(model.get("times") or {}, f"{where}/times").items():
+        _points(pairs, f"{where}/times/{key}", none=False)
+    for key in ("received", "dropped", "truncated"):
+        _count(model, key, where)
+    return model
+
+
+def _check_jobs(value: Any, where: str) -> list[dict[str, Any]]:
+    jobs = _list(value or [], where)
+    for i, job in enumerate(jobs):
+        _obj(job, f"{where}/{i}")  # the fields are checked by JobsStore.add, which drops a bad job
+    return jobs
+
+
+#: the summary fields the panel reads, and the JSON types each may have
+_SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "cluster": (str,),
+    "backend": (str,),
+    "address": (str,),
+    "dashboard_link": (str, type(None)),
+    "owner_kind": (str,),
+    "owner_pid": (int, type(None)),
+    "attached": (bool,),
+    "started": (int, float, type(None)),
+    "stopped": (int, float, type(None)),
+    "error": (str, type(None)),
+    "n_workers": (int,),
+    "cores": (int,),
+    "memory_limit": (int,),
+}
+
+
+def _check_summary(value: Any, where: str) -> dict[str, Any]:
+    summary = _obj(value, where)
+    for key, types in _SUMMARY_TYPES.items():
+        if key in summary and (
+            not isinstance(summary[key], types) or (isinstance(summary[key], bool) and bool not in types)
+        ):
+            _fail(f"{where}/{key}", f"found {_type(summary[key])}")
+    return summary
+
+
+def check_kept(data: Any) -> dict[str, Any]:
+    """``data`` if it is a kept cluster's file (:meth:`KeptCluster.to_json`), else :class:`BadFile`."""
+    data = _obj(data, "")
+    if not isinstance(data.get("key"), str) or not data["key"]:
+        _fail("key", "expected the kept cluster's key")
+    _check_summary(data.get("summary"), "summary")
+    _check_jobs(data.get("jobs"), "jobs")
+    for i, topic in enumerate(_list(data.get("topics") or [], "topics")):
+        check_topic_model(topic, f"topics/{i}")
+    return data
+
+
+def check_live(data: Any) -> dict[str, Any]:
+    """``data`` if it is a running cluster's file (:func:`live_snapshot`), else :class:`BadFile`.
+
+    Its topics' points are checked when they are taken up (:meth:`TopicStore.restore`
+    refuses a damaged one, which is then left out alone).
+    """
+    data = _obj(data, "")
+    if not isinstance(data.get("key"), str):
+        _fail("key", "expected the cluster's name")
+    _obj(data.get("record") or {}, "record")
+    _check_summary(data.get("summary") or {}, "summary")
+    _check_jobs(data.get("jobs"), "jobs")
+    for i, topic in enumerate(_list(data.get("topics") or [], "topics")):
+        _obj(topic, f"topics/{i}")
+    _num(data.get("saved"), "saved", none=True)
+    return data
 
 
 # -- what is kept of a stopped cluster ------------------------------------------
@@ -37,6 +184,7 @@ class KeptTopic:
         self.version = 1
         self.received = int(data.get("received") or 0)
         self.dropped = int(data.get("dropped") or 0)
+        self.truncated = int(data.get("truncated") or 0)
         self.scalars: dict[str, Any] = data.get("scalars") or {}
         self.vectors: dict[str, Any] = data.get("vectors") or {}
         self.series = {k for by in (*self.scalars.values(), *self.vectors.values()) for k in by}
@@ -84,7 +232,9 @@ class KeptCluster:
     def from_live(cls, key: str, snap: dict[str, Any]) -> KeptCluster:
         """What a running cluster's :func:`live_snapshot` keeps once the cluster is gone (running jobs: lost)."""
         jobs = [dict(j, state="lost") if j.get("state") == "running" else dict(j) for j in snap.get("jobs") or []]
-        topics = [dict(t["model"]) for t in snap.get("topics") or [] if isinstance(t.get("model"), dict)]
+        topics = [
+            dict(check_topic_model(t.get("model"), f"topics/{i}/model")) for i, t in enumerate(snap.get("topics") or [])
+        ]
         summary = dict(snap.get("summary") or {}, cluster=str(snap["key"]), stopped=number(snap.get("saved")))
         return cls(key, summary, jobs, topics)
 
@@ -110,10 +260,16 @@ class KeptCluster:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> KeptCluster:
-        return cls(
-            str(data["key"]), dict(data["summary"]), list(data.get("jobs") or []), list(data.get("topics") or [])
-        )
+    def from_json(cls, data: Any) -> KeptCluster:
+        """A kept cluster from its file's JSON.
+
+        Raises
+        ------
+        BadFile
+            When ``data`` is not what :meth:`to_json` writes (a damaged file).
+        """
+        data = check_kept(data)
+        return cls(data["key"], dict(data["summary"]), list(data.get("jobs") or []), list(data.get("topics") or []))
 
     async def model(self) -> NoReturn:
         raise ClusterError(f"cluster {self.name!r} has stopped; its jobs and metrics are kept as {self.key!r}.")
@@ -169,19 +325,23 @@ class HistoryFolder:
         self._trim()
         return True
 
-    def read_all(self) -> list[dict[str, Any]]:
-        """Every file's JSON object, oldest first (unreadable files are skipped)."""
-        out = []
-        for path in self._files()[-self.keep :]:
+    def read_all(self, check: Callable[[Any], T]) -> list[T]:
+        """Every file's JSON as ``check`` returns it, oldest first.
+
+        A file that cannot be read, is not JSON, or that ``check`` refuses
+        (:class:`BadFile`) is skipped with one warning naming it.
+        """
+        out: list[T] = []
+        # newest first, so that damaged files do not take the places of the ``keep`` good ones
+        for path in reversed(self._files()):
+            if len(out) == self.keep:
+                break
             try:
-                with open(path) as f:
-                    data = json.load(f)
-            except (OSError, ValueError) as exc:
+                with open(path, encoding="utf-8") as f:
+                    out.append(check(json.load(f)))
+            except (OSError, ValueError, RecursionError) as exc:  # BadFile, JSONDecodeError, UnicodeError
                 logger.warning("jupyter-cluster: skipping the unreadable history file %s: %s", path, exc)
-                continue
-            if isinstance(data, dict):
-                out.append(data)
-        return out
+        return out[::-1]
 
     def _files(self) -> list[str]:
         try:
@@ -200,15 +360,8 @@ class HistoryFolder:
                 pass
 
     def load(self) -> list[KeptCluster]:
-        """The kept clusters, oldest first (unreadable files are skipped)."""
-        out = []
-        for path in self._files()[-self.keep :]:
-            try:
-                with open(path) as f:
-                    out.append(KeptCluster.from_json(json.load(f)))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                logger.warning("jupyter-cluster: skipping the unreadable history file %s: %s", path, exc)
-        return out
+        """The kept clusters, oldest first (a damaged file is skipped with a warning naming it)."""
+        return self.read_all(KeptCluster.from_json)
 
     def delete(self, key: str) -> None:
         try:

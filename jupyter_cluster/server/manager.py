@@ -46,7 +46,7 @@ from ..models import (
 from ..telemetry.hub import Hub, follow
 from ..telemetry.store import TopicStore
 from ..telemetry.topics import CONTROL_TOPIC, JOBS_TOPIC
-from .history import HistoryFolder, KeptCluster, live_snapshot, restore_live, same_cluster
+from .history import HistoryFolder, KeptCluster, check_live, live_snapshot, restore_live, same_cluster
 from .jobs import JobsStore
 
 logger = logging.getLogger(__name__)
@@ -374,7 +374,7 @@ class ClusterManager:
         #: up again by the connection to the same cluster after a restart (:func:`.jobs.restore_live`)
         self._live = HistoryFolder(folder=_live_folder(), keep=LIVE_KEEP)
         self._waiting: dict[str, dict[str, Any]] | None = {
-            d["key"]: d for d in self._live.read_all() if registry.valid_name(d.get("key"))
+            d["key"]: d for d in self._live.read_all(check_live) if registry.valid_name(d["key"])
         }
         self._live_versions: dict[str, Any] = {}
         self._live_due = time.monotonic() + LIVE_SAVE_INTERVAL
@@ -450,7 +450,10 @@ class ClusterManager:
         """A cluster that stopped while no server watched it: what was kept of it becomes history."""
         name = str(snap["key"])
         saved = snap.get("saved")
-        when = time.localtime(saved) if isinstance(saved, (int, float)) else None
+        try:
+            when = time.localtime(saved) if isinstance(saved, (int, float)) else None
+        except (OverflowError, OSError, ValueError):  # a time no clock shows (1e300, NaN)
+            when = None
         try:
             kept = KeptCluster.from_live(self._history_key(name, when), snap)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
