@@ -163,8 +163,17 @@ class ClusterHandle:
         except (TimeoutError, OSError) as exc:
             raise ClusterError(f"cluster {self.name!r} has fewer than {n} workers after {timeout:g} s.") from exc
 
-    def close(self) -> None:
-        """Stop the cluster (or detach from it, if it was only attached)."""
+    def stop(self) -> None:
+        """Stop the cluster (or detach from it, if it was only attached).
+
+        The same as ``%cluster stop`` and :func:`jupyter_cluster.stop` for this
+        cluster; :meth:`close` is another name for it.
+
+        Raises
+        ------
+        ClusterError
+            If the cluster was already stopped.
+        """
         global _current
         gone = self.scheduler_gone()
         with _lock:
@@ -199,6 +208,10 @@ class ClusterHandle:
                 fn()
             except Exception:  # a credential file already gone, say
                 pass
+
+    def close(self) -> None:
+        """Stop the cluster: another name for :meth:`stop`, as Dask's ``Client.close``."""
+        self.stop()
 
     # -- display -------------------------------------------------------------
     def __repr__(self) -> str:
@@ -427,11 +440,44 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
         started.dashboard_link = started.dashboard_link or record.dashboard_link
     name = name or _unique_name("remote")
     client = _connect_client(started, name)
+    _detach_when_lost(client, name, address, target if record is not None else address)
     handle = ClusterHandle(name, "address", started, client)
     handle.attached_record = record
     if record is not None:  # the panel follows this kernel's notebook to the cluster from now on
         registry.write_attachment(record.name, record.address)
     return _adopt(handle, attached=True)
+
+
+def _detach_when_lost(client: Any, name: str, address: str, target: str) -> None:
+    """Let an attached client say in one line that its scheduler went away, and close.
+
+    Dask's client reconnects for ``connect-timeout`` seconds when its connection
+    to the scheduler drops, then logs an ERROR; a process that exits meanwhile
+    prints the cancelled attempt's traceback.  A scheduler this process only
+    attached to drops the connection when its owner stops it (it aborts its
+    client connections), and retrying cannot bring it back.  So the client's
+    reconnect step is replaced: the pending results fail, as in Dask's own
+    step, with a reason that says what happened, one line says what to do, and
+    the client closes (nothing retries).  The handle stays until ``%cluster
+    stop`` or exit, and says the scheduler has gone if used (:meth:`ClusterHandle.scheduler_gone`).
+    """
+    message = (
+        f"jupyter_cluster: the scheduler of cluster {name!r} at {address} closed the connection "
+        f"(it stopped, or cannot be reached), so this process let go of it; "
+        f"attach again with %cluster connect {target} once it runs."
+    )
+
+    async def detach() -> None:
+        # What Dask's _reconnect does first (distributed 2026.8): fail the pending futures, and
+        # drop the closed comm, so that _close sends nothing on it.
+        for state in list(client.futures.values()):
+            state.cancel(reason="scheduler-connection-lost", msg=message)
+        client.futures.clear()
+        client.scheduler_comm = None
+        print(message, file=sys.stderr, flush=True)
+        await client._close(fast=True)
+
+    client._reconnect = detach
 
 
 def _security_for_address(address: str) -> Any:
