@@ -353,6 +353,9 @@ class MetricsModel(TypedDict):
     #: series key -> [step, time] when its reports were made (seconds since the epoch), sorted by
     #: step and thinned: the charts' wall-time and relative-time x axes
     times: dict[str, list[list[float]]]
+    #: points the curves lost from their start to the history cap (``jupyter-cluster.metrics.history``
+    #: per value and series): when above 0, the charts do not reach back to the first reports
+    truncated: int
 
 
 def metrics_model(
@@ -362,6 +365,7 @@ def metrics_model(
     dropped: int,
     received: int,
     times: dict[str, list[list[float]]] | None = None,
+    truncated: int = 0,
 ) -> MetricsModel:
     """A topic's chart model (built by ``TopicStore.model``)."""
     return {
@@ -371,6 +375,7 @@ def metrics_model(
         "dropped": dropped,
         "received": received,
         "times": times or {},
+        "truncated": truncated,
     }
 
 
@@ -381,6 +386,8 @@ class TopicSummary(TypedDict):
     version: int
     received: int
     dropped: int
+    #: points its curves lost to the history cap (:attr:`MetricsModel.truncated`)
+    truncated: int
     scalars: list[str]
     vectors: list[str]
     series: int
@@ -393,6 +400,7 @@ def topic_summary(store: Any) -> TopicSummary:
         "version": store.version,
         "received": store.received,
         "dropped": store.dropped,
+        "truncated": store.truncated,
         "scalars": sorted(store.scalars),
         "vectors": sorted(store.vectors),
         "series": len(store.series),

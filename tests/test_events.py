@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jupyter_cluster import telemetry
+from jupyter_cluster import models, telemetry
 from jupyter_cluster.telemetry.report import _producer
 
 from .conftest import wait_for
@@ -82,6 +82,53 @@ def test_store_drops_duplicates_and_counts_gaps_exactly():
     assert st.dropped == 5 + 3
     assert st.add("a", 15, _recs(range(15, 20))) == 5  # late arrival fills the gap
     assert st.dropped == 3
+
+
+def test_200000_reports_past_the_history_cap_count_their_evictions():
+    """The cap evicted the oldest 100,000 rows with "0 dropped" and nothing else said (issue 25.6)."""
+    st = telemetry.TopicStore("cap")
+    assert st.history == 100_000  # the default cap
+    for b in range(200):
+        recs = [{"step": b * 1000 + i, "time": 0.0, "series": {}, "values": {"v": float(i)}} for i in range(1000)]
+        st.add("a", b * 1000, recs)
+    assert (st.received, st.dropped, st.evicted) == (200_000, 0, 100_000)
+    rows = st.rows()
+    assert len(rows) == 100_000 and rows[0]["step"] == 100_000  # the newest were kept
+    model = st.model()
+    assert model["truncated"] == st.truncated == 100_000  # the curve lost its first 100,000 points too
+    assert model["scalars"]["v"]["all"][0][0] == 100_000
+    assert "0 dropped, 100000 evicted (only the newest 100000 are kept)" in st.summary()
+    summary = models.topic_summary(st)
+    assert (summary["dropped"], summary["truncated"]) == (0, 100_000)
+    # kept across a server restart (the snapshot), and still counting after it
+    again = telemetry.TopicStore.restore(st.snapshot(max_points=100))
+    assert again.model()["truncated"] == 100_000
+
+
+def test_vectors_and_series_below_the_cap_are_not_truncated():
+    st = telemetry.TopicStore("vcap", history=30, vector_history=10)
+    for m in range(3):  # 3 series x 20 reports: 60 rows, each curve 20 points (under 30)
+        st.add(f"s{m}", 0, [{"step": s, "time": 0.0, "series": {"member": m}, "values": {"v": 1.0}} for s in range(20)])
+    assert (st.evicted, st.truncated) == (30, 0)  # the table lost rows, no curve lost points
+    st.add("vec", 0, [{"step": s, "time": 0.0, "series": {}, "values": {"load": [s, 1]}} for s in range(25)])
+    assert st.truncated == 15 and st.model()["vectors"]["load"]["all"]["steps"][0] == 15
+
+
+def test_metrics_says_how_many_reports_the_history_cap_evicted(cluster):
+    """Through a real cluster: the kernel's store keeps 50 reports of a topic (a small cap via dask.config)."""
+    import dask
+
+    client = cluster.client
+    telemetry.attach(client)
+    topic = unique_topic("evict")
+    with dask.config.set({"jupyter-cluster.metrics.history": 50}):
+        client.gather(client.map(_work, [0, 1], topic=topic, n=60, pure=False))
+        wait_for(lambda: telemetry.sync() and telemetry.store(topic).received == 120, message="120 reports")
+        df = telemetry.metrics(topic)
+    assert len(df) == 50
+    assert (df.attrs["dropped"], df.attrs["evicted"]) == (0, 70)
+    model = telemetry.store(topic).model()
+    assert model["truncated"] == 2 * 10  # each member's 60 loss points: twice cut by a tenth of the cap
 
 
 def test_store_keeps_each_series_sorted_by_step_even_when_workers_interleave():

@@ -331,7 +331,9 @@ def metrics(topic: str = "default", cluster=None):
         column; epoch seconds in the list form), ``worker``, the identity
         fields, then one column per value (vectors hold lists).  A DataFrame when pandas is
         installed, else a list of dicts.  ``.attrs["dropped"]`` (DataFrame)
-        says how many reports never arrived.
+        says how many reports never arrived, ``.attrs["evicted"]`` how many
+        arrived but were pushed out, the oldest first, by the history cap
+        (``jupyter-cluster.metrics.history``, 100,000 rows per topic).
 
     Examples
     --------
@@ -353,6 +355,7 @@ def metrics(topic: str = "default", cluster=None):
     df["time"] = pd.to_datetime(df["time"], unit="s", utc=True)
     df.attrs["topic"] = topic
     df.attrs["dropped"] = st.dropped
+    df.attrs["evicted"] = st.evicted
     return df
 
 

@@ -79,12 +79,13 @@ class _Coverage:
 class _Column:
     """One scalar value of one series: steps and values, kept sorted by step."""
 
-    __slots__ = ("steps", "values", "count", "version", "cache")
+    __slots__ = ("steps", "values", "count", "cut", "version", "cache")
 
     def __init__(self) -> None:
         self.steps = array("d")
         self.values = array("d")
         self.count = 0  # points ever added (x for reports without a step)
+        self.cut = 0  # points evicted from the start by the history cap
         self.version = 0
         self.cache: tuple | None = None
 
@@ -99,24 +100,28 @@ class _Column:
         self.count += 1
         self.version += 1
         if len(self.steps) > limit:
-            cut = max(1, limit // 10)
+            cut = max(1, limit // 10)  # a tenth at once: deleting from an array's start moves the rest
             del self.steps[:cut]
             del self.values[:cut]
+            self.cut += cut
 
 
 class _VectorColumn:
     """One vector value of one series: a row per step."""
 
-    __slots__ = ("steps", "rows", "count", "version", "cache")
+    __slots__ = ("steps", "rows", "count", "cut", "version", "cache")
 
     def __init__(self, limit: int) -> None:
         self.steps: deque[float] = deque(maxlen=limit)
         self.rows: deque[list[float]] = deque(maxlen=limit)
         self.count = 0
+        self.cut = 0  # rows evicted from the start by the history cap
         self.version = 0
         self.cache: tuple | None = None
 
     def add(self, step: float, row: list[float]) -> None:
+        if len(self.steps) == self.steps.maxlen:  # the deque drops its oldest row (also when sorting it in)
+            self.cut += 1
         if self.steps and step < self.steps[-1]:
             items = sorted(zip(list(self.steps) + [step], list(self.rows) + [row]), key=lambda p: p[0])
             self.steps.clear()
@@ -225,6 +230,9 @@ class TopicStore:
     topic : str
     received : int
         Reports received (after dropping duplicates).
+    evicted : int
+        Received reports pushed out of :meth:`rows` by the ``history`` cap
+        (the oldest first); see :attr:`truncated` for the charts' points.
     version : int
         Grows with every change; cheap "has anything changed?" for renderers.
     """
@@ -245,6 +253,9 @@ class TopicStore:
         self._times: dict[str, _Column] = {}
         self._last_series: tuple[dict, str] | None = None
         self.received = 0
+        self.evicted = 0
+        #: points a restored snapshot's curves had already lost (see :meth:`restore`)
+        self._truncated_before = 0
         self.version = 0
         self._listeners: list[Callable[[TopicStore, list[dict]], None]] = []
 
@@ -307,6 +318,8 @@ class TopicStore:
             if tcol is None:
                 tcol = self._times[key] = _Column()
             tcol.add(x, float(t), self.history)
+        if len(self._rows) == self.history:  # the deque drops its oldest row
+            self.evicted += 1
         self._rows.append((step, t, worker, key, vals))
 
     def listen(self, callback: Callable[[TopicStore, list[dict]], None]) -> Callable[[], None]:
@@ -327,6 +340,19 @@ class TopicStore:
         """Reports that were sent but never reached this process (gaps in the numbering)."""
         with self._lock:
             return sum(c.high - c.covered for c in self._coverage.values())
+
+    @property
+    def truncated(self) -> int:
+        """Points the curves lost from their start to the ``history`` cap, summed over values and series.
+
+        Each value of each series keeps its newest ``history`` points
+        (``vector-history`` rows for vectors); the charts of a topic with
+        ``truncated > 0`` do not reach back to its first reports.
+        """
+        with self._lock:
+            scalar = sum(c.cut for cols in self.scalars.values() for c in cols.values())
+            vector = sum(c.cut for vcols in self.vectors.values() for c in vcols.values())
+            return self._truncated_before + scalar + vector
 
     def rows(self) -> list[dict]:
         """The kept reports, oldest first, as flat dicts (step, time, worker, identity fields, values)."""
@@ -389,6 +415,7 @@ class TopicStore:
                 sum(c.high - c.covered for c in self._coverage.values()),
                 self.received,
                 times,
+                self.truncated,
             )
 
     # -- kept across a restart of the process that holds it ----------------------------
@@ -443,6 +470,7 @@ class TopicStore:
                 cov.high = max(int((snap.get("high") or {}).get(src, 0)), max((b for _, b in cov.intervals), default=0))
                 store._coverage[str(src)] = cov
             store.received = int(model.get("received") or 0)
+            store._truncated_before = int(model.get("truncated") or 0)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a metrics snapshot: {exc}") from None
         store.version = 1
@@ -454,6 +482,8 @@ class TopicStore:
             lines = [
                 f"metrics {self.topic!r}: {self.received} reports, {len(self.series)} series, {self.dropped} dropped"
             ]
+            if self.evicted:
+                lines[0] += f", {self.evicted} evicted (only the newest {self.history} are kept)"
             for name, cols in sorted(self.scalars.items()):
                 parts = []
                 for key, col in sorted(cols.items())[:8]:

@@ -101,6 +101,8 @@ export interface ITopicSummary {
   version: number;
   received: number;
   dropped: number;
+  /** points its curves lost to the history cap (optional: older servers send none) */
+  truncated?: number;
   scalars: string[];
   vectors: string[];
   series: number;

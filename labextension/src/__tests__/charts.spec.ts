@@ -20,6 +20,7 @@ import {
   timeAt,
   timeOrigin,
   toCSV,
+  truncatedText,
   vectorAxisName,
   withoutSeries
 } from '../charts/data';
@@ -129,6 +130,14 @@ describe('exports and filter', () => {
     expect(Object.keys(matchSeries(model, 'WALK 1').scalars.reward)).toEqual(['walk=walk 1']);
     expect(matchSeries(model, 'walk 1').vectors).toEqual({});
     expect(matchSeries(model, '')).toBe(model);
+  });
+
+  it('says when the curves lost their oldest points to the history cap', () => {
+    expect(truncatedText(model)).toBeNull();
+    expect(truncatedText({ ...model, truncated: 0 })).toBeNull();
+    expect(truncatedText({ ...model, truncated: 100000 })).toBe(
+      ` · curves truncated: the oldest ${(100000).toLocaleString()} points were evicted`
+    );
   });
 
   it('writes the code that loads the whole topic', () => {

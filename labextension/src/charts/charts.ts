@@ -38,6 +38,7 @@ import {
   seriesLabel,
   sharedRange,
   toCSV,
+  truncatedText,
   vectorAxisName,
   X_AXIS_NAMES,
   withoutSeries,
@@ -687,6 +688,16 @@ export class MetricsCharts {
       const dropped = el('span', '', `, ${this.model.dropped.toLocaleString()} dropped`);
       dropped.style.color = '#d9534f';
       this.status.appendChild(dropped);
+    }
+    const truncated = truncatedText(this.model);
+    if (truncated !== null) {
+      const notice = el('span', 'jc-metrics-truncated', truncated);
+      notice.style.color = '#b07d00';
+      // the cap is per value and series, so the curves start later than the topic's first reports
+      notice.title =
+        'Each value of each series keeps only its newest points (jupyter-cluster.metrics.history, ' +
+        '100,000 by default); the charts begin after the first reports.';
+      this.status.appendChild(notice);
     }
     const wanted = new Set<string>();
     this.renderOverlayTools();

@@ -27,14 +27,25 @@ export interface IMetricsModel {
   received?: number;
   /** series key -> [step, time] of its reports (seconds since the epoch, sorted by step, thinned) */
   times?: { [series: string]: [number, number][] };
+  /** points the curves lost from their start to the history cap (optional: older servers send none) */
+  truncated?: number;
 }
 
 /** What a line chart's x axis shows: the reported step, the wall-clock time, or seconds since the topic began. */
 export type XAxisMode = 'step' | 'wall' | 'relative';
 
+/** The notice of a topic whose curves lost their oldest points to the history cap, or null when none did. */
+export function truncatedText(model: IMetricsModel): string | null {
+  const cut = model.truncated ?? 0;
+  if (cut <= 0) {
+    return null;
+  }
+  return ` · curves truncated: the oldest ${cut.toLocaleString()} points were evicted`;
+}
+
 /** An empty model, e.g. before the first data arrives. */
 export function emptyModel(topic = ''): IMetricsModel {
-  return { topic, scalars: {}, vectors: {}, dropped: 0, received: 0, times: {} };
+  return { topic, scalars: {}, vectors: {}, dropped: 0, received: 0, times: {}, truncated: 0 };
 }
 
 /** The earliest report time of a model (the origin of relative time), or null when no time is known. */
