@@ -348,6 +348,12 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
     """
     backend = backend or config.get("backend")
     impl = get_backend(backend)  # unknown backend: error before any name is taken
+    if options.get("workers") == 0 and options.get("adapt_min") is None and options.get("adapt_max") is None:
+        # only a cluster that adapts gets workers of its own accord; this one would wait forever
+        raise ClusterError(
+            "--workers 0 starts a cluster that can run nothing; ask for 1 or more (%cluster adapt --minimum 0 "
+            "lets it shrink to none later), or give --adapt-max where the backend adapts from the start (kubernetes)."
+        )
     impl.prepare(**options)  # e.g. the local fork server, while the extension's background import ends
     from . import _background
 
@@ -464,7 +470,7 @@ def _detach_when_lost(client: Any, name: str, address: str, target: str) -> None
     message = (
         f"jupyter_cluster: the scheduler of cluster {name!r} at {address} closed the connection "
         f"(it stopped, or cannot be reached), so this process let go of it; "
-        f"attach again with %cluster connect {target} once it runs."
+        f"attach again with %cluster connect {target} (jupyter_cluster.connect in a script) once it runs."
     )
 
     async def detach() -> None:

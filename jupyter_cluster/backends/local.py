@@ -711,6 +711,64 @@ class NoWorkerHttp(WorkerPlugin):
             worker.loop.add_callback(server.stop)
 
 
+#: how long a closing worker waits for the heartbeat it has in flight (seconds); one to a live
+#: scheduler returns in milliseconds, even on a loaded machine, and the nanny allows the close ~5 s
+HEARTBEAT_GRACE = 2.0
+
+
+class QuietWorker(WorkerPlugin):
+    """Worker plugin: a worker closes without logging an error of its own making.
+
+    A heartbeat still in flight when ``Worker.close`` closes its connection pool fails
+    with ``CommClosedError: ConnectionPool closing`` and Dask logs it as an error with
+    a traceback ("Failed to communicate with scheduler during heartbeat", or
+    "Unexpected exception during heartbeat" once the pool is closed) on the terminal of
+    the script or kernel whose cluster stops -- on a loaded machine, where a heartbeat
+    takes long enough to overlap the close.  The worker here starts no heartbeat once
+    it is closing, and its close (this plugin's teardown, which runs before the pool
+    closes) stops the heartbeat callback and waits for the one in flight, for at most
+    :data:`HEARTBEAT_GRACE` seconds.
+    """
+
+    idempotent = True
+    name = "jupyter-cluster-quiet-worker"
+
+    def setup(self, worker) -> None:
+        import asyncio
+
+        from distributed.worker import WORKER_ANY_RUNNING
+
+        pc = getattr(worker, "periodic_callbacks", {}).get("heartbeat")
+        if pc is None or getattr(worker, "_jc_heartbeat_idle", None) is not None:
+            return
+        beat = pc.callback
+        idle = asyncio.Event()
+        idle.set()
+
+        async def heartbeat() -> None:
+            if worker.status not in WORKER_ANY_RUNNING:
+                return  # closing: its connection pool is about to close under it
+            idle.clear()
+            try:
+                await beat()
+            finally:
+                idle.set()
+
+        pc.callback = heartbeat
+        worker._jc_heartbeat_idle = idle
+
+    async def teardown(self, worker) -> None:
+        import asyncio
+
+        pc = getattr(worker, "periodic_callbacks", {}).get("heartbeat")
+        if pc is not None:
+            pc.stop()  # Worker.close stops it too, but only after its pool may be closing
+        idle = getattr(worker, "_jc_heartbeat_idle", None)
+        if idle is not None:
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(idle.wait(), HEARTBEAT_GRACE)
+
+
 def _close_quietly(cluster: Any, wait_for_start: bool = False) -> None:
     """Close ``cluster`` and its workers, also one whose start was interrupted half-way."""
     import time
@@ -813,7 +871,11 @@ class LocalBackend(Backend):
         from distributed.deploy.spec import SpecCluster
 
         existing = set(SpecCluster._instances)
-        plugins = ([IgnoreSigint()] if kwargs["processes"] else []) + ([NoWorkerHttp()] if security is not None else [])
+        plugins = (
+            [QuietWorker()]
+            + ([IgnoreSigint()] if kwargs["processes"] else [])
+            + ([NoWorkerHttp()] if security is not None else [])
+        )
         if devices is None:
             # Each worker installs them before it registers with the scheduler (also after a
             # restart, and on scale-up): no window, and no round trip to every worker at start.
