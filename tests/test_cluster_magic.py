@@ -108,11 +108,28 @@ def test_scale_adapt_restart(ip):
         ("start --workers 100000", "--workers 100000 is more worker processes than this machine can run"),
         ("start --port 99999", "--port must be a TCP port from 0 to 65535"),
         ("start --port -1", "--port must be a TCP port from 0 to 65535"),
+        ("start --workers 0", "--workers 0 starts a cluster that can run nothing; ask for 1 or more"),
+        ("start --workers 0 --no-wait --name idle", "--workers 0 starts a cluster that can run nothing"),
+        ("start --backend address --workers 0", "--workers 0 starts a cluster that can run nothing"),
     ],
 )
 def test_bad_input_is_one_clear_sentence(ip, line, message):
     with pytest.raises(UsageError, match=message):
         run(ip, line)
+
+
+def test_a_cluster_of_no_workers_is_refused_before_anything_starts(ip):
+    """It started and could run nothing (issue 25.6); an adaptive one is let through to its backend."""
+    with pytest.raises(jc.ClusterError, match=r"^--workers 0 starts a cluster that can run nothing; [^.]*\.$"):
+        jc.start(workers=0, name="idle-api")
+    with pytest.raises(UsageError, match="--workers 0 starts a cluster that can run nothing"):
+        run(ip, "start --workers 0 --name idle-magic")
+    assert registry.read("idle-api") is None and registry.read("idle-magic") is None
+    assert session.handles() == [] and jc.current() is None
+    # adaptive: not refused here; the local backend says itself that it does not adapt from the start
+    with pytest.raises(UsageError) as info:
+        run(ip, "start --workers 0 --adapt-max 2 --name idle-adapt")
+    assert "can run nothing" not in str(info.value)
 
 
 def test_unanswering_scheduler_times_out_quickly(ip, monkeypatch):
@@ -174,10 +191,17 @@ def test_default_backend_comes_from_dask_config():
             jc.start()
 
 
+def _without_workers(handle):
+    """``handle`` once its workers have gone: a cluster cannot be started with none (issue 25.6)."""
+    handle.scale(0)
+    wait_for(lambda: not handle.client.scheduler_info()["workers"], 60, message="the workers to retire")
+    return handle
+
+
 def test_map_on_a_cluster_without_workers_says_so_and_runs_once_scaled(capfd):
     import threading
 
-    handle = jc.start(workers=0, name="empty")
+    handle = _without_workers(jc.start(workers=1, name="empty"))
     timer = threading.Timer(7.0, handle.scale, args=(1,))
     timer.start()
     try:
@@ -250,13 +274,13 @@ def test_a_dead_scheduler_is_not_listed_is_a_clear_error_and_stops_fast(ip, caps
 
 
 def test_scale_and_adapt_beyond_the_machine_are_refused(ip):
-    handle = run(ip, "start --workers 0 --no-wait --name too-many")
+    handle = run(ip, "start --workers 1 --no-wait --name too-many")
     try:
         with pytest.raises(UsageError, match="100000 workers is more than the local backend can run here"):
             run(ip, "scale 100000")
         with pytest.raises(UsageError, match="100000 workers is more than the local backend can run here"):
             run(ip, "adapt --minimum 0 --maximum 100000")
-        assert len(handle.cluster.worker_spec) == 0
+        assert len(handle.cluster.worker_spec) == 1
     finally:
         run(ip, "stop")
 

@@ -208,7 +208,7 @@ def test_panel_cluster_links_its_dashboard_under_the_servers_base_url(server):
 
 
 def test_stopping_removes_the_socket_and_its_folder():
-    handle = jc.start(workers=0, name="dash-gone", wait=False)
+    handle = jc.start(workers=1, processes=False, name="dash-gone", wait=False)
     sock = handle.extra["dashboard_socket"]
     assert os.path.exists(sock)
     handle.close()

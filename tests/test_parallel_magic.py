@@ -6,6 +6,7 @@ import pytest
 
 from jupyter_cluster import mapping
 
+from .conftest import wait_for
 from .helpers import assert_ran_on_leases
 
 
@@ -162,7 +163,9 @@ def test_every_worker_path_refuses_a_cluster_without_workers(ip, cluster):
     import jupyter_cluster as jc
     from jupyter_cluster.errors import ClusterError
 
-    empty = jc.start(workers=0, name="no-workers-t")
+    empty = jc.start(workers=1, name="no-workers-t")  # a cluster starts with workers (issue 25.6): retire them
+    empty.scale(0)
+    wait_for(lambda: not empty.client.scheduler_info()["workers"], 60, message="the workers to retire")
     try:
         with pytest.raises(ClusterError, match="no workers yet"):
             mapping.run_on_workers(_where, client=empty)

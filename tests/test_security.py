@@ -130,7 +130,7 @@ def test_opt_out_through_config_and_magic(ip):
     import dask.config
 
     with dask.config.set({"jupyter-cluster.local.tls": False}):
-        handle = jc.start(workers=0, name="sec-config-off", wait=False)
+        handle = jc.start(workers=1, name="sec-config-off", wait=False)
     try:
         assert handle.address.startswith("tcp://")
     finally:

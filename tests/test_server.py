@@ -44,7 +44,8 @@ KERNEL_SCRIPT = textwrap.dedent(
     import jupyter_cluster as jc
 
     if __name__ == "__main__":
-        handle = jc.start(name=sys.argv[1], workers=int(sys.argv[2]), threads=1)
+        # thread workers: a cluster needs one (issue 25.6), and these stand-ins are cheap on 2 cores
+        handle = jc.start(name=sys.argv[1], workers=int(sys.argv[2]), threads=1, processes=False)
         print("ready", flush=True)
         while not handle.closed:
             time.sleep(0.1)
@@ -94,8 +95,8 @@ def api(server):
     return Api()
 
 
-def start_kernel_like(name: str, workers: int = 0) -> subprocess.Popen:
-    """A Python process that starts a cluster (like a kernel would) and keeps it."""
+def start_kernel_like(name: str, workers: int = 1) -> subprocess.Popen:
+    """A Python process that starts a cluster of thread workers (like a kernel would) and keeps it."""
     proc = subprocess.Popen(
         [sys.executable, "-c", KERNEL_SCRIPT, name, str(workers)],
         stdout=subprocess.PIPE,
@@ -280,7 +281,7 @@ def test_config_names_the_default_backend(api):
 
 # -- a cluster started by another process appears, and goes when it dies ----------------
 def test_cluster_of_another_process_appears_within_2s_and_goes_after_kill_9(api):
-    proc = start_kernel_like("proc-a", workers=0)
+    proc = start_kernel_like("proc-a")
     try:
         t0 = time.monotonic()
         wait_for(lambda: "proc-a" in api.names(), 2.0, interval=0.05, message="proc-a in the list")
@@ -300,7 +301,7 @@ def test_cluster_of_another_process_appears_within_2s_and_goes_after_kill_9(api)
 
 
 def test_stop_from_the_panel_asks_the_owning_kernel(api):
-    proc = start_kernel_like("proc-b", workers=0)
+    proc = start_kernel_like("proc-b")
     try:
         wait_for(lambda: "proc-b" in api.names(), 5, message="proc-b in the list")
         wait_for(
@@ -386,7 +387,7 @@ def test_a_kernel_that_connects_by_name_is_listed_with_the_cluster_from_the_conn
     def kernels() -> list[str]:
         return next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "proc-k")["kernels"]
 
-    owner = start_kernel_like("proc-k", workers=0)
+    owner = start_kernel_like("proc-k")
     km, kc, kernel_id = start_jupyter_named_kernel(tmp_path)
     try:
         wait_for(lambda: "proc-k" in api.names(), 5, message="proc-k in the list")
@@ -608,7 +609,7 @@ def _alive(pid: int) -> bool:
 def test_a_kernel_cannot_stop_another_kernels_cluster():
     import jupyter_cluster as jc
 
-    proc = start_kernel_like("proc-c", workers=0)
+    proc = start_kernel_like("proc-c")
     try:
         with pytest.raises(jc.ClusterError, match="belongs to another kernel"):
             jc.stop("proc-c")
