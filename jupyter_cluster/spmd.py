@@ -6,8 +6,9 @@ two front ends of :func:`run`.  The flow of one call::
     pick the group ─► reuse it while its workers live (same N, same backend);
                       else probe the workers (torch, GPUs), choose the backend,
                       and make a new group (a one-line notice when one existed)
-    rendezvous     ─► rank 0's worker opens a TCPStore on a free port (Client.run);
-                      every rank joins with init_process_group(store=...)
+    rendezvous     ─► rank 0's worker holds the keys (Client.run); every rank joins with
+                      init_process_group(store=...), the store reached over the Dask comm
+                      (TLS on a local cluster); nothing new listens for it
     one task per rank, pinned: Client.submit(workers=[addr], allow_other_workers=False)
                    ─► spmd_worker.run_rank: env, group, the cell in the rank's namespace
     wait           ─► results and per-rank output; a failed rank cancels the others;
@@ -67,8 +68,10 @@ class Group:
     generation : int
         Rendezvous number; a new one re-initialises the process group (after a
         failure) and keeps the per-rank namespaces.
-    port : int or None
-        The current generation's rendezvous port on rank 0's worker.
+    store : str or None
+        The address of the worker that holds the current generation's rendezvous
+        keys (rank 0's); None until a rendezvous is opened, and again after a
+        failure, so that the next cell opens a new generation.
     """
 
     id: str
@@ -78,7 +81,7 @@ class Group:
     backend: str
     requested: str
     generation: int = 0
-    port: int | None = None
+    store: str | None = None
     gpus: list[int] = field(default_factory=list)
     healthy: bool = False
     assigned: set[str] = field(default_factory=set)
@@ -100,7 +103,8 @@ class Group:
             "local_rank": same_host.index(rank),
             "local_world_size": len(same_host),
             "host": self.hosts[0],
-            "port": self.port,
+            "store": self.store,
+            "bind": host,
             "backend": self.backend,
             "timeout": float(timeout),
         }
@@ -195,12 +199,19 @@ def _host(address: str) -> str:
 
 
 def _run_on(client, fn: Callable, *args, workers: list[str], timeout: float = 30.0) -> dict[str, Any]:
-    """``Client.run`` in a worker thread (not on the worker's event loop), bounded by ``timeout``."""
+    """``Client.run`` in a worker thread (not on the worker's event loop), bounded by ``timeout``.
 
-    async def in_thread(*a, _fn=fn):
+    ``fn`` gets the worker as ``dask_worker=`` when its signature names it, as with ``Client.run``.
+    """
+    import functools
+
+    wants_worker = "dask_worker" in inspect.signature(fn).parameters
+
+    async def in_thread(*a, dask_worker=None, _fn=fn):
         import asyncio
 
-        return await asyncio.get_running_loop().run_in_executor(None, _fn, *a)
+        call = functools.partial(_fn, *a, **({"dask_worker": dask_worker} if wants_worker else {}))
+        return await asyncio.get_running_loop().run_in_executor(None, call)
 
     box: dict[str, Any] = {}
 
@@ -446,10 +457,10 @@ def prepare(handle, n: int | None = None, backend: str | None = None, notice: Ca
 
 
 def _open_rendezvous(handle, group: Group, timeout: float) -> None:
-    """A new rendezvous generation: rank 0's worker opens a store on a free port."""
+    """A new rendezvous generation: rank 0's worker keeps its keys (see ``spmd_worker._StoreKeys``)."""
     group.generation += 1
     addr0 = group.workers[0]
-    ports = _run_on(
+    where = _run_on(
         handle.client,
         _worker_module().open_store,
         group.id,
@@ -459,12 +470,12 @@ def _open_rendezvous(handle, group: Group, timeout: float) -> None:
         workers=[addr0],
         timeout=60,
     )
-    port = ports.get(addr0)
-    if not isinstance(port, int):
+    store = where.get(addr0)
+    if not isinstance(store, str):
         raise ClusterError(
-            f"rank 0's worker {group.names[0]} could not open the rendezvous port ({port}); check the cluster with %cluster."
+            f"rank 0's worker {group.names[0]} could not open the rendezvous ({store}); check the cluster with %cluster."
         )
-    group.port = port
+    group.store = store
 
 
 def _teardown(handle, group: Group) -> None:
@@ -571,7 +582,7 @@ def run(
         raise ClusterError(f"--timeout must be a positive number of seconds, not {timeout:g}.")
     group = prepare(handle, workers, backend, notice)
     client = handle.client
-    if group.port is None or not group.healthy:
+    if group.store is None or not group.healthy:
         _open_rendezvous(handle, group, timeout)
     group.healthy = False  # until this cell succeeds
     group.runs += 1
@@ -649,7 +660,7 @@ def run(
             router.unregister(job.id)
         _interrupt_ranks(handle, group, [r for r in range(len(futures)) if r not in results], wait_s=0.3)
         group.pending = [(group.workers[r], f) for r, f in enumerate(futures) if not f.done()]
-        group.port = None
+        group.store = None
         job._finish("cancelled")
         observe("job_finished", job)
         if isinstance(exc, KeyboardInterrupt):
@@ -683,7 +694,7 @@ def run(
         for rank in sorted(job.outputs):
             on_output(rank, job.outputs[rank], rank in failed)
     if lost:
-        group.port = None  # the next cell sees the membership change and rebuilds the group (with a notice)
+        group.store = None  # the next cell sees the membership change and rebuilds the group (with a notice)
         job._finish("failed")
         observe("job_finished", job)
         which = ", ".join(f"rank {r} (worker {group.names[r]})" for r in lost)
@@ -692,13 +703,13 @@ def run(
             "is still usable, and the next %%spmd cell builds a new group on the workers present then."
         )
     if failed:
-        group.port = None  # the next cell re-initialises the process group; per-rank namespaces stay
+        group.store = None  # the next cell re-initialises the process group; per-rank namespaces stay
         job.failed_rank = _choose_failure(results)
         job._finish("failed")
         observe("job_finished", job)
         return job
     if unfinished:  # cannot happen without a failure or a loss; kept for safety
-        group.port = None
+        group.store = None
         job._finish("failed")
         observe("job_finished", job)
         raise ClusterError("some ranks did not finish; the next %%spmd cell restarts their workers.")
@@ -774,7 +785,7 @@ def spmd(
     """Call ``fn(*args, **kwargs)`` once on each of N workers, as the ranks of a torch.distributed group.
 
     The process group is initialised before ``fn`` runs (``RANK``,
-    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` set), so
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` set), so
     ``fn`` can call ``torch.distributed.all_reduce`` and friends directly.
     ``fn`` gets ``rank=``, ``world_size=`` and ``state=`` (the rank's
     persistent namespace, shared with ``%%spmd`` cells) when its signature

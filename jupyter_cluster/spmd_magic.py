@@ -68,9 +68,9 @@ SPMD_USAGE = """\
 
 OPTIONS
 
-In the cell, `rank` and `world_size` are bound and RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
-MASTER_PORT are set.  Names the cell assigns stay on each rank for the next %%spmd cells (while the
-group's workers live).  The run's record (values, outputs, errors, timings) is stored as _spmd_job.
+In the cell, `rank` and `world_size` are bound and RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR are
+set.  Names the cell assigns stay on each rank for the next %%spmd cells (while the group's workers
+live).  The run's record (values, outputs, errors, timings) is stored as _spmd_job.
 """.replace("OPTIONS\n", options_text(OPTIONS))
 
 

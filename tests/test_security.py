@@ -50,8 +50,8 @@ print("PROBE " + json.dumps(out))
 """
 
 
-def _as_nobody(*args: str) -> dict:
-    """Run PROBE as the OS user ``nobody``; skip where that is impossible."""
+def _as_nobody(*args: str, script: str = PROBE) -> dict:
+    """Run ``script`` (default PROBE) as the OS user ``nobody``; skip where that is impossible."""
     if os.name != "posix" or os.geteuid() != 0:
         pytest.skip("needs root to run a probe as a second OS user (nobody); run the suite as root, e.g. in CI")
     tool = shutil.which("setpriv")
@@ -70,7 +70,7 @@ def _as_nobody(*args: str) -> dict:
         "--clear-groups",
         sys.executable,
         "-c",
-        PROBE,
+        script,
         *args,
     ]
     env = {
@@ -214,4 +214,106 @@ def test_the_fork_server_listens_only_for_this_user():
         assert stat.S_ISSOCK(st.st_mode) and st.st_uid == os.getuid()
         assert stat.S_IMODE(st.st_mode) == 0o600 and stat.S_IMODE(folder.st_mode) == 0o700
     finally:
+        handle.close()
+
+
+STORE_PROBE = r"""
+import datetime, json, os, sys, threading
+import torch.distributed as dist
+out = {}
+
+def attempt(where):
+    host, port = where.rsplit(":", 1)
+    try:
+        store = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=3))
+        got = {"keys": store.num_keys()}
+        store.set("jc-probe-injected", "from another user")
+        got["wrote"] = store.check(["jc-probe-injected"])
+        out[where] = got
+    except Exception as exc:
+        out[where] = "refused: " + type(exc).__name__
+
+# a port that accepts the connection but never answers (TLS, gloo) can block past the store's timeout
+threads = [threading.Thread(target=attempt, args=(w,), daemon=True) for w in sys.argv[1].split(",")]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(20)
+for where in sys.argv[1].split(","):
+    out.setdefault(where, "refused: no answer in 20 s")
+print("PROBE " + json.dumps(out), flush=True)
+os._exit(0)
+"""
+
+
+def test_another_os_user_cannot_use_the_spmd_rendezvous(tmp_path):
+    """Issue 25.6: while an %%spmd cell runs, nothing the ranks' workers listen on lets the user
+    ``nobody`` read the rendezvous keys (the gloo peers' addresses) or write keys the ranks trust, and
+    everything they listen on is on the workers' own interface (loopback here), not 0.0.0.0."""
+    pytest.importorskip("torch")
+    import threading
+
+    import psutil
+
+    from jupyter_cluster import spmd_worker
+
+    from .conftest import wait_for
+
+    release = tmp_path / "release"
+
+    def cell(rank, world_size, flag=str(release)):
+        import os as _os
+        import time as _time
+
+        import torch
+        import torch.distributed as dist
+
+        deadline = _time.monotonic() + 120
+        while not _os.path.exists(flag) and _time.monotonic() < deadline:
+            _time.sleep(0.05)  # the probe runs now, with the group initialised
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return t.item()
+
+    handle = jc.start(workers=2, threads=1, name="sec-spmd")
+    result: dict = {}
+    try:
+        handle.wait_for_workers(2, timeout=60)
+        host = handle.address.split("://", 1)[1].rsplit(":", 1)[0]
+        pids = handle.client.run(os.getpid)
+
+        def go():
+            try:
+                result["value"] = jc.spmd(cell, cluster=handle, show=None)
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                result["error"] = exc
+
+        runner = threading.Thread(target=go, daemon=True)
+        runner.start()
+
+        def inside():
+            assert runner.is_alive(), result  # the cell must still be running, not failed
+            return all(s["running"] and s["initialized"] for s in handle.client.run(spmd_worker.status).values())
+
+        wait_for(inside, timeout=120, message="both ranks inside the cell with the group initialised")
+        listening = sorted(
+            {
+                (c.laddr.ip, c.laddr.port)
+                for pid in pids.values()
+                for c in psutil.Process(pid).net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN
+            }
+        )
+        assert listening, "the workers listen on nothing?"
+        # every port: the Dask comm (TLS) and gloo's own listener; no store of its own on any interface
+        assert {ip for ip, _ in listening} == {host}, listening
+        targets = ",".join(f"{'127.0.0.1' if ip in ('0.0.0.0', '::') else ip}:{port}" for ip, port in listening)
+        probe = _as_nobody(targets, script=STORE_PROBE)
+        assert all(str(v).startswith("refused") for v in probe.values()), probe
+        release.write_text("go")
+        runner.join(timeout=120)
+        assert result.get("value") == {0: 2.0, 1: 2.0}, result  # and the ranks were not disturbed
+    finally:
+        release.write_text("go")
         handle.close()
