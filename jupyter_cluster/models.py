@@ -9,11 +9,13 @@ builders into ``labextension/src/__tests__/fixtures/wire.json``, which the
 TypeScript tests type-check against ``model.ts`` and feed to the panel's
 reducers, so a field renamed on either side fails a test.
 
-Nothing here imports Dask, IPython or tornado.
+Nothing here imports Dask (but for :func:`validate_size`, when called), IPython or tornado.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict
@@ -39,6 +41,53 @@ def validate_name(name: Any) -> str:
             f"{name!r} is not a valid cluster name; use letters, digits, '-', '_' or '.' (at most 63, starting with a letter or digit)."
         )
     return name
+
+
+#: the largest memory size taken (one byte short of 8 EiB): what a worker's int64 byte counts hold
+MAX_SIZE = 2**63 - 1
+
+
+def _size(value: Any) -> int | None:
+    """``value`` in bytes if it is a whole number or a text Dask reads as a size (not "auto"), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    # parse_bytes reads a text without digits as one of its unit ("" is 1 byte): a number is asked for
+    if not isinstance(value, str) or len(value) > 32 or not any(c.isdigit() for c in value):
+        return None
+    from dask.utils import parse_bytes  # Dask's own reading: what the workers will make of it
+
+    try:
+        return parse_bytes(value)
+    # "1e999GB" overflows int(); "nanGB" and "-GB" do not parse
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+def validate_size(value: Any, what: str, dask: bool = False) -> Any:
+    """``value`` if it is a memory size, else :class:`ClusterError` (one sentence quoting it).
+
+    A size is "auto", a whole number of bytes or a text such as "2GiB", from 1
+    byte to :data:`MAX_SIZE`.  With ``dask``, also what Dask's ``memory_limit``
+    takes besides: 0 (no limit) and a float (a share of the machine's memory
+    up to 1, else bytes).
+    """
+    if dask and isinstance(value, float):
+        size = value if math.isfinite(value) else None
+    else:
+        size = None if value == "auto" else _size(value)
+    if value != "auto" and (size is None or not (0 if dask else 1) <= size <= MAX_SIZE):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            shown = repr(value)  # inf, nan: as Python and JSON (Infinity) differ, the plainer one
+        else:
+            try:
+                shown = json.dumps(value)  # "2GiB" quoted as in the sentence; true, [] as in a request
+            except (TypeError, ValueError):
+                shown = repr(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise ClusterError(f'{what} must be a size such as "2GiB", "auto", or a whole number of bytes, not {shown}.')
+    return value
 
 
 def validate_count(value: Any, what: str, minimum: int = 0) -> int:

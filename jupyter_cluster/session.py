@@ -20,7 +20,7 @@ from typing import Any
 from . import config, registry
 from .backends import StartedCluster, get_backend, probe_scheduler
 from .errors import ClusterError
-from .models import ClusterModel, cluster_model, validate_name
+from .models import ClusterModel, cluster_model, validate_name, validate_size
 
 _lock = threading.RLock()
 _handles: dict[str, ClusterHandle] = {}
@@ -354,6 +354,8 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
             "--workers 0 starts a cluster that can run nothing; ask for 1 or more (%cluster adapt --minimum 0 "
             "lets it shrink to none later), or give --adapt-max where the backend adapts from the start (kubernetes)."
         )
+    if options.get("memory_limit") is not None:  # "1e999GB" raised OverflowError from the backend
+        validate_size(options["memory_limit"], "--memory-limit", dask=True)
     impl.prepare(**options)  # e.g. the local fork server, while the extension's background import ends
     from . import _background
 

@@ -111,6 +111,11 @@ def test_scale_adapt_restart(ip):
         ("start --workers 0", "--workers 0 starts a cluster that can run nothing; ask for 1 or more"),
         ("start --workers 0 --no-wait --name idle", "--workers 0 starts a cluster that can run nothing"),
         ("start --backend address --workers 0", "--workers 0 starts a cluster that can run nothing"),
+        # OverflowError from the backend before, or a nanny's traceback and "Nanny failed to start"
+        ("start --memory-limit 1e999GB", '--memory-limit must be a size such as "2GiB", "auto", or a whole number'),
+        ("start --memory-limit=-1GB", '--memory-limit must be a size such as "2GiB"'),
+        ("start --memory-limit nanGB", '--memory-limit must be a size such as "2GiB"'),
+        ("start --memory-limit ''", '--memory-limit must be a size such as "2GiB"'),
     ],
 )
 def test_bad_input_is_one_clear_sentence(ip, line, message):
@@ -130,6 +135,13 @@ def test_a_cluster_of_no_workers_is_refused_before_anything_starts(ip):
     with pytest.raises(UsageError) as info:
         run(ip, "start --workers 0 --adapt-max 2 --name idle-adapt")
     assert "can run nothing" not in str(info.value)
+
+
+@pytest.mark.parametrize("limit", ["1e999GB", float("inf"), float("nan"), -1, -0.5, 2**64, "-2GiB", True, [2]])
+def test_a_malformed_memory_limit_is_refused_before_anything_starts(limit):
+    with pytest.raises(jc.ClusterError, match=r'^--memory-limit must be a size such as "2GiB", "auto", .*, not .*\.$'):
+        jc.start(workers=1, memory_limit=limit, name="bad-limit")
+    assert registry.read("bad-limit") is None and session.handles() == []
 
 
 def test_unanswering_scheduler_times_out_quickly(ip, monkeypatch):

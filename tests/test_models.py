@@ -240,3 +240,24 @@ def test_typescript_reads_the_builders_payloads():
     )
     assert jest.returncode == 0, jest.stdout[-4000:] + jest.stderr[-4000:]
     assert old == text, "the Python builders' payloads changed: wire.json was rewritten; commit it with the change"
+
+
+@pytest.mark.parametrize(
+    "value, dask",
+    [("2GiB", False), ("auto", False), (1, False), (2**63 - 1, False), ("1e3", False), (0, True), ("0", True)]
+    + [(0.5, True), (2e9, True), ("4 GB", True)],
+)
+def test_validate_size_takes_sizes(value, dask):
+    assert models.validate_size(value, "memory_limit", dask=dask) == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["1e999GB", "inf", "nanGB", "-1GB", "", "GiB", "lots", "9" * 40, -1, 0, 2**63, 10**400, 2.5, True, None, [], {}],
+)
+def test_validate_size_refuses_what_is_no_size_in_one_sentence(value):
+    with pytest.raises(ClusterError) as info:
+        models.validate_size(value, "memory_limit")
+    text = str(info.value)
+    assert text.startswith('memory_limit must be a size such as "2GiB"') and text.endswith(".") and ". " not in text
+    assert len(text) < 140  # the value is clipped

@@ -36,6 +36,7 @@ from jupyter_server.utils import url_path_join
 
 from .. import config
 from ..errors import ClusterError
+from ..models import validate_size
 from .manager import ClusterManager, NotFound, validate_count, validate_name
 
 API = "jupyter-cluster/api"
@@ -107,37 +108,6 @@ class BaseHandler(APIHandler):
         self.finish(json.dumps(data))
 
 
-#: the largest memory limit taken (one byte short of 8 EiB): what a worker's int64 byte counts hold
-MAX_SIZE = 2**63 - 1
-
-
-def _valid_size(value: Any) -> bool:
-    """Whether ``value`` is a memory size: "auto", a positive whole number of bytes or a text such as "2GiB"."""
-    from dask.utils import parse_bytes
-
-    if value == "auto":
-        return True
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return 0 < value <= MAX_SIZE
-    # parse_bytes reads a text without digits as one of its unit ("" is 1 byte): a number is asked for
-    if not isinstance(value, str) or len(value) > 32 or not any(c.isdigit() for c in value):
-        return False
-    try:
-        size = parse_bytes(value)
-    # "1e999GB" overflows int(); "nanGB" and "-GB" do not parse
-    except (ValueError, TypeError, OverflowError):
-        return False
-    return 0 < size <= MAX_SIZE
-
-
-def _shown(value: Any) -> str:
-    """``value`` as JSON for an error message, clipped (it came from the request)."""
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _optional_count(data: dict[str, Any], key: str, what: str, minimum: int = 0) -> int | None:
     value = data.get(key)
     return None if value is None else validate_count(value, what, minimum)
@@ -164,11 +134,11 @@ class ClustersHandler(BaseHandler):
         except ClusterError as exc:
             self.fail(400, str(exc))
         memory_limit = data.get("memory_limit")
-        if memory_limit is not None and not _valid_size(memory_limit):
-            self.fail(
-                400,
-                f'memory_limit must be a size such as "2GiB", "auto", or a whole number of bytes, not {_shown(memory_limit)}.',
-            )
+        try:
+            if memory_limit is not None:
+                validate_size(memory_limit, "memory_limit")
+        except ClusterError as exc:
+            self.fail(400, str(exc))
         backend = data.get("backend") or None
         if backend is not None and not isinstance(backend, str):
             self.fail(400, "backend must be the name of a backend.")
