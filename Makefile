@@ -1,59 +1,80 @@
 # Entry points (see README): `make lab`, `make test`, `make bench`.  Each sets up what it needs first.
 #
-#   make lab                         JupyterLab on notebooks/, with the extension and the example notebooks'
-#                                    libraries (EXTRAS=examples: torch, gymnasium, pandas, numpy)
-#   make lab EXTRAS=                 the lean environment: jupyter_cluster and JupyterLab only
+#   make lab                         JupyterLab on notebooks/ from its own environment $(LAB_VENV): the package,
+#                                    JupyterLab, the extension and the example notebooks' libraries
+#                                    (EXTRAS=examples: torch, gymnasium, pandas, numpy); no test tools
+#   make lab EXTRAS=                 the lean lab environment: jupyter_cluster and JupyterLab only
 #   make lab LAB_ARGS="--port 9999"  options for `jupyter lab` (--allow-root is added when run as root)
-#   make test                        `make lint`, then the test suite (extras test, examples, kubernetes)
+#   make test                        `make lint`, then the test suite, in the development environment $(VENV)
+#                                    (extras test, examples, kubernetes; the browser tests need Chromium)
 #   make lint                        ruff (lint + format check) on the Python, mypy on the package, eslint,
 #                                    prettier and tsc on the TypeScript; settings in pyproject.toml, package.json
+#   make as-installed                build the sdist and wheel, install the wheel in fresh environments under
+#                                    $(AS_INSTALLED_DIR) and run real kernels there (.ci/as_installed.py)
 #   make bench                       the peer benchmark; the peer systems (ipyparallel) live in their own
-#                                    environment $(BENCH_VENV) on top of $(VENV), never in the one `make lab` runs
+#                                    environment $(BENCH_VENV) on top of $(VENV), never in the lab's or the tests'
 PYTHON ?= python3
 VENV ?= .venv
+LAB_VENV ?= .venv-lab
 BENCH_VENV ?= .venv-bench
 PY := $(VENV)/bin/python
 EXTRAS ?= examples
 TEST_EXTRAS := test examples kubernetes
 LAB_ARGS ?=
+AS_INSTALLED_DIR ?= build/as-installed
 # Jupyter refuses to run as root without this flag (containers, CI images, many cloud notebooks).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 CORE := $(VENV)/.installed
-extra_stamps = $(foreach e,$(1),$(VENV)/.extra-$(e))
-# The requirements of one optional extra, read from the installed package's metadata, so an extra is
-# added without rebuilding the editable install.
-EXTRA_REQS = $(PY) -c 'import sys; from importlib.metadata import requires; print(" ".join(r.split(";")[0].strip() for r in requires("jupyter-cluster") or () if "extra == \"%s\"" % sys.argv[1] in r.replace(chr(39), chr(34))))'
+LAB_CORE := $(LAB_VENV)/.installed
+# extra_stamps(venv, extras): one stamp per optional extra installed in that environment
+extra_stamps = $(foreach e,$(2),$(1)/.extra-$(e))
+# The requirements of one optional extra, read from the installed package's metadata (the python of the
+# environment is $(1)), so an extra is added without rebuilding the editable install.
+EXTRA_REQS = $(1)/bin/python -c 'import sys; from importlib.metadata import requires; print(" ".join(r.split(";")[0].strip() for r in requires("jupyter-cluster") or () if "extra == \"%s\"" % sys.argv[1] in r.replace(chr(39), chr(34))))'
 # The JupyterLab extension: built by the editable install (hatch-jupyter-builder runs
 # jlpm), rebuilt here when its TypeScript, styles or schema change.  Needs Node.js.
 LABEXT := jupyter_cluster/labextension/package.json
 LABEXT_SRC := $(shell find labextension/src labextension/style labextension/schema -type f 2>/dev/null) package.json yarn.lock tsconfig.json
-JLPM := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/jlpm
+# jlpm comes from whichever environment the goal set up: the lab's for `make lab`, $(VENV) otherwise
+BUILD_VENV = $(VENV)
+JLPM = PATH="$(abspath $(BUILD_VENV))/bin:$$PATH" $(abspath $(BUILD_VENV))/bin/jlpm
+# The editable install is the development set-up of the JupyterLab extension template: jupyter-builder
+# (which `jupyter labextension develop` now defers to, with a deprecation) links the extension in.
+BUILDER := "jupyter-builder>=1.2,<2"
 
-.PHONY: setup lab lint test bench clean
+.PHONY: setup lab lint test as-installed bench clean
+# Prerequisites are listed in the order they must be made (an environment before the extension its
+# jlpm rebuilds); the lab's and the tests' environments are the two goals' only difference.
+.NOTPARALLEL:
+.SECONDEXPANSION:
 
-setup: $(CORE) $(call extra_stamps,$(EXTRAS)) $(LABEXT)
+# the development environment, as `make test` uses it
+setup: $(CORE) $(call extra_stamps,$(VENV),$(TEST_EXTRAS)) $(LABEXT)
 
-# the package (editable) with its core dependencies, and the JupyterLab extension linked in
-$(CORE): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e .
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter labextension develop --overwrite .
+# An environment with the package (editable) and its core dependencies, the extension linked in.
+$(sort $(CORE) $(LAB_CORE)): pyproject.toml
+	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
+	$(@D)/bin/python -m pip install --quiet --upgrade pip
+	$(@D)/bin/python -m pip install --quiet -e . $(BUILDER)
+	PATH="$(abspath $(@D))/bin:$$PATH" $(@D)/bin/jupyter-builder develop --overwrite .
 	touch $@
 
-# one optional extra (examples, test, kubernetes); checked again whenever the package is reinstalled
-$(VENV)/.extra-%: $(CORE)
-	reqs="$$($(EXTRA_REQS) $*)"; test -n "$$reqs" || { echo "pyproject.toml has no optional extra named '$*'; EXTRAS takes examples, test, kubernetes or nothing."; exit 1; }; \
-	$(PY) -m pip install --quiet $$reqs
+# One optional extra (examples, test, kubernetes) in one environment; checked again whenever the
+# package is reinstalled there.
+EXTRA_TARGETS := $(sort $(call extra_stamps,$(VENV),$(TEST_EXTRAS) $(EXTRAS)) $(call extra_stamps,$(LAB_VENV),$(EXTRAS)))
+$(EXTRA_TARGETS): $$(@D)/.installed
+	reqs="$$($(call EXTRA_REQS,$(@D)) $(patsubst .extra-%,%,$(@F)))"; test -n "$$reqs" || { echo "pyproject.toml has no optional extra named '$(patsubst .extra-%,%,$(@F))'; EXTRAS takes examples, test, kubernetes or nothing."; exit 1; }; \
+	$(@D)/bin/python -m pip install --quiet $$reqs
 	touch $@
 
-$(LABEXT): $(LABEXT_SRC) | $(CORE)
+$(LABEXT): $(LABEXT_SRC)
 	$(JLPM) install
 	$(JLPM) build
 	touch $(LABEXT)
 
-lab: setup
-	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
+lab: BUILD_VENV = $(LAB_VENV)
+lab: $(LAB_CORE) $(call extra_stamps,$(LAB_VENV),$(EXTRAS)) $(LABEXT)
+	$(LAB_VENV)/bin/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 # What to check and which rules: [tool.ruff] and [tool.mypy] in pyproject.toml, eslint.config.mjs and
 # package.json's "lint" script.  The tools come from the test extra and package.json's devDependencies.
@@ -63,21 +84,26 @@ lint: $(CORE) $(VENV)/.extra-test $(LABEXT)
 	$(PY) -m mypy
 	$(JLPM) lint
 
-# lint first: CI (.ci/run) runs only `make test`
-test: lint $(CORE) $(call extra_stamps,$(TEST_EXTRAS)) $(LABEXT)
+# lint first: CI (.ci/run) runs `make as-installed`, then `make test`
+test: lint $(CORE) $(call extra_stamps,$(VENV),$(TEST_EXTRAS)) $(LABEXT)
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
+# The product as users get it: the release builds, installed from the wheel without Node.js, driven
+# through real kernels by nbclient from $(VENV).
+as-installed: $(CORE) $(VENV)/.extra-test
+	$(PY) .ci/as_installed.py --workdir $(AS_INSTALLED_DIR) $(AS_INSTALLED_ARGS)
+
 # The benchmark's environment sees everything in $(VENV) (a .pth line adds its site-packages) and adds
-# only the peer systems, so `jupyter lab` from $(VENV) never loads ipyparallel's extensions.
+# only the peer systems, so `jupyter lab` never loads ipyparallel's extensions.
 $(BENCH_VENV)/.installed: pyproject.toml $(CORE)
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -c 'import sys, sysconfig; open(sysconfig.get_paths()["purelib"] + "/jupyter-cluster-main-venv.pth", "w").write("import site; site.addsitedir(%r)\n" % sys.argv[1])' \
 		"$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-	$(BENCH_VENV)/bin/python -m pip install --quiet $$($(EXTRA_REQS) bench)
+	$(BENCH_VENV)/bin/python -m pip install --quiet $$($(call EXTRA_REQS,$(VENV)) bench)
 	touch $@
 
 bench: $(BENCH_VENV)/.installed $(LABEXT)
 	$(BENCH_VENV)/bin/python benchmarks/bench_peers.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) build dist jupyter_cluster/labextension node_modules labextension/lib tsconfig.tsbuildinfo
+	rm -rf $(VENV) $(LAB_VENV) $(BENCH_VENV) build dist jupyter_cluster/labextension node_modules labextension/lib tsconfig.tsbuildinfo
