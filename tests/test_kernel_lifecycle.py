@@ -15,7 +15,7 @@ from nbclient import NotebookClient
 from jupyter_cluster import registry
 
 from .conftest import wait_for
-from .helpers import kernel_ok
+from .helpers import cell_text, kernel_ok
 
 
 def _notebook(*sources: str) -> nbformat.NotebookNode:
@@ -25,7 +25,7 @@ def _notebook(*sources: str) -> nbformat.NotebookNode:
     return nb
 
 
-def test_cluster_magic_in_a_real_notebook():
+def test_cluster_magic_in_a_real_notebook(capfd):
     nb = _notebook(
         "%load_ext jupyter_cluster",
         "%cluster start --workers 2 --name nb-cluster",
@@ -41,6 +41,10 @@ def test_cluster_magic_in_a_real_notebook():
     listing = "".join(o.get("text", "") for o in nb.cells[3].outputs)
     assert "nb-cluster" in listing and "kernel" in listing
     assert "Stopped cluster 'nb-cluster'" in "".join(o.get("text", "") for o in nb.cells[4].outputs)
+    # Nothing noisy as the cluster stops: what the workers print reaches a notebook through the
+    # kernel's stderr (under pytest ipykernel leaves that as is: it is this test's, captured here).
+    shown = "\n".join(cell_text(cell) for cell in nb.cells) + capfd.readouterr().err
+    assert "Traceback" not in shown and " - ERROR - " not in shown, shown
 
 
 def _execute(kc, code: str, timeout: float = 120) -> str:
