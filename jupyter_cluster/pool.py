@@ -17,20 +17,27 @@ from __future__ import annotations
 import builtins
 import collections
 import functools
+import io
+import pickle
 import queue
 import sys
 import threading
 import traceback
 import types
 import uuid
+import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing import TimeoutError
+from multiprocessing.pool import MaybeEncodingError, RemoteTraceback  # type: ignore[attr-defined]  # not in typeshed
 from typing import Any, TypeVar
+
+import cloudpickle
 
 from .engine.dask import (
     SchedulerWatch,
     cancel_futures,
+    client_running,
     finished_values,
     run_on_every_worker,
     scheduler_lost_error,
@@ -41,7 +48,11 @@ from .engine.dask import (
 
 __all__ = ["Pool", "AsyncResult", "ApplyResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"]
 
-RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"
+# multiprocessing.pool's own state values, so code that reads or sets Pool._state sees the same.
+INIT, RUN, CLOSE, TERMINATE = "INIT", "RUN", "CLOSE", "TERMINATE"
+#: Longest ``terminate()`` waits for the workers to confirm that the pool's running work stopped, in
+#: seconds (``join()`` waits for the rest); a sick cluster must not make it hang.
+STOP_WAIT_SECONDS = 10.0
 
 
 # -- what runs on the workers ------------------------------------------------------
@@ -147,6 +158,11 @@ class _PoolTask:
     def __name__(self) -> str:
         return getattr(self.func, "__name__", type(self.func).__name__)
 
+    @property
+    def stop_group(self) -> str:
+        """The pool's id: ``terminate()`` stops the pool's running items on the workers by it."""
+        return self.pool_id
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         func = self.func
         if self.initializer is not None:
@@ -162,9 +178,118 @@ class _PoolTask:
 
 
 def _apply(task: _PoolTask, args: tuple, kwds: dict) -> Any:
-    # args and kwds travel as two plain values, so a user's keyword such as
-    # ``key`` or ``workers`` never reaches Client.submit.
-    return task(*args, **kwds)
+    """The task of ``apply_async``: ``task(*args, **kwds)``, stopped by the pool's ``terminate()``.
+
+    args and kwds travel as two plain values, so a user's keyword such as
+    ``key`` or ``workers`` never reaches Client.submit.
+    """
+    from .engine.worker import GroupStopped, run_in_group
+
+    try:
+        return run_in_group(task.pool_id, _call, task, args, kwds)
+    except GroupStopped:  # terminated: nobody reads this result
+        return None
+
+
+def _call(task: _PoolTask, args: tuple, kwds: dict) -> Any:
+    try:
+        value = task(*args, **kwds)
+    except BaseException as exc:  # noqa: BLE001 - sent back as data, as multiprocessing does
+        return _Failed.of(exc)
+    problem = _unsendable(value)
+    if problem is not None:
+        # multiprocessing's error for a result it cannot send back (the worker lives on).
+        return _Failed(MaybeEncodingError(problem, value), None)
+    return value
+
+
+class _Failed:
+    """A call's exception, sent back as its result with the remote traceback's text.
+
+    As a value rather than a raised error, it reaches the pool with the text
+    ``multiprocessing`` puts in ``exc.__cause__`` (a ``RemoteTraceback``),
+    and Dask does not log the call as failed: the error reaches the user once.
+    """
+
+    __slots__ = ("exc", "text")
+
+    def __init__(self, exc: BaseException, text: str | None):
+        self.exc = exc
+        self.text = text
+
+    def __reduce__(self):
+        return (_Failed, (self.exc, self.text))
+
+    @classmethod
+    def of(cls, exc: BaseException) -> _Failed:
+        from .engine.job import RemoteItemError
+        from .engine.worker import error_info
+
+        sendable, type_name, message, text, _ = error_info(exc)
+        if sendable is None:  # the exception itself cannot be pickled: its type and message come back
+            sendable = RemoteItemError(f"{type_name}: {message}")
+        return cls(sendable, text)
+
+    def error(self) -> BaseException:
+        return _with_remote_traceback(self.exc, self.text)
+
+
+def _with_remote_traceback(exc: BaseException, text: str | None) -> BaseException:
+    """``exc`` with ``__cause__`` a ``multiprocessing.pool.RemoteTraceback`` of ``text``, as multiprocessing has it."""
+    if text and exc.__cause__ is None:
+        exc.__cause__ = RemoteTraceback(f'\n"""\n{text}"""')
+    return exc
+
+
+def _skip_buffer(buffer: Any) -> None:
+    """Out-of-band buffers (arrays) are not copied by the sendability check."""
+    return None
+
+
+#: Result types that can always be sent back.
+_SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes})
+
+
+class _NotebookPickler(cloudpickle.Pickler):
+    """pickle's rules, plus code defined in the notebook or ``__main__`` (pickled by value).
+
+    What ``multiprocessing`` cannot send back (a lambda or local function of
+    an importable module) is refused here too, while the instances of
+    notebook-defined classes a task returns still travel.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (types.FunctionType, type)) and not _defined_by_value(obj) and not _importable(obj):
+            raise pickle.PicklingError(f"Can't pickle {obj!r}: it is not found as {obj.__module__}.{obj.__qualname__}")
+        return super().reducer_override(obj)
+
+
+def _defined_by_value(obj: Any) -> bool:
+    module = sys.modules.get(obj.__module__ or "")
+    return module is None or obj.__module__ == "__main__" or getattr(module, "__file__", None) is None
+
+
+def _importable(obj: Any) -> bool:
+    found: Any = sys.modules.get(obj.__module__ or "")
+    for part in obj.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is obj
+
+
+def _unsendable(value: Any) -> Exception | None:
+    """Why ``value`` cannot be sent back to the pool (None when it can)."""
+    if type(value) in _SCALARS:
+        return None
+    try:
+        pickle.dumps(value, protocol=5, buffer_callback=_skip_buffer)
+        return None
+    except Exception:
+        pass
+    try:
+        _NotebookPickler(io.BytesIO(), protocol=5, buffer_callback=_skip_buffer).dump(value)
+        return None
+    except Exception as exc:
+        return exc
 
 
 # -- result objects -------------------------------------------------------------------
@@ -240,9 +365,11 @@ class IMapIterator:
 
     _ordered = True
 
-    def __init__(self, pool: Pool, job: Any):
+    def __init__(self, pool: Pool, job: Any, input_failed: list | None = None):
         self._pool = pool
         self._job = job
+        # The exception the input raised (see _guarded): comes after the items read before it.
+        self._input_failed = input_failed if input_failed is not None else []
         self._lock = threading.Lock()
         self._buffer: queue.Queue | None = None  # set once a timed next() starts the feeder
         self._stop = threading.Event()
@@ -270,13 +397,14 @@ class IMapIterator:
                 value = next(self._job)
             except StopIteration:
                 self._done = True
+                self._raise_input_failure()
                 raise
             except BaseException:
                 self._done = True
                 self._check()
                 raise
             if _is_failure(self._job, value):
-                raise value
+                raise _remote_failure(self._job, value)
             return value
         buffer = self._start_feeder()
         try:
@@ -286,12 +414,17 @@ class IMapIterator:
         if kind == "value":
             return value
         if kind == "error":
-            raise value
+            raise _remote_failure(self._job, value)
         self._done = True
         if kind == "fail":
             self._check()
             raise value
+        self._raise_input_failure()
         raise StopIteration
+
+    def _raise_input_failure(self) -> None:
+        if self._input_failed:
+            raise self._input_failed.pop()
 
     __next__ = next
 
@@ -348,6 +481,57 @@ def _feed(job: Any, buffer: queue.Queue, stop: threading.Event) -> None:
 def _is_failure(job: Any, value: Any) -> bool:
     """Whether ``value`` stands for a failed item (the engine runs imap with errors="collect")."""
     return isinstance(value, BaseException) and any(value is e for e in job.errors.values())
+
+
+def _remote_failure(job: Any, exc: BaseException) -> BaseException:
+    """A failed item's exception with its remote traceback as ``__cause__``, as multiprocessing raises it."""
+    for index, failed in job.errors.items():
+        if failed is exc:
+            entry = getattr(job, "tracebacks", {}).get(index)
+            return _with_remote_traceback(exc, entry[0] if entry else None)
+    return exc
+
+
+def _raise_first_failure(job: Any) -> None:
+    """Raise the first failed item's exception of a finished map, if any (``map`` and ``map_async``).
+
+    As in multiprocessing, the map ends first: every item has run (none is
+    left running on the cluster behind the caller's back, so ``join()``
+    after a failed map waits for nothing).
+    """
+    if job.errors:
+        raise _remote_failure(job, job.errors[min(job.errors)])
+
+
+#: Inputs whose reading cannot raise: imap passes them to the engine as they are (which keeps their length).
+_PLAIN_INPUTS = (list, tuple, range, dict, set, frozenset, str, bytes)
+
+
+def _guarded(iterable: Iterable, chunksize: int, failed: list) -> Iterator:
+    """``iterable`` read as multiprocessing's imap reads it: an exception ends the input, into ``failed``.
+
+    The iterator then raises it after the results of the items read before
+    it, leaving out the chunk being read when it came (as multiprocessing
+    does), instead of the engine raising it from whichever ``next()`` is
+    reading ahead at the time.
+    """
+    it = iter(iterable)  # a non-iterable is a TypeError here, in the caller
+
+    def read() -> Iterator:
+        while True:
+            group = []
+            try:
+                for _ in range(chunksize):
+                    group.append(next(it))
+            except StopIteration:
+                yield from group
+                return
+            except Exception as exc:
+                failed.append(exc)
+                return
+            yield from group
+
+    return read()
 
 
 class IMapUnorderedIterator(IMapIterator):
@@ -429,7 +613,7 @@ class Pool:
         cluster: Any = None,
         progress: bool | None = None,
     ):
-        self._state = RUN  # set first so that a failing __init__ leaves a sane object
+        self._state = INIT  # set first so that a failing __init__ leaves a sane object (and __del__ no warning)
         if processes is not None:
             if isinstance(processes, bool) or not isinstance(processes, int):
                 raise TypeError(f"processes must be an int or None, not {type(processes).__name__}")
@@ -470,6 +654,8 @@ class Pool:
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._scheduler_watch = SchedulerWatch(self._client)
         self._forgotten = False
+        self._used = False  # whether any work was sent (terminate() then stops it on the workers)
+        self._stopper: threading.Thread | None = None
         self._result_thread = threading.Thread(
             target=_handle_results,
             args=(self._outbox, weakref.WeakMethod(self._watch_connection)),
@@ -477,6 +663,16 @@ class Pool:
             name=f"jupyter-cluster-{self._id}-results",
         )
         self._result_thread.start()
+        self._state = RUN
+
+    def __del__(self) -> None:
+        # As multiprocessing: a pool dropped while running is a leak of what it holds.
+        if getattr(self, "_state", None) == RUN:
+            try:
+                name = repr(self)
+            except Exception:
+                name = "<jupyter_cluster.Pool>"
+            warnings.warn(f"unclosed running multiprocessing pool {name}", ResourceWarning, source=self, stacklevel=1)
 
     # -- state ---------------------------------------------------------------
     def _check_running(self) -> None:
@@ -507,6 +703,7 @@ class Pool:
                 self._idle.notify_all()
 
     def _task(self, func: Callable, star: bool = False) -> _PoolTask:
+        self._used = True
         return _PoolTask(func, self._id, self._initializer, self._initargs, star)
 
     # -- apply ----------------------------------------------------------------
@@ -546,7 +743,10 @@ class Pool:
                 self._client, _apply, task, args, kwds, key=key, on_done=functools.partial(self._on_done, name=name)
             )
         except Exception as exc:  # e.g. an argument that cannot be pickled
-            self._outbox.put((result._set, False, exc))
+            error: BaseException = exc
+            if not client_running(self._client):  # Dask's "client is closed": say what happened to the cluster
+                error = scheduler_lost_error(self._client, "this call was not sent", "a new Pool", self._handle.name)
+            self._outbox.put((result._set, False, error))
             return
         self._running[key] = (future, result)
 
@@ -568,7 +768,9 @@ class Pool:
         outcomes = finished_values(self._client, [future for future, _, _ in batch])
         # outcomes first: zip then resumes it after the last result, which releases that future too.
         for (ok, value), (_, result, name) in zip(outcomes, batch):
-            if ok:
+            if ok and type(value) is _Failed:
+                result._set(False, value.error())
+            elif ok:
                 result._set(True, value)
             else:
                 result._set(False, self._translate(value, name))
@@ -635,7 +837,9 @@ class Pool:
         return self._map(self._task(func, star=True), iterable, chunksize, f"Pool.starmap({_funcname(func)})")
 
     def _map(self, task: _PoolTask, iterable: Iterable, chunksize: Any, label: str) -> list:
-        job = self._job(task, iterable, chunksize, label, ordered=True, errors="raise", retain=True)
+        # errors="collect": a failed item does not stop the others (multiprocessing's map runs them
+        # all, then raises the failure); _raise_first_failure raises it once they have run.
+        job = self._job(task, iterable, chunksize, label, ordered=True, errors="collect", retain=True)
         with self._lock:
             self._map_jobs.add(job)
         try:
@@ -645,6 +849,7 @@ class Pool:
                 self._map_jobs.discard(job)
         if self._state == TERMINATE:
             raise ValueError("Pool not running")
+        _raise_first_failure(job)
         return job.result_list()
 
     def map_async(
@@ -685,7 +890,7 @@ class Pool:
     ) -> MapResult:
         if not hasattr(iterable, "__len__"):
             iterable = list(iterable)  # as multiprocessing: a failing generator raises here, in the caller
-        job = self._job(task, iterable, chunksize, label, ordered=True, errors="raise", retain=True)
+        job = self._job(task, iterable, chunksize, label, ordered=True, errors="collect", retain=True)
         result = MapResult(self, callback, error_callback)
         with self._lock:
             self._map_jobs.add(job)
@@ -694,6 +899,7 @@ class Pool:
             # This thread is the call's result thread: callbacks run here.
             try:
                 job.run()
+                _raise_first_failure(job)
                 values = job.result_list()
             except BaseException as exc:
                 if self._state != TERMINATE:
@@ -725,6 +931,10 @@ class Pool:
     def _imap(self, func: Callable, iterable: Iterable, chunksize: Any, cls: type[_Iter], method: str) -> _Iter:
         # errors="collect": a failed item raises at its place and iteration
         # can go on past it, as with multiprocessing's iterators.
+        failed: list = []
+        if not isinstance(iterable, _PLAIN_INPUTS):
+            size = _check_chunksize(chunksize)
+            iterable = _guarded(iterable, size if isinstance(size, int) else 1, failed)
         job = self._job(
             self._task(func),
             iterable,
@@ -734,7 +944,7 @@ class Pool:
             errors="collect",
             retain=False,
         )
-        it = cls(self, job)
+        it = cls(self, job, failed)
         self._iterators.add(it)
         return it
 
@@ -767,7 +977,7 @@ class Pool:
         for it in iterators:
             it._cancel()
         self._outbox.put(None)
-        self._forget_on_workers()
+        self._stop_on_workers()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the submitted work to finish; call :meth:`close` or :meth:`terminate` first.
@@ -784,6 +994,39 @@ class Pool:
             self._forget_on_workers()
         if threading.current_thread() is not self._result_thread:
             self._result_thread.join(timeout)
+        stopper = self._stopper
+        if stopper is not None and stopper is not threading.current_thread():
+            stopper.join(timeout)
+
+    def _stop_on_workers(self) -> None:
+        """Stop the pool's running items on every worker, and release its globals there.
+
+        Dask cannot stop a running task; each worker runs the pool's items in
+        a helper thread (:func:`~jupyter_cluster.engine.worker.run_in_group`)
+        and, told here, gives the task's thread back at once, as
+        ``multiprocessing`` ends its processes.  Waits up to
+        :data:`STOP_WAIT_SECONDS` for the workers' answer; ``join()`` waits for the rest.
+        """
+        if not self._used:
+            self._forget_on_workers()
+            return
+        from .engine.worker import stop_group
+
+        forget = self._initializer is not None and not self._forgotten
+        self._forgotten = True
+        client, pool_id = self._client, self._id
+
+        def stop() -> None:
+            try:
+                run_on_every_worker(client, stop_group, pool_id)
+                if forget:
+                    run_on_every_worker(client, _forget_pool, pool_id)
+            except Exception:  # the cluster is gone, and the work with it
+                pass
+
+        stopper = self._stopper = threading.Thread(target=stop, daemon=True, name=f"jupyter-cluster-{pool_id}-stop")
+        stopper.start()
+        stopper.join(STOP_WAIT_SECONDS)
 
     def _forget_on_workers(self) -> None:
         """Drop what the initializer left in the workers' pool namespaces.

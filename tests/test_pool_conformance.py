@@ -8,6 +8,7 @@ that multiprocessing can pickle them by reference.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import multiprocessing
 import os
@@ -560,3 +561,126 @@ def test_pool_in_a_real_ipython_shell(ip, cluster):
     result.raise_error()
     assert ip.user_ns["pool_out"] == [100, 101, 102, -1, -1]
     assert ip.user_ns["pool_lambda"] == 6
+
+
+# -- issue 25: what CPython's own Pool tests found (tests/test_cpython_pool.py runs those) -----------
+
+
+def mark_and_sleep(path, seconds=300):
+    open(path, "w").close()
+    time.sleep(seconds)  # a C call: an exception raised in its thread waits until it returns
+    return path
+
+
+def test_terminate_frees_threads_blocked_in_a_c_call(fresh, cluster, tmp_path):
+    """multiprocessing ends its processes; ours gives Dask the threads of running items back at once."""
+    p = fresh("jupyter_cluster", 2)
+    marks = [str(tmp_path / f"map-{i}") for i in range(10)] + [str(tmp_path / "apply")]
+    applied = p.apply_async(mark_and_sleep, (marks[-1],))
+    mapped = p.map_async(mark_and_sleep, marks[:-1], chunksize=1)
+    # The cluster has 2 threads: two marks mean both are in time.sleep(300).
+    wait_for(lambda: sum(map(os.path.exists, marks)) >= 2, timeout=60, message="both threads to be sleeping")
+    p.terminate()
+    p.join()
+    with jc.Pool(1) as q:  # needs a free thread: before the fix it waited for the 300 s sleeps
+        assert q.apply_async(sq, (3,)).get(timeout=60) == 9
+        assert q.map_async(sq, range(4)).get(timeout=60) == [0, 1, 4, 9]
+    assert sum(map(os.path.exists, marks)) == 2  # the rest of the map never started
+    assert not applied.ready() and not mapped.ready()  # as multiprocessing: unfinished results stay unfinished
+
+
+def _remote_cause(call):
+    def run(p):
+        try:
+            call(p)
+        except CustomError as exc:
+            cause = exc.__cause__
+            return type(cause).__name__, "raise CustomError(msg)  # the remote line" in getattr(cause, "tb", "")
+        return None
+
+    return run
+
+
+def custom_fail(msg):
+    raise CustomError(msg)  # the remote line
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda p: p.apply(custom_fail, ("c",)),
+        lambda p: p.map(custom_fail, ["c"], chunksize=1),
+        lambda p: p.map_async(custom_fail, ["c"]).get(timeout=60),
+        lambda p: list(p.imap(custom_fail, ["c"])),
+    ],
+    ids=["apply", "map", "map_async", "imap"],
+)
+def test_remote_traceback_is_the_cause_as_in_multiprocessing(shared_pools, call):
+    """Code written for multiprocessing reads the worker's traceback from ``exc.__cause__.tb``."""
+    assert compare(_remote_cause(call), pools=shared_pools) == ("ok", ("RemoteTraceback", True))
+
+
+def test_failed_map_raises_after_every_item_ran(fresh, tmp_path):
+    """As multiprocessing's map (no fail-fast): nothing of the map still runs when it raises."""
+    marks = [str(tmp_path / f"done-{i}") for i in range(4)]
+    for kind in FACTORIES:
+        for m in marks:
+            if os.path.exists(m):
+                os.remove(m)
+        p = fresh(kind, 2)
+        with pytest.raises(ZeroDivisionError):
+            p.map(_fail_first_then_mark, list(zip(range(4), marks)), chunksize=1)
+        assert all(map(os.path.exists, marks[1:])), kind
+
+
+def _fail_first_then_mark(arg):
+    i, path = arg
+    if i == 0:
+        return 1 / 0
+    time.sleep(0.3)
+    open(path, "w").close()
+
+
+def test_results_of_notebook_code_still_come_back(ip, cluster):
+    """MaybeEncodingError is for what pickle cannot send (as multiprocessing); the notebook's own code travels."""
+    result = ip.run_cell(
+        textwrap.dedent(
+            """
+            import jupyter_cluster as jc
+            class Point:
+                def __init__(self, x):
+                    self.x = x
+            with jc.Pool() as pool:
+                nb_point = pool.apply(lambda: Point(4))
+                nb_fn = pool.apply(lambda: (lambda: 5))
+            """
+        )
+    )
+    result.raise_error()
+    assert ip.user_ns["nb_point"].x == 4
+    assert ip.user_ns["nb_fn"]() == 5
+
+
+def test_unsendable_result_is_maybe_encoding_error_as_in_multiprocessing(shared_pools):
+    from multiprocessing.pool import MaybeEncodingError
+
+    def run(p):
+        try:
+            p.apply(_returns_a_local_function)
+        except MaybeEncodingError as exc:
+            return "MaybeEncodingError", "<lambda>" in exc.value
+        return "returned"
+
+    assert compare(run, pools=shared_pools) == ("ok", ("MaybeEncodingError", True))
+
+
+def _returns_a_local_function():
+    return lambda: 42  # pickle cannot send it back (no name to import it by)
+
+
+def test_dropped_running_pool_warns_as_in_multiprocessing(cluster):
+    p = jc.Pool(1)
+    assert p.apply(sq, (2,)) == 4
+    with pytest.warns(ResourceWarning, match="^unclosed running multiprocessing pool <jupyter_cluster.Pool"):
+        del p
+        gc.collect()
