@@ -83,7 +83,9 @@ def map(fn: Callable, *iterables: Iterable, **options: Any) -> list:
 
     Same options as :func:`imap`.  Results come in input order (completion
     order with ``ordered=False``).  On ``KeyboardInterrupt`` the results
-    finished so far stay in :func:`last_job` ``().results``.
+    finished so far stay in :func:`last_job` ``().results``.  Once it has
+    returned, nothing of jupyter_cluster holds the results or the inputs: they
+    live as long as the caller keeps them (:meth:`MapJob.take_results`).
 
     Examples
     --------
@@ -95,7 +97,7 @@ def map(fn: Callable, *iterables: Iterable, **options: Any) -> list:
     options["client"] = _resolve(options.get("client"))
     job = MapJob(fn, iterables, **options)
     job.run()
-    return job.result_list()
+    return job.take_results()  # the list is the caller's; the finished job keeps only its record
 
 
 def all_workers_job(fn: Callable, **options: Any) -> MapJob:

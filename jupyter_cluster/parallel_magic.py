@@ -10,9 +10,11 @@ The magic only translates: it parses the header and options, finds the cell's
 free names (:mod:`~jupyter_cluster.capture`), builds a
 :class:`~jupyter_cluster.cellfunc.CellFunction` and hands it to the one map
 engine (:mod:`~jupyter_cluster.mapping`).  Results land in ``--out NAME``
-(default ``_parallel``) in input order; the run's record (results, outputs,
-errors, timings) is stored as ``_parallel_job``.  Nothing else in the notebook
-namespace changes: names assigned in the cell stay on the worker.
+(default ``_parallel``) in input order; the run's record (counts, outputs,
+errors' text, timings) is stored as ``_parallel_job``, with the results only of
+a cell that was interrupted or failed (a finished cell's are in ``--out``
+alone, so deleting it frees them).  Nothing else in the notebook namespace
+changes: names assigned in the cell stay on the worker.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ PARALLEL_USAGE = (
     "%%parallel TARGETS in ITERABLE [options]     run the cell once per item, on the cluster\n"
     "%%parallel --all-workers [options]           run the cell once on every worker (setup)\n\n"
     + options_text(OPTIONS)
-    + "\nThe run's record (results, outputs, errors, timings) is stored as _parallel_job.\n"
+    + "\nThe run's record (outputs, errors, timings; results if interrupted) is stored as _parallel_job.\n"
 )
 
 _FLAG_OPTIONS = {flag for flag, kwargs, _ in OPTIONS if kwargs.get("action") == "store_true"}
@@ -513,7 +515,8 @@ class ParallelMagics(Magics):
         )
         user_ns[JOB_NAME] = job
         self._drive(job, printer)
-        user_ns[args.out] = job.result_list()
+        # The results are the notebook's, in --out alone: a `del` of it gives their memory back.
+        user_ns[args.out] = job.take_results()
         self._summary(job, printer, args.out)
         return None
 
@@ -525,7 +528,8 @@ class ParallelMagics(Magics):
         self.shell.user_ns[JOB_NAME] = job
         self._drive(job, printer)
         _worker_names.setdefault(handle.address, set()).update(analysis.assigned)
-        self.shell.user_ns[args.out] = {w: job.results.get(i) for i, w in enumerate(workers)}
+        values = dict(enumerate(job.take_results()))
+        self.shell.user_ns[args.out] = {w: values.get(i) for i, w in enumerate(workers)}
         self._summary(job, printer, args.out)
         return None
 

@@ -51,6 +51,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -96,7 +97,13 @@ MAX_TIMEOUT_SECONDS = float(min(threading.TIMEOUT_MAX, 10**9))
 NO_WORKERS_NOTICE_SECONDS = 5.0
 
 _observer_factories: list[Callable] = []
+# The most recently started map: always known weakly (a running map lives as long as whoever drives
+# it; an abandoned imap must be collected, which cancels it).  Held strongly once it ended without
+# finishing (an interrupt or a failure: its partial results are documented to stay reachable), or
+# finished holding none of the caller's values.  A finished map that still holds them (a Pool.map's,
+# a run_on_workers job's) lives only as long as its caller keeps it.
 _last_job: MapJob | None = None
+_last_job_ref: weakref.ReferenceType[MapJob] | None = None
 
 
 def add_observer_factory(factory: Callable) -> None:
@@ -117,8 +124,18 @@ def remove_observer_factory(factory: Callable) -> None:
 
 
 def last_job() -> MapJob | None:
-    """The most recently started map in this process (keeps its results after an interrupt)."""
-    return _last_job
+    """The most recently started map in this process (keeps its results after an interrupt).
+
+    A map that finished is kept for its record (counts, timings, outputs,
+    failures' text) but not for its values: :func:`map` hands its results to
+    its caller and keeps none, and a finished map whose caller still owns its
+    results (``Pool.map``, :func:`run_on_workers`) is returned only while that
+    caller keeps the job; None after that.  So is a running map (an
+    :func:`imap` its caller dropped is collected, which cancels it).
+    """
+    if _last_job is not None:
+        return _last_job
+    return _last_job_ref() if _last_job_ref is not None else None
 
 
 #: While a batch of results is being fetched, look at the scheduler this often, in seconds.
@@ -236,7 +253,7 @@ class MapJob:
         pin_workers: list[str] | None = None,
         concurrency: int | None = None,
     ):
-        global _last_job
+        global _last_job, _last_job_ref
         timeout = check_options(
             errors=errors, chunksize=chunksize, retries=retries, timeout=timeout, resources=resources
         )
@@ -281,6 +298,7 @@ class MapJob:
         self.peak_in_flight = 0
         self.items_read = 0
         self.ended: float | None = None
+        self._handed_over = False  # take_results() gave the values to the caller
 
         self._star = len(iterables) > 1
         self._source: Iterator = iter(iterables[0]) if len(iterables) == 1 else zip(*iterables)
@@ -344,7 +362,7 @@ class MapJob:
                 continue
             if obs is not None:
                 self._observers.append(obs)
-        _last_job = self
+        _last_job, _last_job_ref = None, weakref.ref(self)
         self._notify("job_started")
 
     # -- public --------------------------------------------------------------------
@@ -393,6 +411,25 @@ class MapJob:
         n = self.total if self.total is not None else len(self.results)
         return [self.results[i] for i in range(n)]
 
+    def take_results(self) -> list:
+        """:meth:`result_list`, handing the values over: the job keeps none of them afterwards.
+
+        What :func:`map` returns.  A loop of maps that return large values
+        (arrays, model weights) then holds each map's values only as long as
+        its caller does.  ``results`` is emptied; ``errors`` keeps, per failed
+        index, a :class:`RemoteItemError` with the exception's text (the
+        exceptions themselves are in the list); ``failed_items`` keeps a short
+        repr of each failed item in place of the item.  Counts, timings,
+        outputs and tracebacks' text stay.
+        """
+        out = self.result_list()
+        self.results = {}
+        self.errors = {i: _text_of(e) for i, e in self.errors.items()}
+        self.failed_items = {i: (abbreviate(item), w) for i, (item, w) in self.failed_items.items()}
+        self._handed_over = True
+        self._settle_last()
+        return out
+
     def cancel(self) -> None:
         """Stop the map: outstanding chunks are cancelled; results so far stay in ``results``."""
         if not self.finished:
@@ -413,12 +450,14 @@ class MapJob:
                 if self.total is not None and i >= self.total and self._exhausted_all():
                     if not self.finished:  # observers (progress, job events) hear that it ended
                         self._finish()
+                    self._settle_last()  # everything yielded: with retain=False it holds no value now
                     raise StopIteration
             else:
                 if self._order:
                     i = self._order.popleft()
                     return self.results[i] if self.retain else self.results.pop(i)
             if self.finished:
+                self._settle_last()
                 raise StopIteration
             self._step()
 
@@ -1219,8 +1258,40 @@ class MapJob:
         self.finished = True
         self.state = state
         self.ended = time.time()
+        self._drop_inputs()
         self._notify("job_progress")
         self._notify("job_finished")
+        self._settle_last()
+
+    def _drop_inputs(self) -> None:
+        """Let go of the caller's inputs: nothing reads them once the map has ended.
+
+        The input iterator (and the list or generator behind it), items read
+        ahead or sent back, the function and the large values.  Failed items
+        stay in ``failed_items`` (error messages name them).
+        """
+        self._source = iter(())
+        self._buffer.clear()
+        self._returned.clear()
+        self._returned_n = 0
+        self._suspects.clear()
+        self._resubmit.clear()
+        self._shared_values = {}
+        self._blob = None
+        self.fn = None
+        if self._leases is not None:
+            self._leases.blob = None
+
+    def _holds_values(self) -> bool:
+        return not self._handed_over and bool(self.results or self.errors or self.failed_items)
+
+    def _settle_last(self) -> None:
+        """Hold this job strongly as :func:`last_job` only where it should outlive its caller (see there)."""
+        global _last_job
+        if _last_job_ref is None or _last_job_ref() is not self:
+            return  # a newer map started since: it is the one last_job() returns
+        keep = self.finished and (self.state != "finished" or not self._holds_values())
+        _last_job = self if keep else None
 
     def _maybe_progress(self) -> None:
         now = time.monotonic()
@@ -1299,6 +1370,19 @@ def check_options(
                     f"ask for a positive amount such as {name}=1, or drop it."
                 )
     return timeout
+
+
+def _text_of(exc: BaseException) -> BaseException:
+    """A stand-in for ``exc`` that keeps only its text (what a finished map's record shows)."""
+    msg = str(exc).strip()
+    if isinstance(exc, RemoteItemError):  # already text: "TypeName: message"
+        stand_in = RemoteItemError(msg)
+    else:
+        stand_in = RemoteItemError(f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__)
+    notes = getattr(exc, "__notes__", None)
+    if notes:
+        stand_in.__notes__ = [str(n) for n in notes]
+    return stand_in
 
 
 def _add_note(exc: BaseException, note: str) -> None:

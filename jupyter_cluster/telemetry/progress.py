@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -74,8 +75,27 @@ def job_state(job: Any) -> str:
     return state if state in ("running", "finished", "failed", "cancelled") else "running"
 
 
+def _job_ref(job: Any) -> Callable[[], Any]:
+    """A weak reference to ``job`` where it takes one (a strong one otherwise, dropped when it ends).
+
+    Observers outlive their jobs (:data:`recent`, the ticker until its next
+    tick); a strong reference kept a finished map's results alive for as long.
+    """
+    try:
+        return weakref.ref(job)
+    except TypeError:
+        return lambda: job
+
+
+def _gone() -> None:
+    return None
+
+
 class JobProgress:
     """Counts, rate, elapsed time and ETA of one map job.
+
+    It refers to the job weakly and keeps its last snapshot, so a job whose
+    caller dropped it (and its results) is not kept alive by its progress.
 
     Parameters
     ----------
@@ -85,13 +105,32 @@ class JobProgress:
     """
 
     def __init__(self, job: Any) -> None:
-        self.job = job
+        self._job = _job_ref(job)
         self.started = float(getattr(job, "started", None) or time.time())
         self.ended: float | None = None
+        self._last: dict[str, Any] | None = None
+
+    @property
+    def job(self) -> Any:
+        """The job, or None once it is gone."""
+        return self._job()
+
+    def release(self) -> None:
+        """The job ended: a job held strongly (one that takes no weak reference) is let go.
+
+        :meth:`snapshot` answers its last state from then on.
+        """
+        if isinstance(self._job, weakref.ref):
+            return
+        if self._job() is not None:
+            self.snapshot()
+        self._job = _gone
 
     def snapshot(self) -> dict[str, Any]:
-        """The job's progress now, as a plain dict."""
-        job = self.job
+        """The job's progress now, as a plain dict (its last one once the job is gone)."""
+        job = self._job()
+        if job is None:
+            return self._final()
         total = getattr(job, "total", None)
         done = int(getattr(job, "done", 0) or 0)
         failed = int(getattr(job, "failed", 0) or 0)
@@ -105,7 +144,7 @@ class JobProgress:
         eta = None
         if total is not None and state == "running" and rate > 0:
             eta = max(0.0, (total - processed) / rate)
-        return {
+        self._last = {
             "job": str(getattr(job, "id", "")),
             "label": str(getattr(job, "label", None) or "map"),
             "total": total,
@@ -118,6 +157,20 @@ class JobProgress:
             "rate": rate,
             "eta": eta,
         }
+        return dict(self._last)
+
+    def _final(self) -> dict[str, Any]:
+        """The last snapshot of a job that is gone; one dropped while it ran was abandoned, so it reads cancelled."""
+        last = dict(self._last) if self._last is not None else {
+            "job": "", "label": "map", "total": None, "done": 0, "failed": 0, "processed": 0,
+            "state": "running", "started": self.started, "elapsed": 0.0, "rate": 0.0, "eta": None,
+        }  # fmt: skip
+        if last["state"] == "running":
+            if self.ended is None:
+                self.ended = time.time()
+            last.update(state="cancelled", eta=None, elapsed=max(0.0, self.ended - self.started))
+            self._last = dict(last)
+        return last
 
 
 def failures_of(job: Any) -> list[JobFailure]:
@@ -325,7 +378,6 @@ class ProgressObserver:
         renderer_factory: Callable[[], Any] = make_renderer,
         publish: bool = True,
     ) -> None:
-        self.job = job
         self.model = JobProgress(job)
         self.show = show
         self.delay = delay
@@ -346,7 +398,13 @@ class ProgressObserver:
         self._published_done = -1
         self._closed = False
         self.published: list[JobMessage] = []  # what this observer sent on the jobs topic (kept small)
+        self._failures: list[JobFailure] = []  # the job's failures as last published (text only)
         recent.append(self)
+
+    @property
+    def job(self) -> Any:
+        """The job followed, or None once it is gone (an observer never keeps a job, or its results, alive)."""
+        return self.model.job
 
     # -- rendering -------------------------------------------------------------------
     def _render(self, final: bool = False) -> None:
@@ -373,12 +431,15 @@ class ProgressObserver:
             return
         now = time.monotonic()
         job = self.job
-        done = int(getattr(job, "done", 0) or 0) + int(getattr(job, "failed", 0) or 0)
+        snap = self.model.snapshot()
+        done = snap["processed"]
         if not force and (now - self._last_publish < PUBLISH_INTERVAL or done == self._published_done):
             return
         self._last_publish = now
         self._published_done = done
-        snap = self.model.snapshot()
+        if job is not None:
+            self._failures = failures_of(job)
+        del job  # not held through the publish (it may wait on the client's loop)
         msg = job_message(
             job=snap["job"],
             label=snap["label"],
@@ -390,7 +451,7 @@ class ProgressObserver:
             state=snap["state"],
             started=snap["started"],
             updated=time.time(),
-            failures=failures_of(job),
+            failures=self._failures,
             kernel_id=self.kernel_id,
         )
         if len(self.published) < 64 or force:
@@ -398,6 +459,9 @@ class ProgressObserver:
         publish(self.client, JOBS_TOPIC, msg)
 
     def _tick(self) -> bool:
+        if self.model.job is None:  # dropped unfinished (an abandoned imap): end its display as cancelled
+            self._close()
+            return False
         with self._lock:
             if self._closed:
                 return False
@@ -405,6 +469,15 @@ class ProgressObserver:
                 self._render()
             self._publish()
         return True
+
+    def _close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._render(final=True)
+            self._publish(force=True)
+            self.model.release()
 
     # -- the observer interface of mapping -------------------------------------------
     def job_started(self, job: Any) -> None:
@@ -426,12 +499,7 @@ class ProgressObserver:
             self._publish()
 
     def job_finished(self, job: Any) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._render(final=True)
-            self._publish(force=True)
+        self._close()
 
     @property
     def shown(self) -> bool:
