@@ -456,7 +456,7 @@ def prepare(handle, n: int | None = None, backend: str | None = None, notice: Ca
     return group
 
 
-def _open_rendezvous(handle, group: Group, timeout: float) -> None:
+def _open_rendezvous(handle, group: Group) -> None:
     """A new rendezvous generation: rank 0's worker keeps its keys (see ``spmd_worker._StoreKeys``)."""
     group.generation += 1
     addr0 = group.workers[0]
@@ -465,8 +465,6 @@ def _open_rendezvous(handle, group: Group, timeout: float) -> None:
         _worker_module().open_store,
         group.id,
         group.generation,
-        group.world_size,
-        timeout,
         workers=[addr0],
         timeout=60,
     )
@@ -583,7 +581,7 @@ def run(
     group = prepare(handle, workers, backend, notice)
     client = handle.client
     if group.store is None or not group.healthy:
-        _open_rendezvous(handle, group, timeout)
+        _open_rendezvous(handle, group)
     group.healthy = False  # until this cell succeeds
     group.runs += 1
     payload = _ship(client, group, payload)

@@ -163,7 +163,7 @@ def probe() -> dict[str, Any]:
     return info
 
 
-def open_store(group: str, generation: int, world_size: int, timeout: float, dask_worker=None) -> str:
+def open_store(group: str, generation: int, dask_worker=None) -> str:
     """Rank 0's worker: hold a new rendezvous generation's keys; return this worker's address.
 
     The ranks reach the keys through :data:`STORE_HANDLER` on this worker's own

@@ -223,11 +223,13 @@ def test_python_api_shares_the_group_and_state(shell, cluster):
 def test_the_rendezvous_store_is_shared_by_the_ranks_over_the_cluster_comm(shell, cluster):
     """The group's store (keys kept on rank 0's worker, reached over the Dask comm instead of a TCPStore
     port) behaves as a torch.distributed.Store between ranks: writes, blocking reads, counters,
-    compare-and-set, and a wait for a key that never comes fails in one clear sentence."""
+    compare-and-set, a wait for a key that never comes fails in one clear sentence, and a later
+    dist.new_group (which needs the store after init_process_group returned) works."""
 
     def use_store(rank, world_size):
         import datetime
 
+        import torch
         import torch.distributed as dist
 
         prefixed = dist.distributed_c10d._get_default_store()
@@ -252,6 +254,10 @@ def test_the_rendezvous_store_is_shared_by_the_ranks_over_the_cluster_comm(shell
         except Exception as exc:  # noqa: BLE001 - the message is asserted
             got["wait"] = (type(exc).__name__, str(exc))
         got["waited"] = time.monotonic() - t0
+        sub = dist.new_group([0, 1])  # rendezvous through the same store, after init_process_group returned
+        t = torch.ones(1)
+        dist.all_reduce(t, group=sub)
+        got["subgroup"] = t.item()
         dist.barrier()
         return got
 
@@ -264,6 +270,7 @@ def test_the_rendezvous_store_is_shared_by_the_ranks_over_the_cluster_comm(shell
         name, text = got["wait"]
         assert name == "DistStoreError" and "Timed out after 1 s waiting for the rendezvous keys" in text, text
         assert 0.9 < got["waited"] < 30
+        assert got["subgroup"] == 2.0
     assert out[0]["cas"] == [b"first", b"first"] and out[1]["cas"] == [b"second", b"second"]
 
 
