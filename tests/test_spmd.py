@@ -274,6 +274,25 @@ def test_the_rendezvous_store_is_shared_by_the_ranks_over_the_cluster_comm(shell
     assert out[0]["cas"] == [b"first", b"first"] and out[1]["cas"] == [b"second", b"second"]
 
 
+def test_gloo_and_nccl_listen_on_the_workers_interface_unless_the_user_chose(monkeypatch):
+    """Left alone, gloo listens on the address the host name resolves to, which may face the network
+    although the cluster is loopback only; the rank sets GLOO_/NCCL_SOCKET_IFNAME to the interface of
+    its worker's address, and keeps a value the user set."""
+    import psutil
+
+    loopback = next(
+        name for name, addrs in psutil.net_if_addrs().items() if any(a.address == "127.0.0.1" for a in addrs)
+    )
+    assert spmd_worker._interface_of("127.0.0.1") == loopback
+    assert spmd_worker._interface_of("192.0.2.1") is None  # TEST-NET-1: no interface has it, nothing is set
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "users-choice")
+    monkeypatch.setattr(spmd_worker._STATE, "ifnames", {})
+    spmd_worker._bind_to_worker_interface("127.0.0.1")
+    assert os.environ["GLOO_SOCKET_IFNAME"] == loopback
+    assert os.environ["NCCL_SOCKET_IFNAME"] == "users-choice"
+
+
 def test_report_inside_gives_a_series_per_rank(shell, cluster):
     res = run_cell(
         shell,
