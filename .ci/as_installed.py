@@ -3,7 +3,7 @@
 Run by ``.ci/run`` (through ``make as-installed``) before the test suite, and by hand::
 
     .venv/bin/python .ci/as_installed.py [--workdir build/as-installed] [--source DIR]
-                                         [--no-examples] [--wheel dist/jupyter_cluster-X-py3-none-any.whl]
+                                         [--no-examples | --examples-without-torch] [--wheel WHEEL]
 
 1. Copies the source tree (tracked and untracked files git does not ignore, plus whatever
    extension build and ``node_modules`` lie there: a release build must not ship a development
@@ -17,7 +17,10 @@ Run by ``.ci/run`` (through ``make as-installed``) before the test suite, and by
    environment running this script) through ``%load_ext jupyter_cluster``, ``%cluster start``, a
    ``%%parallel`` cell, ``Pool.map``, ``report()`` + ``metrics()`` and ``%cluster stop``.
 4. Installs the wheel with ``[examples]`` into a second fresh environment and runs
-   ``notebooks/01-quickstart.ipynb`` there (CI size).
+   ``notebooks/01-quickstart.ipynb`` there (CI size). PyTorch with its CUDA libraries is 5.2 GB
+   of that environment's 5.9 GB and 01 does not import it: ``--examples-without-torch`` installs
+   the extra's other libraries only, for a machine where that download is too slow (the install
+   took 69 s on a quiet machine, 604 s at load 15).
 
 Every step prints how long it took and the environments' sizes; any failure exits non-zero with
 the step's output.
@@ -124,6 +127,8 @@ def copy_source(source: Path, dest: Path) -> None:
         src = source / rel
         if not src.is_file():  # deleted in the working tree
             continue
+        if (source / rel.split("/", 1)[0] / "pyvenv.cfg").exists():  # a virtual environment git does not ignore
+            continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dest / rel)
     # Ignored, but what a developer's tree holds after `make`: the development build of the
@@ -208,13 +213,31 @@ def check_release_files(sdist: Path, wheel: Path) -> list[str]:
 
 
 # -- 2. installs ------------------------------------------------------------------------------
-def make_venv(work: Path, name: str, requirement: str) -> Path:
-    t = step(f"fresh environment {name}: pip install '{requirement}'")
+def extra_requirements(wheel: Path, extra: str) -> list[str]:
+    """The requirements of one extra, as the wheel's metadata lists them."""
+    from email.parser import HeaderParser
+
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as zf:
+        (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        headers = HeaderParser().parsestr(zf.read(meta).decode())
+    found = []
+    for line in headers.get_all("Requires-Dist") or []:
+        req = Requirement(line)
+        if req.marker is not None and "extra" in str(req.marker) and req.marker.evaluate({"extra": extra}):
+            req.marker = None
+            found.append(str(req))
+    return found
+
+
+def make_venv(work: Path, name: str, *requirements: str) -> Path:
+    t = step(f"fresh environment {name}: pip install {' '.join(repr(r) for r in requirements)}")
     venv = work / name
     # The base interpreter, not this script's virtual environment: nothing of the latter leaks in.
     base = getattr(sys, "_base_executable", sys.executable)
     run([base, "-m", "venv", str(venv)])
-    run([str(venv / "bin/python"), "-m", "pip", "install", "--quiet", requirement])
+    run([str(venv / "bin/python"), "-m", "pip", "install", "--quiet", *requirements])
     took = done(t, "installed")
     print(f"   {name}: {du(venv)} on disk (du -sh), installed in {took:.0f} s")
     return venv
@@ -334,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=str(ROOT / "build/as-installed"), help="scratch folder (emptied first)")
     parser.add_argument("--source", default=str(ROOT), help="the source tree to build (default: this checkout)")
     parser.add_argument("--no-examples", action="store_true", help="skip the [examples] install and notebook 01")
+    parser.add_argument(
+        "--examples-without-torch",
+        action="store_true",
+        help="install the examples extra's other libraries only (notebook 01 does not use PyTorch, 5 GB with CUDA)",
+    )
     parser.add_argument("--wheel", help="check this wheel (and the .tar.gz beside it) instead of building them")
     args = parser.parse_args(argv)
     work = Path(args.workdir).resolve()
@@ -362,7 +390,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_examples:
             import nbformat
 
-            examples = make_venv(work, "examples", f"{wheel}[examples]")
+            if args.examples_without_torch:
+                from packaging.requirements import Requirement
+
+                reqs = [r for r in extra_requirements(wheel, "examples") if Requirement(r).name != "torch"]
+                examples = make_venv(work, "examples", str(wheel), *reqs)
+            else:
+                examples = make_venv(work, "examples", f"{wheel}[examples]")
             env = clean_env(work, f"{examples / 'bin'}:{shim}")
             env["JUPYTER_CLUSTER_EXAMPLES_SIZE"] = "ci"
             check_extension_lists(examples, env)
