@@ -23,6 +23,8 @@ from .errors import ClusterError
 from .models import ClusterModel, cluster_model, validate_name, validate_size
 
 _lock = threading.RLock()
+#: the longest a stop waits for the start's engine warm-up to end (seconds)
+WARM_UP_WAIT = 30.0
 _handles: dict[str, ClusterHandle] = {}
 _current: str | None = None
 _owner_kind = "kernel"
@@ -62,6 +64,8 @@ class ClusterHandle:
         self.attached_record: registry.ClusterRecord | None = None
         self._cleanup = list(started.cleanup)
         self.extra = dict(started.extra)
+        #: the start's engine warm-up (local clusters), which a stop lets finish first
+        self._warm_up: threading.Thread | None = None
 
     # -- state -----------------------------------------------------------
     @property
@@ -187,6 +191,13 @@ class ClusterHandle:
             registry.remove(self.name)
         else:  # attached by name: the record is its owner's; only our attachment goes
             registry.remove_attachment(self.name)
+        warm_up = self._warm_up
+        if warm_up is not None and warm_up is not threading.current_thread():
+            # A stop right after the start (a script, %cluster stop in the next cell, the exit)
+            # would cut the warm-up's broadcast to the workers: the scheduler logged an ERROR
+            # and the warm-up printed a false "maps go through the Dask scheduler" notice.  It
+            # takes well under a second, and waits at most 10 s for slow workers itself.
+            warm_up.join(timeout=WARM_UP_WAIT)
         if not gone:  # idle map leases end first, rather than being cut off by the cluster's close
             from .engine.dask import release_leases
 
@@ -398,9 +409,10 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
             # print a fallback notice, which belongs to the map that needs it, not to some later cell.
             # Every worker asked for (the start waited for one): each gets its warm-up and connections.
             expected = len(getattr(started.cluster, "worker_spec", None) or {}) or None
-            threading.Thread(
+            handle._warm_up = threading.Thread(
                 target=_warm_engine, args=(client, expected), daemon=True, name="jupyter-cluster-warm"
-            ).start()
+            )
+            handle._warm_up.start()
     return _adopt(handle, attached=False)
 
 

@@ -97,6 +97,28 @@ def test_heartbeat_in_flight_at_close_logs_nothing(tmp_path, mode):
     assert not _noise(proc.stderr), proc.stderr
 
 
+STOP_AT_ONCE = """\
+import jupyter_cluster as jc
+
+if __name__ == "__main__":
+    h = jc.start(workers=2)
+    h.stop()
+    print("stopped")
+"""
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_stop_right_after_the_start_is_quiet(tmp_path, mode):
+    """The stop waits for the start's engine warm-up: cut off, it printed a false notice
+    ("the workers could not load the engine's handlers ... maps go through the Dask
+    scheduler") and the scheduler an ERROR line ("broadcast to ... failed")."""
+    script = _write(tmp_path, "stop_at_once.py", STOP_AT_ONCE)
+    proc = run_python([str(script)], tmp_path, mode)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "stopped", proc.stdout
+    assert not _noise(proc.stderr) and "jupyter_cluster:" not in proc.stderr, proc.stderr
+
+
 FAILING_APPLY = """\
 import jupyter_cluster as jc
 
