@@ -156,7 +156,17 @@ class ClusterHandle:
     def restart(self) -> None:
         """Restart every worker process (their memory and namespaces are cleared)."""
         self._check_open()
+        self._wait_for_warm_up()
         self.client.restart()
+
+    def _wait_for_warm_up(self) -> None:
+        # A stop or restart right after the start (a script, the next cell, the exit) would cut
+        # the warm-up's broadcast to the workers: the scheduler logged an ERROR and the warm-up
+        # printed a false "maps go through the Dask scheduler" notice.  It takes well under a
+        # second, and waits at most 10 s for slow workers itself.
+        warm_up = self._warm_up
+        if warm_up is not None and warm_up is not threading.current_thread():
+            warm_up.join(timeout=WARM_UP_WAIT)
 
     def wait_for_workers(self, n: int = 1, timeout: float | None = None) -> None:
         """Block until at least ``n`` workers are connected."""
@@ -191,13 +201,7 @@ class ClusterHandle:
             registry.remove(self.name)
         else:  # attached by name: the record is its owner's; only our attachment goes
             registry.remove_attachment(self.name)
-        warm_up = self._warm_up
-        if warm_up is not None and warm_up is not threading.current_thread():
-            # A stop right after the start (a script, %cluster stop in the next cell, the exit)
-            # would cut the warm-up's broadcast to the workers: the scheduler logged an ERROR
-            # and the warm-up printed a false "maps go through the Dask scheduler" notice.  It
-            # takes well under a second, and waits at most 10 s for slow workers itself.
-            warm_up.join(timeout=WARM_UP_WAIT)
+        self._wait_for_warm_up()
         if not gone:  # idle map leases end first, rather than being cut off by the cluster's close
             from .engine.dask import release_leases
 

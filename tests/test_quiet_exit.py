@@ -119,6 +119,17 @@ def test_a_stop_right_after_the_start_is_quiet(tmp_path, mode):
     assert not _noise(proc.stderr) and "jupyter_cluster:" not in proc.stderr, proc.stderr
 
 
+def test_a_restart_right_after_the_start_is_quiet(tmp_path):
+    """The same for a restart (Dask's nannies still say "Restarting worker", as a warning)."""
+    script = _write(
+        tmp_path, "restart_at_once.py", STOP_AT_ONCE.replace("    h.stop()\n", "    h.restart()\n    h.stop()\n")
+    )
+    proc = run_python([str(script)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "stopped", proc.stdout
+    assert not _noise(proc.stderr) and "jupyter_cluster:" not in proc.stderr, proc.stderr
+
+
 FAILING_APPLY = """\
 import jupyter_cluster as jc
 
