@@ -306,6 +306,7 @@ def _adopt(handle: ClusterHandle, attached: bool) -> ClusterHandle:
     with _lock:
         _handles[handle.name] = handle
         _current = handle.name
+    _stop_at_kernel_shutdown()
     if handle.attached_record is None:  # attached by name: the cluster is in the registry already
         _register(handle, attached)
     if not attached:  # the owner answers scale/stop requests from the panel and other kernels
@@ -649,6 +650,34 @@ def stop_all() -> None:
             handle.close()
         except ClusterError:
             pass
+
+
+def _stop_at_kernel_shutdown() -> None:
+    """In a Jupyter kernel, stop this process's clusters as soon as the kernel is asked to shut down.
+
+    Asked to shut down (or restart), ipykernel first signals every process in its
+    group -- the workers, the fork server, multiprocessing's resource tracker --
+    SIGTERM, and keeps at it for 14 s while one ignores it (the resource tracker
+    does); Jupyter's kernel manager meanwhile kills the kernel itself with
+    SIGTERM after half its ``shutdown_wait_time`` (2.5 s of 5), before Python's
+    exit hooks run.  The clusters were then never stopped: their registry
+    records and TLS credentials stayed on disk, and the workers died of the
+    signal.  Stopping them in ``do_shutdown``, which ipykernel runs before it
+    signals anything, lets them close as ``%cluster stop`` closes them.
+    """
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None or getattr(kernel, "_jc_stops_clusters", False) or not hasattr(kernel, "do_shutdown"):
+        return
+    shutdown = kernel.do_shutdown
+
+    def do_shutdown(restart: bool) -> Any:
+        stop_all()
+        return shutdown(restart)
+
+    kernel.do_shutdown = do_shutdown
+    kernel._jc_stops_clusters = True
 
 
 def _stop_all_before_executors() -> None:

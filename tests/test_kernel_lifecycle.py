@@ -145,3 +145,42 @@ def test_kill_9_of_a_kernel_mid_map_frees_its_leases_threads(tmp_path):
     finally:
         stop_jupyter_named_kernel(km, kc)
         owner.close()
+
+
+def test_shutting_down_the_kernel_stops_its_cluster(tmp_path):
+    """A kernel asked to shut down (Jupyter's "Shut Down Kernel", closing a notebook) stops its
+    clusters first: records, credentials and workers go, quietly.  ipykernel signalled the workers
+    and kept at multiprocessing's resource tracker (which ignores SIGTERM) while the kernel
+    manager, after half its wait, killed the kernel before any exit hook ran: all stayed."""
+    km = KernelManager(kernel_name="python3")
+    # Jupyter waits 5 s (SIGTERM at 2.5 s); twice that, for a loaded machine
+    km.shutdown_wait_time = 10
+    stderr_path = tmp_path / "kernel.err"
+    with open(stderr_path, "w") as stderr:
+        km.start_kernel(stderr=stderr)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        _execute(kc, "%load_ext jupyter_cluster\n%cluster start --workers 2 --name shut-down")
+        out = _execute(
+            kc,
+            "import os, json, jupyter_cluster as jc\n"
+            "print(json.dumps(sorted(jc.current().client.run(os.getpid).values())))",
+        )
+        worker_pids = json.loads(out.strip().splitlines()[-1])
+        files = [os.path.join(registry.registry_dir(), f"shut-down{suffix}") for suffix in (".json", ".pem", ".tls")]
+        assert all(os.path.exists(p) for p in files)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)
+    assert not [p for p in files if os.path.exists(p)]
+    wait_for(
+        lambda: (
+            not [p for p in worker_pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        ),
+        timeout=30,
+        message="the workers to exit",
+    )
+    printed = stderr_path.read_text()
+    assert "Traceback" not in printed and " - ERROR - " not in printed, printed
