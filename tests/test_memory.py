@@ -46,6 +46,11 @@ class BadToken(ValueError):
     """A failure that takes weak references (the builtin exceptions do not)."""
 
 
+def make_set(x):
+    """A result that plain pickle sends back (Pool checks results as multiprocessing does) and that takes weak references."""
+    return {getattr(x, "value", x), "result"}
+
+
 def token_or_fail(x):
     if x.value % 100 == 3:
         raise BadToken(f"bad token {x.value}")
@@ -113,10 +118,10 @@ def test_imap_and_the_task_path_keep_nothing(cluster):
 
 def test_pool_map_imap_and_map_async_keep_nothing(cluster):
     with jc.Pool(cluster=cluster, progress=False) as pool:
-        _check_loop(lambda xs: pool.map(make_token, xs), maps=5)
-        _check_loop(lambda xs: list(pool.imap(make_token, xs)), maps=5)
-        _check_loop(lambda xs: list(pool.imap_unordered(make_token, xs)), maps=3)
-        _check_loop(lambda xs: pool.map_async(make_token, xs).get(timeout=60), maps=5)
+        _check_loop(lambda xs: pool.map(make_set, xs), maps=5)
+        _check_loop(lambda xs: list(pool.imap(make_set, xs)), maps=5)
+        _check_loop(lambda xs: list(pool.imap_unordered(make_set, xs)), maps=3)
+        _check_loop(lambda xs: pool.map_async(make_set, xs).get(timeout=60), maps=5)
 
 
 def test_an_abandoned_imap_is_not_kept_alive_by_its_progress(cluster):

@@ -269,7 +269,7 @@ class MapJob:
         self.id = uuid.uuid4().hex[:12]
         target = getattr(fn, "func", fn)  # functools.partial (Pool's task wrapper): name what the user wrote
         self.label = label or getattr(target, "__name__", None) or type(target).__name__
-        self.fn = fn
+        self.fn: Callable | None = fn  # None once the map ended (_drop_inputs)
         self.chunksize = chunksize
         self.ordered = ordered
         self.retries = retries
@@ -1379,9 +1379,8 @@ def _text_of(exc: BaseException) -> BaseException:
         stand_in = RemoteItemError(msg)
     else:
         stand_in = RemoteItemError(f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__)
-    notes = getattr(exc, "__notes__", None)
-    if notes:
-        stand_in.__notes__ = [str(n) for n in notes]
+    for note in getattr(exc, "__notes__", None) or ():
+        _add_note(stand_in, str(note))
     return stand_in
 
 

@@ -431,8 +431,10 @@ class ProgressObserver:
             return
         now = time.monotonic()
         job = self.job
-        snap = self.model.snapshot()
-        done = snap["processed"]
+        if job is not None:
+            done = int(getattr(job, "done", 0) or 0) + int(getattr(job, "failed", 0) or 0)
+        else:
+            done = self.model.snapshot()["processed"]
         if not force and (now - self._last_publish < PUBLISH_INTERVAL or done == self._published_done):
             return
         self._last_publish = now
@@ -440,6 +442,7 @@ class ProgressObserver:
         if job is not None:
             self._failures = failures_of(job)
         del job  # not held through the publish (it may wait on the client's loop)
+        snap = self.model.snapshot()
         msg = job_message(
             job=snap["job"],
             label=snap["label"],
