@@ -571,5 +571,5 @@ class ParallelMagics(Magics):
             more = ", ..." if job.failed > 10 else ""
             print(
                 f"{job.failed} of {job.total} items failed (items {shown}{more}); their exceptions are in {out} "
-                f"and {JOB_NAME}.errors."
+                f"(their text and tracebacks in {JOB_NAME}.errors and .tracebacks)."
             )

@@ -116,12 +116,13 @@ def test_imap_and_the_task_path_keep_nothing(cluster):
         assert mapping.last_job().path == "tasks"
 
 
-def test_pool_map_imap_and_map_async_keep_nothing(cluster):
+def test_pool_map_imap_map_async_and_apply_keep_nothing(cluster):
     with jc.Pool(cluster=cluster, progress=False) as pool:
         _check_loop(lambda xs: pool.map(make_set, xs), maps=5)
         _check_loop(lambda xs: list(pool.imap(make_set, xs)), maps=5)
         _check_loop(lambda xs: list(pool.imap_unordered(make_set, xs)), maps=3)
         _check_loop(lambda xs: pool.map_async(make_set, xs).get(timeout=60), maps=5)
+        _check_loop(lambda xs: [pool.apply_async(make_set, (x,)).get(timeout=60) for x in xs], maps=3)
 
 
 def test_an_abandoned_imap_is_not_kept_alive_by_its_progress(cluster):
