@@ -193,12 +193,14 @@ def check_release_files(sdist: Path, wheel: Path) -> list[str]:
     ):
         if not any(n.endswith(needed) for n in names):
             problems.append(f"{needed} missing")
+    if any(n.startswith("jupyter_cluster/labextension/") for n in names):
+        problems.append("the package folder holds a second copy of the extension (it belongs under share/ only)")
     size = wheel.stat().st_size
     if size > MAX_WHEEL_BYTES:
         problems.append(f"the wheel is {size / 1e6:.2f} MB (a production one is ~0.7 MB)")
     with tarfile.open(sdist) as tar:
         members = tar.getnames()
-    for bad in ("/node_modules/", "/.venv", "/labextension/lib/"):
+    for bad in ("/node_modules/", "/.venv", "/.yarn/", "/labextension/lib/", ".tsbuildinfo/", "/build/", "/dist/"):
         if any(bad in m + "/" for m in members):
             problems.append(f"the sdist ships {bad.strip('/')}")
     if not any(m.endswith("jupyter_cluster/labextension/static/third-party-licenses.json") for m in members):

@@ -108,3 +108,13 @@ def test_release_builds_are_production_builds_whatever_was_built_before():
     built = PACKAGE / "labextension" / "static"
     if (built / "style.js").exists() and list(built.glob("*.js.map")):  # the tree holds a development build
         assert not (built / "third-party-licenses.json").exists(), "a development build wrote the skip file"
+
+
+def test_what_stays_out_of_the_release_files_is_said_without_gitignore():
+    # Hatch drops every .gitignore pattern when the checkout's own path matches one (a checkout
+    # under a folder named build/ shipped .yarn/, labextension/lib/ and a second extension copy).
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        targets = tomllib.load(f)["tool"]["hatch"]["build"]["targets"]
+    sdist = set(targets["sdist"]["exclude"])
+    assert {"node_modules", ".yarn", "labextension/lib", "*.tsbuildinfo", "/build", "/dist"} <= sdist
+    assert "jupyter_cluster/labextension" in targets["wheel"]["exclude"]
