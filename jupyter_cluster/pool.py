@@ -158,6 +158,11 @@ class _PoolTask:
     def __name__(self) -> str:
         return getattr(self.func, "__name__", type(self.func).__name__)
 
+    def check_result(self, value: Any) -> BaseException | None:
+        """multiprocessing's error for a map item's result that cannot be sent back, or None (run_chunk asks)."""
+        problem = _unsendable(value)
+        return None if problem is None else MaybeEncodingError(problem, value)
+
     @property
     def stop_group(self) -> str:
         """The pool's id: ``terminate()`` stops the pool's running items on the workers by it."""
@@ -196,10 +201,9 @@ def _call(task: _PoolTask, args: tuple, kwds: dict) -> Any:
         value = task(*args, **kwds)
     except BaseException as exc:  # noqa: BLE001 - sent back as data, as multiprocessing does
         return _Failed.of(exc)
-    problem = _unsendable(value)
-    if problem is not None:
-        # multiprocessing's error for a result it cannot send back (the worker lives on).
-        return _Failed(MaybeEncodingError(problem, value), None)
+    problem = task.check_result(value)
+    if problem is not None:  # multiprocessing's error for a result it cannot send back (the worker lives on)
+        return _Failed(problem, None)
     return value
 
 

@@ -690,7 +690,7 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
             finally:
                 me.busy = False
             runs += ran
-            if cancelled():
+            if cancelled() or _took_stop():  # a terminated pool's lease ends, as its processes would
                 return runs
             if (state.ready or state.constrained) and me.mailbox.empty():
                 _ask_room(worker)  # idle now (a map's tail, or its end) while tasks wait for a thread here
@@ -1169,11 +1169,13 @@ def run_in_group(name: str, call: Callable, *args: Any) -> Any:
     raise value
 
 
-def group_stopped(name: str) -> bool:
-    """Whether stop group ``name`` was stopped on this worker."""
-    with _GROUPS_LOCK:
-        group = _GROUPS.get(name)
-    return group is not None and group.stopped.is_set()
+def _took_stop() -> bool:
+    """Whether the chunk this thread just ran was stopped by its group (and forget it)."""
+    local = _STATE.local
+    if getattr(local, "group_stopped", False):
+        local.group_stopped = False
+        return True
+    return False
 
 
 def _cancel_checker() -> Callable[[], bool]:
@@ -1267,12 +1269,13 @@ def run_chunk(
         try:
             run_in_group(group, _run_items, *loop_args, values, durations, outputs, errors)
         except GroupStopped:
+            _STATE.local.group_stopped = True  # the lease running this chunk ends (see _took_stop)
             # The helper may still be adding the item it was in: keep what was complete.
             n = min(len(values), len(durations))
             values, durations = values[:n], durations[:n]
             errors = {p: e for p, e in list(errors.items()) if p < n}
             outputs = {p: t for p, t in list(outputs.items()) if p < n}
-    _check_results(values, errors)
+    _check_results(values, errors, getattr(fn, "check_result", None))
     return (values, durations, outputs or None, errors or None, worker, started)
 
 
@@ -1355,14 +1358,24 @@ def _run_items(
 _SENDABLE = frozenset({type(None), bool, int, float, complex, str, bytes})
 
 
-def _check_results(values: list, errors: dict) -> None:
+def _check_results(values: list, errors: dict, check: Callable[[Any], BaseException | None] | None = None) -> None:
     """Replace results that cannot be sent back by an error for that item.
 
     Pickling every chunk's values here doubled the cost of large results, so
     scalars are trusted and only chunks holding something else are tried.
+    ``check(value)``, when the function has one (a ``Pool``'s task: its own
+    rules and error, ``MaybeEncodingError``), says what is wrong with a value.
     """
     sendable = _SENDABLE
     if all(type(v) in sendable for v in values):
+        return
+    if check is not None:
+        for pos, value in enumerate(values):
+            if type(value) not in sendable and pos not in errors:
+                problem = check(value)
+                if problem is not None:
+                    errors[pos] = error_info(problem)
+                    values[pos] = None
         return
     try:
         pickle.dumps(values, protocol=5, buffer_callback=lambda b: None)
