@@ -222,9 +222,7 @@ def test_attached_script_says_once_that_its_cluster_went_away(tmp_path):
             assert owner.poll() is None and time.monotonic() < deadline, owner.communicate()
             time.sleep(0.1)
         address = (tmp_path / "address").read_text()
-        started = time.monotonic()
         proc = run_python([str(attached_py), str(tmp_path)], tmp_path)
-        took = time.monotonic() - started
         owner_out, owner_err = owner.communicate(timeout=120)
     finally:
         if owner.poll() is None:
@@ -241,7 +239,6 @@ def test_attached_script_says_once_that_its_cluster_went_away(tmp_path):
         "(it stopped, or cannot be reached), so this process let go of it; "
         f"attach again with %cluster connect {address} (jupyter_cluster.connect in a script) once it runs."
     )
-    assert took < 100, took  # generous: the script itself sleeps 2 s; a hang would take minutes
 
 
 # -- IPython and Jupyter kernels --------------------------------------------------------------------
