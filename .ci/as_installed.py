@@ -293,6 +293,9 @@ def run_notebook(venv: Path, work: Path, env: dict[str, str], nb, label: str, cw
     finally:
         os.environ.clear()
         os.environ.update(saved)
+        # nbclient shuts down only the kernels it started itself, not one handed to it as km
+        if km.has_kernel:
+            km.shutdown_kernel()
     stderr = [
         "".join(o.get("text", ""))
         for c in nb.cells
