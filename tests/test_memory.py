@@ -108,6 +108,19 @@ def test_collected_failures_keep_only_their_text(cluster):
     assert [f["error"] for f in progress.recent[-1].published[-1]["failures"]] == ["BadToken: bad token 403"]
 
 
+def test_a_failed_map_is_kept_for_last_job_only_until_the_next_map(cluster):
+    inputs = [Token(k) for k in range(6)]
+    with pytest.raises(BadToken):
+        jc.map(token_or_fail, inputs, chunksize=1, client=cluster)
+    job = mapping.last_job()  # documented: a map that failed keeps what it had, for a look afterwards
+    assert job.state == "failed" and 3 in job.errors and job.failed_items[3][0] is inputs[3]
+    refs = [weakref.ref(job)] + [weakref.ref(v) for v in inputs]
+    del job, inputs
+    assert [t.value for t in jc.map(make_token, [1], client=cluster)] == [2]  # the next map replaces it
+    left = _alive(refs)
+    assert left == 0, f"{left} of the failed map's job and inputs outlived the next map"
+
+
 def test_imap_and_the_task_path_keep_nothing(cluster):
     _check_loop(lambda xs: list(jc.imap(make_token, xs, client=cluster)), maps=5)
     _check_loop(lambda xs: list(jc.imap(make_token, xs, client=cluster, ordered=False)), maps=3)
