@@ -447,3 +447,16 @@ def test_item_durations_are_remembered_for_the_next_map_of_the_same_code(cluster
     # No probes this time: chunks were sized from the remembered duration, so
     # (short of a machine slowed to half speed) none ran out of budget.
     assert first.chunks_cut >= 1 and second.chunks_cut < first.chunks_cut
+
+
+def test_a_map_on_a_client_that_let_go_of_its_scheduler_says_so(cluster):
+    """A client closed under a map (the session lets go of a scheduler that went away) is a ClusterError, not Dask's ClosedClientError."""
+    import dask
+    from distributed import Client
+
+    other = Client(cluster.address, security=cluster.security, set_as_default=False)
+    assert mapping.map(square, [3], client=other, progress=False) == [9]
+    other.close()
+    with dask.config.set({"jupyter-cluster.engine.path": "tasks"}):
+        with pytest.raises(ClusterError, match="stopped answering"):
+            mapping.map(square, range(4), client=other, progress=False)

@@ -663,12 +663,17 @@ class MapJob:
             self._scatter()
         first = self.chunks_submitted
         keys = [f"jc-{self.id}-{first + k}" for k in range(len(chunks))]
-        futures = self._tasks.submit(
-            [(c.items, c.budget, c.pin, c.suspect) for c in chunks],
-            keys,
-            (self._token, self._blob, self._shared, self._star, self.options),
-            self.resources,
-        )
+        try:
+            futures = self._tasks.submit(
+                [(c.items, c.budget, c.pin, c.suspect) for c in chunks],
+                keys,
+                (self._token, self._blob, self._shared, self._star, self.options),
+                self.resources,
+            )
+        except Exception as exc:
+            if not client_running(self.client):  # the client let go of a scheduler that went away
+                raise self._lost_scheduler() from exc
+            raise
         self.chunks_submitted += len(chunks)
         for fut, chunk in zip(futures, chunks):
             self._inflight[fut] = chunk
