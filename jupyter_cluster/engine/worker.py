@@ -39,7 +39,10 @@ item in a fresh namespace (a cell's targets bound, its last expression kept),
 captures ``print`` output per item and per thread (bounded), times each item,
 applies ``--retries`` (stopping when cancelled) and ``--timeout``, and
 returns failures as data (exception, traceback text, frames) instead of
-failing the whole batch.
+failing the whole batch.  A ``Pool``'s items run in a helper thread of their
+task's thread (:func:`run_in_group`), so that ``Pool.terminate()`` gives the
+task's thread back to Dask at once (:func:`stop_group`), even from a blocking
+C call.
 
 Only the standard library, cloudpickle, distributed and the cell function
 are imported here (no notebook side): this module is loaded into every worker
