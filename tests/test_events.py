@@ -262,6 +262,24 @@ def test_metrics_worker_column_names_the_worker_of_each_report_of_a_map(cluster)
     assert dict(zip(df["step"], df["worker"])) == dict(enumerate(ran_on))
 
 
+def _report_half(i: int, topic: str) -> int:
+    telemetry.report(step=i, topic=topic, value=i * 0.5)
+    return i
+
+
+def test_metrics_right_after_a_map_holds_every_report_of_it(cluster):
+    """metrics() at once after map() missed the last batches still on their way from the scheduler (issue 25)."""
+    import jupyter_cluster as jc
+
+    for attempt in range(10):
+        topic = unique_topic(f"after-map-{attempt}")
+        assert jc.map(functools.partial(_report_half, topic=topic), range(8), client=cluster, progress=False) == list(
+            range(8)
+        )
+        rows = telemetry.metrics(topic)
+        assert sorted(rows["value"]) == [i * 0.5 for i in range(8)], (attempt, rows)
+
+
 def test_burst_of_10000_reports_from_two_workers_all_arrive(cluster):
     client = cluster.client
     telemetry.attach(client)

@@ -344,7 +344,10 @@ def metrics(topic: str = "default", cluster=None):
         raise TypeError(f"metrics(): topic must be a string, not {type(topic).__name__}.")
     handle = cluster if cluster is not None else current_handle()
     if handle is not None and not handle.closed:
-        attach(handle.client)
+        # A finished map's reports are at the scheduler before its results reach the caller, but
+        # the scheduler forwards them to this process on its own time: without the round trip a
+        # metrics() right after map() can miss the last batches.
+        attach(handle.client).sync()
     st = store(topic)
     rows = st.rows()
     try:
