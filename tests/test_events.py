@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+import uuid
 
 import pytest
 
@@ -278,6 +279,19 @@ def test_metrics_right_after_a_map_holds_every_report_of_it(cluster):
         )
         rows = telemetry.metrics(topic)
         assert sorted(rows["value"]) == [i * 0.5 for i in range(8)], (attempt, rows)
+
+
+def test_sync_is_not_held_up_by_a_stopped_cluster_it_followed(cluster):
+    """A stopped cluster's hub made every later sync() False, so waits for reports timed out (issue 25)."""
+    import jupyter_cluster as jc
+
+    telemetry.attach(cluster.client)
+    other = jc.start(workers=1, threads=1, name=f"sync-gone-{uuid.uuid4().hex[:6]}")
+    try:
+        telemetry.attach(other.client)
+    finally:
+        other.stop()
+    assert telemetry.sync()
 
 
 def test_burst_of_10000_reports_from_two_workers_all_arrive(cluster):

@@ -284,7 +284,9 @@ def sync(timeout: float = 2.0, workers: bool = False) -> bool:
         False if a worker or a scheduler did not answer in time.
     """
     with _hubs_lock:
-        hubs = [h for h in _hubs.values() if h.ready.is_set()]
+        # A stopped cluster's client sends nothing more: waiting on it would only make every later
+        # sync() report a timeout.
+        hubs = [h for h in _hubs.values() if h.ready.is_set() and h.client.status not in ("closing", "closed")]
     ok = True
     for hub in hubs:
         if workers:
