@@ -127,6 +127,9 @@ class ClusterHandle:
                 f"cluster {self.name!r} was {self.attachment}, so it cannot be scaled from here; scale it where it was started."
             )
         self._check_limit(n)
+        # workers retired under the start's warm-up made it report a false "maps go through the Dask
+        # scheduler" notice
+        self._wait_for_warm_up()
         self.cluster.scale(n)
 
     def _check_limit(self, n: int) -> None:
@@ -160,7 +163,7 @@ class ClusterHandle:
         self.client.restart()
 
     def _wait_for_warm_up(self) -> None:
-        # A stop or restart right after the start (a script, the next cell, the exit) would cut
+        # A stop, restart or scale right after the start (a script, the next cell, the exit) would cut
         # the warm-up's broadcast to the workers: the scheduler logged an ERROR and the warm-up
         # printed a false "maps go through the Dask scheduler" notice.  It takes well under a
         # second, and waits at most 10 s for slow workers itself.
@@ -201,7 +204,8 @@ class ClusterHandle:
             registry.remove(self.name)
         else:  # attached by name: the record is its owner's; only our attachment goes
             registry.remove_attachment(self.name)
-        self._wait_for_warm_up()
+        if not gone:  # a warm-up talking to a scheduler that went away has nothing to finish
+            self._wait_for_warm_up()
         if not gone:  # idle map leases end first, rather than being cut off by the cluster's close
             from .engine.dask import release_leases
 
