@@ -74,6 +74,9 @@ from ..cellfunc import ITEM_NAME, RESULT_NAME, CellFunction
 #: How often an idle lease looks, by itself, whether its task was cancelled or a task waits for its thread,
 #: in seconds.  A backstop only: :class:`EnginePlugin` wakes it at once when either happens.
 IDLE_CHECK_SECONDS = 0.25
+#: How long after its batch ended a lease still counts as working, not idle, when a task waits for its
+#: thread (seconds): the client's next batch of an active map may be on its way.
+YIELD_GRACE_SECONDS = 0.2
 #: Longest a ``jc_attach`` call waits for its lease to start before answering "waiting", in seconds.
 ATTACH_WAIT_SECONDS = 2.0
 #: Longest a map's first batch to a lease that has not started yet waits for it on the worker before
@@ -159,7 +162,7 @@ _WAKE = "wake"
 
 
 class _Lease:
-    __slots__ = ("id", "secret", "mailbox", "loop", "worker", "closed", "ended", "busy", "yielding")
+    __slots__ = ("id", "secret", "mailbox", "loop", "worker", "closed", "ended", "busy", "yielding", "last_end")
 
     def __init__(self, lease_id: str, secret: str, loop, worker=None):
         self.id = lease_id
@@ -171,6 +174,7 @@ class _Lease:
         self.ended = False  # the lease function has returned
         self.busy = False  # running a batch
         self.yielding = False  # told to give its thread to a waiting task (:func:`_make_room`)
+        self.last_end = 0.0  # time.monotonic() when its last batch ended
 
 
 class _Registry:
@@ -510,8 +514,9 @@ def _make_room(worker) -> None:
     Runs on the worker's event loop, after the worker has started every task
     it had a thread for, so what still waits in ``state.ready`` (or in
     ``state.constrained``, for resources an idle lease holds) needs a thread
-    a lease holds.  Idle means no batch running or queued: a lease of an
-    active map always has its next batch queued, so it keeps working.  A
+    a lease holds.  Idle means no batch running or queued, and none ended in
+    the last ``YIELD_GRACE_SECONDS``: a lease of an active map has its next
+    batch queued or on its way, so it keeps working.  A
     lease told to yield takes no more batches (their senders hear "gone"),
     returns, and Dask gives its thread to the waiting task.
     """
@@ -521,6 +526,7 @@ def _make_room(worker) -> None:
     if not state.running or not (state.ready or state.constrained):
         return
     executing = {ts.key for ts in state.executing}
+    recent = time.monotonic() - YIELD_GRACE_SECONDS
     with reg.lock:
         for key, ls in list(reg.yielded.items()):
             if ls.worker is worker and key not in executing:
@@ -531,6 +537,13 @@ def _make_room(worker) -> None:
             for ls in reg.leases.values()
             if ls.worker is worker and not ls.closed and not ls.busy and ls.mailbox.empty()
         ]
+        # A lease whose batch has just ended is between two batches of an active map while its
+        # client's next batch is on the way (the first round sends one per lease): it is looked
+        # at again once that round trip has had its time.
+        between = [ls for ls in idle if ls.last_end > recent]
+        if between:
+            idle = [ls for ls in idle if ls.last_end <= recent]
+            worker.loop.call_later(YIELD_GRACE_SECONDS, _ask_room, worker)
         if not idle:
             return
         held = {ls.id: _restrictions(state, ls) for ls in idle}
@@ -641,6 +654,7 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
     reg = _REGISTRY
     loop = worker.loop.asyncio_loop  # type: ignore[attr-defined]  # distributed runs an AsyncIOLoop
     me = _Lease(lease_id, secret, loop, worker)
+    me.last_end = time.monotonic()  # as if a batch had just ended: its map's first one is on the way
     refused = []
     with reg.lock:
         reg.leases[lease_id] = me
@@ -691,6 +705,7 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
             try:
                 ran = _run_entry(entry, big, loop)
             finally:
+                me.last_end = time.monotonic()
                 me.busy = False
             runs += ran
             if cancelled() or _took_stop():  # a terminated pool's lease ends, as its processes would
