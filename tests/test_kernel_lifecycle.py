@@ -52,6 +52,17 @@ def _execute(kc, code: str, timeout: float = 120) -> str:
     return kernel_ok(kc, code, timeout)
 
 
+def _start_cluster(kc, name: str) -> list[int]:
+    """``%cluster start`` a 2-worker cluster called ``name`` in the kernel; its workers' pids."""
+    _execute(kc, f"%load_ext jupyter_cluster\n%cluster start --workers 2 --name {name}")
+    out = _execute(
+        kc,
+        "import os, json, jupyter_cluster as jc\n"
+        "print(json.dumps(sorted(jc.current().client.run(os.getpid).values())))",
+    )
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def test_kill_9_of_the_kernel_leaves_no_worker_and_no_live_record():
     km = KernelManager(kernel_name="python3")
     km.start_kernel()
@@ -59,13 +70,7 @@ def test_kill_9_of_the_kernel_leaves_no_worker_and_no_live_record():
     kc.start_channels()
     try:
         kc.wait_for_ready(timeout=60)
-        _execute(kc, "%load_ext jupyter_cluster\n%cluster start --workers 2 --name doomed")
-        out = _execute(
-            kc,
-            "import os, json, jupyter_cluster as jc\n"
-            "print(json.dumps(sorted(jc.current().client.run(os.getpid).values())))",
-        )
-        worker_pids = json.loads(out.strip().splitlines()[-1])
+        worker_pids = _start_cluster(kc, "doomed")
         assert len(worker_pids) == 2 and all(psutil.pid_exists(p) for p in worker_pids)
         # the fork server the workers come from (backends.local.start_forkserver) must go too
         helpers = [psutil.Process(p).ppid() for p in worker_pids]
@@ -162,13 +167,7 @@ def test_shutting_down_the_kernel_stops_its_cluster(tmp_path):
     kc.start_channels()
     try:
         kc.wait_for_ready(timeout=60)
-        _execute(kc, "%load_ext jupyter_cluster\n%cluster start --workers 2 --name shut-down")
-        out = _execute(
-            kc,
-            "import os, json, jupyter_cluster as jc\n"
-            "print(json.dumps(sorted(jc.current().client.run(os.getpid).values())))",
-        )
-        worker_pids = json.loads(out.strip().splitlines()[-1])
+        worker_pids = _start_cluster(kc, "shut-down")
         files = [os.path.join(registry.registry_dir(), f"shut-down{suffix}") for suffix in (".json", ".pem", ".tls")]
         assert all(os.path.exists(p) for p in files)
     finally:
