@@ -721,3 +721,25 @@ def test_a_map_right_after_start_keeps_its_leases_while_the_warm_up_runs():
         finally:
             handle.close()
     assert counts == [2] * 6, f"leases placed per map right after a start: {counts}"
+
+
+def test_leases_ended_on_the_clients_own_loop_are_cancelled_without_a_warning(cluster):
+    """end_leases called on the client's event loop (a job collected there) left Dask's cancel coroutine
+    unawaited: 'coroutine Client._cancel was never awaited' (issue 25 fresh-clone run)."""
+    import gc
+    import warnings
+
+    client = cluster.client
+    end_idle_leases(client)
+    mapping.map(interval, range(4), client=cluster, progress=False)
+    assert any(leases_running(client).values())
+
+    async def reap_here() -> None:
+        engine_dask.pool_for(client).reap(everything=True)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        client.sync(reap_here)
+        wait_for(lambda: no_leases(client), timeout=15, message="the leases to end")
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]

@@ -266,11 +266,14 @@ def end_leases(client: Any, secret: str, leases: list[Lease], wait: float = 0.0)
         concurrent.futures.wait(closing, timeout=wait)
     if getattr(client, "status", None) == "running":
         try:
-            client.cancel(futures, reason="jupyter-cluster lease ended")
+            cancelled = client.cancel(futures, reason="jupyter-cluster lease ended")
         except TypeError:
-            client.cancel(futures)
+            cancelled = client.cancel(futures)
         except Exception:  # noqa: BLE001 - the cluster may be gone
             logger.debug("cancelling leases failed", exc_info=True)
+            return
+        if asyncio.iscoroutine(cancelled):  # called on the client's own loop (a job collected there)
+            asyncio.run_coroutine_threadsafe(cancelled, loop)
 
 
 async def _close(client: Any, ls: Lease, secret: str, wait: float = 0.0) -> None:
