@@ -3,8 +3,10 @@
 :class:`CellFunction` holds the cell's text, targets, the modules to import
 and the small captured values (already pickled); it is small and is pickled
 once per map.  On a worker it is prepared once per process
-(:meth:`CellFunction.prepare`: compiled, modules imported, values unpickled)
-and run item by item by :func:`jupyter_cluster.engine.worker.run_chunk`.
+(:meth:`jupyter_cluster.engine.worker.run.PreparedCell.of`: compiled, modules
+imported, values unpickled) and run item by item by
+:func:`jupyter_cluster.engine.worker.run.run_chunk`.  This module imports
+nothing of the engine: the worker builds its ``PreparedCell`` itself.
 
 The body is compiled with the notebook's own cell filename and line numbers,
 and the cell text is put in the worker's ``linecache``, so remote tracebacks
@@ -108,13 +110,3 @@ class CellFunction:
         for name, data in self.small.items():
             values[name] = cloudpickle.loads(data)
         return values
-
-    def prepare(self):
-        """Worker side: compile, import modules, unpickle small values (once per worker process).
-
-        Returns the :class:`jupyter_cluster.engine.worker.PreparedCell` that runs it per item.
-        """
-        from .engine.worker import PreparedCell
-
-        values = self.load_values()
-        return PreparedCell(self.compile(), values, self.persistent)

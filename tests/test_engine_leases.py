@@ -22,8 +22,9 @@ import cloudpickle
 import pytest
 
 from jupyter_cluster import mapping
-from jupyter_cluster.engine import dask as engine_dask
-from jupyter_cluster.engine.worker import IDLE_CHECK_SECONDS
+from jupyter_cluster.engine import cluster as engine_cluster
+from jupyter_cluster.engine import direct as engine_direct
+from jupyter_cluster.engine.worker.registry import IDLE_CHECK_SECONDS
 
 from .conftest import wait_for
 from .helpers import leases_on_workers, leases_running, worker_tls_args
@@ -47,7 +48,7 @@ def no_leases(client) -> bool:
 
 def end_idle_leases(client, message: str = "earlier leases to end") -> None:
     """End the client's idle leases (kept ``engine.linger``, 60 s, for its next map) and wait until none runs."""
-    engine_dask.release_leases(client)
+    engine_direct.release_leases(client)
     wait_for(lambda: no_leases(client), timeout=15, message=message)
 
 
@@ -160,16 +161,16 @@ def test_a_plain_task_gets_a_free_thread_and_never_shares_a_leased_one(cluster):
 
 # -- idle leases: kept engine.linger (60 s), given up at once to any task that needs their thread ------
 def set_idle_check(client, seconds: float) -> None:
-    """Set how often idle leases look for themselves whether to end (worker.IDLE_CHECK_SECONDS) on every worker.
+    """Set how often idle leases look for themselves whether to end (registry.IDLE_CHECK_SECONDS) on every worker.
 
     30 s makes that backstop too slow for a test's bounds, so what such a test
     sees is the plugin's hook waking the lease.
     """
 
     def setter(value=seconds):
-        from jupyter_cluster.engine import worker
+        from jupyter_cluster.engine.worker import registry
 
-        worker.IDLE_CHECK_SECONDS = value
+        registry.IDLE_CHECK_SECONDS = value
 
     client.run(setter)
 
@@ -185,7 +186,7 @@ def wait_gate(started, gate, x):
 
 
 def idle_leases(client) -> list:
-    pool = engine_dask.pool_for(client)
+    pool = engine_direct.pool_for(client)
     with pool.lock:
         return [ls for leases in pool.idle.values() for ls in leases]
 
@@ -198,7 +199,7 @@ def test_a_plain_task_takes_an_idle_leases_thread_at_once(cluster, tmp_path):
     """Issue 13: idle leases are kept for the next map, and a task that needs their thread gets it at once."""
     client = cluster.client
     end_idle_leases(client)
-    assert engine_dask.pool_for(client).linger == 60  # the default hold
+    assert engine_direct.pool_for(client).linger == 60  # the default hold
     set_idle_check(client, 30.0)
     time.sleep(IDLE_CHECK_DEFAULT + 0.1)  # a lease waiting out the old check has started a 30 s one
     try:
@@ -281,8 +282,8 @@ def test_a_lease_still_queued_when_its_map_ends_serves_the_next_map_once_it_runs
 
 
 def early_kept(dask_worker=None) -> int:
-    """Batches a worker process keeps for leases that have not started (worker._REGISTRY.early)."""
-    from jupyter_cluster.engine.worker import _REGISTRY
+    """Batches a worker process keeps for leases that have not started (registry._REGISTRY.early)."""
+    from jupyter_cluster.engine.worker.registry import _REGISTRY
 
     with _REGISTRY.lock:
         return sum(len(v) for v in _REGISTRY.early.values())
@@ -311,8 +312,8 @@ def test_an_early_batch_for_a_lease_queued_behind_a_task_comes_back_at_once(clus
     pids = worker_pids(client)
     started, gate = str(tmp_path / "started"), str(tmp_path / "gate")
     busy = client.submit(wait_gate, started, gate, 5, workers=[workers[1]], pure=False)
-    saved = engine_dask.EARLY_WAIT_SECONDS
-    engine_dask.EARLY_WAIT_SECONDS = 60.0
+    saved = engine_direct.EARLY_WAIT_SECONDS
+    engine_direct.EARLY_WAIT_SECONDS = 60.0
     try:
         wait_for(lambda: os.path.exists(started), timeout=30, message="the task to occupy a worker")
         t0 = time.monotonic()
@@ -326,7 +327,7 @@ def test_an_early_batch_for_a_lease_queued_behind_a_task_comes_back_at_once(clus
         assert len(queued) == 1 and not queued[0].ready and not queued[0].early  # bounced: no second early batch
         assert sum(client.run(early_kept).values()) == 0
     finally:
-        engine_dask.EARLY_WAIT_SECONDS = saved
+        engine_direct.EARLY_WAIT_SECONDS = saved
         open(gate, "w").close()
     assert busy.result(timeout=30) == (pids[workers[1]], 5)
 
@@ -361,7 +362,7 @@ def test_idle_leases_end_after_engine_linger(cluster):
     other = Client(cluster.address, security=cluster.client.security)
     try:
         with dask.config.set({"jupyter-cluster.engine.linger": "1.5s"}):
-            assert engine_dask.pool_for(other).linger == 1.5  # read as the client's pool is made
+            assert engine_direct.pool_for(other).linger == 1.5  # read as the client's pool is made
         end_idle_leases(cluster.client)
         mapping.map(interval, range(10), client=other, progress=False)
         given = time.monotonic()
@@ -685,7 +686,7 @@ def test_a_new_local_cluster_is_warmed_for_its_first_map_while_the_user_writes_t
             return len(pool.available.get(addr, ())) + len(pool.occupied.get(addr, ()))
 
         warmed = client._jc_warmed
-        assert set(warmed) <= set(engine_dask.workers_now(client)) and warmed
+        assert set(warmed) <= set(engine_cluster.workers_now(client)) and warmed
         # At least one open connection per warmed worker (its TLS handshake is not the first map's).  The
         # warm-up opens WARM_COMMS_PER_THREAD each, best effort: on a loaded 2-core CI machine 1 of 3 was seen.
         assert all(open_comms(a) >= 1 for a in warmed), [open_comms(a) for a in warmed]
@@ -735,7 +736,7 @@ def test_leases_ended_on_the_clients_own_loop_are_cancelled_without_a_warning(cl
     assert any(leases_running(client).values())
 
     async def reap_here() -> None:
-        engine_dask.pool_for(client).reap(everything=True)
+        engine_direct.pool_for(client).reap(everything=True)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -22,8 +22,9 @@ import pytest
 
 import jupyter_cluster as jc
 from jupyter_cluster import mapping
-from jupyter_cluster.engine import dask as engine_dask
-from jupyter_cluster.engine import worker as engine_worker
+from jupyter_cluster.engine import cluster as engine_cluster
+from jupyter_cluster.engine import direct as engine_direct
+from jupyter_cluster.engine import protocol as engine_protocol
 
 from .conftest import wait_for
 from .helpers import gated_square
@@ -78,23 +79,23 @@ def test_without_enough_workers_a_round_goes_straight_to_its_leases(cluster):
 def test_a_relay_forwards_a_batch_only_with_the_secret_of_the_map_that_placed_the_lease(cluster, relays_always):
     client = cluster.client
     assert mapping.map(where, range(20), client=cluster, progress=False)[0][0] == 0
-    pool = engine_dask.pool_for(client)
+    pool = engine_direct.pool_for(client)
     with pool.lock:
         idle = [ls for leases in pool.idle.values() for ls in leases if not ls.dead]
     assert idle, "the map's leases should linger in the client's pool"
     lease = idle[0]
-    relay = sorted(engine_dask.workers_now(client))[0]
+    relay = sorted(engine_cluster.workers_now(client))[0]
     token = "relay-test"
     run = (token, cloudpickle.dumps(abs), False, {"retries": 0, "timeout": None, "capture": False})
 
     async def relay_once(secret, packed):
-        entries = [(lease.addr, lease.id, secret, run, engine_worker.pack([-3, -4]), None)]
+        entries = [(lease.addr, lease.id, secret, run, engine_protocol.pack([-3, -4]), None)]
         # As the client sends a group (one pickle), and as a plain list, which a relay also takes.
-        sent = engine_worker.pack_group(entries) if packed else entries
-        answer = await engine_dask.call(client, relay, "jc_relay", entries=sent)
+        sent = engine_protocol.pack_group(entries) if packed else entries
+        answer = await engine_cluster.call(client, relay, "jc_relay", entries=sent)
         # Small results: the relay answers with one pickle of all its answers.
         assert isinstance(answer["answers"], bytes)
-        return engine_worker.unpack_answers(answer["answers"])[0]
+        return engine_protocol.unpack_answers(answer["answers"])[0]
 
     for packed in (True, False):
         refused = client.sync(relay_once, "0" * 32, packed)
@@ -102,7 +103,7 @@ def test_a_relay_forwards_a_batch_only_with_the_secret_of_the_map_that_placed_th
         accepted = client.sync(relay_once, pool.secret, packed)
         # The result comes back pickled as the member sent it: the relay did not unpickle it.
         assert accepted["status"] == "ok" and isinstance(accepted["result"], bytes)
-        assert engine_worker.unpack(accepted["result"])[0] == [3, 4]
+        assert engine_protocol.unpack(accepted["result"])[0] == [3, 4]
 
 
 def test_a_relayed_map_survives_sigkilled_relays_and_members(cluster, relays_always, tmp_path):
@@ -159,7 +160,7 @@ def tail_of(blob):
 def test_relayed_items_and_results_too_big_to_inline_travel_as_frames(cluster, relays_always):
     # A group whose items include one over INLINE_BYTES goes as the plain list (the big item as
     # Dask frames), and so do the answers when a result is that big; small ones travel in one msgpack.
-    big = b"b" * (engine_worker.INLINE_BYTES + 10)
+    big = b"b" * (engine_protocol.INLINE_BYTES + 10)
     items = [b"%03d" % k for k in range(12)]
     items[7] = big
     out = mapping.map(tail_of, items, chunksize=1, client=cluster, progress=False)
@@ -170,10 +171,10 @@ def test_relayed_items_and_results_too_big_to_inline_travel_as_frames(cluster, r
     assert len(job.workers_used) == 2
     # pack_group keeps the list only when some items are not bytes
     run = ("t", None, False, {"retries": 0, "timeout": None, "capture": True})
-    small = [("tcp://a:1", "L", "s", run, engine_worker.pack([1]), None)]
-    assert isinstance(engine_worker.pack_group(small), bytes)
-    mixed = small + [("tcp://a:2", "M", "s", run, engine_worker.pack([big]), None)]
-    assert engine_worker.pack_group(mixed) is mixed
+    small = [("tcp://a:1", "L", "s", run, engine_protocol.pack([1]), None)]
+    assert isinstance(engine_protocol.pack_group(small), bytes)
+    mixed = small + [("tcp://a:2", "M", "s", run, engine_protocol.pack([big]), None)]
+    assert engine_protocol.pack_group(mixed) is mixed
 
 
 class _DefinedInMain:
@@ -192,14 +193,14 @@ def test_pack_uses_plain_pickle_and_falls_back_where_dask_would():
     main._JcPackProbe = cls  # type: ignore[attr-defined]
     try:
         assert not cloudpickle.list_registry_pickle_by_value()
-        blob = engine_worker.pack([1, 2.5, "x"])
-        assert isinstance(blob, bytes) and engine_worker.unpack(blob) == [1, 2.5, "x"]
+        blob = engine_protocol.pack([1, 2.5, "x"])
+        assert isinstance(blob, bytes) and engine_protocol.unpack(blob) == [1, 2.5, "x"]
         # Plain pickle cannot take a lambda: cloudpickle does, as Dask's dumps would.
-        assert engine_worker.unpack(engine_worker.pack([lambda x: x + 1]))[0](1) == 2
+        assert engine_protocol.unpack(engine_protocol.pack([lambda x: x + 1]))[0](1) == 2
         # A class of __main__ (a notebook's) goes by value, so a worker without it can load it.
-        blob = engine_worker.pack([cls(5)])
+        blob = engine_protocol.pack([cls(5)])
         delattr(main, "_JcPackProbe")
-        assert engine_worker.unpack(blob)[0].v == 5
+        assert engine_protocol.unpack(blob)[0].v == 5
     finally:
         if hasattr(main, "_JcPackProbe"):
             delattr(main, "_JcPackProbe")

@@ -113,7 +113,7 @@ def test_kill_9_of_a_kernel_mid_map_frees_its_leases_threads(tmp_path):
     ``%%parallel`` cell: its leases end and the workers' threads are free within seconds (no thread
     held for ``engine.linger`` or forever), and the cluster's owner carries on."""
     import jupyter_cluster as jc
-    from jupyter_cluster.engine import dask as engine_dask
+    from jupyter_cluster.engine import direct as engine_dask
 
     from .helpers import leases_on_workers, leases_running, start_jupyter_named_kernel, stop_jupyter_named_kernel
 

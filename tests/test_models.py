@@ -20,7 +20,7 @@ import time
 import pytest
 
 from jupyter_cluster import mapping, models, registry
-from jupyter_cluster.engine import dask as engine_dask
+from jupyter_cluster.engine import direct as engine_dask
 from jupyter_cluster.errors import ClusterError
 from jupyter_cluster.server.jobs import JobsStore
 from jupyter_cluster.telemetry import TopicStore

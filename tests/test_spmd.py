@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 
 import jupyter_cluster as jc
 from jupyter_cluster import spmd_worker
-from jupyter_cluster.engine.dask import workers_now
+from jupyter_cluster.engine.cluster import workers_now
 from jupyter_cluster.errors import ClusterError
 
 from .conftest import wait_for

@@ -3,13 +3,17 @@
 How work flows
 --------------
 Items are read lazily from the input and grouped into *chunks* (batches),
-sized by :mod:`.planner`.  On the direct path (the default) a chunk is one
-message to a lease (:mod:`.dask`, :mod:`.worker`): each lease has at most
+sized by :mod:`.planner`, and handed to a dispatcher (:mod:`.dispatch`), picked
+on the map's first step.  On the direct path (the default,
+:mod:`.direct`) a chunk is one message to a lease (:mod:`.worker`): each lease has at most
 two chunks outstanding, one running and one queued, so no thread idles and a
 generator of 10^6 items never becomes 10^6 messages in flight.  On the task
-path (when the workers cannot be reached directly, or for
+path (:mod:`.tasks`: when the workers cannot be reached directly, or for
 ``--all-workers``) a chunk is one Dask task around
-:func:`.worker.run_items`, at most ``2 × threads + 2`` in flight.  Either way
+:func:`.worker.run.run_items`, at most ``2 × threads + 2`` in flight.  This
+module holds no Dask and no path: what differs between the paths is behind
+the dispatcher, and what became of each chunk comes back as one
+:class:`~.dispatch.Event`.  Either way
 Dask's per-task cost is paid per chunk or per lease, not per item.
 
 Every auto-sized chunk carries a time budget: the worker stops after the item
@@ -30,23 +34,19 @@ A worker that dies mid-map (SIGKILL, memory limit) costs nothing but time:
 its chunks run again elsewhere and every chunk's result is taken exactly
 once.  A chunk that was running when more workers died than Dask's
 ``allowed-failures`` is split into single items run one at a time
-("suspects"); an item that again kills that many workers fails with
+("suspects", :mod:`.faults`); an item that again kills that many workers fails with
 :class:`~jupyter_cluster.errors.WorkerLostError` naming it.  A scheduler that
 goes away raises :class:`~jupyter_cluster.errors.ClusterError` within
-seconds.  ``KeyboardInterrupt`` while waiting cancels outstanding work
+seconds; a slow one is waited for (:class:`.cluster.SchedulerWatch`).  ``KeyboardInterrupt`` while waiting cancels outstanding work
 (workers stop between items) and keeps the results computed so far in the
 :class:`MapJob` (``job.results``), also reachable as :func:`last_job`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import heapq
 import itertools
 import logging
 import math
-import reprlib
 import sys
 import threading
 import time
@@ -58,34 +58,27 @@ from typing import Any
 
 import cloudpickle
 
+from .. import config
 from ..capture import LARGE_VALUE_BYTES
 from ..errors import ClusterError, WorkerLostError
 from . import planner
-from .dask import (
+from .cluster import (
+    Scattered,
     SchedulerWatch,
-    TaskSubmitter,
-    all_finished,
     allowed_failures,
     cached_threads,
-    cancel_futures,
-    cancel_task,
     client_of,
     client_running,
-    future_error,
-    is_killed_worker,
     item_bytes,
-    on_client_loop,
-    release_futures,
-    scatter_shared,
     scheduler_lost_error,
-    scheduler_workers,
-    task_key,
-    task_state,
-    total_threads,
     workers_now,
 )
+from .direct import DirectDispatcher
+from .dispatch import Chunk, Dispatcher, Event, Note
+from .faults import Faults, abbreviate  # noqa: F401  (abbreviate: re-exported by mapping)
 from .planner import MAX_CHUNK_ITEMS
-from .worker import unpack
+from .protocol import RemoteItemError, Run, TaskRun
+from .tasks import TaskDispatcher
 
 logger = logging.getLogger(__name__)
 
@@ -138,51 +131,8 @@ def last_job() -> MapJob | None:
     return _last_job_ref() if _last_job_ref is not None else None
 
 
-#: While a batch of results is being fetched, look at the scheduler this often, in seconds.
-FETCH_CHECK_SECONDS = 1.0
-
-
-class RemoteItemError(Exception):
-    """Stands for an exception raised on a worker that could not be sent back as itself."""
-
-
-_abbrev = reprlib.Repr()
-_abbrev.maxstring = 60
-_abbrev.maxother = 60
-_abbrev.maxlist = _abbrev.maxtuple = _abbrev.maxdict = _abbrev.maxset = 6
-
-
-def abbreviate(value: Any) -> str:
-    """A short repr of an item for messages."""
-    try:
-        return _abbrev.repr(value)
-    except Exception:
-        return f"<{type(value).__qualname__}>"
-
-
 #: Mean seconds per item of recently mapped code (a map of the same code skips the probes).
 _remembered = planner.Remembered()
-
-
-class _Chunk:
-    __slots__ = ("start", "items", "suspect", "resubmits", "pin", "budget", "deaths")
-
-    def __init__(
-        self,
-        start: int,
-        items: list,
-        suspect: bool = False,
-        pin: str | None = None,
-        budget: float | None = None,
-        deaths: int = 0,
-    ):
-        self.start = start
-        self.items = items
-        self.suspect = suspect
-        self.resubmits = 0
-        self.pin = pin
-        self.budget = budget
-        self.deaths = deaths  # worker processes lost while running it (direct path)
 
 
 class MapJob:
@@ -306,10 +256,9 @@ class MapJob:
         self._buffer: deque = deque()
         self._exhausted = False
         self._next_index = 0  # index of the first buffered (unsubmitted) item
-        self._inflight: dict[Any, _Chunk] = {}
-        self._suspects: deque[_Chunk] = deque()
-        self._suspect_running = False
-        self._resubmit: deque[_Chunk] = deque()
+        self._inflight: dict[Any, Chunk] = {}  # dispatcher's handle -> chunk, for the chunks sent and not yet back
+        self._faults = Faults(lambda: allowed_failures(self.client))
+        self._resubmit: deque[Chunk] = deque()
         self._returned: deque[tuple[int, list]] = deque()  # (first index, items) a budget sent back
         self._returned_n = 0
         self._durations: list[tuple[int, list]] = []
@@ -324,35 +273,24 @@ class MapJob:
         self._order: deque[int] = deque()  # completion order (unordered iteration / list)
         self._completion: list[int] = []
         self._yield_next = 0
-        self._cancelled_by_us: set = set()
         self._scheduler_watch = SchedulerWatch(self.client)
-        self._terminal_since: dict = {}
         self._last_progress = 0.0
-        self._threads = total_threads(self.client)
-        self._threads_checked = time.monotonic()
+        self._next_check = 0.0
         self._no_workers_since: float | None = None
         self._no_workers_warned = False
-        #: "direct" (leases fed over Dask's comm) or "tasks" (one Dask task per chunk); decided on the first step.
-        self.path: str | None = None
-        self._leases: Any = None  # engine.dask.Leases on the direct path
-        self._next_place = 0.0
-        self._next_check = 0.0
-        self._allowed_failures: int | None = None
+        #: Sends the chunks: a DirectDispatcher or a TaskDispatcher, picked on the first step (_choose_path).
+        self._dispatcher: Dispatcher | None = None
         self._round_remaining: int | None = None
 
-        # Completion only: results are fetched per drained batch in _fetch (one
-        # gather for many chunks instead of one per chunk).
-        self._tasks = TaskSubmitter(self.client)
         if self.resources:
             self._check_resources()
         self._token = self.id
-        self._shared_values = dict(shared or {})
+        shared_values = dict(shared or {})
         self._blob: bytes | None = cloudpickle.dumps(fn)
         if len(self._blob) >= LARGE_VALUE_BYTES:
-            self._shared_values["__fn__"] = fn
+            shared_values["__fn__"] = fn
             self._blob = None
-        self._shared: dict[str, Any] | None = None
-        self._scatter()
+        self._shared = Scattered(self.client, shared_values)
         self._observers = []
         for factory in list(_observer_factories):
             try:
@@ -382,19 +320,31 @@ class MapJob:
 
     @property
     def max_in_flight(self) -> int:
-        """The bound on chunks in flight (``2 × threads + 2``: one running and one queued per thread, plus slack)."""
-        n = 2 * self._threads + 2
-        return n if self.concurrency is None else min(n, self.concurrency)
+        """The bound on chunks in flight now (task path: ``2 × threads + 2``, one running and one queued per thread, plus slack)."""
+        d = self._dispatcher
+        return len(self._inflight) + d.room(len(self._inflight)) if d is not None else 0
+
+    @property
+    def path(self) -> str | None:
+        """``"direct"`` (leases fed over Dask's comm) or ``"tasks"`` (one Dask task per chunk); None before the first step."""
+        return self._dispatcher.name if self._dispatcher is not None else None
+
+    @property
+    def _leases(self) -> Any:
+        """The direct path's :class:`.direct.Leases` (None on the task path)."""
+        return getattr(self._dispatcher, "leases", None)
 
     @property
     def leases(self) -> int:
         """Lease tasks this map placed (direct path; 0 on the task path)."""
-        return self._leases.placed if self._leases is not None else 0
+        leases = self._leases
+        return leases.placed if leases is not None else 0
 
     @property
     def relays(self) -> int:
         """Relay messages this map sent (each carried the batches of a group of workers; 0 without relays)."""
-        return self._leases.relayed if self._leases is not None else 0
+        leases = self._leases
+        return leases.relayed if leases is not None else 0
 
     @property
     def durations(self) -> dict[int, float]:
@@ -473,25 +423,41 @@ class MapJob:
             self._exhausted
             and not self._buffer
             and not self._inflight
-            and not self._suspects
+            and not self._faults.suspects
             and not self._resubmit
             and not self._returned
         )
 
+    def _work_left(self) -> bool:
+        """Whether anything is left to send (not counting what is in flight)."""
+        return not (self._exhausted and not self._buffer and not self._resubmit and not self._faults.suspects)
+
     def _step(self) -> None:
-        """Submit what may be submitted, then wait for and handle one batch of results."""
+        """Send what may be sent, then wait (at most 0.2 s) for what came back and handle it."""
         try:
-            if self.path is None:
+            if self._dispatcher is None:
                 self._choose_path()
-            if self.path == "direct":
-                self._direct_step()
+            d = self._dispatcher
+            assert d is not None
+            self._handle_notes(d.prepare(self._work_left()))
+            if self.finished:
                 return
-            self._fill()
-            if not self._inflight:
+            self._fill()  # with the dispatcher of now: prepare() may have swapped it (the fallback)
+            if self._exhausted_all():
                 self._finish()
                 return
-            for fut, result in self._fetch(self._wait_batch()):
-                self._handle(fut, result)
+            d = self._dispatcher
+            assert d is not None
+            self._handle_notes(d.poll(0.2))
+            if self.finished:
+                return
+            now = time.monotonic()
+            if now >= self._next_check:
+                self._next_check = now + 0.5
+                self._check_connection()
+                self._warn_if_no_workers(now)
+                if self._pin is not None:
+                    self._check_pinned_workers()
             self._maybe_progress()
         except KeyboardInterrupt:
             self._stop("cancelled")
@@ -501,37 +467,92 @@ class MapJob:
                 self._stop("failed")
             raise
 
-    def _refresh_threads(self) -> None:
-        now = time.monotonic()
-        if now - self._threads_checked > 2.0:
-            self._threads_checked = now
-            self._threads = total_threads(self.client)
+    # -- the dispatcher -------------------------------------------------------------------
+    def _choose_path(self) -> None:
+        """Leases and direct batches when the workers answer this client; plain tasks otherwise (picked once)."""
+        if self._pin is None and config.get("engine.path", "auto") != "tasks" and self.total != 0:
+            self._dispatcher = DirectDispatcher.open(
+                self.client,
+                self.id,
+                self.resources,
+                self.concurrency,
+                Run(self._token, self._blob, self._star, self.options),
+                self._shared.futures,
+                self._check_connection,
+            )
+        if self._dispatcher is None:
+            self._dispatcher = self._task_dispatcher()
+
+    def _task_dispatcher(self) -> TaskDispatcher:
+        return TaskDispatcher(
+            self.client,
+            self.id,
+            TaskRun(self._token, self._blob, None, self._star, self.options),
+            self._shared,
+            self.resources,
+            self.concurrency,
+            self._check_connection,
+        )
+
+    def _fall_back(self) -> None:
+        """Carry on over plain tasks (the workers cannot be reached directly from here)."""
+        old, self._dispatcher = self._dispatcher, self._task_dispatcher()
+        for handle in list(self._inflight):
+            self._requeue(self._take_back(handle))
+        if old is not None:
+            old.close([])
 
     def _fill(self) -> None:
-        self._refresh_threads()
-        limit = self.max_in_flight
-        fresh: list[_Chunk] = []
+        """Cut and send as many chunks as the dispatcher has room for (one round, sent together)."""
+        d = self._dispatcher
+        assert d is not None
+        room = d.room(len(self._inflight))
+        if room <= 0:
+            return
+        fresh: list[Chunk] = []
+        # Batches of one round of sends share the work left when it began (guided self-scheduling).
+        self._round_remaining = self._remaining()
         try:
-            self._fill_into(fresh, limit)
+            self._fill_into(fresh, len(self._inflight) + room)
         finally:
+            self._round_remaining = None
             if fresh:
-                self._submit_many(fresh)
+                self._send(fresh)
+
+    def _send(self, chunks: list[Chunk]) -> None:
+        d = self._dispatcher
+        assert d is not None
+        try:
+            handles = d.send(chunks)
+        except Exception as exc:
+            if client_running(self.client):
+                raise
+            if self._scheduler_watch.lost():  # the client let go of a scheduler that went away
+                raise self._lost_scheduler() from exc
+            # Reconnecting to a slow scheduler: the chunks wait for it.
+            for chunk in reversed(chunks):
+                self._faults.left(chunk)
+                if chunk.suspect:
+                    self._faults.suspects.appendleft(chunk)
+                else:
+                    self._resubmit.appendleft(chunk)
+            return
+        self.chunks_submitted += len(chunks)
+        for handle, chunk in zip(handles, chunks):
+            self._inflight[handle] = chunk
+        if len(self._inflight) > self.peak_in_flight:
+            self.peak_in_flight = len(self._inflight)
 
     def _fill_into(self, fresh: list, limit: int) -> None:
-        # New chunks collect in ``fresh`` and go to the scheduler together (one
-        # graph update instead of one per chunk); the rarer special chunks
-        # (resubmits, suspects, pinned) go one by one.
+        # New chunks collect in ``fresh`` and go out together (one graph update, or one round of batches).
         while len(self._inflight) + len(fresh) < limit:
             if self._resubmit:
                 fresh.append(self._resubmit.popleft())
                 continue
-            if self._suspects:
-                if self._suspect_running:
-                    pass
-                else:
-                    self._suspect_running = True
-                    fresh.append(self._suspects.popleft())
-                    continue
+            suspect = self._faults.next_suspect()
+            if suspect is not None:
+                fresh.append(suspect)
+                continue
             if self._pin is not None:
                 if self._next_index >= len(self._pin):
                     self._exhausted = True
@@ -539,7 +560,7 @@ class MapJob:
                 i = self._next_index
                 self._next_index += 1
                 self.items_read += 1
-                fresh.append(_Chunk(i, [self._pin[i]], pin=self._pin[i]))
+                fresh.append(Chunk(i, [self._pin[i]], pin=self._pin[i]))
                 continue
             size, budget = self._next_size()
             if self._returned:
@@ -549,7 +570,7 @@ class MapJob:
                 start = self._next_index - len(items)
             if not items:
                 return
-            fresh.append(_Chunk(start, items, budget=budget))
+            fresh.append(Chunk(start, items, budget=budget))
 
     def _take_returned(self, size: int) -> tuple[int, list]:
         start, items = self._returned.popleft()
@@ -575,36 +596,14 @@ class MapJob:
         return None
 
     def _next_size(self) -> tuple[int, float | None]:
-        """Items and time budget of the next chunk (:func:`.engine.planner.next_size`)."""
+        """Items and time budget of the next chunk (:func:`.engine.planner.next_size`, spread as the dispatcher says)."""
         if isinstance(self.chunksize, int):  # check_options: a positive int, or "auto"
             return self.chunksize, None
-        remaining: int | None
-        if self._round_remaining is not None:
-            # Direct path.  The remaining work is spread over every batch slot (DEPTH per lease),
-            # not one share per lease: a batch sent now may wait behind its lease's running one,
-            # and one share per lease measured the last lease finishing 55-100 ms after the
-            # others on 1,000 × 1 ms items (a 180-item batch queued behind a running one).  Only
-            # when nothing runs yet and one batch per lease holds all that is left (a short map,
-            # an evolution-strategies iteration) is it one share per lease: one batch each, not two.
-            from .dask import DEPTH
-
-            remaining = self._round_remaining
-            spread = DEPTH * self._threads
-            per_item = self._per_item()
-            target, floor = planner.batch_seconds(self._threads)
-            if not self._inflight and remaining is not None and per_item is not None:
-                if target / per_item >= math.ceil(remaining / max(self._threads, 1)):
-                    # No tail to balance: the share is all there is, however small.
-                    spread, floor = self._threads, planner.MIN_TASK_SECONDS
-        else:
-            remaining, spread = self._remaining(), 2 * self._threads
+        assert self._dispatcher is not None
         per_item = self._per_item()
+        spread = self._dispatcher.sizing(self._remaining(), self._round_remaining, per_item, not self._inflight)
         probe = self._probe_size() if per_item is None else 1
-        if self._round_remaining is None:  # the task path: the scheduler's pace, not the client's
-            return planner.next_size(remaining=remaining, per_item=per_item, spread=spread, probe=probe)
-        return planner.next_size(
-            remaining=remaining, per_item=per_item, spread=spread, probe=probe, target=target, floor=floor
-        )
+        return planner.next_size(per_item=per_item, probe=probe, **spread)
 
     def _probe_size(self) -> int:
         if self._probe_items is None:
@@ -631,7 +630,8 @@ class MapJob:
         # while there is still time to shrink chunks for a balanced tail.
         # The distance is capped, so memory stays bounded by about
         # (chunks in flight + 1) × MAX_CHUNK_ITEMS items.
-        ahead = min(size * 2 * self._threads, MAX_CHUNK_ITEMS) if self.chunksize == "auto" else 0
+        threads = self._dispatcher.threads() if self._dispatcher is not None else 1
+        ahead = min(size * 2 * threads, MAX_CHUNK_ITEMS) if self.chunksize == "auto" else 0
         self._take_ahead(size + ahead)
         buf = self._buffer
         n = min(size, len(buf))
@@ -644,101 +644,77 @@ class MapJob:
         self.items_read = self._next_index + len(buf)
         return items
 
-    def _scatter(self) -> None:
-        if not self._shared_values:
-            self._shared = None
+    # -- what came back ----------------------------------------------------------------------
+    def _handle_notes(self, notes: list[Note]) -> None:
+        for note in notes:
+            self._handle_note(note)
+            if self.finished:
+                return
+
+    def _handle_note(self, note: Note) -> None:
+        if note.event is Event.FALLBACK:
+            self._fall_back()
             return
-        self._shared = scatter_shared(self.client, self._shared_values)
+        if note.handle not in self._inflight:  # written off already, or the map stopped
+            return
+        chunk = self._take_back(note.handle)
+        match note.event:
+            case Event.DONE:
+                self._record(chunk, note.data)
+            case Event.RETRY:
+                self._requeue(chunk)
+            case Event.DIED:
+                self._chunk_died(chunk)
+            case Event.KILLED:
+                self._fail_item(chunk, self._faults.killed(chunk, note.data))
+            case Event.FAILED:
+                self._chunk_failed(chunk, note.data)
+            case Event.CANCELLED:  # by the cluster, without us asking
+                if self._scheduler_watch.lost():
+                    raise self._lost_scheduler()
+                chunk.resubmits += 1
+                if chunk.resubmits > 3:
+                    raise ClusterError(
+                        f"the cluster cancelled the chunk with items {chunk.start}..{chunk.start + len(chunk.items) - 1} {chunk.resubmits} times; check the workers' logs."
+                    )
+                self._resubmit.append(chunk)
 
-    def _shared_lost(self) -> bool:
-        shared = self._shared
-        return shared is not None and bool(shared) and not all_finished(shared.values())
+    def _take_back(self, handle: Any) -> Chunk:
+        chunk = self._inflight.pop(handle)
+        self._faults.left(chunk)
+        return chunk
 
-    def _submit(self, chunk: _Chunk) -> None:
-        self._submit_many([chunk])
+    def _requeue(self, chunk: Chunk) -> None:
+        if chunk.suspect:
+            self._faults.suspects.appendleft(chunk)
+        else:
+            self._resubmit.append(chunk)
 
-    def _submit_many(self, chunks: list) -> None:
-        """Submit chunks as Dask tasks (pinned and suspect ones one by one, the others in one ``client.map``)."""
-        if self._shared_lost():
-            self._scatter()
-        first = self.chunks_submitted
-        keys = [f"jc-{self.id}-{first + k}" for k in range(len(chunks))]
-        try:
-            futures = self._tasks.submit(
-                [(c.items, c.budget, c.pin, c.suspect) for c in chunks],
-                keys,
-                (self._token, self._blob, self._shared, self._star, self.options),
-                self.resources,
-            )
-        except Exception as exc:
-            if not client_running(self.client):  # the client let go of a scheduler that went away
-                raise self._lost_scheduler() from exc
-            raise
-        self.chunks_submitted += len(chunks)
-        for fut, chunk in zip(futures, chunks):
-            self._inflight[fut] = chunk
-        if len(self._inflight) > self.peak_in_flight:
-            self.peak_in_flight = len(self._inflight)
+    def _chunk_died(self, chunk: Chunk) -> None:
+        """A worker process died while running ``chunk``: run it again, split it, or give up on its item (:mod:`.faults`)."""
+        verdict = self._faults.died(chunk)
+        if isinstance(verdict, Chunk):
+            self._requeue(verdict)
+        else:
+            self._fail_item(chunk, verdict)
 
-    def _wait_batch(self) -> list:
-        """Futures that completed (or ended unreported: a safety net), checking the cluster meanwhile."""
-        last_check = [time.monotonic()]
+    def _fail_item(self, chunk: Chunk, err: BaseException | None) -> None:
+        """Fail a suspect chunk's one item with ``err`` (None: nothing to fail, the chunk was split)."""
+        if err is None:
+            return
+        self.failed_items[chunk.start] = (chunk.items[0], None)
+        self._record_failure(chunk.start, err)
 
-        def tick() -> list | None:
-            self._check_connection()
-            now = time.monotonic()
-            if now - last_check[0] > 1.0:
-                last_check[0] = now
-                self._warn_if_no_workers(now)
-                if self._pin is not None:
-                    self._check_pinned_workers()
-                return self._stale() or None
-            return None
+    def _chunk_failed(self, chunk: Chunk, exc: BaseException) -> None:
+        """A failure of the batch or task itself (not of an item): items or results that could not be (de)serialised, and the like."""
+        last = chunk.start + len(chunk.items) - 1
+        span = f"item {chunk.start}" if last == chunk.start else f"items {chunk.start}..{last}"
+        unit = self._dispatcher.unit if self._dispatcher is not None else "batch"
+        _add_note(exc, f"jupyter_cluster: the {unit} running {span} failed as a whole.")
+        for k in range(len(chunk.items)):
+            self._record_failure(chunk.start + k, exc)
 
-        return self._tasks.wait(tick)
-
-    def _fetch(self, futures: list) -> list:
-        """``(future, result)`` for the finished chunks among ``futures``, fetched in one gather.
-
-        Futures that ended otherwise come back with ``None`` (``_handle``
-        looks at their status).  A chunk whose result was lost with its worker
-        between finishing and the fetch is being re-run by Dask; it goes back
-        to the completion tracker and is reported again when it is done.
-        """
-        done, out = [], []
-        for f in futures:
-            status = task_state(f)
-            if status == "finished":
-                if f in self._inflight:
-                    done.append(f)
-            elif status in ("error", "cancelled"):
-                out.append((f, None))
-            else:  # reported, then reset: Dask is re-running it after losing its result
-                self._tasks.track(f)
-        if not done:
-            return out
-        # The gather runs on the client's loop; this thread waits for it in
-        # slices and looks at the scheduler in between.  A slow gather (a
-        # swamped scheduler) is never cancelled and retried, which could go
-        # on for ever; a lost scheduler ends it within a slice.
-        try:
-            data = self._tasks.gather(done, FETCH_CHECK_SECONDS, self._check_connection)
-        except Exception as exc:  # noqa: BLE001 - sorted out below
-            if self._scheduler_watch.lost() or not client_running(self.client):
-                raise self._lost_scheduler() from exc
-            if not isinstance(exc, OSError):
-                raise
-            data = {}  # the fetch failed (a worker went away): every chunk of the batch is reported again
-        for f in done:
-            value = data.get(task_key(f))
-            if value is not None:
-                out.append((f, value))
-            elif task_state(f) in ("error", "cancelled"):
-                out.append((f, None))
-            else:
-                self._tasks.track(f)
-        return out
-
+    # -- the cluster ---------------------------------------------------------------------------
     def _warn_if_no_workers(self, now: float) -> None:
         """Say once why nothing happens when the cluster has no workers.
 
@@ -767,17 +743,6 @@ class MapJob:
                 file=sys.stderr,
             )
 
-    def _stale(self) -> list:
-        """Futures that ended more than a second ago but were never reported (a safety net)."""
-        now = time.monotonic()
-        out = []
-        for fut in self._inflight:
-            if task_state(fut) in ("error", "cancelled"):
-                first = self._terminal_since.setdefault(task_key(fut), now)
-                if now - first > 1.0:
-                    out.append(fut)
-        return out
-
     def _check_connection(self) -> None:
         if self._scheduler_watch.lost():
             raise self._lost_scheduler()
@@ -796,357 +761,23 @@ class MapJob:
             alive = set(workers_now(self.client))
         except Exception:
             return
-        for fut, chunk in list(self._inflight.items()):
+        d = self._dispatcher
+        for handle, chunk in list(self._inflight.items()):
             if chunk.pin not in alive:
-                self._inflight.pop(fut)
-                self._cancelled_by_us.add(task_key(fut))
-                cancel_task(fut)
+                self._inflight.pop(handle)
+                if d is not None:
+                    d.cancel(handle)
                 err = WorkerLostError(f"worker {chunk.pin} left the cluster before the cell ran there.")
                 self._record_failure(chunk.start, err)
 
-    # -- the direct path: leases fed over Dask's comm ----------------------------------------
-    def _choose_path(self) -> None:
-        """Leases and direct batches when the workers answer this client; plain tasks otherwise."""
-        from .. import config
-        from . import dask as engine_dask
-
-        self.path = "tasks"
-        if self._pin is not None or config.get("engine.path", "auto") == "tasks":
-            return
-        if self.total == 0:
-            return  # nothing to run: no lease worth placing
-        if not engine_dask.direct_reachable(self.client):
-            return
-        self.path = "direct"
-        self._leases = engine_dask.Leases(
-            self.client,
-            self.id,
-            self.resources,
-            self.concurrency,
-            (self._token, self._blob, self._star, self.options),
-            big=self._shared,
-        )
-        # Idle leases of this client's previous map start this one at once (no scheduler round trip).
-        cap = self.concurrency if self.concurrency is not None else cached_threads(self.client)
-        if cap and self._leases.adopt(cap) >= cap:
-            self._threads = max(len(self._leases.live()), 1)
-            self._next_place = time.monotonic() + 2.0
-
-    def _direct_step(self) -> None:
-        leases = self._leases
-        now = time.monotonic()
-        if now >= self._next_place:
-            self._place_leases()
-            if self.path != "direct":
-                return
-        self._fill_direct()
-        leases.attach_new()  # after the first round: early batches go out ahead of the attaches
-        if self._exhausted_all():
-            self._finish()
-            return
-        for event in leases.poll(0.2):
-            self._direct_event(*event)
-            if self.finished:
-                return
-        now = time.monotonic()
-        if now >= self._next_check:
-            self._next_check = now + 0.5
-            self._check_connection()
-            self._warn_if_no_workers(now)
-        self._maybe_progress()
-
-    def _place_leases(self) -> None:
-        from . import dask as engine_dask
-
-        self._next_place = time.monotonic() + 2.0
-        self._check_connection()
-        if not client_running(self.client):
-            return  # reconnecting: the connection check decides when to give up
-        workers = self._wait_on_loop(scheduler_workers(self.client))
-        if workers is None:
-            return
-        if (
-            workers
-            and getattr(self.client, "_jc_direct", None) is None
-            and not engine_dask.direct_reachable(self.client)
-        ):
-            self._fall_back()
-            return
-        for lease in self._leases.place(workers):
-            # Its worker left the scheduler's list without a broken connection
-            # telling us first (a partition, or an idle lease's worker): no
-            # batch is blamed for it.
-            self._lease_lost(lease, deaths=False)
-        self._threads = max(self._leases.wanted, 1)
-
-    def _wait_on_loop(self, coro) -> Any:
-        """Run ``coro`` on the client's loop; wait in slices, checking the scheduler (None if it failed)."""
-        pending = on_client_loop(self.client, coro)
-        try:
-            while True:
-                try:
-                    return pending.result(timeout=FETCH_CHECK_SECONDS)
-                except concurrent.futures.TimeoutError:
-                    self._check_connection()
-        except Exception:  # noqa: BLE001 - a scheduler that went away is noticed by the connection check
-            self._check_connection()
-            return None
-        finally:
-            if not pending.done():
-                pending.cancel()
-
-    def _fall_back(self) -> None:
-        """Carry on over plain tasks (the workers cannot be reached directly from here)."""
-        leases, self._leases = self._leases, None
-        for sent in list(self._inflight):
-            self._resubmit.append(sent.chunk)
-        self._inflight.clear()
-        leases.close()
-        self.path = "tasks"
-        self._threads = total_threads(self.client)
-
-    def _fill_direct(self) -> None:
-        leases = self._leases
-        free = leases.free()
-        if not free:
-            return
-        cap = {ls: len(ls.outstanding) + leases.room(ls) for ls in free}
-        room = sum(leases.room(ls) for ls in free)
-        fresh: list[_Chunk] = []
-        # Batches of one round of sends share the remaining work equally
-        # (guided self-scheduling over the leases).
-        self._round_remaining = self._remaining()
-        try:
-            self._fill_into(fresh, len(self._inflight) + room)
-        finally:
-            self._round_remaining = None
-        # Each chunk goes to the emptiest lease: every lease gets running work
-        # before any gets a second, queued batch.  The round goes out together
-        # (through relays when it reaches many workers).
-        # A heap of (batches pending, position, lease): the emptiest lease, the first one on ties
-        # (min() over the free leases for every chunk took 2-3 ms a round at 256 leases).
-        heap = [(len(ls.outstanding), k, ls) for k, ls in enumerate(free)]
-        heapq.heapify(heap)
-        pairs = []
-        for chunk in fresh:  # never more chunks than room
-            pending, k, lease = heapq.heappop(heap)
-            pairs.append((lease, chunk))
-            if pending + 1 < cap[lease]:
-                heapq.heappush(heap, (pending + 1, k, lease))
-        for sent, (_, chunk) in zip(self._leases.send_many(pairs), pairs):
-            self._inflight[sent] = chunk
-            self.chunks_submitted += 1
-        if len(self._inflight) > self.peak_in_flight:
-            self.peak_in_flight = len(self._inflight)
-
-    def _direct_event(self, kind: str, obj: Any, data: Any) -> None:
-        leases = self._leases
-        if kind == "ready":
-            if not obj.dead:
-                obj.ready = True
-            return
-        if kind == "lost":  # the worker of a lease did not answer its attach (no batch was sent to it yet)
-            self._lease_lost(obj, deaths=False)
-            return
-        if kind == "lease-done":
-            self._lease_ended(obj)
-            return
-        sent = obj
-        if sent not in self._inflight:  # written off already (its worker left), or the map stopped
-            return
-        if kind == "relay-lost":
-            self._relay_lost(sent, data)
-            return
-        if kind == "error" and isinstance(data, (OSError, asyncio.TimeoutError)):
-            # The connection broke: the worker died (or left).  Every batch of
-            # the lease goes elsewhere; the oldest was the one running, unless
-            # no connection could be made at all (then none of them ran).
-            from .dask import ConnectFailed
-
-            self._lease_lost(sent.lease, deaths=not isinstance(data, ConnectFailed))
-            return
-        chunk = self._inflight.pop(sent)
-        if sent in sent.lease.outstanding:
-            sent.lease.outstanding.remove(sent)
-        if chunk.suspect:
-            self._suspect_running = False
-        if kind == "error":
-            last = chunk.start + len(chunk.items) - 1
-            span = f"item {chunk.start}" if last == chunk.start else f"items {chunk.start}..{last}"
-            _add_note(data, f"jupyter_cluster: the batch running {span} failed as a whole.")
-            for k in range(len(chunk.items)):
-                self._record_failure(chunk.start + k, data)
-            return
-        status = data.get("status") if isinstance(data, dict) else None
-        if status == "ok":
-            sent.lease.ready = True  # an early batch ran: its lease runs (its attach may answer later)
-            result = data["result"]
-            self._record(chunk, unpack(result))
-        elif status == "need-fn":  # the worker process dropped the function from its cache: send it again
-            sent.lease.tokens.discard(self._token)
-            self._requeue(chunk)
-        elif status == "waiting":  # an early batch (:meth:`.dask.Leases.room`) its lease did not start for in time
-            sent.lease.early = False  # queued behind other work there: it gets batches once it attaches
-            sent.lease.tokens.discard(self._token)  # its worker never loaded the function
-            self._requeue(chunk)
-        elif status == "gone":  # the lease ended before it ran the batch: send it elsewhere
-            leases.kill(sent.lease)
-            self._requeue(chunk)
-            self._next_place = 0.0
-        else:
-            raise ClusterError(f"worker {sent.lease.addr} refused a batch of this map ({data!r}); run the map again.")
-
-    def _relay_lost(self, sent: Any, exc: BaseException) -> None:
-        """The relay carrying ``sent`` failed; its lease's worker may be fine.
-
-        The batch goes elsewhere.  If the relay may have forwarded it (not a
-        failed connection), the lease may be running it unseen, so the lease
-        is given up (its task cancelled, its thread freed) rather than sent
-        more work behind it; every result is still taken once, since a late
-        answer finds the batch no longer in flight.
-        """
-        from .dask import ConnectFailed
-
-        if isinstance(exc, ConnectFailed):
-            chunk = self._inflight.pop(sent)
-            if sent in sent.lease.outstanding:
-                sent.lease.outstanding.remove(sent)
-            if chunk.suspect:
-                self._suspect_running = False
-            self._requeue(chunk)
-        else:
-            self._lease_lost(sent.lease, deaths=False)
-
-    def _requeue(self, chunk: _Chunk) -> None:
-        if chunk.suspect:
-            self._suspects.appendleft(chunk)
-        else:
-            self._resubmit.append(chunk)
-
-    def _lease_ended(self, lease: Any) -> None:
-        """The lease task ended without us ending it: a lost worker, or a failure of the lease itself."""
-        if lease.dead and not lease.outstanding:
-            return
-        failed = lease.failed()
-        if failed:
-            exc = future_error(lease.future)
-            if not is_killed_worker(exc):
-                raise ClusterError(
-                    f"a lease task of this map failed on worker {lease.addr}: {type(exc).__name__}: {exc}; check that jupyter_cluster is installed on the workers."
-                )
-        self._lease_lost(lease, deaths=failed)
-
-    def _lease_lost(self, lease: Any, deaths: bool = True) -> None:
-        """A lease's worker is gone: its batches go elsewhere, the one it was running counted as a death."""
-        self._leases.kill(lease)
-        outstanding, lease.outstanding = list(lease.outstanding), []
-        for k, sent in enumerate(outstanding):
-            chunk = self._inflight.pop(sent, None)
-            if sent.handle is not None:
-                sent.handle.cancel()
-            if chunk is None:
-                continue
-            if chunk.suspect:
-                self._suspect_running = False
-            if k == 0 and deaths:
-                self._chunk_died(chunk)
-            else:
-                self._requeue(chunk)
-            if self.finished:
-                return
-        if not (self._exhausted and not self._buffer and not self._resubmit and not self._suspects):
-            # Work is left to send: replace the lease now.  At a map's tail (a lease that yielded its
-            # thread to another task with nothing left to run) a new lease would only queue behind that task.
-            self._next_place = 0.0
-
-    def _chunk_died(self, chunk: _Chunk) -> None:
-        """A worker process died while running ``chunk``: run it again, split it, or give up on its item.
-
-        As Dask does with a task: a chunk is run again until more workers died
-        running it than ``allowed-failures``.  Then which item kills workers is
-        not known, so each item is run alone, one at a time ("suspects",
-        counting afresh); a suspect that again outlives ``allowed-failures``
-        workers fails with ``WorkerLostError``.  Innocent items caught in the
-        deaths of others (a worker killed from outside) therefore need as many
-        deaths as on the task path before they are blamed.
-        """
-        chunk.deaths += 1
-        allowed = self._allowed_deaths()
-        if chunk.deaths <= allowed:
-            self._requeue(chunk)
-            return
-        if not chunk.suspect:
-            for k, item in enumerate(chunk.items):
-                self._suspects.append(_Chunk(chunk.start + k, [item], suspect=True))
-            return
-        self._poison(chunk, chunk.deaths)
-
-    def _poison(self, chunk: _Chunk, deaths: int) -> None:
-        """Fail a suspect chunk's one item: it killed ``deaths`` worker processes (either path)."""
-        err = WorkerLostError(
-            f"item {chunk.start} ({abbreviate(chunk.items[0])}) killed {deaths} worker processes that ran it "
-            "(it crashed its process or ran out of memory), so it was not tried again; the cluster is still usable."
-        )
-        self.failed_items[chunk.start] = (chunk.items[0], None)
-        self._record_failure(chunk.start, err)
-
-    def _allowed_deaths(self) -> int:
-        """Dask's ``allowed-failures``, looked up once per map (every chunk of it is judged by the same number)."""
-        if self._allowed_failures is None:
-            self._allowed_failures = allowed_failures(self.client)
-        return self._allowed_failures
-
-    # -- results -------------------------------------------------------------------------
-    def _handle(self, fut, result) -> None:
-        chunk = self._inflight.pop(fut, None)
-        if chunk is None:  # cancelled by us, or already handled
-            return
-        if chunk.suspect:
-            self._suspect_running = False
-        self._terminal_since.pop(task_key(fut), None)
-        status = task_state(fut)
-        if result is not None:
-            self._record(chunk, result)
-        elif status == "error":
-            self._task_error(chunk, future_error(fut))
-        else:  # cancelled without us asking
-            if not client_running(self.client):
-                raise self._lost_scheduler()
-            chunk.resubmits += 1
-            if chunk.resubmits > 3:
-                raise ClusterError(
-                    f"the cluster cancelled the chunk with items {chunk.start}..{chunk.start + len(chunk.items) - 1} {chunk.resubmits} times; check the workers' logs."
-                )
-            self._resubmit.append(chunk)
-
-    def _task_error(self, chunk: _Chunk, exc: BaseException) -> None:
-        if is_killed_worker(exc):
-            if not chunk.suspect:
-                # Dask blames every task queued on a dying worker, so a killed
-                # chunk may be innocent.  Re-run each of its items as a
-                # "suspect", one suspect at a time: a suspect that still ends
-                # in KilledWorker is the item that kills workers.
-                for k, item in enumerate(chunk.items):
-                    self._suspects.append(_Chunk(chunk.start + k, [item], suspect=True, pin=chunk.pin))
-                return
-            self._poison(chunk, getattr(exc, "allowed_failures", 0) + 1)
-            return
-        # A failure of the task itself (not of an item): arguments or result
-        # that could not be (de)serialised, and the like.
-        last = chunk.start + len(chunk.items) - 1
-        span = f"item {chunk.start}" if last == chunk.start else f"items {chunk.start}..{last}"
-        _add_note(exc, f"jupyter_cluster: the task running {span} failed as a whole.")
-        for k in range(len(chunk.items)):
-            self._record_failure(chunk.start + k, exc)
-
-    def _record(self, chunk: _Chunk, result: tuple) -> None:
+    def _record(self, chunk: Chunk, result: tuple) -> None:
         values, durations, outputs, errors, worker, t_start = result
         n = len(values)
         self.chunk_log.append((chunk.start, n, worker, t_start, sum(durations)))
         start = chunk.start
         if n < len(chunk.items):  # the budget ran out (or the task was stopped): run the rest again
             if chunk.suspect or chunk.pin is not None or chunk.budget is None:
-                self._resubmit.append(_Chunk(start + n, chunk.items[n:], suspect=chunk.suspect, pin=chunk.pin))
+                self._resubmit.append(Chunk(start + n, chunk.items[n:], suspect=chunk.suspect, pin=chunk.pin))
             else:  # back to the front of the queue, to be chunked anew with what is now known
                 self.chunks_cut += 1
                 self._returned.appendleft((start + n, chunk.items[n:]))
@@ -1225,23 +856,15 @@ class MapJob:
 
     # -- ending ------------------------------------------------------------------------------
     def _cancel_outstanding(self) -> None:
-        if self._leases is not None:
-            self._leases.close()
-            self._inflight.clear()
-        futures = [] if self.path == "direct" else list(self._inflight)
+        pending = list(self._inflight)
         self._inflight.clear()
-        self._suspects.clear()
+        if self._dispatcher is not None:
+            self._dispatcher.close(pending)
+        self._faults.clear()
         self._resubmit.clear()
         self._returned.clear()
         self._returned_n = 0
-        if futures:
-            cancel_futures(self.client, futures, "jupyter-cluster map stopped")
-        self._release_shared()
-
-    def _release_shared(self) -> None:
-        if self._shared:
-            release_futures(self._shared.values())
-            self._shared = None
+        self._shared.release()
 
     def _stop(self, state: str) -> None:
         if self.finished:
@@ -1250,9 +873,9 @@ class MapJob:
         self._end(state)
 
     def _finish(self) -> None:
-        if self._leases is not None:
-            self._leases.close(keep=True)
-        self._release_shared()
+        if self._dispatcher is not None:
+            self._dispatcher.close([], keep=True)
+        self._shared.release()
         if self._time_n:
             _remembered.put(self._duration_key, self._time_sum / self._time_n)
         if self.total is None:
@@ -1279,13 +902,13 @@ class MapJob:
         self._buffer.clear()
         self._returned.clear()
         self._returned_n = 0
-        self._suspects.clear()
+        self._faults.clear()
         self._resubmit.clear()
-        self._shared_values = {}
+        self._shared.release()
         self._blob = None
         self.fn = None
-        if self._leases is not None:
-            self._leases.blob = None
+        if self._dispatcher is not None:
+            self._dispatcher.forget_function()
 
     def _holds_values(self) -> bool:
         return not self._handed_over and bool(self.results or self.errors or self.failed_items)
@@ -1317,7 +940,7 @@ class MapJob:
     def __del__(self):
         # An abandoned lazy iterator must not leave work running on the cluster.
         try:
-            if not self.finished and (self._inflight or self._leases is not None):
+            if not self.finished and (self._inflight or self._dispatcher is not None):
                 self._cancel_outstanding()
         except Exception:
             pass

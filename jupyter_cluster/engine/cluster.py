@@ -1,0 +1,627 @@
+"""The client, its scheduler and its workers: everything the engine asks of a cluster, and nothing of a map.
+
+Worker lists and thread counts (from the client's own cache where a round
+trip would cost), the direct path's reachability check and one request to a
+worker's handler (:func:`call`), the warm-up of a new cluster, the
+:class:`SchedulerWatch` that tells a slow scheduler from a lost one, Dask's
+futures behind small named helpers, and the translation of Dask's errors into
+the package's own.  The map (:mod:`.job`) and the two dispatchers
+(:mod:`.direct`, :mod:`.tasks`) use these instead of Dask's API directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import math
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from distributed import Client
+
+from ..errors import ClusterError, WorkerLostError
+from .protocol import Op
+from .worker import EnginePlugin, warm_up
+
+logger = logging.getLogger(__name__)
+
+#: How long the first direct contact with a cluster's worker may take before the map uses plain tasks, in seconds.
+REACH_TIMEOUT_SECONDS = 3.0
+
+#: Longest wait for a new connection to a worker, in seconds (Dask's default, 30 s, would stall a
+#: batch sent to a worker that has just died; a broken connection is noticed at once anyway).
+CONNECT_TIMEOUT_SECONDS = 10.0
+
+
+class ConnectFailed(OSError):
+    """No connection to a lease's worker could be made: the batch never reached it (no worker death is blamed on it)."""
+
+
+async def call(client: Client, addr: str, op: str, **msg: Any) -> Any:
+    """One request/response with a worker's handler ``op`` over the client's connection pool.
+
+    The pool is the client's own (``client.rpc``, built with its
+    ``connection_args``: TLS clusters stay TLS).  Unlike ``client.rpc(addr).op()``
+    it gives up connecting after :data:`CONNECT_TIMEOUT_SECONDS` and says so
+    with :class:`ConnectFailed`.
+    """
+    from distributed.core import send_recv
+
+    pool = client.rpc
+    try:
+        comm = await pool.connect(addr, timeout=CONNECT_TIMEOUT_SECONDS)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every way of not connecting is the same here
+        raise ConnectFailed(f"could not connect to {addr}: {exc}") from exc
+    try:
+        return await send_recv(comm=comm, op=op, **msg)
+    finally:
+        pool.reuse(addr, comm)
+
+
+def workers_now(client: Client) -> dict[str, dict]:
+    """Every worker the scheduler knows now (address -> its info), asked of the scheduler itself.
+
+    Not ``client.scheduler_info(n_workers=-1)["workers"]``: that returns the client's
+    shared cache, which the client's own periodic refresh (every 2 s, with
+    ``n_workers=0``) can replace between the fetch and the read with one that lists
+    no workers, so every worker looked dead (seen under load with ``%%spmd``'s 4 ranks).
+    """
+    return dict(client.sync(scheduler_workers, client) or {})
+
+
+def worker_slots(info: dict, resources: dict | None) -> int:
+    """How many leases a worker (one entry of ``scheduler_info()["workers"]``) can run at once."""
+    n = int(info.get("nthreads", 1) or 1)
+    if resources:
+        have = info.get("resources") or {}
+        for name, need in resources.items():
+            n = min(n, int(math.floor(have.get(name, 0) / need + 1e-9)))
+    return max(n, 0)
+
+
+def direct_reachable(client: Client) -> bool:
+    """Whether this client can talk to the cluster's workers directly (asked once per client).
+
+    Registers :class:`.worker.EnginePlugin` (the comm handlers) on the
+    cluster, then pings one worker.  A client that cannot reach the workers
+    (a notebook outside the network that only reaches the scheduler) gets
+    ``False`` and a one-line notice; its maps use plain Dask tasks.
+    """
+    verdict = getattr(client, "_jc_direct", None)
+    if verdict is not None:
+        return verdict
+    with _reach_lock:  # the background check at cluster start and a first map ask once between them
+        verdict = getattr(client, "_jc_direct", None)
+        if verdict is not None:
+            return verdict
+        return _direct_reachable(client)
+
+
+_reach_lock = threading.Lock()
+
+
+def _direct_reachable(client: Client) -> bool:
+    workers = list(workers_now(client))
+    if not workers:
+        return True  # not known yet; asked again once there are workers
+    reason = None
+    try:
+        client.register_plugin(EnginePlugin(), name=EnginePlugin.name)
+    except Exception as exc:  # noqa: BLE001 - any failure means "use the task path"
+        reason = f"the workers could not load the engine's handlers ({type(exc).__name__}: {exc})"
+    if reason is None:
+        # A worker that answers late is asked again, for longer, before the client gives up on the
+        # direct path for good (seen: 1,024 simulated workers on 2 cores missed the first 3 s and
+        # every map of the run went through the scheduler).
+        for wait in (REACH_TIMEOUT_SECONDS, 3 * REACH_TIMEOUT_SECONDS):
+            try:
+                client.sync(_ping, client, workers[0], wait)
+            except Exception as exc:  # noqa: BLE001
+                reason = f"worker {workers[0]} did not answer a direct connection ({type(exc).__name__})"
+                if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+                    continue
+            else:
+                reason = None
+            break
+    if reason is None:
+        try:  # how many worker deaths Dask forgives a task, as this scheduler was started (asked once, not mid-map)
+            client._jc_allowed_failures = int(client.run_on_scheduler(_allowed_failures))  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a scheduler without this package: the local setting stands
+            pass
+    setattr(client, "_jc_direct", reason is None)  # noqa: B010 - the client's own verdict, asked once
+    if reason is not None:
+        print(
+            f"jupyter_cluster: {reason}, so maps go through the Dask scheduler here (slower for short items).",
+            file=sys.stderr,
+        )
+    return reason is None
+
+
+#: At start-up, direct connections opened to each worker per worker thread (:func:`warm_engine`):
+#: a fresh map has its attach, its early batch and then its next batch in flight to each lease at once.
+WARM_COMMS_PER_THREAD = 3
+#: :func:`warm_engine` opens direct connections to at most this many workers (a client of a larger
+#: cluster sends most batches through relays, and a thousand TLS handshakes would load the client).
+WARM_WORKERS = 64
+#: Connections to the scheduler a new cluster's client keeps open for its first map (:func:`warm_engine`): the
+#: map's "job started" event, its look at the workers and the client's own periodic update may overlap.
+WARM_SCHEDULER_COMMS = 3
+
+
+def warm_engine(client: Client, expected: int | None = None, timeout: float = 10.0) -> None:
+    """Ready a new cluster for its first map, ahead of it (a background thread at cluster start).
+
+    The direct-path check (:func:`direct_reachable`), then per worker: one
+    no-op task pinned to it (:func:`.worker.warm_up`: imports what a first
+    batch needs; the scheduler's and the worker's task path run once, so a
+    first lease does not pay their first-time costs) and the direct
+    connections a first map uses (:data:`WARM_COMMS_PER_THREAD` per thread:
+    opened now, the TLS handshakes do not run on the client's event loop in
+    the middle of the first map's sends; the same for a few connections to
+    the scheduler, since a map's "job started" event holds one while the map
+    asks the scheduler for its workers; the client's connection pool keeps
+    idle connections open until it reaches its limit, 512 by default).  Each
+    task ends at once and holds no thread afterwards.  ``expected``: the
+    workers the cluster was started with, waited for (at most ``timeout``
+    seconds), so that the last to come up is warmed too; no task is sent
+    once a map has started meanwhile (its own leases warm the workers; a
+    no-op task arriving after a lease would only take the lease's thread).
+    """
+    if not direct_reachable(client):
+        return
+    if expected:
+        try:
+            client.wait_for_workers(expected, timeout=timeout)
+        except Exception:  # noqa: BLE001 - warm the workers there are (a slow start, a worker that died)
+            pass
+    workers = workers_now(client)
+    addrs = sorted(workers)[:WARM_WORKERS]
+    futures = []
+    # Not once a map has begun (its Leases made the client's pool): its leases warm the workers, and a
+    # no-op task reaching a worker after an idle lease took that lease's thread, so the map placed
+    # another (4 leases for 2 one-thread workers, a map run right after the start).  Submitted before a
+    # map's leases, the tasks run first and cost the map nothing.
+    if getattr(client, "_jc_lease_pool", None) is None:
+        futures = [
+            client.submit(
+                warm_up, key=f"jc-warm-{secrets.token_hex(6)}", workers=[a], allow_other_workers=False, pure=False
+            )
+            for a in addrs
+        ]
+    try:
+        pings = [(a, WARM_COMMS_PER_THREAD * int(workers[a].get("nthreads", 1) or 1)) for a in addrs]
+        client.sync(_open_comms, client, pings, timeout)
+        deadline = time.monotonic() + timeout
+        for fut in futures:  # not distributed.wait: it needs a default client, and ours is not one
+            fut.result(timeout=max(deadline - time.monotonic(), 0.1))
+        client._jc_warmed = addrs  # type: ignore[attr-defined]  # what was warmed (tests, diagnostics)
+    finally:
+        client.cancel([f for f in futures if not f.done()])
+        del futures
+
+
+async def _open_comms(client: Client, pings: list[tuple[str, int]], timeout: float) -> None:
+    """``n`` concurrent pings to each ``(address, n)``, and :data:`WARM_SCHEDULER_COMMS` to the scheduler.
+
+    Concurrent calls each take their own connection from the client's pool,
+    which keeps them open afterwards for the next calls.
+    """
+    calls = [call(client, a, Op.PING) for a, n in pings for _ in range(n)]
+    calls += [client.scheduler.identity(n_workers=0) for _ in range(WARM_SCHEDULER_COMMS)]
+    await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout)
+
+
+def _allowed_failures(dask_scheduler=None) -> int:
+    return dask_scheduler.allowed_failures
+
+
+async def _ping(client: Client, addr: str, wait: float = REACH_TIMEOUT_SECONDS) -> Any:
+    return await asyncio.wait_for(call(client, addr, Op.PING), wait)
+
+
+# -- the client and its scheduler ---------------------------------------------------------
+def client_of(client: Any) -> tuple[Client, Any]:
+    """``(distributed.Client, cluster name or scheduler address)`` from a Client or a ClusterHandle."""
+    if client is None:
+        raise TypeError(
+            "a map needs a client or a cluster handle; jupyter_cluster.map() finds the current cluster for you."
+        )
+    if hasattr(client, "client") and hasattr(client, "address"):  # ClusterHandle
+        return client.client, client.name
+    return client, getattr(client, "scheduler", None) and scheduler_address(client)
+
+
+def scheduler_address(client: Client) -> str:
+    """The address ``client`` talks to its scheduler at, ``"?"`` when it has none (a client being built or torn down)."""
+    return str(getattr(getattr(client, "scheduler", None), "address", "?"))
+
+
+def allowed_failures(client: Client) -> int:
+    """How many worker deaths Dask forgives a task on ``client``'s cluster (``allowed-failures``).
+
+    The scheduler's own value when :func:`direct_reachable` could ask it (a
+    scheduler process started with its own setting), else this process's
+    ``distributed.scheduler.allowed-failures``.  No round trip: a map asks
+    this when a worker dies, and must not wait on the scheduler then.
+    """
+    known = getattr(client, "_jc_allowed_failures", None)
+    if known is None:
+        import dask.config
+
+        known = dask.config.get("distributed.scheduler.allowed-failures", 3)
+    return int(known)
+
+
+def cached_threads(client: Client) -> int | None:
+    """Worker threads as of the client's own periodic scheduler update (no round trip)."""
+    ident = getattr(client, "_scheduler_identity", None) or {}
+    n = ident.get("total_threads")
+    return int(n) if n is not None else None
+
+
+def total_threads(client: Client) -> int:
+    n = cached_threads(client)
+    if n is None:  # before the client's first update only
+        try:
+            n = sum(client.nthreads().values())
+        except Exception:
+            n = 0
+    return max(int(n or 0), 1)
+
+
+async def scheduler_workers(client: Client) -> dict:
+    """Every worker's entry of the scheduler's identity (runs on the client's loop)."""
+    info = await client.scheduler.identity(n_workers=-1)
+    return info.get("workers", {})
+
+
+async def gather_skipping_errors(client: Client, futures: dict) -> dict:
+    # Runs on the client's event loop (see MapJob._fetch).
+    return await client.gather(futures, errors="skip", asynchronous=True)
+
+
+def item_bytes(item: Any) -> int:
+    """Size of one item in bytes (an estimate for the whole input), 1 KB when it cannot be told.
+
+    Dask's ``sizeof`` knows arrays and frames without copying them; pickling
+    the item to measure it would cost as much as sending it.
+    """
+    from dask.sizeof import sizeof
+
+    try:
+        return int(sizeof(item))
+    except Exception:
+        return 1024
+
+
+def scatter_shared(client: Client, values: dict) -> dict:
+    """Send large values to every worker once; name -> future."""
+    names = list(values)
+    try:
+        futures = client.scatter([values[n] for n in names], broadcast=True, hash=False)
+    except Exception as exc:
+        raise ClusterError(f"sending the large values {', '.join(names)} to the workers failed: {exc}.") from exc
+    return dict(zip(names, futures))
+
+
+class Scattered:
+    """A map's large values, sent once to every worker (``broadcast``); scattered again if a worker lost them.
+
+    ``current()`` is name -> future (None when the map has none), as the
+    task path's tasks and the direct path's own leases take them.
+    """
+
+    def __init__(self, client: Client, values: dict):
+        self.client = client
+        self.values = dict(values)
+        self.futures: dict[str, Any] | None = scatter_shared(client, self.values) if self.values else None
+
+    def current(self) -> dict[str, Any] | None:
+        futures = self.futures
+        if futures and not all(f.status == "finished" for f in futures.values()):
+            self.futures = futures = scatter_shared(self.client, self.values)
+        return futures
+
+    def release(self) -> None:
+        """Let the cluster forget the values, and this object the caller's."""
+        if self.futures:
+            release_futures(self.futures.values())
+        self.futures = None
+        self.values = {}
+
+
+def client_loop(client: Client) -> asyncio.AbstractEventLoop:
+    """The asyncio loop ``client`` runs on (distributed runs an ``AsyncIOLoop``)."""
+    return client.loop.asyncio_loop  # type: ignore[union-attr]
+
+
+def on_client_loop(client: Client, coro: Any) -> concurrent.futures.Future:
+    """Run ``coro`` on ``client``'s event loop; a future this thread may wait on."""
+    return asyncio.run_coroutine_threadsafe(coro, client_loop(client))
+
+
+def task_state(fut: Any) -> str:
+    """A task's state as its client knows it: "pending", "finished", "error", "cancelled" or "lost"."""
+    return fut.status
+
+
+def task_key(fut: Any) -> str:
+    """A task's key (what names it in the scheduler and in a gather's answer)."""
+    return fut.key
+
+
+def cancel_task(fut: Any) -> None:
+    """Cancel one task (the scheduler forgets it; a worker running it stops between items)."""
+    fut.cancel()
+
+
+def client_running(client: Client) -> bool:
+    """Whether ``client`` is connected to its scheduler now (not reconnecting, closing or closed)."""
+    return getattr(client, "status", "running") == "running"
+
+
+def all_finished(futures: Any) -> bool:
+    return all(f.status == "finished" for f in futures)
+
+
+def release_futures(futures: Any) -> None:
+    for f in futures:
+        try:
+            f.release()
+        except Exception:  # noqa: BLE001 - the client may be closing
+            pass
+
+
+def cancel_futures(client: Client, futures: list, reason: str) -> None:
+    """Cancel ``futures`` if the client is still connected (workers stop between items; the map and ``Pool.terminate``)."""
+    if getattr(client, "status", None) != "running":
+        return
+    try:
+        client.cancel(futures, reason=reason)
+    except TypeError:  # older distributed without reason=
+        client.cancel(futures)
+    except Exception:  # noqa: BLE001
+        logger.debug("cancelling futures failed", exc_info=True)
+
+
+def future_error(fut: Any) -> BaseException:
+    """The exception a failed future holds (or the reason it could not be fetched)."""
+    try:
+        return fut.exception(timeout=10)
+    except Exception as err:  # noqa: BLE001
+        return err
+
+
+def is_killed_worker(exc: BaseException) -> bool:
+    """Whether Dask gave up on a task because the workers running it kept dying."""
+    from distributed.scheduler import KilledWorker
+
+    return isinstance(exc, KilledWorker)
+
+
+# -- single calls: Pool.apply_async's tasks ----------------------------------------------------
+def submit_call(client: Client, fn: Callable, *args: Any, key: str, on_done: Callable[[Any], None]) -> Any:
+    """Run ``fn(*args)`` as one Dask task named ``key``; ``on_done(future)`` runs once it has ended.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    fn : callable
+        Sent by value; ``args`` are passed positionally only, so that no
+        argument of the caller can be taken for one of ``Client.submit``'s
+        own keywords (``key``, ``workers``, ...).
+    key : str
+        The task's key: unique (``pure=False``: the same call made twice runs twice).
+    on_done : callable
+        Called with the future from Dask's callback thread, whatever the
+        outcome (finished, failed, cancelled).  It may run before this function
+        returns, so a caller that records the future first holds a lock that
+        ``on_done`` takes too.
+
+    Returns
+    -------
+    distributed.Future
+        Raises whatever ``Client.submit`` raises (an argument that cannot be pickled).
+    """
+    future = client.submit(fn, *args, key=key, pure=False)
+    future.add_done_callback(on_done)
+    return future
+
+
+def finished_values(client: Client, futures: list) -> Iterator[tuple[bool, Any]]:
+    """The outcome of each ended future, in order: ``(True, value)`` or ``(False, exception)``.
+
+    The values of all the finished ones come in one gather: one
+    ``Future.result()`` per task would cost a round trip each, which dominates
+    when many small calls end together.  If that gather fails (one of them
+    failed after all) they are fetched one by one.  Each future is released
+    once the caller has taken its outcome and asked for the next (so the
+    cluster may forget its result); the exceptions are Dask's own (see
+    :func:`translate_error`).
+    """
+    finished = [f for f in futures if f.status == "finished"]
+    values: dict[str, Any] = {}
+    if len(finished) > 1:
+        try:
+            values = dict(zip((f.key for f in finished), client.gather(finished)))
+        except BaseException:  # noqa: BLE001 - one of them failed after all: fetched one by one below
+            values = {}
+    for future in futures:
+        try:
+            outcome = (True, values[future.key] if future.key in values else future.result())
+        except BaseException as exc:  # noqa: BLE001 - the call's own error, or Dask's; the caller translates it
+            outcome = (False, exc)
+        try:
+            yield outcome
+        finally:
+            future.release()
+
+
+# -- every worker ---------------------------------------------------------------------------
+def run_on_every_worker(client: Client, fn: Callable, *args: Any) -> dict[str, Any]:
+    """``fn(*args)`` on the event loop of every worker connected now; worker address -> result.
+
+    For short bookkeeping of the package itself (``Pool`` releasing its
+    globals), not for user code: it needs no free worker thread (workers busy
+    with other tasks answer at once), shows no job in progress bars or the
+    panel, and a worker where ``fn`` fails is left out of the answer.  User
+    code runs on every worker through
+    :func:`jupyter_cluster.mapping.all_workers_job` instead: on the event loop
+    it would stop the worker's heartbeats while it runs, with no output
+    capture, timeout, progress or interrupt.  Nothing runs when the client is
+    not connected (``{}``); otherwise raises what ``Client.run`` raises.
+    """
+    if not client_running(client):
+        return {}
+    return client.run(fn, *args, on_error="ignore")
+
+
+# -- telling a scheduler that went away from one that is slow ------------------------------
+# Dask's futures stay pending while a client tries to reconnect, which looks
+# like a hang to the user.  The map engine and ``Pool`` both ask a
+# SchedulerWatch whether to give up.  A scheduler of a big cluster can be too
+# busy to answer its clients for many seconds (a 256-worker cluster's saturated
+# scheduler made a map fail after 24 s that then ran in 8.2 s): a client that
+# lost its connection gives up only once the scheduler's address refuses
+# connections (its process is gone, or its host unreachable), or after
+# SLOW_SCHEDULER_SECONDS however it looks.
+
+#: How long the client may be disconnected from the scheduler before the watch looks whether it is gone, in seconds.
+DISCONNECT_GRACE_SECONDS = 2.0
+#: How long a disconnected client waits for a scheduler whose address still accepts connections (alive but
+#: busy), in seconds.
+SLOW_SCHEDULER_SECONDS = 120.0
+#: How long a look at the scheduler's address may take (a host that does not answer is taken as gone), in seconds.
+PROBE_TIMEOUT_SECONDS = 1.0
+#: A disconnected client looks at its scheduler's address at most this often, in seconds.
+PROBE_EVERY_SECONDS = 1.0
+
+
+def scheduler_accepts(address: str, timeout: float = PROBE_TIMEOUT_SECONDS) -> bool:
+    """Whether something listens at a scheduler's ``tcp://`` or ``tls://`` address (a TCP connection only).
+
+    The kernel accepts a connection on a listening socket while the process
+    behind it is busy, so this tells a slow scheduler (True) from one whose
+    process is gone or whose host does not answer (False).  False for
+    addresses that are not host and port (``inproc://``: the scheduler
+    lives in this process and cannot be slow to the client without being
+    slow to everything).
+    """
+    try:
+        parts = urlsplit(address)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return False
+    if parts.scheme not in ("tcp", "tls", "ws", "wss") or not host or not port:
+        return False
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class SchedulerWatch:
+    """Follows one client's connection to its scheduler, telling a slow scheduler from a lost one.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    grace : float
+        Seconds a reconnecting client is given before :meth:`lost` looks at
+        the scheduler's address.
+    patience : float
+        Seconds a reconnecting client is given while the scheduler's address
+        still accepts connections.
+    """
+
+    def __init__(
+        self, client: Client, grace: float = DISCONNECT_GRACE_SECONDS, patience: float = SLOW_SCHEDULER_SECONDS
+    ):
+        self.client = client
+        self.grace = grace
+        self.patience = patience
+        self._since: float | None = None
+        self._next_probe = 0.0
+        self._alive = True
+
+    def reset(self) -> None:
+        """Forget an earlier disconnection (nothing is waiting on the scheduler)."""
+        self._since = None
+
+    def lost(self) -> bool:
+        """Whether the scheduler is gone for good.
+
+        Closed; or disconnected longer than the grace period while its
+        address refuses connections; or disconnected longer than the
+        patience however it looks.  A connected client's scheduler is never
+        lost here, however slowly it answers.
+        """
+        status = getattr(self.client, "status", "running")
+        if status == "running":
+            self._since = None
+            return False
+        if status in ("closed", "closing"):
+            return True
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+            self._next_probe = 0.0
+        away = now - self._since
+        if away <= self.grace:
+            return False
+        if away > self.patience:
+            return True
+        if now >= self._next_probe:
+            self._alive = scheduler_accepts(scheduler_address(self.client))
+            self._next_probe = time.monotonic() + PROBE_EVERY_SECONDS
+        return not self._alive
+
+
+def scheduler_lost_error(client: Client, lost: str, redo: str, cluster: str | None = None) -> ClusterError:
+    """The error for work whose scheduler stopped answering (once :meth:`SchedulerWatch.lost` says so).
+
+    One wording for the map and ``Pool``.  ``lost`` says what became of the
+    work (``"this call's result is lost"``), ``redo`` what to make anew once
+    a cluster is back (``"a new Pool"``); ``cluster`` names the cluster when
+    it has a name (a map given a plain client knows only the address).
+    """
+    address = scheduler_address(client)
+    where = f"at {address}" if cluster is None or cluster == address else f"of cluster {cluster!r} ({address})"
+    return ClusterError(
+        f"the scheduler {where} stopped answering: {lost}; start or connect a cluster "
+        f"(%cluster start / %cluster connect) and {redo}."
+    )
+
+
+def translate_error(exc: BaseException, what: str, cluster: str) -> BaseException:
+    """Dask's ways of saying "the cluster failed" in our words; a task's own error passes unchanged.
+
+    ``what`` names the call (``"apply_async(f)"``), ``cluster`` the cluster.
+    """
+    from distributed.client import FutureCancelledError
+
+    if is_killed_worker(exc):
+        lost = WorkerLostError(
+            f"{what} killed the worker process running it every time it was tried, so it was given up; "
+            "look for what in the call crashes the process (memory, a native library, os._exit)."
+        )
+        lost.__cause__ = exc
+        return lost
+    if isinstance(exc, (FutureCancelledError, OSError)) and not isinstance(exc, TimeoutError):
+        gone = ClusterError(
+            f"{what} was lost because the connection to cluster {cluster!r} "
+            "broke (was the cluster stopped?); start or connect a cluster and a new Pool."
+        )
+        gone.__cause__ = exc
+        return gone
+    return exc

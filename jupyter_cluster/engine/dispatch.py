@@ -1,0 +1,120 @@
+"""How a map hands its chunks to a cluster: the :class:`Dispatcher` protocol and the :class:`Event`\\ s it reports.
+
+A map (:class:`.job.MapJob`) knows nothing of Dask: it cuts its input into
+:class:`Chunk`\\ s and asks its dispatcher how many it may send now
+(:meth:`Dispatcher.room`), sends them (:meth:`Dispatcher.send`, one handle
+per chunk) and hears what became of them (:meth:`Dispatcher.poll`, a list
+of :class:`Note`\\ s).  Two dispatchers implement it:
+
+- :class:`.direct.DirectDispatcher` (the default): one lease task per worker
+  thread, batches sent to the leases over Dask's comm;
+- :class:`.tasks.TaskDispatcher` (the fallback, and ``--all-workers``): one
+  Dask task per chunk.
+
+The map picks one on its first step; the direct one may ask to be swapped
+for the other (:attr:`Event.FALLBACK`) when the workers turn out to be
+unreachable from here.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, NamedTuple, Protocol
+
+
+class Chunk:
+    """A run of consecutive input items sent as one batch (direct path) or one task (task path)."""
+
+    __slots__ = ("start", "items", "suspect", "resubmits", "pin", "budget", "deaths")
+
+    def __init__(
+        self,
+        start: int,
+        items: list,
+        suspect: bool = False,
+        pin: str | None = None,
+        budget: float | None = None,
+        deaths: int = 0,
+    ):
+        self.start = start  # input index of items[0]
+        self.items = items
+        self.suspect = suspect  # one item of a chunk that outlived too many workers (:mod:`.faults`)
+        self.resubmits = 0  # times the cluster cancelled it without being asked (task path)
+        self.pin = pin  # the worker it must run on (--all-workers)
+        self.budget = budget  # seconds after which the worker stops and sends the rest back
+        self.deaths = deaths  # worker processes lost while running it (direct path)
+
+
+class Event(Enum):
+    """What became of a chunk that was sent (or of the dispatcher itself)."""
+
+    DONE = "done"  # it ran: data is run_chunk's result tuple
+    FAILED = "failed"  # the batch or task failed as a whole (not one item): data is the exception
+    DIED = "died"  # the worker process running it died: counts against the chunk (:mod:`.faults`)
+    KILLED = "killed"  # Dask gave up on it, its workers kept dying (task path): data is the KilledWorker
+    RETRY = "retry"  # it did not run, or may run unseen: send it again, nobody to blame
+    CANCELLED = "cancelled"  # the cluster cancelled it without being asked (task path): send it again, counted
+    FALLBACK = "fallback"  # the dispatcher cannot go on here: the map swaps it for the task path
+
+
+class Note(NamedTuple):
+    """One event: ``handle`` is what :meth:`Dispatcher.send` returned for the chunk (None for FALLBACK)."""
+
+    event: Event
+    handle: Any
+    data: Any = None
+
+
+class Dispatcher(Protocol):
+    """Sends a map's chunks to the cluster and reports what became of them.
+
+    Every method runs on the map's thread.  ``handle``\\ s are opaque to the
+    map: it keeps ``handle -> Chunk`` for the chunks in flight and forgets a
+    handle once an event about it was handled (later events about it are
+    ignored, so every result is taken once).
+    """
+
+    #: ``"direct"`` or ``"tasks"`` (``MapJob.path``).
+    name: str
+    #: What one sent chunk is called in messages (``"batch"``, ``"task"``).
+    unit: str
+
+    def threads(self) -> int:
+        """Worker threads the map's chunks are spread over (sizes its chunks)."""
+        ...
+
+    def room(self, in_flight: int) -> int:
+        """How many more chunks may be sent now, with ``in_flight`` out."""
+        ...
+
+    def sizing(self, remaining: int | None, round_remaining: int | None, per_item: float | None, idle: bool) -> dict:
+        """Keyword arguments for :func:`.planner.next_size` besides ``per_item`` and ``probe``.
+
+        ``remaining``: items left to send now; ``round_remaining``: as it
+        was when this round of sends began; ``idle``: nothing in flight.
+        """
+        ...
+
+    def prepare(self, more_work: bool) -> list[Note]:
+        """Get ready to send (place or replace workers' leases when due); events found meanwhile."""
+        ...
+
+    def send(self, chunks: list[Chunk]) -> list[Any]:
+        """Send ``chunks`` (at most :meth:`room`); their handles, in order."""
+        ...
+
+    def poll(self, timeout: float) -> list[Note]:
+        """What happened since the last call, waiting up to ``timeout`` seconds for something."""
+        ...
+
+    def cancel(self, handle: Any) -> None:
+        """Stop one sent chunk (the map gave up on it)."""
+        ...
+
+    def close(self, pending: list[Any], keep: bool = False) -> None:
+        """Stop: cancel ``pending`` (handles still in flight); ``keep``: the map finished (reusable leases stay)."""
+        ...
+
+    def forget_function(self) -> None:
+        """Drop the map's pickled function (the map ended)."""
+        ...

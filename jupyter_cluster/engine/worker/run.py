@@ -1,0 +1,538 @@
+"""Running items: the worker half of every map, on either path.
+
+:func:`run_chunk` loads the function once per worker process (cached by
+token, so a notebook-defined class is rebuilt once, not per item; a
+:class:`~jupyter_cluster.cellfunc.CellFunction` is prepared here into a
+:class:`PreparedCell`), runs each item in a fresh namespace (a cell's targets
+bound, its last expression kept), captures ``print`` output per item and per
+thread (bounded), times each item, applies ``--retries`` (stopping when
+cancelled) and ``--timeout``, and returns failures as data (exception,
+traceback text, frames) instead of failing the whole batch.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+import threading
+import time
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+from ...cellfunc import ITEM_NAME, RESULT_NAME, CellFunction
+from ..protocol import Items
+from . import groups
+from .groups import GroupStopped, _async_raise, _group, run_in_group
+
+_CANCEL_CHECK_S = 0.05
+#: Most characters of printed output kept per item (the rest is counted and dropped).
+MAX_OUTPUT_CHARS = 1_000_000
+
+
+class PreparedCell:
+    """A compiled cell with its captured values, as cached on a worker."""
+
+    def __init__(self, code, values: dict[str, Any], persistent: bool):
+        self.code = code
+        self.values = values
+        self.persistent = persistent
+
+    @classmethod
+    def of(cls, cell: CellFunction) -> PreparedCell:
+        """Prepare ``cell`` on this worker: compiled, its modules imported, its small values unpickled."""
+        values = cell.load_values()
+        return cls(cell.compile(), values, cell.persistent)
+
+    def bind(self, big: dict[str, Any] | None) -> Callable[[Any], Any]:
+        """A per-item callable; ``big`` holds the large values sent once per worker."""
+        code = self.code
+        base = dict(worker_namespace()) if not self.persistent else None
+        captured = dict(self.values)
+        if big:
+            captured.update(big)
+        if self.persistent:
+            ns = worker_namespace()
+
+            def run_persistent(item):
+                ns.update(captured)
+                ns[ITEM_NAME] = item
+                try:
+                    exec(code, ns)
+                    return ns.pop(RESULT_NAME, None)
+                finally:
+                    ns.pop(ITEM_NAME, None)
+                    ns.pop(RESULT_NAME, None)
+
+            return run_persistent
+        assert base is not None  # made above for a cell that is not persistent
+        base.update(captured)
+        base.setdefault("__name__", "__main__")
+
+        def run(item):
+            ns = base.copy()
+            ns[ITEM_NAME] = item
+            exec(code, ns)
+            return ns.get(RESULT_NAME)
+
+        return run
+
+
+# -- worker process state ----------------------------------------------------------
+class _WorkerState:
+    """State that lives as long as the worker process."""
+
+    def __init__(self):
+        self.namespace: dict[str, Any] = {"__name__": "__main__"}
+        self.cache: OrderedDict[str, Any] = OrderedDict()
+        self.lock = threading.Lock()
+        self.local = threading.local()
+        self.streams_installed = False
+
+
+_STATE = _WorkerState()
+
+
+def worker_namespace() -> dict[str, Any]:
+    """The worker process's persistent namespace (filled by ``--all-workers`` cells)."""
+    return _STATE.namespace
+
+
+class _Capture:
+    """One item's captured output; the buffer is made on the first write.
+
+    Most items print nothing, and a ``StringIO`` per item was half of the
+    worker's cost per no-op item.
+    """
+
+    __slots__ = ("buf", "size")
+
+    def __init__(self):
+        self.buf = None
+        self.size = 0
+
+    def write(self, s: str) -> int:
+        if self.buf is None:
+            self.buf = io.StringIO()
+        n = len(s)
+        if self.size < MAX_OUTPUT_CHARS:
+            room = MAX_OUTPUT_CHARS - self.size
+            self.buf.write(
+                s
+                if n <= room
+                else s[:room] + f"\n[jupyter_cluster: output beyond {MAX_OUTPUT_CHARS:,} characters dropped]\n"
+            )
+        self.size += n
+        return n
+
+    def clear(self) -> None:
+        """Forget what was written (a retried item keeps only its last attempt's output)."""
+        self.buf = None
+        self.size = 0
+
+    def getvalue(self) -> str:
+        return self.buf.getvalue() if self.buf is not None else ""
+
+
+class ThreadStream(io.TextIOBase):
+    """Sends writes to the current thread's capture buffer (``local.buf``), or to the real stream."""
+
+    def __init__(self, real, local: threading.local):
+        self._real = real
+        self._local = local
+
+    def write(self, s):
+        cap = getattr(self._local, "buf", None)
+        if cap is not None:
+            return cap.write(s)
+        return self._real.write(s)
+
+    def flush(self):
+        if getattr(self._local, "buf", None) is None:
+            self._real.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def install_thread_streams(state: Any) -> None:
+    """Wrap ``sys.stdout``/``sys.stderr`` once per process for ``state`` (its ``local``, ``lock``
+    and ``streams_installed``), so a thread that sets ``state.local.buf`` captures its own prints.
+
+    Per-thread redirection: a worker with several threads runs several items (or a
+    ``%%spmd`` rank beside map items) at once, and contextlib.redirect_stdout would mix
+    their output.
+    """
+    with state.lock:
+        if not state.streams_installed:
+            sys.stdout = ThreadStream(sys.stdout, state.local)
+            sys.stderr = ThreadStream(sys.stderr, state.local)
+            state.streams_installed = True
+
+
+def load(token: str, blob: bytes | None, big: dict[str, Any] | None):
+    """The callable for ``token``: unpickled (and prepared) once per worker process."""
+    with _STATE.lock:
+        obj = _STATE.cache.get(token)
+        if obj is not None:
+            _STATE.cache.move_to_end(token)
+    if obj is None:
+        if blob is not None:
+            obj = cloudpickle.loads(blob)
+        else:
+            assert big is not None  # the function itself travelled among the large values
+            obj = big.pop("__fn__")
+        if isinstance(obj, CellFunction):
+            obj = PreparedCell.of(obj)  # compiled, modules imported, small values unpickled: once per process
+        with _STATE.lock:
+            _STATE.cache[token] = obj
+            while len(_STATE.cache) > 16:
+                _STATE.cache.popitem(last=False)
+    if isinstance(obj, PreparedCell):
+        return obj.bind({k: v for k, v in (big or {}).items() if k != "__fn__"})
+    return obj
+
+
+# -- errors as data ----------------------------------------------------------------------
+#: The files whose frames run items (this one, and the stop groups' helper thread): left out of tracebacks.
+_OWN_FILES = frozenset({__file__, groups.__file__})
+
+
+def _cell_tb(tb):
+    """Skip our own frames: start the traceback at the first frame of the cell or the user's function."""
+    first = tb
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename not in _OWN_FILES:
+            return tb
+        tb = tb.tb_next
+    return first
+
+
+def _add_first_lines(frames: dict | None, tb) -> None:
+    """Record what tblib leaves out of each frame's code and the notebook needs to show it.
+
+    ``co_firstlineno`` (IPython's renderer in a kernel counts a frame's
+    context lines from it), ``co_qualname`` and the parameter names (its
+    ``in f(x)`` heading).
+    """
+    while frames is not None and tb is not None:
+        code = tb.tb_frame.f_code
+        info = frames["tb_frame"]["f_code"]
+        info["co_firstlineno"] = code.co_firstlineno
+        info["co_qualname"] = getattr(code, "co_qualname", code.co_name)
+        n, k = code.co_argcount, code.co_kwonlyargcount
+        names = code.co_varnames
+        info["co_params"] = {
+            "args": list(names[:n]),
+            "kwonly": list(names[n : n + k]),
+            "varargs": names[n + k] if code.co_flags & 0x04 else None,
+            "varkw": names[n + k + bool(code.co_flags & 0x04)] if code.co_flags & 0x08 else None,
+        }
+        frames, tb = frames.get("tb_next"), tb.tb_next
+
+
+def error_info(exc: BaseException) -> tuple:
+    """``(exception or None, type name, message, traceback text, frames dict or None)``."""
+    tb = _cell_tb(exc.__traceback__)
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    try:
+        pickle.dumps(exc)
+        sendable = exc
+    except Exception:
+        try:
+            cloudpickle.dumps(exc)
+            sendable = exc
+        except Exception:
+            sendable = None
+    frames = None
+    try:
+        from tblib import Traceback
+
+        frames = Traceback(tb).to_dict() if tb is not None else None
+    except Exception:  # tblib is optional; the text is enough
+        frames = None
+    _add_first_lines(frames, tb)
+    return (sendable, type(exc).__qualname__, str(exc), text, frames)
+
+
+class ItemTimeout(TimeoutError):
+    """Raised for an item that ran longer than ``timeout`` seconds."""
+
+
+class _TimedRunner:
+    """Runs items in a helper thread so an item over its time limit can be abandoned."""
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self.thread = None
+        self.jobs = None
+
+    def _start(self):
+        import queue
+
+        self.jobs = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, args=(self.jobs,), daemon=True, name="jupyter-cluster-item")
+        self.thread.start()
+
+    def _loop(self, jobs):
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            call, args, done, box, buf = job
+            _STATE.local.buf = buf
+            try:
+                box.append((True, call(*args)))
+            except BaseException as exc:  # noqa: BLE001 - every item failure is data
+                box.append((False, exc))
+            finally:
+                _STATE.local.buf = None
+                done.set()
+
+    def run(self, call, args, buf):
+        if self.thread is None:
+            self._start()
+        done, box = threading.Event(), []
+        self.jobs.put((call, args, done, box, buf))
+        if not done.wait(self.timeout):
+            # Abandon the thread: ask it to stop (Python code stops at once, a
+            # blocking C call when it returns) and use a fresh one next time.
+            _async_raise(self.thread, ItemTimeout)
+            self.jobs.put(None)
+            self.thread = None
+            raise ItemTimeout(f"the item ran longer than the --timeout of {self.timeout:g} s")
+        ok, value = box[0]
+        if ok:
+            return value
+        raise value
+
+    def close(self):
+        if self.thread is not None:
+            self.jobs.put(None)
+
+
+def _cancel_checker() -> Callable[[], bool]:
+    """A cheap 'was this task cancelled?' test, checked between items."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+        key = worker.get_current_task()
+    except Exception:  # not on a worker (tests, local execution)
+        return lambda: False
+
+    def cancelled() -> bool:
+        ts = worker.state.tasks.get(key)
+        return ts is None or ts.state not in ("executing", "long-running")
+
+    return cancelled
+
+
+def _worker_address() -> str | None:
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except Exception:
+        return None
+
+
+def run_chunk(
+    token: str, blob: bytes | None, big: dict[str, Any] | None, items: list, star: bool, options: dict
+) -> tuple:
+    """Run one chunk of items on a worker.
+
+    Parameters
+    ----------
+    token : str
+        Cache key of the function (the map's id).
+    blob : bytes or None
+        cloudpickle of the function or :class:`CellFunction`; None when it
+        travels in ``big["__fn__"]`` because it is large.
+    big : dict or None
+        Large values, sent once per worker (Dask resolves them to local data).
+    items : list
+        The chunk's items (argument tuples when ``star``).
+    star : bool
+        Call ``fn(*item)`` instead of ``fn(item)``.
+    options : dict
+        ``retries`` (int), ``timeout`` (float or None), ``capture`` (bool),
+        ``budget`` (float or None: stop after the item that takes the chunk
+        past this many seconds; the engine sends the items left over again).
+
+    Returns
+    -------
+    tuple
+        ``(values, durations, outputs, errors, worker, started)``: ``outputs`` maps
+        position -> printed text, ``errors`` maps position -> :func:`error_info`
+        (None when empty); ``started`` is the chunk's ``time.time()`` start.
+        Fewer values than items means the chunk stopped early (its budget ran
+        out, or its task was cancelled).
+    """
+    started = time.time()
+    retries = options.get("retries", 0)
+    timeout = options.get("timeout")
+    capture = options.get("capture", True)
+    budget = options.get("budget")
+    worker = _worker_address()
+    big = dict(big) if big else None
+    try:
+        fn = load(token, blob, big)
+    except BaseException as exc:  # noqa: BLE001 - a setup failure is reported for every item
+        info = error_info(exc)
+        return ([None] * len(items), [0.0] * len(items), None, {i: info for i in range(len(items))}, worker, started)
+    if capture:
+        install_thread_streams(_STATE)
+    cancelled = _cancel_checker()
+    runner = _TimedRunner(timeout) if timeout else None
+    perf = time.perf_counter
+    values: list = []
+    durations: list = []
+    outputs: dict[int, str] = {}
+    errors: dict[int, tuple] = {}
+    t_begin = perf()
+    next_check = t_begin + _CANCEL_CHECK_S
+    deadline = t_begin + budget if budget else float("inf")
+    group = getattr(fn, "stop_group", None)  # a Pool's task: terminate() stops it (run_in_group)
+    stop = _group(group).stopped if group is not None else None
+    loop_args = (fn, items, star, retries, capture, runner, cancelled, next_check, deadline, stop)
+    if group is None:
+        _run_items(*loop_args, values, durations, outputs, errors)
+    else:
+        try:
+            run_in_group(group, _run_items, *loop_args, values, durations, outputs, errors)
+        except GroupStopped:
+            groups.mark_stopped()  # the lease running this chunk ends (see groups.took_stop)
+            # The helper may still be adding the item it was in: keep what was complete.
+            n = min(len(values), len(durations))
+            values, durations = values[:n], durations[:n]
+            errors = {p: e for p, e in list(errors.items()) if p < n}
+            outputs = {p: t for p, t in list(outputs.items()) if p < n}
+    _check_results(values, errors, getattr(fn, "check_result", None))
+    return (values, durations, outputs or None, errors or None, worker, started)
+
+
+def _run_items(
+    fn: Callable,
+    items: list,
+    star: bool,
+    retries: int,
+    capture: bool,
+    runner: _TimedRunner | None,
+    cancelled: Callable[[], bool],
+    next_check: float,
+    deadline: float,
+    stop: threading.Event | None,
+    values: list,
+    durations: list,
+    outputs: dict,
+    errors: dict,
+) -> None:
+    """:func:`run_chunk`'s loop over its items (appends to ``values``, ``durations``, ``outputs``, ``errors``)."""
+    local = _STATE.local  # per thread: run_in_group runs this in a helper thread
+    perf = time.perf_counter
+    try:
+        for pos, item in enumerate(items):
+            if stop is not None and stop.is_set():  # Pool.terminate(): the rest of the chunk is not run
+                break
+            args = item if star else (item,)
+            buf = _Capture() if capture else None
+            t0 = perf()
+            stopped = False
+            for attempt in range(retries + 1):
+                if attempt:
+                    # A retry storm (retries=10**9 on an item that always
+                    # raises) must still stop when the map is cancelled, and
+                    # its output must stay bounded: only the last attempt's is kept.
+                    if perf() >= next_check:
+                        next_check = perf() + _CANCEL_CHECK_S
+                        if cancelled():
+                            stopped = True
+                            break
+                    if buf is not None:
+                        buf.clear()
+                        buf.write(f"--- retry {attempt} of {retries} ---\n")
+                try:
+                    if runner is not None:
+                        value = runner.run(fn, args, buf)
+                    else:
+                        local.buf = buf
+                        try:
+                            value = fn(*args)
+                        finally:
+                            local.buf = None
+                except BaseException as exc:  # noqa: BLE001 - every item failure is data
+                    if attempt < retries and not isinstance(exc, ItemTimeout):
+                        continue
+                    errors[pos] = error_info(exc)
+                    value = None
+                break
+            if stopped:  # cancelled between retries: the item counts as not run
+                break
+            t1 = perf()
+            values.append(value)
+            durations.append(t1 - t0)
+            if buf is not None:
+                text = buf.getvalue()
+                if text:
+                    outputs[pos] = text
+            if t1 >= deadline:
+                break
+            if t1 >= next_check:
+                next_check = t1 + _CANCEL_CHECK_S
+                if cancelled():
+                    break
+    finally:
+        if runner is not None:
+            runner.close()
+
+
+#: Result types Dask can always send back; a chunk holding only these skips the check.
+_SENDABLE = frozenset({type(None), bool, int, float, complex, str, bytes})
+
+
+def _check_results(values: list, errors: dict, check: Callable[[Any], BaseException | None] | None = None) -> None:
+    """Replace results that cannot be sent back by an error for that item.
+
+    Pickling every chunk's values here doubled the cost of large results, so
+    scalars are trusted and only chunks holding something else are tried.
+    ``check(value)``, when the function has one (a ``Pool``'s task: its own
+    rules and error, ``MaybeEncodingError``), says what is wrong with a value.
+    """
+    sendable = _SENDABLE
+    if all(type(v) in sendable for v in values):
+        return
+    if check is not None:
+        for pos, value in enumerate(values):
+            if type(value) not in sendable and pos not in errors:
+                problem = check(value)
+                if problem is not None:
+                    errors[pos] = error_info(problem)
+                    values[pos] = None
+        return
+    try:
+        pickle.dumps(values, protocol=5, buffer_callback=lambda b: None)
+        return
+    except Exception:
+        pass
+    for pos, value in enumerate(values):
+        try:
+            cloudpickle.dumps(value, protocol=5, buffer_callback=lambda b: None)
+        except Exception as exc:
+            err = TypeError(
+                f"the item's result ({type(value).__qualname__}) cannot be sent back to the notebook: {exc}; return something picklable (e.g. a list instead of a generator)."
+            )
+            errors[pos] = error_info(err)
+            values[pos] = None
+
+
+def run_items(packed: Items, token: str, blob: bytes | None, big: dict | None, star: bool, options: dict) -> tuple:
+    """The task path's task: :func:`run_chunk` on the items of ``packed``."""
+    if packed.budget is not None:
+        options = {**options, "budget": packed.budget}
+    return run_chunk(token, blob, big, packed.items, star, options)
