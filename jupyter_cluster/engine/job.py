@@ -506,6 +506,8 @@ class MapJob:
         """Cut and send as many chunks as the dispatcher has room for (one round, sent together)."""
         d = self._dispatcher
         assert d is not None
+        if not client_running(self.client):
+            return  # reconnecting (a busy scheduler): nothing is sent until it is back, or the watch gives up
         room = d.room(len(self._inflight))
         if room <= 0:
             return
