@@ -7,7 +7,8 @@
 #   make lab LAB_ARGS="--port 9999"  options for `jupyter lab` (--allow-root is added when run as root)
 #   make test                        `make lint`, then the test suite, in the development environment $(VENV)
 #                                    (extras test, examples, kubernetes; the browser tests need Chromium)
-#   make lint                        ruff (lint + format check) on the Python, mypy on the package, eslint,
+#   make lint                        ruff (lint + format check) on the Python, mypy on the package, import-linter's
+#                                    layer contracts (pyproject.toml [tool.importlinter]), eslint,
 #                                    prettier and tsc on the TypeScript; settings in pyproject.toml, package.json
 #   make as-installed                build the sdist and wheel, install the wheel in fresh environments under
 #                                    $(AS_INSTALLED_DIR) and run real kernels there (.ci/as_installed.py)
@@ -82,6 +83,7 @@ lint: $(CORE) $(VENV)/.extra-test $(LABEXT)
 	$(PY) -m ruff check
 	$(PY) -m ruff format --check
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 	$(JLPM) lint
 
 # lint first: CI (.ci/run) runs `make as-installed`, then `make test`

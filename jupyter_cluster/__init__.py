@@ -60,6 +60,7 @@ def __getattr__(name: str):
 
 
 if not _in_dask_worker_process():
+    from . import mapping as _mapping
     from .actors import actor
     from .dqueue import Queue
     from .mapping import imap, last_job, map  # noqa: A004  (jupyter_cluster.map is the public map)
@@ -69,8 +70,10 @@ if not _in_dask_worker_process():
     from .telemetry import metrics, report
     from .telemetry.progress import install as _install_progress  # noqa: E402
     from .widgets import launcher, show_metrics
+    from .widgets import register_display as _register_display
 
-    _install_progress()  # progress bars for every map, once the map engine is importable
+    _install_progress(_mapping.add_observer_factory)  # progress bars for every map
+    _register_display()  # cluster handles as live widgets, in a running IPython
 
 __all__ = [
     "CellError",
@@ -101,8 +104,10 @@ def load_ipython_extension(ipython):
     """Register ``%cluster`` and ``%%parallel`` (``%load_ext jupyter_cluster``)."""
     from . import _background
     from .magics import register_magics
+    from .widgets import register_display
 
     register_magics(ipython)
+    register_display(ipython)
     _background.start()  # distributed's dashboard and ipywidgets, while the next cell is written
 
 

@@ -22,6 +22,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from . import registry
+from .credentials import saved_security
 from .errors import ClusterError
 from .telemetry.topics import CONTROL_TOPIC
 
@@ -117,8 +119,6 @@ def stop_remote(name: str, timeout: float = 15.0) -> str:
     """
     from distributed import Client
 
-    from . import registry
-
     record = registry.read(name)
     if record is None:
         known = ", ".join(r.name for r in registry.live_records()) or "none"
@@ -138,8 +138,6 @@ def stop_remote(name: str, timeout: float = 15.0) -> str:
             answered.set()
 
     try:
-        from .credentials import saved_security
-
         security = saved_security(record.name) if record.address.startswith("tls://") else None
         client = Client(record.address, timeout=5, set_as_default=False, security=security)
     except (OSError, TimeoutError) as exc:

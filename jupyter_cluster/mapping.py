@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .engine.dask import workers_now
+from . import session
+from .engine.cluster import workers_now
 from .engine.job import (  # noqa: F401  (re-exported: the engine's public names)
     MapJob,
     RemoteItemError,
@@ -155,6 +156,4 @@ def run_on_workers(fn: Callable, **options: Any) -> MapJob:
 
 
 def _resolve(cluster: Any) -> Any:
-    from . import session  # the engine below this front door never imports session
-
     return session.resolve(cluster)

@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 
 from . import config
+from .dashboard_socket import socket_is_ours
 from .errors import ClusterError
 from .models import KERNEL_ID_RE, NAME_RE, kernel_id_or_none
 
@@ -193,8 +194,6 @@ def remove(name: str) -> None:
 
 def _remove_dashboard_socket(path: object) -> None:
     """Delete a dead cluster's dashboard socket and its private folder, if they are provably ours."""
-    from .server.dashboard import socket_is_ours
-
     if isinstance(path, str) and socket_is_ours(path):
         try:
             os.remove(path)

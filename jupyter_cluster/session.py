@@ -19,8 +19,16 @@ from typing import Any
 
 from . import config, registry
 from .backends import StartedCluster, get_backend, probe_scheduler
+from .control import listen, stop_remote
+from .credentials import names_with_credentials, saved_security
+from .display import render_html
+from .engine.cluster import warm_engine, workers_now
+from .engine.direct import release_leases
 from .errors import ClusterError
 from .models import ClusterModel, cluster_model, validate_name, validate_size
+from .telemetry.kernel import KernelSink
+from .telemetry.report import set_kernel_sink
+from .versions import warn_on_mismatch
 
 _lock = threading.RLock()
 #: the longest a stop waits for the start's engine warm-up to end (seconds)
@@ -101,8 +109,6 @@ class ClusterHandle:
 
     def _workers(self) -> dict[str, Any]:
         self._check_open()
-        from .engine.dask import workers_now
-
         return workers_now(self.client)
 
     def model(self) -> ClusterModel:
@@ -207,8 +213,6 @@ class ClusterHandle:
         if not gone:  # a warm-up talking to a scheduler that went away has nothing to finish
             self._wait_for_warm_up()
         if not gone:  # idle map leases end first, rather than being cut off by the cluster's close
-            from .engine.dask import release_leases
-
             release_leases(self.client)
         try:
             self.client.close(timeout=1 if gone else 5)
@@ -237,14 +241,6 @@ class ClusterHandle:
         state = "stopped" if self.closed else self.address
         return f"<ClusterHandle {self.name!r} backend={self.backend} {state}>"
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        # live widget in a kernel, status text in a terminal; _repr_html_ stays the static fallback
-        try:
-            from .widgets.cluster import mimebundle
-        except ImportError:  # no ipywidgets
-            return None
-        return mimebundle(self, include, exclude)
-
     def _repr_html_(self) -> str:
         if self.closed:
             return f"<p>Cluster <b>{html.escape(self.name)}</b> is stopped.</p>"
@@ -252,8 +248,6 @@ class ClusterHandle:
             m = self.model()
         except Exception as exc:  # a vanished scheduler must not break display
             return f"<p>Cluster <b>{html.escape(self.name)}</b> at {html.escape(self.address)}: unreachable ({html.escape(str(exc))})</p>"
-        from .widgets.display import render_html  # renderers live with the widgets
-
         return render_html(m)
 
 
@@ -263,8 +257,6 @@ def _taken_names() -> set[str]:
 
 
 def _unique_name(prefix: str) -> str:
-    from .credentials import names_with_credentials
-
     # A cluster another process is starting has no record yet, but its credentials are written.
     taken = _taken_names() | names_with_credentials()
     i = 1
@@ -314,12 +306,8 @@ def _adopt(handle: ClusterHandle, attached: bool) -> ClusterHandle:
     if handle.attached_record is None:  # attached by name: the cluster is in the registry already
         _register(handle, attached)
     if not attached:  # the owner answers scale/stop requests from the panel and other kernels
-        from .control import listen
-
         listen(handle)
     if handle.backend != "local":  # other machines may run other package versions
-        from .versions import warn_on_mismatch
-
         warn_on_mismatch(handle.client, handle.name)
     return handle
 
@@ -427,8 +415,6 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
 
 def _warm_engine(client: Any, expected: int | None = None) -> None:
     try:
-        from .engine.dask import warm_engine
-
         warm_engine(client, expected)  # measured: see benchmarks/README.md, first_item.py, session 6
     except Exception as exc:  # noqa: BLE001 - a cluster stopped at once, say; the first map asks again and reports
         client._jc_warm_error = f"{type(exc).__name__}: {exc}"  # kept for diagnostics only
@@ -461,8 +447,6 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
             raise ClusterError(f"no cluster named {target!r} is running (known: {known}); see %cluster list.")
         address, name = record.address, f"{record.name}"
         if security is None and address.startswith("tls://"):  # a TLS cluster started on this machine
-            from .credentials import saved_security
-
             security = saved_security(record.name)
     started = get_backend("address").start(address=address, security=security)
     if record is not None:  # the cluster's own name and dashboard, as the registry has them
@@ -511,8 +495,6 @@ def _detach_when_lost(client: Any, name: str, address: str, target: str) -> None
 
 def _security_for_address(address: str) -> Any:
     """The saved credentials of the registered cluster listening at ``address``, or None."""
-    from .credentials import saved_security
-
     for record in registry.live_records():
         if record.address == address and not record.attached:
             security = saved_security(record.name)
@@ -637,8 +619,6 @@ def stop(name: str | None = None) -> str:
     by asking its owner process, see :func:`jupyter_cluster.control.stop_remote`.
     """
     if name is not None and name not in _handles and registry.read(name) is not None:
-        from .control import stop_remote
-
         return stop_remote(name)
     if name is None and not _handles:
         raise ClusterError("no cluster is running in this kernel, so there is nothing to stop.")
@@ -700,3 +680,8 @@ def _stop_all_before_executors() -> None:
 _PID = os.getpid()
 atexit.register(stop_all)
 threading._register_atexit(_stop_all_before_executors)  # type: ignore[attr-defined]
+
+
+# The notebook's own metric reports go to this kernel's store and through its current cluster:
+# telemetry.report is the producer alone (it runs on every worker) and knows nothing of sessions.
+set_kernel_sink(KernelSink(current))

@@ -1,6 +1,6 @@
 """SPMD on the cluster: run code once on each of N workers as the ranks of a torch.distributed group.
 
-``%%spmd`` (see :mod:`~jupyter_cluster.spmd_magic`) and :func:`spmd` are the
+``%%spmd`` (see :mod:`~jupyter_cluster.magics.spmd_magic`) and :func:`spmd` are the
 two front ends of :func:`run`.  The flow of one call::
 
     pick the group ─► reuse it while its workers live (same N, same backend);
@@ -29,8 +29,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .engine.dask import workers_now
+from . import session
+from .capture import pickled_size
+from .engine.cluster import workers_now
+from .engine.worker import error_info
 from .errors import ClusterError
+from .telemetry.progress import observer_factory
 
 #: seconds a collective waits for its peers before it fails (``--timeout``)
 DEFAULT_TIMEOUT = 300.0
@@ -232,8 +236,6 @@ def _run_on(client, fn: Callable, *args, workers: list[str], timeout: float = 30
 
 
 def _resolve_handle(cluster: Any):
-    from . import session
-
     if cluster is None:
         handle = session.current()
         if handle is None:
@@ -536,8 +538,6 @@ class _Observer:
     def __init__(self, job: SpmdJob, progress: Any):
         self.obs = None
         try:
-            from .telemetry.progress import observer_factory
-
             self.obs = observer_factory(job, progress)
             if self.obs is not None:
                 self.obs.job_started(job)
@@ -722,8 +722,6 @@ def _result_of(fut, rank: int) -> dict:
     try:
         return fut.result()
     except BaseException as exc:  # noqa: BLE001
-        from .engine.worker import error_info
-
         now = time.time()
         return {
             "rank": rank,
@@ -742,8 +740,6 @@ def _ship(client, group: Group, payload: dict[str, Any]) -> dict[str, Any]:
     large = payload.get("large") or {}
     if not large:
         return payload
-    from .capture import pickled_size
-
     total = sum(pickled_size(v)[0] for v in large.values())
     if total < INLINE_PAYLOAD_BYTES:
         return payload

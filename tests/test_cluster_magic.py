@@ -303,7 +303,7 @@ def test_usage_is_written_from_the_parser():
 
     from IPython.core.error import UsageError
 
-    from jupyter_cluster.magics import ClusterMagics, _parser
+    from jupyter_cluster.magics.cluster_magic import ClusterMagics, _parser
 
     parser = _parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
@@ -326,7 +326,7 @@ def test_usage_is_written_from_the_parser():
 
 def test_cell_magic_usage_lists_every_option_their_parsers_take():
     """%%parallel and %%spmd write their usage from the same table as their parsers."""
-    from jupyter_cluster import parallel_magic, spmd_magic
+    from jupyter_cluster.magics import parallel_magic, spmd_magic
 
     for module, usage in ((parallel_magic, parallel_magic.PARALLEL_USAGE), (spmd_magic, spmd_magic.SPMD_USAGE)):
         flags = [flag for action in module._parser()._actions for flag in action.option_strings]

@@ -24,7 +24,7 @@ import uuid
 import pytest
 
 import jupyter_cluster as jc
-from jupyter_cluster.engine.dask import pool_for
+from jupyter_cluster.engine.direct import pool_for
 
 from .conftest import wait_for
 
@@ -474,9 +474,9 @@ def test_initializer_globals_visible_to_notebook_functions(fresh, cluster):
     assert p.apply(ns["predict"], (7,)) == (70, True)
 
     def held(pool_id):
-        from jupyter_cluster import pool
+        from jupyter_cluster.pool import worker
 
-        return pool_id in pool._namespaces
+        return pool_id in worker._namespaces
 
     assert any(cluster.client.run(held, p._id).values())
     p.close()

@@ -9,8 +9,7 @@ import uuid
 
 import pytest
 
-from jupyter_cluster import mapping, session, telemetry
-from jupyter_cluster.telemetry import progress
+from jupyter_cluster import context, mapping, session, telemetry
 from jupyter_cluster.widgets import cluster as cluster_mod
 from jupyter_cluster.widgets import metrics as metrics_mod
 
@@ -145,7 +144,7 @@ def test_handle_display_is_status_text_in_a_terminal_and_a_widget_in_a_kernel(ip
     data, _ = ip.display_formatter.format(cluster)
     assert data["text/plain"].startswith(f"{cluster.name} (local) at {cluster.address}")
     assert "2 workers" in data["text/plain"]
-    monkeypatch.setattr(progress, "in_kernel", lambda: True)
+    monkeypatch.setattr(context, "in_kernel", lambda: True)
     data, _ = ip.display_formatter.format(cluster)
     assert "application/vnd.jupyter.widget-view+json" in data
     assert "<table>" in cluster._repr_html_()  # the static fallback for front-ends without widgets
@@ -221,7 +220,7 @@ def test_metrics_magic_refuses_two_topics(ip):
 def test_without_the_chart_bundle_a_kernel_gets_a_live_text_view_and_one_message(monkeypatch, tmp_path):
     monkeypatch.setattr(metrics_mod, "BUNDLE", tmp_path / "missing.js")
     monkeypatch.setattr(metrics_mod, "_widget_class", None)
-    monkeypatch.setattr(progress, "in_kernel", lambda: True)
+    monkeypatch.setattr(context, "in_kernel", lambda: True)
     topic = unique_topic("nobundle")
     view = metrics_mod.show_metrics(topic)
     assert "widgets/static/metrics.js, which is not built" in view.value

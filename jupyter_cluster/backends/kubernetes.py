@@ -441,7 +441,7 @@ def _guarded_kube_cluster():
     global _guarded_class
     if _guarded_class is not None:
         return _guarded_class
-    KubeCluster = _kube_cluster_class()
+    KubeCluster: Any = _kube_cluster_class()  # dask-kubernetes is an optional extra, without type information
 
     class GuardedKubeCluster(KubeCluster):
         """A ``KubeCluster`` that gives up with a clear sentence instead of waiting forever.

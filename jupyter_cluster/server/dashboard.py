@@ -1,7 +1,7 @@
 """The Dask dashboard of local clusters, served through the authenticated Jupyter server.
 
 A TLS local cluster (the default) takes its scheduler's dashboard off TCP: it
-listens on a Unix socket in a private folder (:func:`jupyter_cluster.backends.local.dashboard_on_unix_socket`),
+listens on a Unix socket in a private folder (:func:`jupyter_cluster.dashboard_socket.dashboard_on_unix_socket`),
 which other users of the machine cannot open.  Browsers reach it here::
 
     <base_url>jupyter-cluster/dashboard/<name>/<path>   HTTP and websockets (Bokeh)
@@ -10,18 +10,20 @@ behind Jupyter's own authentication (token, cookie, XSRF for writes).  The
 proxy strips the prefix (the dashboard's pages use relative links, as they do
 behind jupyter-server-proxy), never forwards the user's Jupyter cookies or
 token, and only connects to sockets owned by this user in a folder only this
-user can enter.  Kept import-light: the kernel's local backend imports :func:`link`.
+user can enter.  The kernel side (the socket, its link, its checks) is :mod:`jupyter_cluster.dashboard_socket`.
 """
 
 from __future__ import annotations
 
-import os
 import socket
-import stat
-from typing import Any, TypeGuard
+from collections.abc import Awaitable
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-ROUTE = "jupyter-cluster/dashboard"
+from .. import registry
+from ..dashboard_socket import ROUTE, link, socket_is_ours
+
+__all__ = ["ROUTE", "link", "make_handler", "route", "socket_is_ours"]
 
 #: request headers never sent on to the dashboard (Jupyter's credentials, hop-by-hop)
 _DROP_REQUEST = {
@@ -52,29 +54,6 @@ _DROP_RESPONSE = {
 }
 
 
-def link(base_url: str, name: str) -> str:
-    """The browser link of cluster ``name``'s dashboard under a server at ``base_url``."""
-    return "/" + "/".join(p.strip("/") for p in (base_url, ROUTE, name, "status") if p.strip("/"))
-
-
-def socket_is_ours(path: Any) -> TypeGuard[str]:
-    """Whether ``path`` is a Unix socket of this user in a folder only this user can enter."""
-    if not isinstance(path, str) or not os.path.isabs(path):
-        return False
-    try:
-        st = os.lstat(path)
-        folder = os.lstat(os.path.dirname(path))
-    except OSError:
-        return False
-    return (
-        stat.S_ISSOCK(st.st_mode)
-        and st.st_uid == os.getuid()
-        and stat.S_ISDIR(folder.st_mode)
-        and folder.st_uid == os.getuid()
-        and stat.S_IMODE(folder.st_mode) & 0o077 == 0
-    )
-
-
 def _resolver(path: str):
     from tornado.netutil import Resolver
 
@@ -98,8 +77,6 @@ def make_handler():
     from jupyter_server.base.handlers import JupyterHandler
     from tornado.httpclient import HTTPRequest
     from tornado.simple_httpclient import SimpleAsyncHTTPClient
-
-    from .. import registry
 
     class DashboardProxy(JupyterHandler, tornado.websocket.WebSocketHandler):
         """HTTP and websocket proxy to a cluster's dashboard socket; Jupyter's auth applies."""
@@ -169,6 +146,7 @@ def make_handler():
 
         async def get(self, name: str, path: str) -> None:
             # the auth decorators answer (redirect, 403) without a coroutine to await
+            result: Awaitable[None] | None
             if self.request.headers.get("Upgrade", "").lower() == "websocket":
                 result = self._websocket(name, path)
             else:

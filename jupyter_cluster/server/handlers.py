@@ -35,8 +35,10 @@ from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.utils import url_path_join
 
 from .. import config
+from ..backends import available
 from ..errors import ClusterError
 from ..models import validate_size
+from . import dashboard
 from .manager import ClusterManager, NotFound, validate_count, validate_name
 
 API = "jupyter-cluster/api"
@@ -208,8 +210,6 @@ class JobsHandler(BaseHandler):
 class ConfigHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
-        from ..backends import available
-
         self.reply(
             {
                 "backend": config.get("backend"),
@@ -358,8 +358,6 @@ def setup_handlers(web_app: Any, manager: ClusterManager) -> None:
         (r"/config/?", ConfigHandler),
         (r"/events/?", EventsSocket),
     ]
-    from . import dashboard
-
     web_app.add_handlers(
         ".*$",
         [(base + pattern, handler) for pattern, handler in routes] + [dashboard.route(web_app.settings["base_url"])],

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 from ..errors import ClusterError
+from ..telemetry.store import TopicStore
 from .jobs import JobsStore, number
 
 logger = logging.getLogger(__name__)
@@ -397,8 +398,6 @@ def same_cluster(snap: dict[str, Any], record: Any) -> bool:
 
 def restore_live(conn: Any, snap: dict[str, Any]) -> None:
     """Give a new connection the jobs and metrics a :func:`live_snapshot` of its cluster kept."""
-    from ..telemetry.store import TopicStore
-
     for job in snap.get("jobs") or []:
         conn.jobs.add(job)
     for data in snap.get("topics") or []:

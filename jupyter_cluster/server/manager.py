@@ -30,7 +30,9 @@ from typing import Any
 # distributed takes a second or more and would stall the server's event loop.
 from distributed import Client
 
-from .. import config, control, registry
+from .. import backends, config, control, registry
+from ..credentials import saved_security
+from ..dashboard_socket import link
 from ..errors import ClusterError
 from ..models import (
     ClusterDetail,
@@ -180,8 +182,6 @@ class Connection:
     async def _connect_once(self) -> None:
         security = None
         if self.record.address.startswith("tls://"):
-            from ..credentials import saved_security  # written (0600) by the process that started it
-
             security = saved_security(self.record.name)
             if security is None:
                 self.status = "unreachable"
@@ -284,8 +284,6 @@ class Connection:
     def dashboard_link(self) -> str | None:
         """The dashboard as the browser reaches it: through this server when it listens on a private socket."""
         if (self.record.extra or {}).get("dashboard_socket"):
-            from .dashboard import link
-
             return link(self.base_url, self.name)
         return self.record.dashboard_link
 
@@ -632,8 +630,6 @@ class ClusterManager:
         timeout: float = 180.0,
     ) -> ClusterSummary:
         """Start a cluster owned by a new host process; returns its summary."""
-        from .. import backends
-
         name = validate_name(name) if name is not None else self._new_name()
         if registry.read(name) is not None:
             raise ClusterError(f"a cluster named {name!r} already exists; choose another name.")

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..errors import ClusterError
 from .report import current_handle, flush_plugin, send_buffered
 from .store import TopicStore, store
 from .topics import INDEX_TOPIC, PLUGIN_NAME, PREFIX
@@ -241,8 +242,6 @@ def attach(client=None) -> Hub:
     if client is None:
         handle = current_handle()
         if handle is None:
-            from ..errors import ClusterError
-
             raise ClusterError("no cluster is running in this kernel; start one with %cluster start.")
         client = handle.client
     with _hubs_lock:

@@ -27,10 +27,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .. import config
+from .. import config, context, ticker
 from ..models import MAX_JOB_FAILURES, JobFailure, JobMessage, job_failure, job_message
+from ..registry import current_kernel_id
 from .hub import attach, attached
-from .report import publish
+from .report import current_handle, publish
 from .topics import JOBS_TOPIC
 
 logger = logging.getLogger(__name__)
@@ -293,34 +294,11 @@ class WidgetRenderer:
         self.update(snap)
 
 
-def in_kernel() -> bool:
-    """Whether this code runs in a Jupyter kernel (not a terminal IPython or a script)."""
-    # A kernel has always imported IPython; a plain script has not, and
-    # importing it here (0.1 s) stalled the first map that showed progress.
-    if "IPython" not in sys.modules:
-        return False
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    ip = get_ipython()
-    return ip is not None and getattr(ip, "kernel", None) is not None
-
-
-def widgets_available() -> bool:
-    """Whether ipywidgets can be imported."""
-    try:
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def make_renderer() -> TextRenderer | WidgetRenderer | None:
     """The renderer for this context (widget in a kernel with ipywidgets, else text)."""
     kind = _forced_renderer
     if kind is None:
-        kind = "widget" if in_kernel() and widgets_available() else "text"
+        kind = "widget" if context.in_kernel() and context.widgets_available() else "text"
     if kind == "none":
         return None
     if kind == "widget":
@@ -330,28 +308,14 @@ def make_renderer() -> TextRenderer | WidgetRenderer | None:
 
 # -- the observer the map engine drives ----------------------------------------------
 def _cluster_name(client: Any) -> str | None:
-    try:
-        from .. import session
-
-        for h in session.handles():
-            if h.client is client:
-                return h.name
-    except Exception:
-        pass
-    return None
+    """The name of the kernel's current cluster when ``client`` is its client (else None)."""
+    handle = current_handle()
+    return handle.name if handle is not None and handle.client is client else None
 
 
 def _job_client(job: Any) -> Any:
-    client = getattr(job, "client", None)
-    if client is not None:
-        return client
-    try:
-        from .. import session
-
-        h = session.current()
-        return None if h is None or h.closed else h.client
-    except Exception:
-        return None
+    """The client a job runs through (every map and SPMD job carries its own)."""
+    return getattr(job, "client", None)
 
 
 class ProgressObserver:
@@ -388,8 +352,6 @@ class ProgressObserver:
         self.cluster = (
             cluster if isinstance(cluster, str) else (_cluster_name(self.client) if self.client is not None else None)
         )
-        from ..registry import current_kernel_id
-
         #: the panel follows the active notebook to the cluster its maps run on
         self.kernel_id = current_kernel_id() if self.client is not None else None
         self._lock = threading.Lock()
@@ -484,8 +446,6 @@ class ProgressObserver:
 
     # -- the observer interface of mapping -------------------------------------------
     def job_started(self, job: Any) -> None:
-        from .. import ticker
-
         with self._lock:
             self._publish(force=True)
         if self.show and self.delay <= 0:
@@ -549,21 +509,11 @@ def _attach_quietly(client: Any) -> None:
 _installed = False
 
 
-def install() -> bool:
-    """Register :func:`observer_factory` with the map engine (idempotent).
-
-    Returns False when the map engine is not available.
-    """
+def install(add_observer_factory: Callable[[Callable], None]) -> bool:
+    """Register :func:`observer_factory` with the map engine through its ``add_observer_factory`` (idempotent)."""
     global _installed
     if _installed:
         return True
-    try:
-        from .. import mapping
-    except ImportError:
-        return False
-    add = getattr(mapping, "add_observer_factory", None)
-    if add is None:
-        return False
-    add(observer_factory)
+    add_observer_factory(observer_factory)
     _installed = True
     return True

@@ -37,9 +37,9 @@ import os
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
-from .store import metrics_setting, store
+from .store import metrics_setting
 from .topics import INDEX_TOPIC, PLUGIN_NAME, topic_name
 
 logger = logging.getLogger(__name__)
@@ -401,19 +401,38 @@ def flush_plugin():
     )
 
 
-def _flush_from_kernel() -> bool:
-    handle = current_handle()
-    batch = _producer.take(discard=handle is None)
-    for dask_topic, msg in batch:
-        publish(handle.client, dask_topic, msg)
-    return False
+class KernelSink(Protocol):
+    """Where reports made in the notebook go: the kernel's side of :func:`report` (see :mod:`.kernel`).
+
+    This module is the producer alone (it also runs on every worker); the
+    session layer, which knows the kernel's current cluster, installs the
+    sink with :func:`set_kernel_sink`.
+    """
+
+    def add(self, topic: str, seq: int, record: dict, arm: bool) -> None: ...
+
+    def flush(self) -> bool: ...
+
+    def handle(self) -> Any: ...
 
 
-def current_handle():
+#: the kernel's sink (None in a process without the notebook side, e.g. a worker)
+_kernel_sink: KernelSink | None = None
+
+
+def set_kernel_sink(sink: KernelSink | None) -> None:
+    """Install where the notebook's own reports go (called by :mod:`jupyter_cluster.session`)."""
+    global _kernel_sink
+    _kernel_sink = sink
+
+
+def current_handle() -> Any:
+    """The kernel's current cluster handle as the sink knows it, or None (none, closed, or no sink)."""
+    sink = _kernel_sink
+    if sink is None:
+        return None
     try:
-        from .. import session
-
-        h = session.current()
+        h = sink.handle()
     except Exception:
         return None
     return None if h is None or h.closed else h
@@ -460,14 +479,11 @@ def report(step: int | None = None, topic: str = "default", *, series: dict | No
             _arm_worker_flush(worker)
         return
     # in the notebook: visible at once here, published for the sidebar and other kernels
-    store(topic).add(_producer.source, seq, [record], worker="kernel")
-    if arm:
-        from .. import ticker
-        from .hub import attach  # the hub sits above this module; the kernel path only
-
-        ticker.every(_flush_interval(), _flush_from_kernel)
-        if current_handle() is not None:
-            attach(current_handle().client)
+    sink = _kernel_sink
+    if sink is not None:
+        sink.add(topic, seq, record, arm)
+    else:  # no notebook side in this process: nothing would ever send the buffer
+        _producer.take(discard=True)
 
 
 def publish(client, dask_topic: str | list[str], msg: Any) -> None:
@@ -504,8 +520,10 @@ def flush() -> None:
     worker = current_worker()
     if worker is not None:
         worker.loop.add_callback(_flush_on_worker, worker)
+    elif _kernel_sink is not None:
+        _kernel_sink.flush()
     else:
-        _flush_from_kernel()
+        _producer.take(discard=True)
 
 
 async def send_buffered(dask_worker=None) -> int:

@@ -1,14 +1,47 @@
 """Notebook widgets: the cluster view, the launcher and live metric charts.
 
 Progress bars live with their model in :mod:`jupyter_cluster.telemetry.progress`.
-Importing this package is cheap; ipywidgets is imported when a widget is made.
+Importing this package is cheap; ipywidgets is imported when a widget is made
+(the submodules are imported on first use, deliberately).  A
+:class:`~jupyter_cluster.session.ClusterHandle` shows as the live widget through
+IPython's display formatter, registered by :func:`register_display` (the session
+layer below knows nothing of widgets).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-__all__ = ["launcher", "show_metrics", "cluster_widget"]
+from .. import session
+
+__all__ = ["launcher", "show_metrics", "cluster_widget", "register_display"]
+
+
+def register_display(ipython: Any = None) -> None:
+    """Show cluster handles in ``ipython`` (the running shell by default) as the live widget.
+
+    A widget in a kernel, status text in a terminal; the handle's own
+    ``_repr_html_`` stays the static fallback.  Called by ``%load_ext
+    jupyter_cluster`` and by ``import jupyter_cluster`` in a running shell.
+    """
+    if ipython is None:
+        if "IPython" not in sys.modules:  # not in IPython: nothing displays a handle
+            return
+        from IPython import get_ipython
+
+        ipython = get_ipython()
+        if ipython is None:
+            return
+    ipython.display_formatter.mimebundle_formatter.for_type(session.ClusterHandle, _handle_mimebundle)
+
+
+def _handle_mimebundle(handle: Any) -> dict | None:
+    try:
+        from .cluster import mimebundle
+    except ImportError:  # no ipywidgets: IPython falls back to the handle's HTML
+        return None
+    return mimebundle(handle)
 
 
 def launcher():
@@ -34,7 +67,6 @@ def show_metrics(topic: str = "default", cluster: Any = None):
 
 def cluster_widget(handle: Any = None, live: bool = True):
     """The live cluster widget of ``handle`` (the current cluster by default)."""
-    from .. import session
     from .cluster import ClusterWidget
 
     return ClusterWidget(handle if handle is not None else session.get(), live=live)

@@ -16,9 +16,9 @@ from typing import Any
 
 import ipywidgets as w
 
-from .. import ticker
+from .. import context, ticker
+from ..display import fmt_bytes, text_status
 from ..errors import ClusterError
-from .display import fmt_bytes, text_status
 
 REFRESH_SECONDS = 2.0
 
@@ -240,9 +240,7 @@ def mimebundle(handle: Any, include: Any = None, exclude: Any = None) -> dict | 
     """
     if handle.closed:
         return None
-    from ..telemetry.progress import in_kernel
-
-    if not in_kernel():
+    if not context.in_kernel():
         model = _read_model(handle)
         if model is None or "error" in model:
             return None

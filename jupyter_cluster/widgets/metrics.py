@@ -17,9 +17,10 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
-from .. import config, telemetry, ticker
+from .. import config, context, mapping, telemetry, ticker
+from ..errors import CellError
 from ..telemetry.report import current_handle
 
 STATIC = pathlib.Path(__file__).parent / "static"
@@ -153,8 +154,6 @@ def _install_flush_hooks() -> None:
             return
         _hooks_installed = True
     try:
-        from .. import mapping
-
         mapping.add_observer_factory(_map_observer)
     except (ImportError, AttributeError):
         pass
@@ -195,7 +194,7 @@ def widget_class():
             self.follower = _Follower(telemetry.store(topic), self._push, lambda: self.comm is not None).start()
 
         def _push(self, st: telemetry.TopicStore) -> None:
-            self.data = st.model()
+            self.data = cast(dict, st.model())  # a MetricsModel (TypedDict) for the traitlet
 
     MetricsWidget.__module__ = __name__
     _widget_class = MetricsWidget
@@ -268,9 +267,7 @@ def show_metrics(topic: str = "default", cluster: Any = None):
     if handle is not None and not handle.closed:
         telemetry.attach(handle.client)
     telemetry.store(topic)
-    from ..telemetry.progress import in_kernel, widgets_available
-
-    if not (in_kernel() and widgets_available()):
+    if not (context.in_kernel() and context.widgets_available()):
         return MetricsText(topic)
     try:
         cls = widget_class()
@@ -281,8 +278,6 @@ def show_metrics(topic: str = "default", cluster: Any = None):
 
 def metrics_command(shell: Any, argv: list[str]):
     """``%cluster metrics [TOPIC]``: show live charts of a topic (``default`` if omitted)."""
-    from ..errors import CellError
-
     if len(argv) > 1:
         raise CellError("usage: %cluster metrics [TOPIC]  (one topic name, e.g. %cluster metrics es)")
     topic = argv[0] if argv else "default"

@@ -1,4 +1,4 @@
-"""``jupyter_cluster.Pool``: the ``multiprocessing.Pool`` API on the current cluster.
+"""The pool: the ``multiprocessing.Pool`` API on the current cluster.
 
 The pool owns no processes.  ``apply``/``apply_async`` are single Dask tasks;
 ``map``/``imap``/``starmap`` and their async forms are front ends to the one map
@@ -14,27 +14,21 @@ Deliberate differences from ``multiprocessing.Pool`` are listed in docs/pool.md
 
 from __future__ import annotations
 
-import builtins
 import collections
 import functools
-import io
-import pickle
 import queue
 import sys
 import threading
 import traceback
-import types
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from multiprocessing import TimeoutError
-from multiprocessing.pool import MaybeEncodingError, RemoteTraceback  # type: ignore[attr-defined]  # not in typeshed
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any
 
-import cloudpickle
-
-from .engine.dask import (
+from .. import session
+from ..context import in_kernel
+from ..engine.cluster import (
     SchedulerWatch,
     cancel_futures,
     client_running,
@@ -45,506 +39,27 @@ from .engine.dask import (
     task_key,
     translate_error,
 )
+from ..engine.job import MapJob
+from ..engine.worker import stop_group
+from .results import (
+    _PLAIN_INPUTS,
+    CLOSE,
+    INIT,
+    RUN,
+    TERMINATE,
+    ApplyResult,
+    IMapIterator,
+    IMapUnorderedIterator,
+    MapResult,
+    _guarded,
+    _Iter,
+    _raise_first_failure,
+)
+from .worker import _apply, _Failed, _forget_pool, _PoolTask
 
-__all__ = ["Pool", "AsyncResult", "ApplyResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"]
-
-# multiprocessing.pool's own state values, so code that reads or sets Pool._state sees the same.
-INIT, RUN, CLOSE, TERMINATE = "INIT", "RUN", "CLOSE", "TERMINATE"
 #: Longest ``terminate()`` waits for the workers to confirm that the pool's running work stopped, in
 #: seconds (``join()`` waits for the rest); a sick cluster must not make it hang.
 STOP_WAIT_SECONDS = 10.0
-
-
-# -- what runs on the workers ------------------------------------------------------
-
-# Pools whose initializer already ran in this (worker) process.  Keyed by pool
-# id, so a worker shared by several pools runs each pool's initializer once.
-_initialized: set[str] = set()
-_init_lock = threading.Lock()
-# Globals shared by a pool's notebook-defined functions in this process, and
-# the names its initializer set there (see _adopt).
-_namespaces: dict[str, dict] = {}
-_init_names: dict[str, frozenset] = {}
-
-
-def _by_value(func: Any) -> bool:
-    """Whether ``func`` was pickled by value (defined in a notebook or ``__main__``)."""
-    if not isinstance(func, types.FunctionType):
-        return False
-    module = sys.modules.get(func.__module__ or "")
-    return module is None or module.__dict__ is not func.__globals__
-
-
-def _rebind(func: types.FunctionType, namespace: dict) -> types.FunctionType:
-    new = types.FunctionType(func.__code__, namespace, func.__name__, func.__defaults__, func.__closure__)
-    new.__kwdefaults__ = func.__kwdefaults__
-    new.__qualname__ = func.__qualname__
-    new.__module__ = func.__module__
-    new.__dict__.update(func.__dict__)
-    return new
-
-
-def _adopt(func: Any, pool_id: str, protected: Iterable[str]) -> Any:
-    """``func`` rebound to its pool's per-process globals.
-
-    cloudpickle gives every unpickled notebook function a private globals
-    dict, so ``global model`` set by an initializer would be invisible to the
-    tasks.  Under ``fork`` they share ``__main__``; here they share one dict per
-    pool per worker process.  The values captured with each task win (they
-    are the notebook's current ones), except names the initializer set.
-    """
-    if not _by_value(func):
-        return func
-    namespace = _namespaces.setdefault(pool_id, {"__builtins__": builtins})
-    source = func.__globals__
-    protected = set(protected)
-    for name, value in source.items():
-        if name in protected or name == "__builtins__":
-            continue
-        if isinstance(value, types.FunctionType) and value.__globals__ is source:
-            value = _rebind(value, namespace)  # helpers defined next to func see the same globals
-        namespace[name] = value
-    return _rebind(func, namespace)
-
-
-def _run_initializer(pool_id: str, initializer: Callable, initargs: tuple) -> None:
-    with _init_lock:  # tasks on other threads of this worker wait for it, as in multiprocessing
-        if pool_id in _initialized:
-            return
-        init = _adopt(initializer, pool_id, ())
-        namespace = _namespaces.get(pool_id, {})
-        before = dict(namespace)
-        try:
-            init(*initargs)
-        except BaseException as exc:
-            if hasattr(exc, "add_note"):  # Python 3.11+; on 3.10 the exception goes up without the note
-                exc.add_note(
-                    f"(raised by the initializer of {pool_id}; the next task in this worker process tries it again)"
-                )
-            raise
-        _init_names[pool_id] = frozenset(k for k, v in namespace.items() if k not in before or before[k] is not v)
-        _initialized.add(pool_id)
-
-
-def _forget_pool(pool_id: str) -> None:
-    """Run on every worker when a pool with an initializer ends."""
-    with _init_lock:
-        _initialized.discard(pool_id)
-        _namespaces.pop(pool_id, None)
-        _init_names.pop(pool_id, None)
-
-
-class _PoolTask:
-    """The callable a pool ships: the pool's initializer once per process, then ``func``.
-
-    The user's function is kept in ``func`` so that Dask names tasks after it
-    (``dask.utils.funcname`` follows ``.func``).
-    """
-
-    __slots__ = ("func", "pool_id", "initializer", "initargs", "star", "_bound")
-
-    def __init__(self, func: Callable, pool_id: str, initializer: Callable | None, initargs: tuple, star: bool):
-        self.func = func
-        self.pool_id = pool_id
-        self.initializer = initializer
-        self.initargs = initargs
-        self.star = star
-        self._bound: Callable | None = None
-
-    def __reduce__(self):
-        return (_PoolTask, (self.func, self.pool_id, self.initializer, self.initargs, self.star))
-
-    @property
-    def __name__(self) -> str:
-        return getattr(self.func, "__name__", type(self.func).__name__)
-
-    def check_result(self, value: Any) -> BaseException | None:
-        """multiprocessing's error for a map item's result that cannot be sent back, or None (run_chunk asks)."""
-        problem = _unsendable(value)
-        return None if problem is None else MaybeEncodingError(problem, value)
-
-    @property
-    def stop_group(self) -> str:
-        """The pool's id: ``terminate()`` stops the pool's running items on the workers by it."""
-        return self.pool_id
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        func = self.func
-        if self.initializer is not None:
-            if self.pool_id not in _initialized:
-                _run_initializer(self.pool_id, self.initializer, self.initargs)
-            bound = self._bound
-            if bound is None:
-                bound = self._bound = _adopt(func, self.pool_id, _init_names.get(self.pool_id, ()))
-            func = bound
-        if self.star:
-            (args,) = args
-        return func(*args, **kwargs)
-
-
-def _apply(task: _PoolTask, args: tuple, kwds: dict) -> Any:
-    """The task of ``apply_async``: ``task(*args, **kwds)``, stopped by the pool's ``terminate()``.
-
-    args and kwds travel as two plain values, so a user's keyword such as
-    ``key`` or ``workers`` never reaches Client.submit.
-    """
-    from .engine.worker import GroupStopped, run_in_group
-
-    try:
-        return run_in_group(task.pool_id, _call, task, args, kwds)
-    except GroupStopped:  # terminated: nobody reads this result
-        return None
-
-
-def _call(task: _PoolTask, args: tuple, kwds: dict) -> Any:
-    try:
-        value = task(*args, **kwds)
-    except BaseException as exc:  # noqa: BLE001 - sent back as data, as multiprocessing does
-        return _Failed.of(exc)
-    problem = task.check_result(value)
-    if problem is not None:  # multiprocessing's error for a result it cannot send back (the worker lives on)
-        return _Failed(problem, None)
-    return value
-
-
-class _Failed:
-    """A call's exception, sent back as its result with the remote traceback's text.
-
-    As a value rather than a raised error, it reaches the pool with the text
-    ``multiprocessing`` puts in ``exc.__cause__`` (a ``RemoteTraceback``),
-    and Dask does not log the call as failed: the error reaches the user once.
-    """
-
-    __slots__ = ("exc", "text")
-
-    def __init__(self, exc: BaseException, text: str | None):
-        self.exc = exc
-        self.text = text
-
-    def __reduce__(self):
-        return (_Failed, (self.exc, self.text))
-
-    @classmethod
-    def of(cls, exc: BaseException) -> _Failed:
-        from .engine.job import RemoteItemError
-        from .engine.worker import error_info
-
-        sendable, type_name, message, text, _ = error_info(exc)
-        if sendable is None:  # the exception itself cannot be pickled: its type and message come back
-            sendable = RemoteItemError(f"{type_name}: {message}")
-        return cls(sendable, text)
-
-    def error(self) -> BaseException:
-        return _with_remote_traceback(self.exc, self.text)
-
-
-def _with_remote_traceback(exc: BaseException, text: str | None) -> BaseException:
-    """``exc`` with ``__cause__`` a ``multiprocessing.pool.RemoteTraceback`` of ``text``, as multiprocessing has it."""
-    if text and exc.__cause__ is None:
-        exc.__cause__ = RemoteTraceback(f'\n"""\n{text}"""')
-    return exc
-
-
-def _skip_buffer(buffer: Any) -> None:
-    """Out-of-band buffers (arrays) are not copied by the sendability check."""
-    return None
-
-
-#: Result types that can always be sent back.
-_SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes})
-
-
-class _NotebookPickler(cloudpickle.Pickler):
-    """pickle's rules, plus code defined in the notebook or ``__main__`` (pickled by value).
-
-    What ``multiprocessing`` cannot send back (a lambda or local function of
-    an importable module) is refused here too, while the instances of
-    notebook-defined classes a task returns still travel.
-    """
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, (types.FunctionType, type)) and not _defined_by_value(obj) and not _importable(obj):
-            raise pickle.PicklingError(f"Can't pickle {obj!r}: it is not found as {obj.__module__}.{obj.__qualname__}")
-        return super().reducer_override(obj)
-
-
-def _defined_by_value(obj: Any) -> bool:
-    module = sys.modules.get(obj.__module__ or "")
-    return module is None or obj.__module__ == "__main__" or getattr(module, "__file__", None) is None
-
-
-def _importable(obj: Any) -> bool:
-    found: Any = sys.modules.get(obj.__module__ or "")
-    for part in obj.__qualname__.split("."):
-        found = getattr(found, part, None)
-    return found is obj
-
-
-def _unsendable(value: Any) -> Exception | None:
-    """Why ``value`` cannot be sent back to the pool (None when it can)."""
-    if type(value) in _SCALARS:
-        return None
-    try:
-        pickle.dumps(value, protocol=5, buffer_callback=_skip_buffer)
-        return None
-    except Exception:
-        pass
-    try:
-        _NotebookPickler(io.BytesIO(), protocol=5, buffer_callback=_skip_buffer).dump(value)
-        return None
-    except Exception as exc:
-        return exc
-
-
-# -- result objects -------------------------------------------------------------------
-
-
-class ApplyResult:
-    """The result of :meth:`Pool.apply_async` (``multiprocessing.pool.AsyncResult``)."""
-
-    def __class_getitem__(cls, item: Any) -> types.GenericAlias:  # ApplyResult[int], as multiprocessing allows
-        return types.GenericAlias(cls, item)
-
-    def __init__(self, pool: Pool, callback: Callable | None, error_callback: Callable | None):
-        self._pool = pool
-        self._event = threading.Event()
-        self._callback = callback
-        self._error_callback = error_callback
-        self._success: bool | None = None
-        self._value: Any = None
-        pool._cache_add(self)
-
-    def ready(self) -> bool:
-        """Whether the call has completed."""
-        return self._event.is_set()
-
-    def successful(self) -> bool:
-        """Whether the call completed without raising; ``ValueError`` if not ready."""
-        if not self.ready():
-            raise ValueError(f"{self!r} not ready")
-        return bool(self._success)
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Wait until the result is available or ``timeout`` seconds pass."""
-        self._event.wait(timeout)
-
-    def get(self, timeout: float | None = None) -> Any:
-        """The result; re-raises the task's exception (same type).
-
-        Raises ``multiprocessing.TimeoutError`` if not ready after ``timeout`` seconds.
-        """
-        self.wait(timeout)
-        if not self.ready():
-            raise TimeoutError
-        if self._success:
-            return self._value
-        raise self._value
-
-    def _set(self, success: bool, value: Any) -> None:
-        self._success, self._value = success, value
-        callback = self._callback if success else self._error_callback
-        if callback is not None:
-            try:
-                callback(value)
-            except Exception:  # a failing callback must not stop the pool's result thread
-                print(f"Exception in {'callback' if success else 'error_callback'} of {self!r}:", file=sys.stderr)
-                traceback.print_exc()
-        self._event.set()
-        self._pool._cache_remove(self)
-
-
-AsyncResult = ApplyResult
-
-
-class MapResult(ApplyResult):
-    """The result of :meth:`Pool.map_async` / :meth:`Pool.starmap_async`; ``get()`` returns a list."""
-
-
-class IMapIterator:
-    """The iterator returned by :meth:`Pool.imap`; ``next(timeout)`` as in multiprocessing.
-
-    The input is consumed lazily: only a bounded number of items is in
-    flight, however long (or infinite) the iterable.
-    """
-
-    _ordered = True
-
-    def __init__(self, pool: Pool, job: Any, input_failed: list | None = None):
-        self._pool = pool
-        self._job = job
-        # The exception the input raised (see _guarded): comes after the items read before it.
-        self._input_failed = input_failed if input_failed is not None else []
-        self._lock = threading.Lock()
-        self._buffer: queue.Queue | None = None  # set once a timed next() starts the feeder
-        self._stop = threading.Event()
-        self._done = False
-
-    def __iter__(self) -> IMapIterator:
-        return self
-
-    def _check(self) -> None:
-        if self._pool._state == TERMINATE:
-            raise ValueError("Pool not running")
-
-    def next(self, timeout: float | None = None) -> Any:
-        """The next result; ``multiprocessing.TimeoutError`` after ``timeout`` seconds.
-
-        A failed item raises its exception at its place in the sequence;
-        iterating further goes on with the next items, as in multiprocessing.
-        """
-        self._check()
-        if self._done:
-            raise StopIteration
-        if timeout is None and self._buffer is None:
-            # The common `for x in pool.imap(...)` path: pull straight from the engine.
-            try:
-                value = next(self._job)
-            except StopIteration:
-                self._done = True
-                self._raise_input_failure()
-                raise
-            except BaseException:
-                self._done = True
-                self._check()
-                raise
-            if _is_failure(self._job, value):
-                raise _remote_failure(self._job, value)
-            return value
-        buffer = self._start_feeder()
-        try:
-            kind, value = buffer.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError from None
-        if kind == "value":
-            return value
-        if kind == "error":
-            raise _remote_failure(self._job, value)
-        self._done = True
-        if kind == "fail":
-            self._check()
-            raise value
-        self._raise_input_failure()
-        raise StopIteration
-
-    def _raise_input_failure(self) -> None:
-        if self._input_failed:
-            raise self._input_failed.pop()
-
-    __next__ = next
-
-    def _start_feeder(self) -> queue.Queue:
-        """The one-slot buffer a feeder thread fills (started by the first timed ``next``)."""
-        with self._lock:
-            if self._buffer is not None:
-                return self._buffer
-            buffer = self._buffer = queue.Queue(maxsize=1)
-        threading.Thread(
-            target=_feed, args=(self._job, buffer, self._stop), daemon=True, name="jupyter-cluster-imap"
-        ).start()
-        return buffer
-
-    def __del__(self) -> None:
-        # An abandoned iterator must not leave its map running on the cluster.
-        if not self._done:
-            self._cancel()
-
-    def _cancel(self) -> None:
-        self._stop.set()
-        try:
-            self._job.cancel()
-        except Exception:  # the cluster may already be gone; nothing left to cancel
-            pass
-
-
-def _feed(job: Any, buffer: queue.Queue, stop: threading.Event) -> None:
-    """Move results from a map job into a one-slot buffer, so a consumer can wait with a timeout.
-
-    The slot keeps the engine's backpressure: while the consumer does not take
-    a result, this thread does not ask the engine for the next one.
-    """
-
-    def put(entry: tuple) -> bool:
-        while not stop.is_set():
-            try:
-                buffer.put(entry, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    try:
-        for value in job:
-            if not put(("error" if _is_failure(job, value) else "value", value)):
-                return
-    except BaseException as exc:
-        put(("fail", exc))
-        return
-    put(("done", None))
-
-
-def _is_failure(job: Any, value: Any) -> bool:
-    """Whether ``value`` stands for a failed item (the engine runs imap with errors="collect")."""
-    return isinstance(value, BaseException) and any(value is e for e in job.errors.values())
-
-
-def _remote_failure(job: Any, exc: BaseException) -> BaseException:
-    """A failed item's exception with its remote traceback as ``__cause__``, as multiprocessing raises it."""
-    for index, failed in job.errors.items():
-        if failed is exc:
-            entry = getattr(job, "tracebacks", {}).get(index)
-            return _with_remote_traceback(exc, entry[0] if entry else None)
-    return exc
-
-
-def _raise_first_failure(job: Any) -> None:
-    """Raise the first failed item's exception of a finished map, if any (``map`` and ``map_async``).
-
-    As in multiprocessing, the map ends first: every item has run (none is
-    left running on the cluster behind the caller's back, so ``join()``
-    after a failed map waits for nothing).
-    """
-    if job.errors:
-        raise _remote_failure(job, job.errors[min(job.errors)])
-
-
-#: Inputs whose reading cannot raise: imap passes them to the engine as they are (which keeps their length).
-_PLAIN_INPUTS = (list, tuple, range, dict, set, frozenset, str, bytes)
-
-
-def _guarded(iterable: Iterable, chunksize: int, failed: list) -> Iterator:
-    """``iterable`` read as multiprocessing's imap reads it: an exception ends the input, into ``failed``.
-
-    The iterator then raises it after the results of the items read before
-    it, leaving out the chunk being read when it came (as multiprocessing
-    does), instead of the engine raising it from whichever ``next()`` is
-    reading ahead at the time.
-    """
-    it = iter(iterable)  # a non-iterable is a TypeError here, in the caller
-
-    def read() -> Iterator:
-        while True:
-            group = []
-            try:
-                for _ in range(chunksize):
-                    group.append(next(it))
-            except StopIteration:
-                yield from group
-                return
-            except Exception as exc:
-                failed.append(exc)
-                return
-            yield from group
-
-    return read()
-
-
-class IMapUnorderedIterator(IMapIterator):
-    """The iterator returned by :meth:`Pool.imap_unordered` (results in completion order)."""
-
-    _ordered = False
-
-
-_Iter = TypeVar("_Iter", bound=IMapIterator)
 
 
 # -- the pool ------------------------------------------------------------------------------
@@ -630,8 +145,6 @@ class Pool:
         ):
             raise ValueError("maxtasksperchild must be a positive int or None")
 
-        from . import session
-
         handle = session.resolve(cluster)
         self._handle = handle
         self._client = handle.client
@@ -641,10 +154,6 @@ class Pool:
         self._initargs = tuple(initargs)
         self._maxtasksperchild = maxtasksperchild
         # Automatic progress in a Jupyter kernel; a script gets none, as with multiprocessing.
-        from .telemetry.progress import (
-            in_kernel,  # here, not at the top: worker processes import this module for _PoolTask
-        )
-
         self._progress = False if progress is None and not in_kernel() else progress
         self._id = f"pool-{uuid.uuid4().hex[:12]}"
 
@@ -810,8 +319,6 @@ class Pool:
     # -- map family ----------------------------------------------------------
     def _job(self, task: _PoolTask, iterable: Iterable, chunksize: Any, label: str, **options: Any) -> Any:
         """A map job of the engine for this pool (not started: jobs advance as they are iterated)."""
-        from .engine.job import MapJob
-
         chunk = _check_chunksize(chunksize)
         return MapJob(
             task,
@@ -1014,8 +521,6 @@ class Pool:
         if not self._used:
             self._forget_on_workers()
             return
-        from .engine.worker import stop_group
-
         forget = self._initializer is not None and not self._forgotten
         self._forgotten = True
         client, pool_id = self._client, self._id

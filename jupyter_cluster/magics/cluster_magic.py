@@ -15,39 +15,9 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
-from . import session
-from .errors import CellError, ClusterError, SerializationError
-
-
-class MagicArgumentParser(argparse.ArgumentParser):
-    """argparse that raises a ``UsageError`` (with the magic's usage) instead of exiting the kernel.
-
-    Subclasses set :attr:`magic` (e.g. ``"%cluster"``) and :attr:`usage_text`.
-    """
-
-    magic = ""
-    usage_text = ""
-
-    def error(self, message: str):
-        raise UsageError(f"{self.magic}: {message}.\n\n{self.usage_text}")
-
-    def exit(self, status: int = 0, message: str | None = None):
-        raise UsageError(message or self.usage_text)
-
-
-def add_options(parser: argparse.ArgumentParser, options: list[tuple[str, dict[str, Any], str]]) -> None:
-    """Add ``(flag, add_argument keywords, help)`` options, the table a cell magic's usage is written from."""
-    for flag, kwargs, text in options:
-        parser.add_argument(flag, help=text, **kwargs)
-
-
-def options_text(options: list[tuple[str, dict[str, Any], str]]) -> str:
-    """The options table as usage lines: flag and metavar, then what it does."""
-    lines = []
-    for flag, kwargs, text in options:
-        left = f"  {flag} {kwargs['metavar']}" if "metavar" in kwargs else f"  {flag}"
-        lines.append(f"{left:<24}{text}" if len(left) < 24 else f"{left}  {text}")
-    return "\n".join(lines) + "\n"
+from .. import session
+from ..errors import CellError, ClusterError, SerializationError
+from .args import MagicArgumentParser
 
 
 class _ArgumentParser(MagicArgumentParser):
@@ -216,7 +186,9 @@ class ClusterMagics(Magics):
             print(f"Restarted the workers of {handle.name!r}")
             return None
         if cmd == "metrics":
-            from .widgets.metrics import metrics_command  # ipywidgets and the chart code load on first use
+            from ..widgets.metrics import (
+                metrics_command,  # deliberately lazy: ipywidgets and the charts load on first use
+            )
 
             return metrics_command(self.shell, ["--help"] if args.topics_help else [args.topic or "default"])
         if cmd == "stop":
@@ -248,14 +220,3 @@ def _print_list(records: list[dict[str, Any]]) -> None:
         owner = f"{r['owner_kind']} {r['owner_pid']}" + (" *" if r.get("current") else "")
         print(f"{r['name']:<20} {r['backend']:<10} {r['address']:<28} {owner:<14} {r.get('dashboard_link') or '-'}")
     return None
-
-
-def register_magics(ipython) -> None:
-    """Register every jupyter_cluster magic on ``ipython``."""
-    ipython.register_magics(ClusterMagics)
-    from .spmd_magic import SpmdMagics
-
-    ipython.register_magics(SpmdMagics)
-    from .parallel_magic import ParallelMagics
-
-    ipython.register_magics(ParallelMagics)

@@ -24,13 +24,13 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from . import capture, session
-from .cellfunc import CellFunction
-from .errors import CellError, ClusterError, SerializationError
-from .magics import MagicArgumentParser, add_options, options_text
-from .parallel_magic import remote_renderer
-from .spmd import BACKENDS, OutputPrinter, prepare, reset, run
-from .spmd import group as spmd_group
+from .. import capture, session
+from ..cellfunc import CellFunction
+from ..errors import CellError, ClusterError, SerializationError
+from ..spmd import BACKENDS, OutputPrinter, prepare, reset, run
+from ..spmd import group as spmd_group
+from .args import MagicArgumentParser, add_options, options_text
+from .tracebacks import remote_renderer
 
 DEFAULT_OUT = "_spmd"
 JOB_NAME = "_spmd_job"

@@ -1,0 +1,140 @@
+"""What every local worker process gets: SIGINT blocked then ignored, no TCP HTTP server, a quiet close."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+from distributed import WorkerPlugin
+
+
+@contextlib.contextmanager
+def sigint_blocked_for_children():
+    """Block SIGINT in this thread, and so in every thread and process it starts.
+
+    JupyterLab's stop button sends SIGINT to the kernel's whole process group,
+    which holds the local worker processes too; they must not die from it.  A
+    signal mask is inherited by new threads and kept across ``fork`` and
+    ``exec``, so the cluster's event-loop thread (created inside this block)
+    starts every worker process - at start, on scale-up, on restart - with
+    SIGINT already blocked, before its first Python instruction: there is no
+    start-up window.  The kernel's main thread gets its own mask back on exit,
+    so the stop button still interrupts the cell (Python raises KeyboardInterrupt
+    in the main thread whichever thread takes the signal, even inside the
+    block; :meth:`LocalBackend.start` then closes the half-made cluster).
+    SIGTERM, which Dask uses to stop workers, is untouched.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no process-group interrupts there
+        yield
+        return
+    # multiprocessing starts its resource tracker lazily, and *unblocks* SIGINT in
+    # the thread that starts it; start it now, outside the block.
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _ignore_sigint() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class IgnoreSigint(WorkerPlugin):
+    """Worker plugin: a worker process ignores SIGINT for good.
+
+    Workers start with SIGINT blocked (:func:`sigint_blocked_for_children`);
+    a blocked signal stays pending and would be delivered to any thread that
+    unblocks it later (multiprocessing's resource tracker does so when a task
+    first uses it).  Ignoring it drops it whichever thread would get it.
+    """
+
+    idempotent = True
+    name = "jupyter-cluster-ignore-sigint"
+
+    def setup(self, worker) -> None:
+        loop = getattr(worker, "loop", None)
+        if threading.current_thread() is threading.main_thread() or loop is None:
+            _ignore_sigint()
+        else:
+            loop.add_callback(_ignore_sigint)
+
+
+class NoWorkerHttp(WorkerPlugin):
+    """Worker plugin: the worker's HTTP server (Prometheus metrics, health) stops listening on TCP.
+
+    Like the scheduler's dashboard (:func:`dashboard_on_unix_socket`), a
+    loopback port would be open to every user of the machine; nothing of a
+    local cluster needs the workers' HTTP servers.
+    """
+
+    idempotent = True
+    name = "jupyter-cluster-no-worker-http"
+
+    def setup(self, worker) -> None:
+        server = getattr(worker, "http_server", None)
+        if server is not None:
+            worker.loop.add_callback(server.stop)
+
+
+#: how long a closing worker waits for the heartbeat it has in flight (seconds); one to a live
+#: scheduler returns in milliseconds, even on a loaded machine, and the nanny allows the close ~5 s
+HEARTBEAT_GRACE = 2.0
+
+
+class QuietWorker(WorkerPlugin):
+    """Worker plugin: a worker closes without logging an error of its own making.
+
+    A heartbeat still in flight when ``Worker.close`` closes its connection pool fails
+    with ``CommClosedError: ConnectionPool closing`` and Dask logs it as an error with
+    a traceback ("Failed to communicate with scheduler during heartbeat", or
+    "Unexpected exception during heartbeat" once the pool is closed) on the terminal of
+    the script or kernel whose cluster stops -- on a loaded machine, where a heartbeat
+    takes long enough to overlap the close.  The worker here starts no heartbeat once
+    it is closing, and its close (this plugin's teardown, which runs before the pool
+    closes) stops the heartbeat callback and waits for the one in flight, for at most
+    :data:`HEARTBEAT_GRACE` seconds.
+    """
+
+    idempotent = True
+    name = "jupyter-cluster-quiet-worker"
+
+    def setup(self, worker) -> None:
+        import asyncio
+
+        from distributed.worker import WORKER_ANY_RUNNING
+
+        pc = getattr(worker, "periodic_callbacks", {}).get("heartbeat")
+        if pc is None or getattr(worker, "_jc_heartbeat_idle", None) is not None:
+            return
+        beat = pc.callback
+        idle = asyncio.Event()
+        idle.set()
+
+        async def heartbeat() -> None:
+            if worker.status not in WORKER_ANY_RUNNING:
+                return  # closing: its connection pool is about to close under it
+            idle.clear()
+            try:
+                await beat()
+            finally:
+                idle.set()
+
+        pc.callback = heartbeat
+        worker._jc_heartbeat_idle = idle
+
+    async def teardown(self, worker) -> None:
+        import asyncio
+
+        pc = getattr(worker, "periodic_callbacks", {}).get("heartbeat")
+        if pc is not None:
+            pc.stop()  # Worker.close stops it too, but only after its pool may be closing
+        idle = getattr(worker, "_jc_heartbeat_idle", None)
+        if idle is not None:
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(idle.wait(), HEARTBEAT_GRACE)
