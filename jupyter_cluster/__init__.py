@@ -16,12 +16,9 @@ from __future__ import annotations
 import importlib as _importlib
 import multiprocessing as _multiprocessing
 import sys as _sys
-from importlib.metadata import version as _metadata_version
 
 from . import config  # noqa: F401  (registers dask.config defaults)
 from .errors import CellError, ClusterError, SerializationError
-
-__version__ = _metadata_version("jupyter-cluster")  # written once, in package.json
 
 #: Public name -> module that defines it.
 _PUBLIC = {
@@ -47,6 +44,12 @@ def _in_dask_worker_process() -> bool:
 
 
 def __getattr__(name: str):
+    if name == "__version__":
+        # written once, in package.json; read on first use: importlib.metadata parses e-mail headers
+        from importlib.metadata import version
+
+        globals()["__version__"] = value = version("jupyter-cluster")
+        return value
     # A worker process imports the package only to unpickle what runs there
     # (engine.worker, cellfunc, a Pool task): the notebook side (sessions,
     # telemetry hub, widgets, %%spmd) is imported on first use of its name,
@@ -102,6 +105,7 @@ __all__ = [
 
 def load_ipython_extension(ipython):
     """Register ``%cluster`` and ``%%parallel`` (``%load_ext jupyter_cluster``)."""
+    # lazy: IPython's magics machinery loads only when an IPython shell loads the extension
     from . import _background
     from .magics import register_magics
     from .widgets import register_display
@@ -123,6 +127,6 @@ def _jupyter_server_extension_points():
 
 def _load_jupyter_server_extension(serverapp):
     """Start the cluster manager and its routes under ``<base_url>/jupyter-cluster/api/``."""
-    from .server import load
+    from .server import load  # lazy: the server side loads only in a Jupyter server
 
     load(serverapp)

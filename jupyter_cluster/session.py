@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import config, registry
+from . import _background, config, registry
 from .backends import StartedCluster, get_backend, probe_scheduler
 from .control import listen, stop_remote
 from .credentials import names_with_credentials, saved_security
@@ -365,8 +365,6 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
     if options.get("memory_limit") is not None:  # "1e999GB" raised OverflowError from the backend
         validate_size(options["memory_limit"], "--memory-limit", dask=True)
     impl.prepare(**options)  # e.g. the local fork server, while the extension's background import ends
-    from . import _background
-
     _background.wait()
     if name is not None:
         validate_name(name)
@@ -415,7 +413,7 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
 
 def _warm_engine(client: Any, expected: int | None = None) -> None:
     try:
-        warm_engine(client, expected)  # measured: see benchmarks/README.md, first_item.py, session 6
+        warm_engine(client, expected)  # measured: see benchmarks/LOG.md, first_item.py, session 6
     except Exception as exc:  # noqa: BLE001 - a cluster stopped at once, say; the first map asks again and reports
         client._jc_warm_error = f"{type(exc).__name__}: {exc}"  # kept for diagnostics only
 

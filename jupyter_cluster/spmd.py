@@ -410,7 +410,7 @@ def _router(client) -> _OutputRouter | None:
 
 
 def _worker_module():
-    from . import spmd_worker
+    from . import spmd_worker  # lazy: the ranks' module, pickled by reference, loads with the first group
 
     return spmd_worker
 

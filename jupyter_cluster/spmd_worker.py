@@ -42,6 +42,7 @@ import traceback
 import typing
 from typing import Any
 
+from .cellfunc import RESULT_NAME
 from .telemetry.topics import SPMD_OUTPUT_TOPIC as OUTPUT_TOPIC
 
 #: error messages that mean "a peer went away", not "this rank's code failed"
@@ -610,8 +611,6 @@ def _load_cell(payload: dict[str, Any]):
 def _execute(payload: dict[str, Any], spec: dict[str, Any]) -> Any:
     ns = _STATE.namespace
     if payload["kind"] == "cell":
-        from .cellfunc import RESULT_NAME
-
         code, values = _load_cell(payload)
         ns.update(values)
         ns["rank"], ns["world_size"] = spec["rank"], spec["world_size"]

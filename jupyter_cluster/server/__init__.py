@@ -19,6 +19,7 @@ def load(serverapp: Any) -> None:
     import asyncio
     import atexit
 
+    # lazy: jupyter_server and the manager load only when a server loads the extension
     from .handlers import setup_handlers
     from .manager import ClusterManager
 

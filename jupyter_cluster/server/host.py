@@ -59,6 +59,7 @@ def _scheduler_gone(handle: Any) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # after the arguments: a bad command line fails before the notebook side loads
     from .. import session
     from ..control import listen
     from ..errors import ClusterError

@@ -39,6 +39,8 @@ import time
 import uuid
 from typing import Any, Protocol
 
+from distributed import WorkerPlugin
+
 from .store import metrics_setting
 from .topics import INDEX_TOPIC, PLUGIN_NAME, topic_name
 
@@ -359,7 +361,7 @@ def _arm_worker_flush(worker) -> None:
     worker.loop.add_callback(arm)
 
 
-class FlushPlugin:
+class FlushPlugin(WorkerPlugin):
     """Worker plugin: flush buffered reports when a task finishes.
 
     The batch then goes out on the worker's stream before the task's result,
@@ -381,24 +383,9 @@ class FlushPlugin:
         _flush_on_worker(worker)
 
 
-def __getattr__(name: str):
-    # Built on first use so that importing jupyter_cluster does not import
-    # distributed; pickled by reference as jupyter_cluster.events._WorkerFlushPlugin.
-    if name == "_WorkerFlushPlugin":
-        from distributed import WorkerPlugin
-
-        cls = type("_WorkerFlushPlugin", (FlushPlugin, WorkerPlugin), {"__module__": __name__})
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def flush_plugin():
-    return (
-        __getattr__("_WorkerFlushPlugin")()
-        if "_WorkerFlushPlugin" not in globals()
-        else globals()["_WorkerFlushPlugin"]()
-    )
+def flush_plugin() -> FlushPlugin:
+    """The worker plugin that flushes a worker's reports at the end of each task."""
+    return FlushPlugin()
 
 
 class KernelSink(Protocol):

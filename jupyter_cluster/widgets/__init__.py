@@ -54,7 +54,7 @@ def launcher():
     >>> import jupyter_cluster as jc
     >>> jc.launcher()      # doctest: +SKIP
     """
-    from .launcher import Launcher
+    from .launcher import Launcher  # lazy, as every widget module here: ipywidgets on first use
 
     return Launcher()
 

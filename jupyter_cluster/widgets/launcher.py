@@ -13,14 +13,13 @@ from typing import Any
 import ipywidgets as w
 
 from .. import backends, config, session
+from ..backends.local import default_workers
 from ..errors import ClusterError
 from .cluster import ClusterWidget
 
 
 def _default_workers() -> int:
-    from ..backends.local import default_workers as cores
-
-    return int(config.get("local.workers") or cores())
+    return int(config.get("local.workers") or default_workers())
 
 
 class Launcher(w.VBox):
