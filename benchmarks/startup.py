@@ -7,19 +7,23 @@ the same process.  Cases, for each ``--workers`` N:
 * ``jc``: ``jupyter_cluster.start(workers=N)`` until N workers are connected
   (TLS, credentials, registry record, worker plugins: the defaults), first and
   second start, with the first start's phases (scheduler made, worker processes
-  up, client connected, plugins registered);
+  up, client connected, plugins registered), then the first result of a
+  one-item ``jc.map`` (what Run All does);
 * ``jc spawn``: the same with ``jupyter-cluster.local.forkserver: false``
   (each worker a freshly spawned interpreter, as Dask does by default);
 * ``jc after load_ext``: the same right after the background import that
   ``%load_ext jupyter_cluster`` begins (cells run back to back, nobody typing);
 * ``dask``: ``distributed.LocalCluster(n_workers=N, threads_per_worker=1)`` and
-  a ``Client`` until N workers are connected (plain TCP, Dask's defaults);
+  a ``Client`` until N workers are connected (plain TCP, Dask's defaults), then
+  the first result of one ``client.submit``;
 * ``mp fork`` / ``mp spawn``: ``multiprocessing.Pool(N)`` until a map of N
   one-item chunks has returned;
 * ``kernel``: ``%cluster start --workers N`` as the first cell after
   ``%load_ext jupyter_cluster`` in a real IPython kernel (jupyter_client),
   timed from the client (request sent to reply received).
 
+The ``total`` column is the issue-28 figure: from ``import`` to the first
+result, right after the first start (import + first start + first result).
 Prints medians and ratios, and with ``--record`` writes
 ``benchmarks/results/startup-<date>T<HHMM>Z-<machine>.{json,md}``.  Load
 averages are recorded: the numbers mean little on a busy machine.  Run::
@@ -110,6 +114,11 @@ def _child_jc(workers: int, load_ext: bool, forkserver: bool = True) -> dict:
         handle = jc.start(workers=workers, name=f"startup-bench-{os.getpid()}-{key}")
         handle.wait_for_workers(workers)
         out[key] = time.perf_counter() - t0
+        if key == "first":
+            t1 = time.perf_counter()
+            assert jc.map(abs, [-1]) == [1]
+            out["first_result"] = time.perf_counter() - t1
+            out["total"] = imported + out["first"] + out["first_result"]
         if key == "first" and marks:
             ended: dict[str, float] = {}  # a step run twice (SpecCluster checks its workers again): its first end
             for label, t in marks:
@@ -131,6 +140,11 @@ def _child_dask(workers: int) -> dict:
         client = distributed.Client(cluster)
         client.wait_for_workers(workers)
         out[key] = time.perf_counter() - t0
+        if key == "first":
+            t1 = time.perf_counter()
+            assert client.submit(abs, -1).result() == 1
+            out["first_result"] = time.perf_counter() - t1
+            out["total"] = out["import"] + out["first"] + out["first_result"]
         client.close()
         cluster.close()
     return out
@@ -146,6 +160,8 @@ def _child_mp(workers: int, method: str) -> dict:
         with ctx.Pool(workers) as pool:
             pool.map(abs, range(workers), chunksize=1)
             out[key] = time.perf_counter() - t0
+        if key == "first":
+            out["total"] = out[key]
     return out
 
 
@@ -263,6 +279,9 @@ def main(argv=None) -> int:
                         "import_s": _median([s.get("import") for s in got]),
                         "first_s": _median([s["first"] for s in got]),
                         "second_s": _median([s.get("second") for s in got]),
+                        "first_result_s": _median([s.get("first_result") for s in got]),
+                        "total_s": _median([s.get("total") for s in got]),
+                        "total_all_s": [round(s["total"], 3) for s in got if s.get("total") is not None],
                         "first_best_s": min(s["first"] for s in got),
                         "first_all_s": [round(s["first"], 3) for s in got],
                         "phases_s": [
@@ -314,6 +333,22 @@ def _table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['case']} | {_fmt(r['import_s'])} | {_fmt(r['first_s'])} | {_fmt(r['first_best_s'])} | {_fmt(r['second_s'])} | "
             f"{ratio_d} | {ratio_m} | {', '.join(f'{v:.2f}' for v in r['first_all_s'])} |"
+        )
+    dask_total = by_case.get("dask", {}).get("total_s")
+    lines += [
+        "",
+        f"**From `import` to the first result** right after the first start, {workers} workers (medians, s)",
+        "",
+        "| case | import | first start | first result | total | total / dask | samples (total) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.get("total_s") is None:
+            continue
+        ratio_t = f"{r['total_s'] / dask_total:.2f}" if dask_total else "–"
+        lines.append(
+            f"| {r['case']} | {_fmt(r['import_s'])} | {_fmt(r['first_s'])} | {_fmt(r.get('first_result_s'))} | "
+            f"**{_fmt(r['total_s'])}** | {ratio_t} | {', '.join(f'{v:.2f}' for v in r.get('total_all_s') or [])} |"
         )
     for r in rows:
         if r["phases_s"]:
