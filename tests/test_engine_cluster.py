@@ -1,4 +1,4 @@
-"""engine.cluster: what the engine asks of a cluster; here, telling a busy scheduler from a lost one.
+"""engine.cluster: what the engine asks of a cluster: telling a busy scheduler from a lost one, and the warm-up.
 
 Real processes: a ``dask scheduler`` and a ``dask worker`` started by the
 test, a plain ``distributed.Client`` (not the session's, which lets go of an
@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import cloudpickle
 import pytest
@@ -121,3 +122,75 @@ def test_a_scheduler_whose_process_is_gone_is_lost_after_the_grace(own_scheduler
             mapping.map(nap, range(4), [0.0] * 4, client=client, progress=False)
     finally:
         client.close()
+
+
+# -- warm-up: a new cluster is readied for its first map ---------------------------------------
+def _telemetry_imported() -> bool:
+    return "jupyter_cluster.telemetry" in sys.modules
+
+
+def test_a_new_local_cluster_is_warmed_for_its_first_map_while_the_user_writes_the_next_cell():
+    """``jupyter_cluster.start`` makes the engine's direct-path check and has the workers import what a first
+    batch needs, in the background: nothing of it is left for the first map to pay."""
+    import jupyter_cluster as jc
+
+    handle = jc.start(workers=2, threads=1, name=f"warm-{uuid.uuid4().hex[:6]}")
+    client = handle.client
+    try:
+        wait_for(
+            lambda: all(client.run(_telemetry_imported).values()),
+            timeout=30,
+            message="the workers to import the telemetry modules before any map",
+        )
+        assert getattr(client, "_jc_direct", None) is True
+        # Direct connections to every worker the warm-up found (all of them, unless one came up more than
+        # 10 s late), and spare ones to the scheduler, are open before any map (their TLS handshakes are
+        # not the first map's), and the warm-up tasks left nothing behind.
+        wait_for(
+            lambda: getattr(client, "_jc_warmed", None) or getattr(client, "_jc_warm_error", None),
+            timeout=30,
+            message="the start's warm-up to end",
+        )
+        assert getattr(client, "_jc_warm_error", None) is None, client._jc_warm_error
+        pool = client.rpc
+
+        def open_comms(addr: str) -> int:
+            return len(pool.available.get(addr, ())) + len(pool.occupied.get(addr, ()))
+
+        warmed = client._jc_warmed
+        assert set(warmed) <= set(engine_cluster.workers_now(client)) and warmed
+        # At least one open connection per warmed worker (its TLS handshake is not the first map's).  The
+        # warm-up opens WARM_COMMS_PER_THREAD each, best effort: on a loaded 2-core CI machine 1 of 3 was seen.
+        assert all(open_comms(a) >= 1 for a in warmed), [open_comms(a) for a in warmed]
+        assert open_comms(client.scheduler.address) >= 2
+        assert handle.address.startswith("tls://")
+        wait_for(
+            lambda: not any(str(k).startswith("jc-warm-") for k in client.run_on_scheduler(_scheduler_task_keys)),
+            timeout=30,
+            message="the warm-up tasks to be forgotten",
+        )
+        assert not any(client.processing().values())
+    finally:
+        handle.close()
+
+
+def _scheduler_task_keys(dask_scheduler=None) -> list:
+    return list(dask_scheduler.tasks)
+
+
+def test_a_map_right_after_start_keeps_its_leases_while_the_warm_up_runs():
+    """``%cluster start`` and a ``%%parallel`` cell run at once (Run All): the start's warm-up tasks must
+    not reach a worker after the map's lease, or the idle lease gives them its thread and the map places
+    another one.  Seen as 4 leases for 2 one-thread workers (the first start in a process) before the warm-up's tasks went first."""
+    import jupyter_cluster as jc
+
+    counts = []
+    for _ in range(6):
+        handle = jc.start(workers=2, threads=1)
+        try:
+            job = mapping.MapJob(abs, (range(-3000, 0),), client=handle, progress=False)
+            assert len(list(job)) == 3000
+            counts.append(job.leases + job._leases.reused)
+        finally:
+            handle.close()
+    assert counts == [2] * 6, f"leases placed per map right after a start: {counts}"

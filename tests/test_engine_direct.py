@@ -1,28 +1,24 @@
-"""The direct path: lease tasks hold worker threads, batches go to them over Dask's comm.
+"""The direct path (engine.direct, engine.worker): lease tasks hold worker threads, batches go to them over Dask's comm.
 
 Real clusters throughout: the module's 2-worker local cluster (TLS by
-default), extra ``dask worker`` processes, a client process killed with
-``kill -9``, and a notebook process in its own network namespace that reaches
-the scheduler but not the workers.
+default), extra ``dask worker`` processes, and a client process killed with
+``kill -9``.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-import uuid
 
 import cloudpickle
 import pytest
 
 from jupyter_cluster import mapping
-from jupyter_cluster.engine import cluster as engine_cluster
 from jupyter_cluster.engine import direct as engine_direct
 from jupyter_cluster.engine.worker.registry import IDLE_CHECK_SECONDS
 
@@ -496,232 +492,6 @@ def test_retry_storm_stops_when_cancelled_and_keeps_output_bounded(cluster):
     assert time.monotonic() - t0 < 3
     # The workers stopped retrying: nothing of the map is still running on them.
     wait_for(lambda: not any(client.processing().values()), timeout=3, message="the retrying items to stop")
-
-
-def test_option_checks_at_the_front_door(cluster):
-    """Issue 18.5, 18.7, 18.10: every front end goes through MapJob's checks."""
-    import jupyter_cluster as jc
-
-    for bad in (0, -1):
-        with pytest.raises(ValueError, match=f"GPU={bad} is not a positive amount"):
-            mapping.map(abs, [1], resources={"GPU": bad}, client=cluster)
-    with pytest.raises(ValueError, match="timeout must be a positive number of seconds, not nan"):
-        mapping.map(abs, [1], timeout=float("nan"), client=cluster)
-    with pytest.raises(ValueError, match="longer than"):
-        mapping.map(abs, [1], timeout=1e12, client=cluster)
-    assert mapping.map(abs, [-1, -2], timeout=float("inf"), client=cluster, progress=False) == [1, 2]
-    with pytest.raises(ValueError, match="chunksize 100000000000000000000 is larger"):
-        mapping.map(abs, range(3), chunksize=10**20, client=cluster)
-    with jc.Pool(cluster=cluster) as pool:
-        with pytest.raises(ValueError, match="chunksize 100000000000000000000 is larger"):
-            pool.map(abs, range(3), chunksize=10**20)
-
-
-# -- the fallback: a notebook that reaches the scheduler but not the workers ----------------------
-NOTEBOOK = """
-import sys, time
-from distributed import Client
-from jupyter_cluster import mapping
-
-def square(x):
-    return x * x
-
-if __name__ == "__main__":
-    client = Client(sys.argv[1], timeout=30)
-    client.wait_for_workers(2, timeout=60)
-    t0 = time.monotonic()
-    out = mapping.map(square, range(50), client=client, progress=False)
-    print("RESULT", out == [x * x for x in range(50)], mapping.last_job().path, round(time.monotonic() - t0, 2), flush=True)
-    out = mapping.map(square, range(5), client=client, progress=False)
-    print("AGAIN", out == [0, 1, 4, 9, 16], mapping.last_job().path, flush=True)
-    client.close()
-"""
-
-
-def test_unreachable_workers_fall_back_to_plain_tasks_with_one_line(tmp_path):
-    """Two network namespaces: the cluster's (scheduler on its veth, workers on its loopback) and the notebook's.
-
-    The notebook reaches the scheduler's address only; the workers' addresses
-    (127.0.0.1 inside the cluster's namespace) mean nothing from there.
-    """
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 to build network namespaces")
-    tag = f"jce{os.getpid() % 100000}{uuid.uuid4().hex[:4]}"
-    cns, nns = f"{tag}-c", f"{tag}-n"
-    created, procs = [], []
-
-    def sh(*args):
-        out = subprocess.run(args, capture_output=True, text=True, timeout=30)
-        if out.returncode:
-            raise RuntimeError(f"{' '.join(args)}: {out.stderr.strip()}")
-
-    try:
-        try:
-            for ns in (cns, nns):
-                sh("ip", "netns", "add", ns)
-                created.append(ns)
-                sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "-n", cns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", nns)
-            sh("ip", "-n", cns, "addr", "add", "10.124.0.1/24", "dev", "eth0")
-            sh("ip", "-n", nns, "addr", "add", "10.124.0.2/24", "dev", "eth0")
-            for ns in (cns, nns):
-                sh("ip", "-n", ns, "link", "set", "eth0", "up")
-        except RuntimeError as exc:
-            pytest.skip(f"network namespaces unavailable: {exc}")
-        address = "tcp://10.124.0.1:8786"
-        quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", cns, sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "10.124.0.1",
-             "--port", "8786", "--dashboard-address", "127.0.0.1:0"], **quiet))  # fmt: skip
-        for _ in range(2):
-            procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", cns, sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-                 "--no-nanny", "--no-dashboard", "--host", "127.0.0.1"], **quiet))  # fmt: skip
-        script = tmp_path / "notebook.py"
-        script.write_text(NOTEBOOK)
-        nb = subprocess.run(
-            ["ip", "netns", "exec", nns, sys.executable, str(script), address],
-            capture_output=True, text=True, timeout=180, env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__))),
-        )  # fmt: skip
-        assert "RESULT True tasks" in nb.stdout, nb.stdout + nb.stderr[-3000:]
-        assert "AGAIN True tasks" in nb.stdout
-        notices = [line for line in nb.stderr.splitlines() if line.startswith("jupyter_cluster:")]
-        assert len(notices) == 1, nb.stderr[-3000:]  # said once, in one line, for both maps
-        assert "did not answer a direct connection" in notices[0] and "through the Dask scheduler" in notices[0]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=10)
-        for ns in created:
-            subprocess.run(["ip", "netns", "pids", ns], capture_output=True)
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-
-
-def test_parallel_magic_rejects_bad_options_in_one_line(ip, cluster):
-    """Issue 18.5/18.7/18.10 through %%parallel: a UsageError naming the option, nothing runs."""
-    from IPython.core.error import UsageError
-
-    for line, words in [
-        ("x in range(3) --resources GPU=0", "GPU=0 is not a positive amount"),
-        ("x in range(3) --resources GPU=-1", "GPU=-1 is not a positive amount"),
-        ("x in range(3) --timeout nan", "not nan"),
-        ("x in range(3) --timeout 1e12", "longer than"),
-        ("x in range(3) --chunksize 100000000000000000000", "is larger than any input"),
-    ]:
-        with pytest.raises(UsageError, match=words):
-            ip.run_cell_magic("parallel", line, "x\n")
-
-
-def loaded_modules(x):
-    return sorted(
-        m for m in sys.modules if m.startswith(("jupyter_cluster", "IPython", "ipywidgets", "anywidget", "tests"))
-    )
-
-
-def test_worker_processes_import_only_what_runs_on_them(cluster):
-    """Issue 13 start-up: no notebook side (sessions, widgets, telemetry hub, IPython) in a worker process."""
-    # Fresh worker processes: earlier tests' functions can make a worker import
-    # this test module (found on the workers' path), which imports the map front.
-    cluster.client.restart()
-    mods = mapping.map(loaded_modules, [0], client=cluster, progress=False)[0]
-    assert "tests.test_engine_leases" not in mods
-    assert "jupyter_cluster.engine.worker" in mods
-    notebook_side = [m for m in mods if m.split(".")[0] in ("IPython", "ipywidgets", "anywidget")
-                     or m in ("jupyter_cluster.session", "jupyter_cluster.mapping", "jupyter_cluster.engine.job",
-                              "jupyter_cluster.widgets", "jupyter_cluster.telemetry.progress", "jupyter_cluster.magics")]  # fmt: skip
-    assert not notebook_side, f"worker processes imported {notebook_side}"
-
-
-def test_the_task_path_still_does_everything_the_direct_path_does(cluster):
-    """engine.path=tasks (the fallback): order, errors as data, capture, budgets, no leases."""
-    import dask
-
-    def work(x):
-        if x == 7:
-            raise ValueError("seven")
-        print("item", x)
-        time.sleep(0.002)
-        return x * 2
-
-    with dask.config.set({"jupyter-cluster.engine.path": "tasks"}):
-        out = mapping.map(work, range(300), errors="collect", client=cluster, progress=False)
-        job = mapping.last_job()
-    assert job.path == "tasks" and job.leases == 0
-    assert [v for i, v in enumerate(out) if i != 7] == [2 * i for i in range(300) if i != 7]
-    assert isinstance(out[7], ValueError) and job.outputs[8] == "item 8\n"
-    assert job.chunks_submitted > 2  # chunked, more than one task per worker
-
-
-def _telemetry_imported() -> bool:
-    return "jupyter_cluster.telemetry" in sys.modules
-
-
-def test_a_new_local_cluster_is_warmed_for_its_first_map_while_the_user_writes_the_next_cell():
-    """``jupyter_cluster.start`` makes the engine's direct-path check and has the workers import what a first
-    batch needs, in the background: nothing of it is left for the first map to pay."""
-    import jupyter_cluster as jc
-
-    handle = jc.start(workers=2, threads=1, name=f"warm-{uuid.uuid4().hex[:6]}")
-    client = handle.client
-    try:
-        wait_for(
-            lambda: all(client.run(_telemetry_imported).values()),
-            timeout=30,
-            message="the workers to import the telemetry modules before any map",
-        )
-        assert getattr(client, "_jc_direct", None) is True
-        # Direct connections to every worker the warm-up found (all of them, unless one came up more than
-        # 10 s late), and spare ones to the scheduler, are open before any map (their TLS handshakes are
-        # not the first map's), and the warm-up tasks left nothing behind.
-        wait_for(
-            lambda: getattr(client, "_jc_warmed", None) or getattr(client, "_jc_warm_error", None),
-            timeout=30,
-            message="the start's warm-up to end",
-        )
-        assert getattr(client, "_jc_warm_error", None) is None, client._jc_warm_error
-        pool = client.rpc
-
-        def open_comms(addr: str) -> int:
-            return len(pool.available.get(addr, ())) + len(pool.occupied.get(addr, ()))
-
-        warmed = client._jc_warmed
-        assert set(warmed) <= set(engine_cluster.workers_now(client)) and warmed
-        # At least one open connection per warmed worker (its TLS handshake is not the first map's).  The
-        # warm-up opens WARM_COMMS_PER_THREAD each, best effort: on a loaded 2-core CI machine 1 of 3 was seen.
-        assert all(open_comms(a) >= 1 for a in warmed), [open_comms(a) for a in warmed]
-        assert open_comms(client.scheduler.address) >= 2
-        assert handle.address.startswith("tls://")
-        wait_for(
-            lambda: not any(str(k).startswith("jc-warm-") for k in client.run_on_scheduler(_scheduler_task_keys)),
-            timeout=30,
-            message="the warm-up tasks to be forgotten",
-        )
-        assert not any(client.processing().values())
-    finally:
-        handle.close()
-
-
-def _scheduler_task_keys(dask_scheduler=None) -> list:
-    return list(dask_scheduler.tasks)
-
-
-def test_a_map_right_after_start_keeps_its_leases_while_the_warm_up_runs():
-    """``%cluster start`` and a ``%%parallel`` cell run at once (Run All): the start's warm-up tasks must
-    not reach a worker after the map's lease, or the idle lease gives them its thread and the map places
-    another one.  Seen as 4 leases for 2 one-thread workers (the first start in a process) before the warm-up's tasks went first."""
-    import jupyter_cluster as jc
-
-    counts = []
-    for _ in range(6):
-        handle = jc.start(workers=2, threads=1)
-        try:
-            job = mapping.MapJob(abs, (range(-3000, 0),), client=handle, progress=False)
-            assert len(list(job)) == 3000
-            counts.append(job.leases + job._leases.reused)
-        finally:
-            handle.close()
-    assert counts == [2] * 6, f"leases placed per map right after a start: {counts}"
 
 
 def test_leases_ended_on_the_clients_own_loop_are_cancelled_without_a_warning(cluster):
