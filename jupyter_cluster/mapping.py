@@ -4,7 +4,7 @@
 engine, :mod:`jupyter_cluster.engine` (the job and its dispatch loop in
 :mod:`~jupyter_cluster.engine.job`, batch sizing in
 :mod:`~jupyter_cluster.engine.planner`, everything that touches Dask in
-:mod:`~jupyter_cluster.engine.dask`, what runs on the workers in
+:mod:`~jupyter_cluster.engine.direct` / :mod:`~jupyter_cluster.engine.tasks` (the two paths), what runs on the workers in
 :mod:`~jupyter_cluster.engine.worker`).  This module finds the cluster to
 run on (the current one, started if there is none) and re-exports the
 engine's public names.
@@ -108,7 +108,7 @@ def all_workers_job(fn: Callable, **options: Any) -> MapJob:
     ``%%parallel --all-workers`` drives it itself (interrupt handling, output
     printer).  One item per worker, each pinned to its worker, so a worker lost
     meanwhile fails its item instead of running it elsewhere.  It is a job, not
-    :func:`~jupyter_cluster.engine.dask.run_on_every_worker` (each worker's
+    :func:`~jupyter_cluster.engine.cluster.run_on_every_worker` (each worker's
     event loop, which ``Pool`` uses for its cleanup), so that user code runs in a
     worker thread with output capture, timeouts, progress and interrupts instead
     of stopping the worker's heartbeats while it runs.

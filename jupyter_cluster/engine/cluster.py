@@ -216,7 +216,9 @@ async def _open_comms(client: Client, pings: list[tuple[str, int]], timeout: flo
     which keeps them open afterwards for the next calls.
     """
     calls = [call(client, a, Op.PING) for a, n in pings for _ in range(n)]
-    calls += [client.scheduler.identity(n_workers=0) for _ in range(WARM_SCHEDULER_COMMS)]
+    scheduler = client.scheduler
+    assert scheduler is not None  # a connected client
+    calls += [scheduler.identity(n_workers=0) for _ in range(WARM_SCHEDULER_COMMS)]
     await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout)
 
 
@@ -280,7 +282,9 @@ def total_threads(client: Client) -> int:
 
 async def scheduler_workers(client: Client) -> dict:
     """Every worker's entry of the scheduler's identity (runs on the client's loop)."""
-    info = await client.scheduler.identity(n_workers=-1)
+    scheduler = client.scheduler
+    assert scheduler is not None  # a connected client
+    info = await scheduler.identity(n_workers=-1)
     return info.get("workers", {})
 
 

@@ -545,7 +545,7 @@ class Pool:
         are released instead (in the background: never block on a sick cluster).
         This is the pool's only run-on-every-worker step (its initializer runs
         lazily, in the first task a worker process gets), and it goes through
-        :func:`~jupyter_cluster.engine.dask.run_on_every_worker`, not
+        :func:`~jupyter_cluster.engine.cluster.run_on_every_worker`, not
         :func:`~jupyter_cluster.mapping.all_workers_job`, because it must not
         wait for a free thread on workers busy with other work nor show a job
         in progress bars or the panel.

@@ -219,7 +219,7 @@ async def _close(comm=None, lease=None, secret=None, wait=0.0):
     ``wait`` seconds): a cluster about to close then finds no task to cut off.
     """
     found = _REGISTRY.leases.get(lease)
-    if _matches(found, secret):
+    if found is not None and _matches(found, secret):
         found.mailbox.put(None)
         deadline = asyncio.get_running_loop().time() + float(wait)
         # `ended` is set by the lease's own thread; an asyncio.Event may not be set from there

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import queue
 import sys
 import threading
 import time
@@ -269,15 +270,15 @@ class _TimedRunner:
 
     def __init__(self, timeout: float):
         self.timeout = timeout
-        self.thread = None
-        self.jobs = None
+        self.thread: threading.Thread | None = None
+        self.jobs: queue.Queue = queue.Queue()
 
-    def _start(self):
-        import queue
-
+    def _start(self) -> threading.Thread:
         self.jobs = queue.Queue()
-        self.thread = threading.Thread(target=self._loop, args=(self.jobs,), daemon=True, name="jupyter-cluster-item")
-        self.thread.start()
+        thread = threading.Thread(target=self._loop, args=(self.jobs,), daemon=True, name="jupyter-cluster-item")
+        thread.start()
+        self.thread = thread
+        return thread
 
     def _loop(self, jobs):
         while True:
@@ -295,14 +296,14 @@ class _TimedRunner:
                 done.set()
 
     def run(self, call, args, buf):
-        if self.thread is None:
-            self._start()
-        done, box = threading.Event(), []
+        thread = self.thread if self.thread is not None else self._start()
+        done = threading.Event()
+        box: list[tuple[bool, Any]] = []
         self.jobs.put((call, args, done, box, buf))
         if not done.wait(self.timeout):
             # Abandon the thread: ask it to stop (Python code stops at once, a
             # blocking C call when it returns) and use a fresh one next time.
-            _async_raise(self.thread, ItemTimeout)
+            _async_raise(thread, ItemTimeout)
             self.jobs.put(None)
             self.thread = None
             raise ItemTimeout(f"the item ran longer than the --timeout of {self.timeout:g} s")
