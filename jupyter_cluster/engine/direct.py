@@ -68,6 +68,7 @@ from .cluster import (
     scheduler_workers,
     worker_slots,
 )
+from .demand import Demand
 from .dispatch import Chunk, Event, Note
 from .protocol import Op, RelayEntry, Run, Status, pack, pack_group, unpack, unpack_answers
 from .worker import lease
@@ -655,6 +656,9 @@ class DirectDispatcher:
         self._threads = 1
         self._next_place = 0.0
         self._replace = False  # a lease was lost: replace it at once if work is left
+        # Tells an adaptive cluster how many more threads the map could use (engine/demand.py).
+        self._demand = Demand(client, leases.map_id, leases.resources, leases.limit)
+        self._more_work = True
 
     @classmethod
     def open(
@@ -694,6 +698,7 @@ class DirectDispatcher:
         # lease holds all that is left (a short map, an evolution-strategies iteration) is it one
         # share per lease: one batch each, not two.  Batches of one round share the work left at
         # the round's start (guided self-scheduling over the leases).
+        self._demand.hint = (remaining, per_item)
         threads = self._threads
         spread = DEPTH * threads
         target, floor = planner.batch_seconds(threads)
@@ -704,6 +709,9 @@ class DirectDispatcher:
         return {"remaining": round_remaining, "spread": spread, "target": target, "floor": floor}
 
     def prepare(self, more_work: bool) -> list[Note]:
+        self._more_work = more_work
+        if not more_work:
+            self._demand.close()  # nothing left to send: the leases it has will do
         if self._replace:
             self._replace = False
             if more_work:
@@ -744,6 +752,7 @@ class DirectDispatcher:
             handle.handle.cancel()
 
     def close(self, pending: list[Any], keep: bool = False) -> None:
+        self._demand.close()
         self.leases.close(keep=keep)
 
     def forget_function(self) -> None:
@@ -766,6 +775,7 @@ class DirectDispatcher:
             # partition, or an idle lease's worker): no batch is blamed for it.
             self._lost(gone, deaths=False, out=out)
         self._threads = max(self.leases.wanted, 1)
+        self._demand.update(len(self.leases.live()), self._more_work)
         return out
 
     def _wait_on_loop(self, coro: Any) -> Any:

@@ -1,0 +1,114 @@
+"""An adaptive cluster grows for a map on leases, and shrinks back after it (engine.demand).
+
+Real local clusters made adaptive with Dask's ``Adaptive`` (``ClusterHandle.adapt``),
+with short adaptive settings so that a test takes seconds: Dask looks every
+0.2 s, wants 1 s of work per thread, and closes a worker once it has been
+idle for 3 looks; the client's idle leases end 1 s after a map.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import cloudpickle
+import dask
+import pytest
+
+import jupyter_cluster as jc
+from jupyter_cluster import mapping
+from jupyter_cluster.engine.demand import MAX_DEMAND, wanted_threads
+
+from .conftest import wait_for
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+FAST_ADAPT = {
+    "distributed.adaptive.interval": "200ms",
+    "distributed.adaptive.wait-count": 3,
+    "distributed.adaptive.target-duration": "1s",
+    "jupyter-cluster.engine.linger": "1s",
+}
+
+
+def nap(i):
+    """Sleep a quarter second; say which worker ran the item."""
+    from distributed import get_worker
+
+    time.sleep(0.25)
+    return i, get_worker().address
+
+
+def workers(handle) -> int:
+    return len(handle.client.scheduler_info(n_workers=-1)["workers"])
+
+
+def demand_tasks(handle) -> list:
+    """The keys of demand tasks the scheduler still holds."""
+
+    def keys(dask_scheduler):
+        return [k for k in dask_scheduler.tasks if isinstance(k, str) and "-want-" in k]
+
+    return handle.client.run_on_scheduler(keys)
+
+
+@pytest.fixture
+def adaptive_cluster(request):
+    minimum, maximum = request.param
+    with dask.config.set(FAST_ADAPT):
+        handle = jc.start(workers=1, threads=1)
+        try:
+            handle.adapt(minimum, maximum)  # Dask's Adaptive reads the settings above as it is made
+            yield handle
+        finally:
+            handle.close()
+
+
+@pytest.mark.timeout(120)  # without demand the cluster never grows; at 0 workers the map waits forever
+@pytest.mark.parametrize("adaptive_cluster", [(1, 3)], indirect=True)
+def test_a_map_on_leases_grows_an_adaptive_cluster_and_it_shrinks_back_after(adaptive_cluster):
+    handle = adaptive_cluster
+    with dask.config.set(FAST_ADAPT):
+        job = mapping.MapJob(nap, (range(24),), client=handle, progress=False)  # 6 s of work on 1 thread
+        job.run()
+        out = job.take_results()
+        assert job.path == "direct"
+        # Every result once, in order; more than the first worker ran them, so the cluster grew.
+        assert [i for i, _ in out] == list(range(24))
+        assert len({addr for _, addr in out}) > 1, out
+        assert demand_tasks(handle) == []  # released with the map
+        # Its leases end after engine.linger; then Adaptive closes the idle workers, down to its minimum.
+        wait_for(lambda: workers(handle) == 1, timeout=60, message="the cluster to shrink back to 1 worker")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("adaptive_cluster", [(0, 2)], indirect=True)
+def test_a_map_on_an_adaptive_cluster_with_no_workers_starts_one(adaptive_cluster):
+    handle = adaptive_cluster
+    wait_for(lambda: workers(handle) == 0, timeout=60, message="the idle cluster to shrink to no workers")
+    with dask.config.set(FAST_ADAPT):
+        job = mapping.MapJob(nap, (range(6),), client=handle, progress=False)
+        job.run()
+        out = job.take_results()
+    assert job.path == "direct"
+    assert [i for i, _ in out] == list(range(6))
+    assert demand_tasks(handle) == []
+
+
+@pytest.mark.parametrize(
+    ("live", "remaining", "per_item", "limit", "want"),
+    [
+        (1, 60, 0.5, None, 5),  # 30 s of work, 5 s per thread: 6 threads, it has 1
+        (1, 24, 0.25, None, 1),  # 6 s: 2 threads
+        (4, 4, 10.0, None, 4),  # never more threads than items left
+        (3, 10, 0.1, None, 0),  # 1 s of work: the leases it has will do
+        (0, 1, 0.001, None, 1),  # no lease at all: always one
+        (1, None, 0.5, None, 1),  # an input of unknown length: one more at a time
+        (0, 5, None, None, 1),  # nothing ran yet
+        (2, 600, 1.0, 3, 1),  # Pool(processes=3)
+        (3, 600, 1.0, 3, 0),
+        (1, 10**9, 1.0, None, MAX_DEMAND),
+    ],
+)
+def test_a_map_asks_for_the_threads_that_would_run_its_rest_in_the_target_time(live, remaining, per_item, limit, want):
+    assert wanted_threads(live, remaining, per_item, 5.0, limit) == want
