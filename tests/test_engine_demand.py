@@ -95,6 +95,53 @@ def test_a_map_on_an_adaptive_cluster_with_no_workers_starts_one(adaptive_cluste
     assert demand_tasks(handle) == []
 
 
+@pytest.fixture
+def gateway(tmp_path):
+    try:
+        import dask_gateway  # noqa: F401  (its config defaults must be in place before dask.config.set)
+        import dask_gateway_server  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"dask-gateway and dask-gateway-server are not installed ({exc}); pip install -e '.[test]'")
+    try:
+        from tests.hpc.gateway_server import GatewayServer
+    except ImportError:  # the branch this test was written on, before the gateway backend's tests joined it
+        pytest.skip("tests/hpc/gateway_server.py (the test gateway) is not in this checkout")
+    server = GatewayServer(tmp_path)
+    try:
+        server.start()
+        with dask.config.set(server.dask_config()):
+            yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_map_on_leases_grows_a_gateway_cluster_that_adapts_in_the_gateway(gateway):
+    """The gateway's adaptive mode runs server-side on the scheduler's target: the demand tasks reach it too."""
+    from dask_gateway import Gateway
+
+    with Gateway() as gw, dask.config.set({"jupyter-cluster.engine.linger": "1s"}):
+        cluster = gw.new_cluster()
+        try:
+            cluster.adapt(minimum=1, maximum=3)
+            client = cluster.get_client(set_as_default=False)
+            client.wait_for_workers(1, timeout=120)
+            job = mapping.MapJob(nap, (range(40),), client=client, progress=False)  # 10 s of work on 1 thread
+            job.run()
+            out = job.take_results()
+            assert job.path == "direct"
+            assert [i for i, _ in out] == list(range(40))
+            assert len({addr for _, addr in out}) > 1, out
+            wait_for(
+                lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 1,
+                timeout=120,
+                message="the gateway cluster to shrink back to 1 worker",
+            )
+        finally:
+            cluster.shutdown()
+
+
 @pytest.mark.parametrize(
     ("live", "remaining", "per_item", "limit", "want"),
     [
