@@ -95,6 +95,26 @@ def test_a_map_on_an_adaptive_cluster_with_no_workers_starts_one(adaptive_cluste
     assert demand_tasks(handle) == []
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("adaptive_cluster", [(0, 0)], indirect=True)
+def test_a_map_waiting_for_an_adaptive_cluster_to_add_workers_says_so(adaptive_cluster, capfd):
+    """Not "add some with %cluster scale N": the map asked the cluster's adaptive scaling (kept at 0 here, then 1)."""
+    import threading
+
+    handle = adaptive_cluster
+    wait_for(lambda: workers(handle) == 0, timeout=60, message="the idle cluster to shrink to no workers")
+    timer = threading.Timer(7.0, handle.adapt, args=(0, 1))  # after the notice (5 s)
+    timer.start()
+    try:
+        with dask.config.set(FAST_ADAPT):
+            assert [i for i, _ in jc.map(nap, range(2), client=handle, progress=False)] == [0, 1]
+    finally:
+        timer.cancel()
+    err = capfd.readouterr().err
+    assert "has no workers yet; the map waits while its adaptive scaling adds some" in err, err
+    assert "%cluster scale" not in err
+
+
 @pytest.fixture
 def gateway(tmp_path):
     try:

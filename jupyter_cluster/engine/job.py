@@ -73,6 +73,7 @@ from .cluster import (
     scheduler_lost_error,
     workers_now,
 )
+from .demand import adaptive
 from .direct import DirectDispatcher
 from .dispatch import Chunk, Dispatcher, Event, Note
 from .faults import Faults, abbreviate  # noqa: F401  (abbreviate: re-exported by mapping)
@@ -739,6 +740,13 @@ class MapJob:
         elif now - self._no_workers_since > NO_WORKERS_NOTICE_SECONDS:
             self._no_workers_warned = True
             where = f"cluster {self.cluster!r}" if isinstance(self.cluster, str) else "the cluster"
+            if adaptive(self.client):  # the map asked it for workers (engine/demand.py): they may be queued
+                print(
+                    f"jupyter_cluster: {where} has no workers yet; the map waits while its adaptive scaling adds "
+                    "some (a batch system may keep them queued), or interrupt to stop.",
+                    file=sys.stderr,
+                )
+                return
             print(
                 f"jupyter_cluster: {where} has no workers, so the map is waiting; add some with %cluster scale N "
                 "(or jupyter_cluster.current().scale(N)), or interrupt to stop.",
