@@ -69,14 +69,15 @@ def adaptive_cluster(request):
 def test_a_map_on_leases_grows_an_adaptive_cluster_and_it_shrinks_back_after(adaptive_cluster):
     handle = adaptive_cluster
     with dask.config.set(FAST_ADAPT):
-        job = mapping.MapJob(nap, (range(24),), client=handle, progress=False)  # 6 s of work on 1 thread
+        # 12 s of work on 1 thread: room for a loaded machine's slow worker start before the map ends.
+        job = mapping.MapJob(nap, (range(48),), client=handle, progress=False)
         job.run()
         out = job.take_results()
         assert job.path == "direct"
         # Every result once, in order; more than the first worker ran them, so the cluster grew.
-        assert [i for i, _ in out] == list(range(24))
+        assert [i for i, _ in out] == list(range(48))
         assert len({addr for _, addr in out}) > 1, out
-        assert demand_tasks(handle) == []  # released with the map
+        wait_for(lambda: demand_tasks(handle) == [], timeout=30, message="the demand tasks to be released")
         # Its leases end after engine.linger; then Adaptive closes the idle workers, down to its minimum.
         wait_for(lambda: workers(handle) == 1, timeout=60, message="the cluster to shrink back to 1 worker")
 
@@ -92,7 +93,7 @@ def test_a_map_on_an_adaptive_cluster_with_no_workers_starts_one(adaptive_cluste
         out = job.take_results()
     assert job.path == "direct"
     assert [i for i, _ in out] == list(range(6))
-    assert demand_tasks(handle) == []
+    wait_for(lambda: demand_tasks(handle) == [], timeout=30, message="the demand tasks to be released")
 
 
 @pytest.mark.timeout(120)
@@ -147,11 +148,12 @@ def test_a_map_on_leases_grows_a_gateway_cluster_that_adapts_in_the_gateway(gate
             cluster.adapt(minimum=1, maximum=3)
             client = cluster.get_client(set_as_default=False)
             client.wait_for_workers(1, timeout=120)
-            job = mapping.MapJob(nap, (range(40),), client=client, progress=False)  # 10 s of work on 1 thread
+            # 15 s of work on 1 thread; the gateway adapts every 3 s, then starts a worker process.
+            job = mapping.MapJob(nap, (range(60),), client=client, progress=False)
             job.run()
             out = job.take_results()
             assert job.path == "direct"
-            assert [i for i, _ in out] == list(range(40))
+            assert [i for i, _ in out] == list(range(60))
             assert len({addr for _, addr in out}) > 1, out
             wait_for(
                 lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 1,
