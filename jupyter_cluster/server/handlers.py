@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 from urllib.parse import unquote
@@ -38,10 +39,13 @@ from .. import config
 from ..errors import ClusterError
 from ..models import validate_size
 from .manager import ClusterManager, NotFound, validate_count, validate_name
+from .workers import WorkerFeed
 
 API = "jupyter-cluster/api"
 NAME = r"(?P<name>[^/]+)"
 SETTINGS_KEY = "jupyter_cluster_manager"
+#: seconds between the events socket's looks at the watched cluster's workers
+WORKERS_POLL = 1.0
 
 
 class Refusal(tornado.web.HTTPError):
@@ -226,7 +230,10 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
 
         {"type": "clusters", "clusters": [...]}
         {"type": "jobs", "running": [...], "recent": [...]}
-        {"type": "cluster", "name": N, "model": {...}}          the watched cluster, with workers
+        {"type": "cluster", "name": N, "model": {...}}          the watched cluster, with workers (once per watch)
+        {"type": "workers", "name": N, "changed": [...], "removed": [address, ...], "summary"?: {...}}
+                                                                 its workers that changed noticeably since
+                                                                 (none while idle: see .workers)
         {"type": "topics", "cluster": N, "topics": [...]}
         {"type": "metrics", "cluster": N, "topic": T, "data": {...}}  a watched topic, when it changed
         {"type": "error", "message": "..."}
@@ -253,6 +260,8 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
         self.topics: list[str] = []
         self.sent: dict[str, Any] = {}
         self.versions: dict[str, int] = {}
+        self.feed = WorkerFeed()
+        self.model_due = 0.0
         self.wake = asyncio.Event()
         self.task = asyncio.get_running_loop().create_task(self._pump())
 
@@ -322,13 +331,25 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
         name = self.cluster
         if not name or name not in m.connections:
             return
-        try:
-            model = await m.cluster(name)
-        except (ClusterError, OSError, asyncio.TimeoutError):
-            model = None
-        if model is not None and model != self.sent.get("cluster"):
-            self.sent["cluster"] = model
-            self._send({"type": "cluster", "name": name, "model": model})
+        model = None
+        now = time.monotonic()
+        if self.sent.get("cluster") != name or now >= self.model_due:
+            # workers change with heartbeats (about 1/s): asking the scheduler more often finds nothing new
+            self.model_due = now + max(self.interval, WORKERS_POLL)
+            try:
+                model = await m.cluster(name)
+            except (ClusterError, OSError, asyncio.TimeoutError):
+                model = None
+        if model is not None:
+            if self.sent.get("cluster") != name:
+                # the full list once per watch; then only what changed noticeably (nothing while idle)
+                self.sent["cluster"] = name
+                self.feed = WorkerFeed()
+                self._send({"type": "cluster", "name": name, "model": self.feed.full(model)})
+            else:
+                diff = self.feed.diff(model)
+                if diff is not None:
+                    self._send({"type": "workers", "name": name, **diff})
         topics = m.topics(name)
         key = [(t["topic"], t["version"]) for t in topics]
         if key != self.sent.get("topics"):

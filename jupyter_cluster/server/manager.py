@@ -48,6 +48,7 @@ from ..telemetry.store import TopicStore
 from ..telemetry.topics import CONTROL_TOPIC, JOBS_TOPIC
 from .history import HistoryFolder, KeptCluster, check_live, live_snapshot, restore_live, same_cluster
 from .jobs import JobsStore
+from .workers import lease_counts, split_leases
 
 logger = logging.getLogger(__name__)
 
@@ -310,7 +311,15 @@ class Connection:
         model = cluster_model(
             r.name, r.backend, r.address, self.dashboard_link, not r.attached, info.get("workers", {})
         )
-        return cluster_detail(model, self.summary())
+        summary = self.summary()
+        try:
+            # lease tasks stay "executing" between maps: count them apart (idle while no job runs)
+            processing = await asyncio.wait_for(self.client.scheduler.processing(), 10)
+        except (OSError, asyncio.TimeoutError, AttributeError, TypeError):
+            processing = None
+        if isinstance(processing, dict):
+            split_leases(model["workers"], lease_counts(processing), summary["jobs_running"])  # type: ignore[arg-type]
+        return cluster_detail(model, summary)
 
 
 async def _quietly_close(client: Any) -> None:
