@@ -270,24 +270,27 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         page.mouse.move(5, 5)
         # toolbar: EMA smoothing and a log y axis redraw the line chart (and back)
         toolbar = page.locator("#jupyter-cluster-panel .jc-metrics-toolbar")
-        toolbar.locator("select.jc-smoothing").select_option("0.9")
-        toolbar.locator("input.jc-log-y").check()
+        toolbar.locator("input.jc-smoothing").fill("0.9")
+        toolbar.locator("select.jc-y-scale").select_option("log")
         _wait_coloured(page, "#jupyter-cluster-panel .jc-charts .jc-metrics-panel", 200)
         shot(page, artifacts, "panel-smoothing-log-y.png", "#jupyter-cluster-panel .jc-metrics-line")
-        toolbar.locator("select.jc-smoothing").select_option("0")
-        toolbar.locator("input.jc-log-y").uncheck()
+        toolbar.locator("input.jc-smoothing").fill("0")
+        toolbar.locator("select.jc-y-scale").select_option("linear")
         # series selection: switching a member off redraws without it
         series = page.locator("#jupyter-cluster-panel .jc-series-item")
         assert series.count() == 3
         line = panels.nth(0)
-        blue = line.evaluate(COLOUR_PIXELS_JS, [80, 112, 221])  # the palette's first colour: member 0
+        # member 0's colour (from its key, the same in every chart): drawn, then gone once it is off
+        hex0 = line.get_attribute("data-colors").split("|")[0]
+        rgb0 = [int(hex0[i : i + 2], 16) for i in (1, 3, 5)]
+        blue = line.evaluate(COLOUR_PIXELS_JS, rgb0)
         assert blue > 30, blue
         series.nth(0).locator("input").uncheck()
         assert series.nth(0).locator("input").is_checked() is False
         # the other members keep their colours: nothing is drawn in member 0's blue any more
         page.wait_for_function(
             f"(() => {{ const f = {COLOUR_PIXELS_JS}; "
-            "return f(document.querySelector('#jupyter-cluster-panel .jc-metrics-line'), [80, 112, 221]) < 5; })()",
+            f"return f(document.querySelector('#jupyter-cluster-panel .jc-metrics-line'), {rgb0}) < 5; }})()",
             timeout=5_000,
         )
         shot(page, artifacts, "panel-workers-jobs-metrics.png", "#jupyter-cluster-panel")
