@@ -28,7 +28,7 @@ _PUBLIC = {
     "ClusterHandle": ".session", "clusters": ".session", "connect": ".session", "current": ".session",
     "start": ".session", "stop": ".session", "imap": ".mapping", "last_job": ".mapping", "map": ".mapping",
     "Pool": ".pool", "Queue": ".dqueue", "actor": ".actors", "metrics": ".telemetry", "report": ".telemetry",
-    "launcher": ".widgets", "show_metrics": ".widgets", "spmd": ".spmd",
+    "launcher": ".widgets", "show_metrics": ".widgets", "spmd": ".spmd", "run": ".runs", "runs": ".runs",
 }  # fmt: skip
 
 
@@ -64,6 +64,7 @@ if not _in_dask_worker_process():
     from .dqueue import Queue
     from .mapping import imap, last_job, map  # noqa: A004  (jupyter_cluster.map is the public map)
     from .pool import Pool
+    from .runs import run, runs  # the function `runs` shadows the module on the package: import its names from .runs
     from .session import ClusterHandle, clusters, connect, current, start, stop
     from .spmd import spmd  # noqa: E402  (the function; import the module's other names with `from jupyter_cluster.spmd import ...`)
     from .telemetry import metrics, report
@@ -80,6 +81,8 @@ __all__ = [
     "launcher",
     "metrics",
     "report",
+    "run",
+    "runs",
     "show_metrics",
     "spmd",
     "ClusterError",

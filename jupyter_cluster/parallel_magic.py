@@ -24,10 +24,12 @@ import ast
 import functools
 import shlex
 import types
+import uuid
 from collections.abc import Callable
 from functools import partial as functools_partial
 from typing import Any, cast
 
+import cloudpickle
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, magics_class
@@ -36,6 +38,7 @@ from . import capture, mapping, session
 from .cellfunc import CellFunction
 from .errors import CellError, ClusterError, SerializationError
 from .magics import MagicArgumentParser, add_options, options_text
+from .runs import TAG_NAME, ItemTag, ItemTap, starting
 
 DEFAULT_OUT = "_parallel"
 JOB_NAME = "_parallel_job"
@@ -484,6 +487,11 @@ class ParallelMagics(Magics):
         handle = session.resolve()
         defined_on_workers = _worker_names.get(handle.address, set())
         captured = capture.capture(analysis.free, user_ns, maybe=analysis.maybe, exclude=defined_on_workers)
+        tap = None
+        if not args.all_workers:  # a sweep: each item's value is its config (jupyter_cluster.runs)
+            tap = ItemTap(iterable, ItemTag(uuid.uuid4().hex[:12], targets))
+            iterable = tap
+            captured.small[TAG_NAME] = cloudpickle.dumps(tap.tag)
         func = CellFunction(
             cell,
             targets=targets,
@@ -510,9 +518,15 @@ class ParallelMagics(Magics):
         printer = _OutputPrinter()
         # The engine takes a callable or an object with prepare() (a CellFunction, prepared once per
         # worker process); MapJob's annotation names only the first.
-        job = mapping.MapJob(
-            cast(Callable, func), (iterable,), label=f"%%parallel {header}", on_output=printer, retain=True, **options
-        )
+        with starting(cast(ItemTap, tap)):
+            job = mapping.MapJob(
+                cast(Callable, func),
+                (iterable,),
+                label=f"%%parallel {header}",
+                on_output=printer,
+                retain=True,
+                **options,
+            )
         user_ns[JOB_NAME] = job
         self._drive(job, printer)
         # The results are the notebook's, in --out alone: a `del` of it gives their memory back.

@@ -39,6 +39,7 @@ import time
 import uuid
 from typing import Any
 
+from ..runs import tag_record as _tag_record
 from .store import metrics_setting, store
 from .topics import INDEX_TOPIC, PLUGIN_NAME, topic_name
 
@@ -419,7 +420,14 @@ def current_handle():
     return None if h is None or h.closed else h
 
 
-def report(step: int | None = None, topic: str = "default", *, series: dict | None = None, **values: Any) -> None:
+def report(
+    step: int | None = None,
+    topic: str = "default",
+    *,
+    series: dict | None = None,
+    config: dict | None = None,
+    **values: Any,
+) -> None:
     """Record metric values, from a task on any worker or from the notebook.
 
     Parameters
@@ -439,6 +447,10 @@ def report(step: int | None = None, topic: str = "default", *, series: dict | No
         keywords named in ``jupyter-cluster.metrics.identity-fields`` (by
         default ``member``, ``run``, ``trial``, ``rank``, ``seed``, ...) are
         identity fields that split the topic into series.
+    config : dict, optional
+        Hyperparameters of the run (or ``%%parallel`` item) this report
+        belongs to, added to its config in :func:`jupyter_cluster.runs` and
+        the panel's sweep table (see :mod:`jupyter_cluster.runs`).
 
     Raises
     ------
@@ -453,6 +465,7 @@ def report(step: int | None = None, topic: str = "default", *, series: dict | No
     """
     step, ident, vals = validate(step, topic, series, values)
     record = {"step": step, "time": time.time(), "series": ident, "values": vals}
+    _tag_record(record, config)  # which run / sweep item it belongs to (runs.py)
     worker = current_worker()
     seq, arm = _producer.add(topic, record)
     if worker is not None:

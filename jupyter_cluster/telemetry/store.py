@@ -136,6 +136,78 @@ class _VectorColumn:
         self.version += 1
 
 
+#: runs a topic keeps item summaries of (oldest dropped first), and items per run
+MAX_RUNS = 500
+MAX_RUN_ITEMS = 5000
+#: words that make a metric's best value its lowest (else its highest)
+_LOWER_IS_BETTER = ("loss", "error", "err", "regret", "perplexity", "ppl", "mse", "mae", "rmse", "nll", "cost", "time")
+
+
+def lower_is_better(name: str) -> bool:
+    """Whether the best value of metric ``name`` is its lowest (``val_loss``, ``error``) rather than its highest."""
+    low = name.lower()
+    return any(w in low for w in _LOWER_IS_BETTER)
+
+
+class _ItemStats:
+    """What a topic keeps of one run item: its config, and each scalar's last and extreme values."""
+
+    __slots__ = ("config", "last", "low", "high", "steps")
+
+    def __init__(self) -> None:
+        self.config: dict[str, Any] = {}
+        self.last: dict[str, tuple[float, float]] = {}  # name -> (step, value)
+        self.low: dict[str, float] = {}
+        self.high: dict[str, float] = {}
+        self.steps = 0.0
+
+    def add(self, x: float, vals: dict) -> None:
+        if x > self.steps:
+            self.steps = x
+        for name, v in vals.items():
+            if isinstance(v, list):
+                continue
+            last = self.last.get(name)
+            if last is None or x >= last[0]:
+                self.last[name] = (x, v)
+            if v == v:  # NaN is neither best nor worst
+                if v < self.low.get(name, math.inf):
+                    self.low[name] = v
+                if v > self.high.get(name, -math.inf):
+                    self.high[name] = v
+
+    def summary(self) -> dict[str, Any]:
+        best = {k: (self.low.get(k) if lower_is_better(k) else self.high.get(k)) for k in self.last}
+        return {
+            "config": dict(self.config),
+            "final": {k: _json_number(v) for k, (_, v) in self.last.items()},
+            "best": {k: (None if b is None else _json_number(b)) for k, b in best.items()},
+            "steps": self.steps,
+        }
+
+    @classmethod
+    def restore(cls, data: dict[str, Any]) -> _ItemStats:
+        st = cls()
+        st.config = dict(data.get("config") or {})
+        steps = float(data.get("steps") or 0)
+        st.steps = steps
+        for k, v in (data.get("final") or {}).items():
+            st.last[str(k)] = (steps, math.nan if v is None else float(v))
+        for k, v in (data.get("best") or {}).items():
+            if v is not None:
+                (st.low if lower_is_better(str(k)) else st.high)[str(k)] = float(v)
+        return st
+
+
+def _run_tag(rec: dict) -> tuple[str, str] | None:
+    """``(run, item key)`` of a record that carries them (wire input: checked, never trusted)."""
+    run = rec.get("run")
+    if not isinstance(run, str) or not run or len(run) > 64:
+        return None
+    item = rec.get("item")
+    return run, item if isinstance(item, str) and len(item) <= 256 else ""
+
+
 def _json_number(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
@@ -252,6 +324,8 @@ class TopicStore:
         #: series key -> step and report time (the charts' time axes)
         self._times: dict[str, _Column] = {}
         self._last_series: tuple[dict, str] | None = None
+        #: run -> item key ("" for the run itself) -> its config and final/best values
+        self._runs: dict[str, dict[str, _ItemStats]] = {}
         self.received = 0
         self.evicted = 0
         #: points a restored snapshot's curves had already lost (see :meth:`restore`)
@@ -318,9 +392,46 @@ class TopicStore:
             if tcol is None:
                 tcol = self._times[key] = _Column()
             tcol.add(x, float(t), self.history)
+        if "run" in rec:
+            self._run_item(rec, x, vals)
         if len(self._rows) == self.history:  # the deque drops its oldest row
             self.evicted += 1
         self._rows.append((step, t, worker, key, vals))
+
+    def _run_item(self, rec: dict, x: float, vals: dict) -> None:
+        tag = _run_tag(rec)
+        if tag is None:
+            return
+        run, key = tag
+        items = self._runs.get(run)
+        if items is None:
+            if len(self._runs) >= MAX_RUNS:
+                del self._runs[next(iter(self._runs))]
+            items = self._runs[run] = {}
+        st = items.get(key)
+        if st is None:
+            if len(items) >= MAX_RUN_ITEMS:
+                return
+            st = items[key] = _ItemStats()
+        config = rec.get("config")
+        if isinstance(config, dict):
+            for k, v in list(config.items())[:64]:
+                if isinstance(k, str) and (v is None or isinstance(v, (bool, int, float, str))):
+                    st.config[k] = v if not isinstance(v, str) else v[:200]
+        st.add(x, vals)
+
+    def run_items(self, runs: set[str] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+        """``run -> item key -> {"config", "final", "best", "steps"}`` for the runs reported on this topic.
+
+        ``final`` is each scalar's value at its highest step, ``best`` its
+        lowest for loss-like names (:func:`lower_is_better`), else its highest.
+        """
+        with self._lock:
+            return {
+                run: {key: st.summary() for key, st in items.items()}
+                for run, items in self._runs.items()
+                if runs is None or run in runs
+            }
 
     def listen(self, callback: Callable[[TopicStore, list[dict]], None]) -> Callable[[], None]:
         """Call ``callback(store, new_records)`` after every batch; returns a function that stops it."""
@@ -434,6 +545,7 @@ class TopicStore:
                 "series": {k: dict(v) for k, v in self.series.items()},
                 "coverage": {src: [[a, b] for a, b in c.intervals] for src, c in self._coverage.items()},
                 "high": {src: c.high for src, c in self._coverage.items()},
+                "runs": self.run_items(),
             }
 
     @classmethod
@@ -469,6 +581,8 @@ class TopicStore:
                 cov.covered = sum(b - a for a, b in cov.intervals)
                 cov.high = max(int((snap.get("high") or {}).get(src, 0)), max((b for _, b in cov.intervals), default=0))
                 store._coverage[str(src)] = cov
+            for run, items in (snap.get("runs") or {}).items():
+                store._runs[str(run)] = {str(k): _ItemStats.restore(v) for k, v in items.items()}
             store.received = int(model.get("received") or 0)
             store._truncated_before = int(model.get("truncated") or 0)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -513,6 +627,12 @@ def store(topic: str) -> TopicStore:
         if s is None:
             s = _stores[topic] = TopicStore(topic)
         return s
+
+
+def all_stores() -> list[TopicStore]:
+    """Every topic store of this process."""
+    with _stores_lock:
+        return list(_stores.values())
 
 
 def topics() -> list[str]:
