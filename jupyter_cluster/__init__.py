@@ -122,5 +122,8 @@ def _jupyter_server_extension_points():
 def _load_jupyter_server_extension(serverapp):
     """Start the cluster manager and its routes under ``<base_url>/jupyter-cluster/api/``."""
     from .server import load
+    from .widgets.static_render import pre_save_hook
 
     load(serverapp)
+    # a saved notebook keeps our widgets' static copies, not references to models that die with the kernel
+    serverapp.contents_manager.register_pre_save_hook(pre_save_hook)

@@ -4,7 +4,9 @@ It is what a :class:`~jupyter_cluster.session.ClusterHandle` (and ``%cluster``)
 shows in a kernel with ipywidgets.  Everything it draws comes from
 ``ClusterHandle.model()``, refreshed every couple of seconds from the ticker
 thread (one scheduler query per cluster per refresh, however many widgets
-show it), so the kernel stays free.
+show it), so the kernel stays free.  Its output also carries the header and
+the workers table as static HTML and text, so a saved notebook shows the
+cluster it ran on without the kernel (:mod:`.static_render`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import ipywidgets as w
 
 from .. import ticker
 from ..errors import ClusterError
+from . import static_render
 from .display import fmt_bytes, text_status
 
 REFRESH_SECONDS = 2.0
@@ -90,7 +93,7 @@ def header_html(m: dict[str, Any]) -> str:
     )
 
 
-class ClusterWidget(w.VBox):
+class ClusterWidget(static_render.StaticOutput, w.VBox):
     """Live status of a cluster: workers table, totals, dashboard link, scale and adapt.
 
     Parameters
@@ -103,7 +106,8 @@ class ClusterWidget(w.VBox):
     Attributes
     ----------
     model_data : dict
-        The last ``handle.model()`` shown (``{}`` if it could not be read).
+        The last ``handle.model()`` read (``{}`` before the first; kept once the cluster stops,
+        for the static copy).
     """
 
     def __init__(self, handle: Any, live: bool = True, **kwargs: Any) -> None:
@@ -147,7 +151,7 @@ class ClusterWidget(w.VBox):
         if model is None:
             model = _read_model(self.handle)
         if model is None:
-            self.model_data = {}
+            # model_data keeps the last model seen, for the static copy of a stopped cluster
             self.header.value = f"<b>{html.escape(self.handle.name)}</b> is stopped."
             self.table.value = ""
             return
@@ -167,6 +171,22 @@ class ClusterWidget(w.VBox):
         if count:
             self._ever_viewed = True
         return not (self._ever_viewed and count == 0)
+
+    # -- the static copy in the output -----------------------------------------------
+    def static_bundle(self) -> dict[str, str]:
+        """The header and workers table as HTML, the status as text (the last model seen)."""
+        m = self.model_data
+        if not m:
+            text = f"{self.handle.name} is stopped."
+            return {"text/plain": text, "text/html": f"<div class='jupyter-cluster-static'>{html.escape(text)}</div>"}
+        stopped = "<div><i>stopped</i></div>" if self.handle.closed else ""
+        return {
+            "text/plain": text_status(m) + ("\n(stopped)" if self.handle.closed else ""),
+            "text/html": f"<div class='jupyter-cluster-static'>{header_html(m)}{workers_table(m)}{stopped}</div>",
+        }
+
+    def static_version(self) -> Any:
+        return (self.header.value, self.table.value, self.handle.closed)
 
     # -- controls -------------------------------------------------------------------
     def _say(self, text: str, error: bool = False) -> None:
@@ -232,8 +252,8 @@ def _refresh_group(key: int, handle: Any) -> bool:
     return True
 
 
-def mimebundle(handle: Any, include: Any = None, exclude: Any = None) -> dict | None:
-    """What a :class:`ClusterHandle` shows: the live widget in a kernel, text in a terminal.
+def mimebundle(handle: Any, include: Any = None, exclude: Any = None) -> dict | tuple[dict, dict] | None:
+    """What a :class:`ClusterHandle` shows: the live widget and its static copy in a kernel, text in a terminal.
 
     Returns None (IPython then falls back to the handle's static HTML) when
     the cluster is stopped.
@@ -247,7 +267,6 @@ def mimebundle(handle: Any, include: Any = None, exclude: Any = None) -> dict | 
         if model is None or "error" in model:
             return None
         return {"text/plain": text_status(model)}
-    bundle = ClusterWidget(handle)._repr_mimebundle_(include=include, exclude=exclude)
-    if isinstance(bundle, tuple):  # (data, metadata) form
-        bundle = bundle[0]
-    return bundle
+    widget = ClusterWidget(handle)
+    # the view and its static copy (as of now: a handle's display has no display id to update)
+    return static_render.bundle(widget, widget.static_bundle()), static_render.metadata()
