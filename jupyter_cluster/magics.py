@@ -89,6 +89,12 @@ def _parser() -> _ArgumentParser:
     s.add_argument("--adapt-min", type=int, metavar="A")
     s.add_argument("--adapt-max", type=int, metavar="B")
     s.add_argument("--dry-run", action="store_true", default=None)
+    # batch queues (slurm, pbs, sge, lsf): see docs/hpc.md
+    s.add_argument("--partition", metavar="P")
+    s.add_argument("--account", metavar="A")
+    s.add_argument("--walltime", metavar="HH:MM:SS")
+    s.add_argument("--job-extra", nargs="+", action="extend", metavar="DIRECTIVE")
+    s.add_argument("--interface", metavar="IF")
     command("connect", "attach to a running scheduler (tcp://host:port) or a listed cluster").add_argument(
         "target", metavar="ADDRESS|NAME"
     )
@@ -134,6 +140,11 @@ _BACKEND_FLAGS = (
     "adapt_min",
     "adapt_max",
     "dry_run",
+    "partition",
+    "account",
+    "walltime",
+    "job_extra",
+    "interface",
 )
 
 

@@ -203,6 +203,14 @@ def _remove_dashboard_socket(path: object) -> None:
             pass
 
 
+def _cancel_batch_jobs(extra: object) -> None:
+    """Cancel a dead owner's batch jobs (SLURM), which would otherwise wait in the queue for nobody."""
+    if isinstance(extra, dict) and isinstance(extra.get("batch"), dict):
+        from .backends.jobqueue import cancel_jobs
+
+        cancel_jobs(extra["batch"])
+
+
 def read(name: str) -> ClusterRecord | None:
     """The live record called ``name``, or None."""
     for record in live_records():
@@ -255,6 +263,7 @@ def live_records(cleanup: bool = True) -> list[ClusterRecord]:
             records.append(record)
         elif cleanup:
             remove(record.name)
+            _cancel_batch_jobs(record.extra)
             _remove_dashboard_socket(
                 (record.extra or {}).get("dashboard_socket") if isinstance(record.extra, dict) else None
             )

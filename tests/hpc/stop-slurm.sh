@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Undo start-slurm.sh DIR: cancel every job, stop slurmd/slurmctld (and munged if it started it),
+# kill what is left in the node namespaces, delete the namespaces and the bridge.
+set -uo pipefail
+dir=$(cd "${1:?usage: stop-slurm.sh DIR}" 2>/dev/null && pwd) || exit 0
+export SLURM_CONF=$dir/slurm.conf
+[ -f "$SLURM_CONF" ] && timeout 10 scancel --full --quiet --user "$(id -un)" 2>/dev/null
+stop() {  # pid file: TERM, then KILL after 5 s
+  local pid
+  pid=$(cat "$1" 2>/dev/null) || return 0
+  kill "$pid" 2>/dev/null || return 0
+  for _ in $(seq 20); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.25; done
+  kill -9 "$pid" 2>/dev/null
+}
+for f in "$dir"/slurmd-*.pid; do [ -e "$f" ] && stop "$f"; done
+stop "$dir/slurmctld.pid"
+for ns in $(ip netns list 2>/dev/null | awk '/^jcslurm-node/{print $1}'); do
+  ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
+  ip netns del "$ns"
+done
+ip link del jcslurm0 2>/dev/null
+if [ -f "$dir/munged.ours" ]; then
+  pkill_pid=$(cat /run/munge/munged.pid 2>/dev/null) && kill "$pkill_pid" 2>/dev/null
+  rm -f "$dir/munged.ours"
+fi
+rm -f "$dir"/*.pid
+[ "$(cat /run/jc-slurm-test.dir 2>/dev/null)" = "$dir" ] && rm -f /run/jc-slurm-test.dir
+exit 0

@@ -1,0 +1,271 @@
+"""The slurm backend against a real SLURM that this module starts (tests/hpc/start-slurm.sh).
+
+munged, slurmctld and one slurmd per node run for the whole session; each node is a network
+namespace with its own address (NodeName/NodeAddr), so the workers SLURM starts there reach the
+notebook's scheduler over a bridge, as batch nodes reach a login node.  Nothing is simulated:
+real ``sbatch`` job scripts written by dask-jobqueue, real ``dask worker`` processes started by
+slurmd, real kernels.  Skipped (with the reason) only where SLURM cannot run: not root, no
+network namespaces, or the packages cannot be installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.helpers import kernel_ok, start_jupyter_named_kernel, stop_jupyter_named_kernel
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NODES = 2
+
+
+def _can_run_slurm() -> str | None:
+    if sys.platform != "linux" or os.geteuid() != 0:
+        return "a real SLURM needs root on Linux (daemons, network namespaces)"
+    if shutil.which("ip") is None or shutil.which("nsenter") is None:
+        return "needs iproute2 and nsenter for the node namespaces"
+    if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
+        return "slurmctld is not installed and apt-get is not there to install it"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A running SLURM of NODES nodes; yields its folder.  Stops every daemon and namespace at the end."""
+    why = _can_run_slurm()
+    if why:
+        pytest.skip(why)
+    folder = tmp_path_factory.mktemp("slurm")
+    shared = tmp_path_factory.mktemp("slurm-jobs")
+    shared.chmod(0o700)
+    script = os.path.join(HERE, "hpc", "start-slurm.sh")
+    done = subprocess.run(["bash", script, str(folder), str(NODES)], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        subprocess.run(["bash", os.path.join(HERE, "hpc", "stop-slurm.sh"), str(folder)], timeout=120)
+        if shutil.which("slurmctld") is None:
+            pytest.skip(f"the SLURM packages could not be installed: {done.stderr.strip()[-300:]}")
+        raise AssertionError(f"SLURM did not start:\n{done.stdout}\n{done.stderr}")
+    import dask.config
+
+    env = {
+        "SLURM_CONF": str(folder / "slurm.conf"),
+        # kernels started by the tests inherit these (dask reads DASK_* at import)
+        "DASK_JUPYTER_CLUSTER__JOBQUEUE__SHARED_DIRECTORY": str(shared),
+        "DASK_JUPYTER_CLUSTER__JOBQUEUE__WALLTIME": "00:10:00",
+        "DASK_JUPYTER_CLUSTER__JOBQUEUE__MEMORY": "500MiB",
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    settings = dask.config.set(
+        {
+            "jupyter-cluster.jobqueue.shared-directory": str(shared),
+            "jupyter-cluster.jobqueue.walltime": "00:10:00",
+            "jupyter-cluster.jobqueue.memory": "500MiB",
+        }
+    )
+    try:
+        yield folder
+    finally:
+        settings.__exit__(None, None, None)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        subprocess.run(["bash", os.path.join(HERE, "hpc", "stop-slurm.sh"), str(folder)], timeout=120)
+
+
+def squeue(*args: str) -> list[list[str]]:
+    """This machine's SLURM queue: [job id, state, reason, node, name] per job."""
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%i|%T|%r|%N|%j", *args], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    return [line.split("|") for line in out.splitlines() if line.strip()]
+
+
+def jobs_named(prefix: str) -> list[list[str]]:
+    return [j for j in squeue() if j[4].startswith(prefix)]
+
+
+def restart_node(folder, i: int) -> None:
+    """Start the slurmd of node ``i`` again (after a test killed the node)."""
+    subprocess.run(
+        [
+            "nsenter",
+            f"--net=/run/netns/jcslurm-node{i}",
+            "/usr/sbin/slurmd",
+            "-f",
+            str(folder / "slurm.conf"),
+            "-N",
+            f"node{i}",
+        ],
+        check=True,
+        timeout=60,
+    )
+    subprocess.run(["scontrol", "update", f"nodename=node{i}", "state=resume"], capture_output=True, timeout=30)
+
+
+def test_parallel_pool_report_and_attach_in_real_kernels(slurm, tmp_path):
+    """%%parallel in a real kernel on SLURM-started workers over TLS: results in order, on both nodes, on
+    the direct path; Pool and report() unchanged; a second kernel attaches by name; %cluster stop
+    cancels every job."""
+    km, kc, _ = start_jupyter_named_kernel(tmp_path)
+    km2 = kc2 = None
+    try:
+        out = kernel_ok(
+            kc,
+            "%load_ext jupyter_cluster\n%cluster start --backend slurm --name hpc-a --workers 2 --threads 1\n"
+            "import jupyter_cluster as jc\njc.current().wait_for_workers(2, timeout=120)\nprint(jc.current().address)",
+            timeout=240,
+        )
+        address = out.strip().splitlines()[-1]
+        assert address.startswith("tls://10.77.0.1:"), out  # bound where the nodes reach it, TLS
+        jobs = jobs_named("jc-hpc-a-")
+        assert len(jobs) == 2 and {j[1] for j in jobs} == {"RUNNING"}, jobs
+
+        out = kernel_ok(
+            kc,
+            "%%parallel i in range(24) --out res\nimport os\n(i * i, os.environ['SLURMD_NODENAME'])",
+            timeout=180,
+        )
+        out = kernel_ok(kc, "print([r[0] for r in res] == [i * i for i in range(24)], sorted({r[1] for r in res}))")
+        assert out.strip() == f"True {[f'node{i}' for i in range(1, NODES + 1)]}", out
+        assert kernel_ok(kc, "print(_parallel_job.path)").strip() == "direct"
+
+        out = kernel_ok(
+            kc,
+            "from jupyter_cluster import Pool\n"
+            "def cube(x):\n    jc.report(step=x, topic='hpc', value=float(x))\n    return x ** 3\n"
+            "with Pool() as p:\n    print(p.map(cube, range(10)))\n"
+            "print(sorted(jc.metrics('hpc')['step']))",
+            timeout=120,
+        )
+        assert str([x**3 for x in range(10)]) in out, out
+        assert str(list(range(10))) in out.splitlines()[-1], out  # every report() arrived
+
+        # the sidebar's facts: each worker's job id and node, walltime left
+        out = kernel_ok(
+            kc,
+            "import json\nh = jc.current()\n"
+            "print(json.dumps(h.client.sync(h.client.scheduler.get_metadata, keys=['jupyter-cluster', 'batch'], default=None)))",
+        )
+        import json
+
+        facts = json.loads(out.strip().splitlines()[-1])
+        assert facts is not None and facts["system"] == "slurm", out
+        assert {j["job_id"] for j in facts["jobs"]} == {j[0] for j in jobs}
+        assert all(j["node"] in ("node1", "node2") and j["worker"] and j["walltime_left"] for j in facts["jobs"])
+
+        km2, kc2, _ = start_jupyter_named_kernel(tmp_path)
+        out = kernel_ok(
+            kc2,
+            "%load_ext jupyter_cluster\n%cluster connect hpc-a\nimport jupyter_cluster as jc\n"
+            "print(jc.map(lambda x: x + 1, range(6), progress=False))",
+            timeout=120,
+        )
+        assert "[1, 2, 3, 4, 5, 6]" in out, out
+
+        kernel_ok(kc, "%cluster stop", timeout=120)
+        wait_for(lambda: not jobs_named("jc-hpc-a-"), timeout=30, message="the jobs to be cancelled by %cluster stop")
+    finally:
+        for k, c in ((km2, kc2), (km, kc)):
+            if k is not None:
+                stop_jupyter_named_kernel(k, c)
+        subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
+
+
+def test_kill_9_of_the_kernel_leaves_no_job(slurm, tmp_path):
+    """A kernel killed with kill -9 leaves no SLURM job, running or pending, within a bounded time."""
+    km, kc, _ = start_jupyter_named_kernel(tmp_path)
+    try:
+        kernel_ok(
+            kc,
+            "%load_ext jupyter_cluster\n%cluster start --backend slurm --name hpc-k --workers 1\n"
+            "%cluster scale 2",  # scale counts jobs: a second one is queued
+            timeout=240,
+        )
+        wait_for(lambda: len(jobs_named("jc-hpc-k-")) == 2, timeout=60, message="two jobs of hpc-k in the queue")
+        os.kill(km.provisioner.process.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        # only squeue is asked: no registry read here helps the cleanup along
+        wait_for(lambda: not jobs_named("jc-hpc-k-"), timeout=60, message="the jobs of the killed kernel to go")
+        assert time.monotonic() - killed < 60
+    finally:
+        stop_jupyter_named_kernel(km, kc)
+        subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
+
+
+def gated(folder: str, x: int) -> int:
+    """An item that leaves a file when it runs; items from 100 on wait for the file ``go``."""
+    import time
+
+    open(os.path.join(folder, f"ran-{x}-{os.getpid()}"), "w").close()
+    time.sleep(0.02)
+    deadline = time.monotonic() + 120
+    while x >= 100 and not os.path.exists(os.path.join(folder, "go")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return x * 10
+
+
+def test_a_node_killed_mid_map_gives_every_result_once_in_order(slurm, tmp_path):
+    """Every process of one node (its slurmd and its worker) killed mid-map: results exactly once, in order."""
+    from concurrent.futures import ThreadPoolExecutor
+    from functools import partial
+
+    import jupyter_cluster as jc
+
+    handle = jc.start(backend="slurm", name="hpc-n", workers=2)
+    try:
+        handle.wait_for_workers(2, timeout=120)
+        nodes = {j[3] for j in jobs_named("jc-hpc-n-")}
+        assert nodes == {"node1", "node2"}, nodes
+        with ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(jc.map, partial(gated, str(tmp_path)), range(300), progress=False)
+            # both workers have run items, and items from 100 on wait: the map is in flight
+            wait_for(
+                lambda: len({f.rsplit("-", 1)[1] for f in os.listdir(tmp_path) if f.startswith("ran-")}) == 2,
+                timeout=120,
+                message="items to run on both nodes",
+            )
+            pids = subprocess.run(
+                ["ip", "netns", "pids", "jcslurm-node2"], capture_output=True, text=True, timeout=30
+            ).stdout.split()
+            assert pids
+            for pid in pids:
+                os.kill(int(pid), signal.SIGKILL)
+            (tmp_path / "go").touch()
+            results = fut.result(timeout=300)
+        assert results == [x * 10 for x in range(300)]
+    finally:
+        handle.close()
+        restart_node(slurm, 2)
+        subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
+
+
+def test_a_job_that_cannot_start_says_why_in_one_sentence(slurm, ip):
+    """A walltime over the partition's limit: SLURM's own reason (squeue %r) within seconds; a partition
+    that does not exist: sbatch's own refusal before anything is queued.  No job is left either way."""
+    from IPython.core.error import UsageError
+
+    t0 = time.monotonic()
+    with pytest.raises(UsageError) as err:
+        ip.run_line_magic("cluster", "start --backend slurm --name hpc-p --partition short --walltime 0:10:00")
+    message = str(err.value)
+    assert "PartitionTimeLimit" in message and "walltime is over the partition's limit" in message, message
+    assert "\n" not in message and time.monotonic() - t0 < 60
+    wait_for(lambda: not jobs_named("jc-hpc-p-"), timeout=30, message="the pending job to be cancelled")
+
+    with pytest.raises(UsageError) as err:
+        ip.run_line_magic("cluster", "start --backend slurm --name hpc-q --partition nosuch")
+    message = str(err.value)
+    assert "invalid partition" in message.lower() and "\n" not in message, message
+    assert not jobs_named("jc-hpc-q-")
