@@ -690,8 +690,6 @@ def test_server_follows_a_restarted_scheduler(api):
 def test_jobs_store_keeps_latest_state_and_recent_history():
     from jupyter_cluster.server.jobs import JobsStore
 
-    store = JobsStore(keep_recent=2)
-
     me = os.getpid()
 
     def msg(job, state="running", done=0, updated=1.0, kernel=me, **kw):
@@ -708,6 +706,9 @@ def test_jobs_store_keeps_latest_state_and_recent_history():
             **kw,
         }
 
+    one = JobsStore()
+    one.add(msg("x", state="finished", done=10, updated=10.0))
+    store = JobsStore(owner_bytes=2 * one.nbytes + 10)  # room for 2 finished jobs of this kernel
     assert store.add(msg("a", done=3, updated=2.0))
     assert store.add(msg("a", done=1, updated=1.5))  # a late backlog duplicate does not go back
     assert store.jobs["a"]["done"] == 3

@@ -71,7 +71,7 @@ def test_files_round_trip_are_bounded_and_deleted(tmp_path):
     saved = {}
     for i in range(3):
         kept = KeptCluster.from_connection(f"c{i}.stopped-1200{i:02d}", _stopped_connection(f"c{i}"), PANEL_MODEL)
-        assert folder.save(kept)
+        assert folder.save(kept) in ([], ["c0.stopped-120000"])  # keep=2: the third save gives up the oldest
         saved[kept.key] = kept.metrics["es"].model()
         os.utime(os.path.join(tmp_path, f"{kept.key}.json"), (i + 1, i + 1))  # distinct ages
     loaded = folder.load()
@@ -84,7 +84,7 @@ def test_files_round_trip_are_bounded_and_deleted(tmp_path):
 
 def test_too_large_or_unreadable_files_are_skipped(tmp_path):
     kept = KeptCluster.from_connection("big.stopped-1", _stopped_connection("big"), PANEL_MODEL)
-    assert not HistoryFolder(str(tmp_path), max_bytes=100).save(kept)
+    assert HistoryFolder(str(tmp_path), max_bytes=100).save(kept) == [kept.key]  # not written
     assert not os.listdir(tmp_path)
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "old.json").write_text(json.dumps({"format": 1}))
@@ -331,16 +331,16 @@ def test_each_damaged_history_file_is_skipped_with_one_warning_naming_it(tmp_pat
     """A malformed file raised AttributeError from ClusterManager(): Jupyter dropped the whole extension."""
     import logging
 
-    from jupyter_cluster.server.manager import HISTORY_KEEP, ClusterManager
+    from jupyter_cluster.server.manager import ClusterManager
 
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
     good = _kept_json("good.stopped-120000")
     history = tmp_path / "jupyter-cluster-history"
     history.mkdir()
     (history / "good.stopped-120000.json").write_text(json.dumps(good))
-    os.utime(history / "good.stopped-120000.json", (10, 10))  # the oldest: more damaged files than HISTORY_KEEP
+    os.utime(history / "good.stopped-120000.json", (10, 10))  # the oldest, behind many damaged files
     bad = _plant(history, _damaged_kept_files(good))
-    assert len(bad) > HISTORY_KEEP
+    assert len(bad) > 8  # more than the count the history once kept
 
     live_good = json.loads(json.dumps(live_snapshot_of("still-running")))
     live = tmp_path / "jupyter-cluster-live"

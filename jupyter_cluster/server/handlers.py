@@ -15,7 +15,9 @@ Routes::
     POST   clusters/NAME/adapt              {minimum: A, maximum: B}
     GET    clusters/NAME/metrics            its metric topics
     GET    clusters/NAME/metrics/TOPIC      its points (shared metrics model, downsampled)
-    GET    jobs                             running and recent maps (?cluster=NAME)
+    GET    jobs                             running and recent maps (?cluster=NAME&notebook=PATH&kernel=ID)
+    GET    runs                             runs, newest first (?notebook=PATH&cluster=NAME&kernel=ID)
+    GET    runs/RUN                         one run with its items and its sweep table rows
     GET    config                           defaults the panel offers
     WS     events                           pushed updates (see EventsSocket)
 """
@@ -37,7 +39,7 @@ from jupyter_server.utils import url_path_join
 
 from .. import config
 from ..errors import ClusterError
-from ..models import validate_size
+from ..models import kernel_id_or_none, validate_size
 from .manager import ClusterManager, NotFound, validate_count, validate_name
 from .workers import WorkerFeed
 
@@ -205,8 +207,33 @@ class MetricsHandler(BaseHandler):
 class JobsHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
-        cluster = self.get_query_argument("cluster", None)
-        self.reply(self.read(self.manager.jobs, self.name_arg(cluster) if cluster else None))
+        cluster, notebook, kernel = _run_filters(self)
+        self.reply(self.read(self.manager.jobs, cluster, notebook, kernel))
+
+
+def _run_filters(handler: BaseHandler) -> tuple[str | None, str | None, str | None]:
+    """The ``cluster``, ``notebook`` and ``kernel`` query arguments, checked (a bad one is a 400)."""
+    cluster = handler.get_query_argument("cluster", None)
+    notebook = handler.get_query_argument("notebook", None)
+    kernel = handler.get_query_argument("kernel", None)
+    if notebook is not None and (not notebook or len(notebook) > 1000):
+        handler.fail(400, "notebook must be the notebook's path (1 to 1000 characters).")
+    if kernel is not None and kernel_id_or_none(kernel) is None:
+        handler.fail(400, f"kernel must be a kernel id, not {kernel[:40]!r}.")
+    return (handler.name_arg(cluster) if cluster else None), notebook, kernel
+
+
+class RunsHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        cluster, notebook, kernel = _run_filters(self)
+        self.reply({"runs": self.read(self.manager.runs, notebook, cluster, kernel)})
+
+
+class RunHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self, run: str) -> None:
+        self.reply(self.read(self.manager.run, run))
 
 
 class ConfigHandler(BaseHandler):
@@ -376,6 +403,8 @@ def setup_handlers(web_app: Any, manager: ClusterManager) -> None:
         (rf"/clusters/{NAME}/metrics/?", TopicsHandler),
         (rf"/clusters/{NAME}/metrics/(?P<topic>[^/]+)/?", MetricsHandler),
         (r"/jobs/?", JobsHandler),
+        (r"/runs/?", RunsHandler),
+        (r"/runs/(?P<run>[A-Za-z0-9_.-]{1,64})/?", RunHandler),
         (r"/config/?", ConfigHandler),
         (r"/events/?", EventsSocket),
     ]
