@@ -38,7 +38,8 @@ import {
   X_AXIS_NAMES,
   withoutSeries
 } from './data';
-import { el } from './dom';
+import { el, isDark } from './dom';
+export { isDark } from './dom';
 import { COMPACT_WIDTH, heatmapLayout, heatmapOption } from './heatmaps';
 import type { ILineView, ITopK, YScale } from './lines';
 import { lineChart } from './lines';
@@ -87,12 +88,6 @@ export interface IChartOptions {
   manySeries?: number;
   /** the charts' initial theme (default: JupyterLab's body attribute) */
   dark?: boolean;
-}
-
-/** Whether JupyterLab's current theme is dark (from the body attribute it sets). */
-export function isDark(): boolean {
-  const body = typeof document !== 'undefined' ? document.body : null;
-  return !!body && body.getAttribute('data-jp-theme-light') === 'false';
 }
 
 /** Summary line: topic, received reports and series. */
