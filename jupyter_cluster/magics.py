@@ -95,6 +95,8 @@ def _parser() -> _ArgumentParser:
     s.add_argument("--walltime", metavar="HH:MM:SS")
     s.add_argument("--job-extra", nargs="+", action="extend", metavar="DIRECTIVE")
     s.add_argument("--interface", metavar="IF")
+    s.add_argument("--hosts", metavar="A,B,C")  # ssh: the first runs the scheduler
+    s.add_argument("--address", metavar="URL")  # gateway: the dask-gateway server (else gateway.address)
     command("connect", "attach to a running scheduler (tcp://host:port) or a listed cluster").add_argument(
         "target", metavar="ADDRESS|NAME"
     )
@@ -140,6 +142,8 @@ _BACKEND_FLAGS = (
     "adapt_min",
     "adapt_max",
     "dry_run",
+    "hosts",
+    "address",
     "partition",
     "account",
     "walltime",

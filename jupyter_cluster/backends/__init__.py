@@ -20,6 +20,7 @@ _BUILTIN = {
     "local": "jupyter_cluster.backends.local:LocalBackend",
     "address": "jupyter_cluster.backends.address:AddressBackend",
     "kubernetes": "jupyter_cluster.backends.kubernetes:KubernetesBackend",
+    "ssh": "jupyter_cluster.backends.ssh:SSHBackend",
     "slurm": "jupyter_cluster.backends.jobqueue:SlurmBackend",
     "pbs": "jupyter_cluster.backends.jobqueue:PBSBackend",
     "sge": "jupyter_cluster.backends.jobqueue:SGEBackend",

@@ -1,0 +1,176 @@
+"""The ssh backend against real sshd hosts: network namespaces on this machine (tests/hpc/ssh_hosts.py).
+
+Three hosts; the first runs the scheduler, the other two a worker each; TLS
+(the default) with credentials copied to the hosts.  A ``%%parallel`` cell in
+a real IPython shell, a map that loses a host half-way, ``%cluster stop`` and
+a kernel killed with ``kill -9`` (nothing may stay on the hosts), and logins
+that must fail in one sentence.
+
+Needs root and ``openssh-server``; skipped with the reason elsewhere, except
+in CI (``CI=true``), where not being able to run is a failure.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import stat
+import threading
+import time
+
+import dask
+import pytest
+from IPython.core.error import UsageError
+
+from tests.conftest import wait_for
+from tests.helpers import kernel_ok, start_jupyter_named_kernel, stop_jupyter_named_kernel
+from tests.hpc import ssh_items
+from tests.hpc.ssh_hosts import SSHHosts, unavailable_reason
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+
+#: how long a host may keep processes after a stop or after its notebook died (seconds)
+CLEAN_WITHIN = 60
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    reason = unavailable_reason()
+    if reason is not None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"the SSH tests must run in CI but cannot: {reason}")
+        pytest.skip(f"SSH hosts need network namespaces and sshd: {reason}")
+    h = SSHHosts(tmp_path_factory.mktemp("ssh-hosts"), 3)
+    try:
+        h.build()
+        with dask.config.set(h.dask_config()):
+            yield h
+    finally:
+        h.teardown()
+        import subprocess
+
+        left = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+        assert not {n for n in left if n.startswith(h.tag)}, "namespaces left behind"
+
+
+def _hosts_clean(h: SSHHosts) -> bool:
+    return not any(h.extra_pids(i) for i in range(len(h.addresses)))
+
+
+def _remote_credentials() -> list[str]:
+    return glob.glob(os.path.expanduser("~/.cache/jupyter-cluster/*.pem"))
+
+
+def test_parallel_cell_on_ssh_hosts_over_tls_then_stop_leaves_nothing(ip, hosts):
+    import jupyter_cluster as jc
+
+    before = set(_remote_credentials())
+    ip.run_line_magic("cluster", f"start --backend ssh --hosts {','.join(hosts.addresses)} --name ssh-cell")
+    handle = jc.session.get("ssh-cell")
+    try:
+        assert handle.address.startswith(f"tls://{hosts.addresses[0]}:")
+        workers = handle.client.scheduler_info()["workers"]
+        assert sorted(w.split("//")[1].rsplit(":", 1)[0] for w in workers) == hosts.addresses[1:]
+        # the credentials on the hosts: this user's only
+        shipped = sorted(set(_remote_credentials()) - before)
+        assert len(shipped) == 1
+        assert stat.S_IMODE(os.stat(shipped[0]).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(os.path.dirname(shipped[0])).st_mode) == 0o700
+        ip.run_cell_magic("parallel", "i in range(12) --out ssh_results --no-progress", "(i, i * i)")
+        assert ip.user_ns["ssh_results"] == [(i, i * i) for i in range(12)]
+        assert any(hosts.extra_pids(i) for i in range(3))
+    finally:
+        ip.run_line_magic("cluster", "stop ssh-cell")
+    wait_for(lambda: _hosts_clean(hosts), CLEAN_WITHIN, message="every SSH-started process to leave the hosts")
+    assert not (set(_remote_credentials()) - before), "credentials left on the hosts"
+
+
+def test_map_survives_losing_a_worker_host(hosts, tmp_path):
+    import cloudpickle
+
+    import jupyter_cluster as jc
+
+    cloudpickle.register_pickle_by_value(ssh_items)
+    handle = jc.start(backend="ssh", hosts=hosts.addresses, workers=2, name="ssh-lost")
+    try:
+        folder = str(tmp_path)
+        os.chmod(folder, 0o777)
+        out: dict = {}
+
+        def run() -> None:
+            try:
+                out["results"] = jc.map(ssh_items.slow_item, [folder] * 16, range(16), client=handle)
+            except BaseException as exc:  # reported below
+                out["error"] = exc
+
+        mapper = threading.Thread(target=run)
+        mapper.start()
+        victim = hosts.addresses[2]
+        wait_for(
+            lambda: "error" in out or glob.glob(os.path.join(folder, f"*-{victim}")),
+            120,
+            message="an item to start on the victim host",
+        )
+        assert "error" not in out, out.get("error")
+        hosts.kill_host(2)  # the whole host: sshd, the nanny, the worker
+        open(os.path.join(folder, "go"), "w").close()
+        mapper.join(180)
+        assert not mapper.is_alive(), "the map did not finish after a host was lost"
+        assert "error" not in out, out.get("error")
+        results = out["results"]
+        assert [r[:2] for r in results] == [(i, i * i) for i in range(16)]  # each once, in order
+        assert {r[2] for r in results[4:]} <= set(hosts.addresses[1:])
+    finally:
+        cloudpickle.unregister_pickle_by_value(ssh_items)
+        handle.stop()
+        hosts.start_sshd(2)  # the host comes back for the next tests
+        hosts.wait_for_port(victim, 22)
+    wait_for(lambda: _hosts_clean(hosts), CLEAN_WITHIN, message="every SSH-started process to leave the hosts")
+
+
+def test_kernel_killed_leaves_no_process_on_the_hosts(hosts, tmp_path):
+    km, kc, _ = start_jupyter_named_kernel(tmp_path)
+    try:
+        settings = hosts.dask_config()
+        kernel_ok(
+            kc,
+            f"import dask; dask.config.set({settings!r})\n"
+            "%load_ext jupyter_cluster\n"
+            f"%cluster start --backend ssh --hosts {hosts.addresses[0]},{hosts.addresses[1]} --name ssh-kill9",
+            timeout=180,
+        )
+        kernel_ok(kc, "import jupyter_cluster as jc; print(jc.map(abs, [-1, -2]))")
+        assert hosts.extra_pids(0) and hosts.extra_pids(1)
+        os.kill(km.provisioner.process.pid, signal.SIGKILL)
+        wait_for(lambda: _hosts_clean(hosts), CLEAN_WITHIN, message="the hosts to drop a dead kernel's processes")
+    finally:
+        stop_jupyter_named_kernel(km, kc)
+
+
+@pytest.mark.parametrize("case", ["wrong key", "unknown host", "refused"])
+def test_bad_login_refused_in_one_sentence(ip, hosts, tmp_path, case):
+    import jupyter_cluster as jc
+
+    settings: dict = {}
+    expected = {"wrong key": "was refused", "unknown host": "not trusted", "refused": "refused the SSH connection"}
+    if case == "wrong key":
+        settings = hosts.dask_config(key=hosts.wrong_key)
+    elif case == "unknown host":
+        empty = tmp_path / "known_hosts"
+        empty.write_text("")
+        settings = {"jupyter-cluster.ssh.known-hosts": str(empty)}
+    else:
+        settings = {"jupyter-cluster.ssh.port": 1}
+    before = set(_remote_credentials())
+    started = time.monotonic()
+    with dask.config.set(settings), pytest.raises(UsageError) as info:
+        ip.run_line_magic("cluster", f"start --backend ssh --hosts {hosts.addresses[0]},{hosts.addresses[1]}")
+    message = str(info.value)
+    assert expected[case] in message, message
+    assert "\n" not in message and message.endswith(".") and message.count(". ") == 0, message
+    assert time.monotonic() - started < 60
+    assert not (set(_remote_credentials()) - before)
+    assert jc.session.current() is None or not jc.session.current().backend == "ssh"
+    # sshd's pre-authentication child may take a moment to go; nothing of Dask ever started
+    wait_for(lambda: _hosts_clean(hosts), CLEAN_WITHIN, message="the refused logins' sshd children to end")
