@@ -509,13 +509,13 @@ def job_context(job: Any) -> dict[str, Any]:
     named = active_run()
     kind = "spmd" if type(job).__name__ == "SpmdJob" else "map"
     job_id = str(getattr(job, "id", ""))
-    if tap is not None:
+    if tap is not None:  # a sweep: a run of its own (inside a named run too; its context names that)
         run_id = tap.tag.run
         _taps[job_id] = tap
         while len(_taps) > 64:
             _taps.popitem(last=False)
     else:
-        run_id = job_id
+        run_id = named.id if named is not None else job_id
     ctx: dict[str, Any] = {
         "run": run_id,
         "kind": kind,
@@ -824,8 +824,15 @@ def runs(notebook: str | None = None, cluster: str | None = None, run: str | Non
     run : str, optional
         Only this run (its id).
     """
+    # the reports of a map that just ended are at the scheduler, perhaps not yet here (as for metrics())
+    from . import session
+    from .telemetry.hub import attach, sync
     from .telemetry.store import all_stores
 
+    handle = session.current()
+    if handle is not None and not handle.closed:
+        attach(handle.client)
+    sync()
     records = group_runs(kept_jobs())
     chosen = [
         r

@@ -1,0 +1,154 @@
+"""Runs as records (jupyter_cluster/runs.py): configs of sweep items, report(config=), jc.runs().
+
+The sweep tests run real ``%%parallel`` cells in the real IPython shell on a
+real 2-worker cluster; the table is what ``jc.runs()`` returns.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import jupyter_cluster as jc
+from jupyter_cluster.runs import ItemTag, config_key, item_config, target_names
+from jupyter_cluster.telemetry import TopicStore
+
+from .helpers import unique_topic
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_an_items_config_is_its_dict_or_the_targets_it_binds():
+    assert item_config(target_names("cfg"), {"lr": 0.1, "mom": 0.9}) == {"lr": 0.1, "mom": 0.9}
+    assert item_config(target_names("lr, mom"), (0.1, 0.9)) == {"lr": 0.1, "mom": 0.9}
+    assert item_config(target_names("seed"), 3) == {"seed": 3}
+    assert item_config(target_names("(a, b), c"), ((1, 2), "x")) == {"a": 1, "b": 2, "c": "x"}
+    assert item_config(target_names("i, cfg"), (2, {"lr": 1})) == {"i": 2, "cfg": "{'lr': 1}"}  # a dict below: text
+    odd = item_config(target_names("x"), object())
+    assert isinstance(odd["x"], str) and odd["x"].startswith("<object")  # kept as its (clipped) repr
+    assert config_key({"mom": 0.9, "lr": 0.1}) == "lr=0.1, mom=0.9"
+    tag = ItemTag("r1", "lr, mom")
+    assert tag.describe((0.1, 0.9)) == ("lr=0.1, mom=0.9", {"lr": 0.1, "mom": 0.9})
+
+
+def test_report_config_is_checked_before_anything_is_sent():
+    topic = unique_topic("cfg-check")
+    with pytest.raises(TypeError, match=r"report\(config=\.\.\.\) must be a dict"):
+        jc.report(step=0, topic=topic, loss=1.0, config=[("lr", 0.1)])
+    with pytest.raises(TypeError, match="keys must be non-empty strings"):
+        jc.report(step=0, topic=topic, loss=1.0, config={1: 2})
+    from jupyter_cluster.telemetry.store import topics
+
+    assert topic not in topics()  # nothing was recorded
+
+
+def test_a_store_keeps_each_items_final_and_best_values():
+    store = TopicStore("t")
+    recs = [
+        {
+            "step": s,
+            "time": 1.0,
+            "series": {},
+            "values": {"loss": 5.0 - s, "acc": [0.1, 0.9][s % 2]},
+            "run": "r",
+            "item": "k",
+        }
+        for s in range(4)
+    ]
+    recs.append(
+        {
+            "step": 9,
+            "time": 1.0,
+            "series": {},
+            "values": {"loss": 3.0},
+            "run": "r",
+            "item": "k",
+            "config": {"arch": "mlp"},
+        }
+    )
+    recs.append({"step": 0, "time": 1.0, "series": {}, "values": {"loss": 1.0}, "run": ["bad"], "item": "k"})  # no run
+    assert store.add("src", 0, recs) == 6
+    items = store.run_items()
+    assert list(items) == ["r"]
+    it = items["r"]["k"]
+    assert it["final"] == {"loss": 3.0, "acc": 0.9} and it["steps"] == 9
+    assert it["best"] == {"loss": 2.0, "acc": 0.9}  # loss: the lowest; acc: the highest
+    assert it["config"] == {"arch": "mlp"}
+    again = TopicStore.restore(store.snapshot())  # kept across a server restart
+    assert again.run_items()["r"]["k"]["best"] == {"loss": 2.0, "acc": 0.9}
+
+
+SWEEP = """%%parallel cfg in grid
+import jupyter_cluster as jc
+for step in range(4):
+    jc.report(step=step, topic=TOPIC, loss=cfg["lr"] * (4 - step) + cfg["mom"], acc=step * cfg["mom"])
+jc.report(step=4, topic=TOPIC, config={"width": 32 * (1 + cfg["seed"])}, loss=cfg["lr"] + cfg["mom"] + 0.5)
+cfg["seed"]
+"""
+
+
+def test_a_30_item_sweep_gives_jc_runs_with_config_columns_and_final_metrics(ip, cluster):
+    topic = unique_topic("sweep")
+    grid = [
+        {"lr": lr, "mom": m, "seed": s}
+        for lr in (0.1, 0.03, 0.01, 0.003, 0.001)
+        for m in (0.0, 0.5, 0.9)
+        for s in (0, 1)
+    ]
+    assert len(grid) == 30
+    ip.user_ns.update(grid=grid, TOPIC=topic)
+    r = ip.run_cell(SWEEP)
+    assert r.error_in_exec is None and r.error_before_exec is None
+    job = ip.user_ns["_parallel_job"]
+    df = jc.runs(run=next(rid for rid, tap in _runs_of(job)))
+    assert len(df) == 30
+    assert list(df["item"]) == list(range(30))
+    for col in ("lr", "mom", "seed", "width", "loss", "loss.best", "acc", "acc.best"):
+        assert col in df.columns, df.columns
+    for row, cfg in zip(df.itertuples(index=False), grid):
+        d = row._asdict()
+        assert (d["lr"], d["mom"], d["seed"]) == (cfg["lr"], cfg["mom"], cfg["seed"])
+        assert d["width"] == 32 * (1 + cfg["seed"])  # added by report(config=...) on the worker
+        assert d["state"] == "finished"
+        assert math.isclose(df.loc[d["item"], "loss"], cfg["lr"] + cfg["mom"] + 0.5)  # the last step's value
+        assert math.isclose(df.loc[d["item"], "loss.best"], min(cfg["lr"] + cfg["mom"], cfg["lr"] + cfg["mom"] + 0.5))
+        assert math.isclose(df.loc[d["item"], "acc.best"], 3 * cfg["mom"])
+    assert set(df["name"]) == {f"In [{df['cell'].iloc[0]}] · %%parallel cfg in grid"}
+
+
+def _runs_of(job):
+    from jupyter_cluster.runs import _taps
+
+    tap = _taps[job.id]
+    yield tap.tag.run, tap
+
+
+def test_named_targets_failed_items_and_a_named_run_are_rows(ip, cluster):
+    topic = unique_topic("named")
+    ip.user_ns.update(TOPIC=topic)
+    cell = (
+        "%%parallel lr, mom in [(0.1, 0.5), (0.2, 0.6), (0.3, 0.7)] --errors collect\n"
+        "import jupyter_cluster as jc\n"
+        "jc.report(step=1, topic=TOPIC, val_acc=lr + mom)\n"
+        "if lr == 0.2:\n"
+        "    raise ValueError('bad lr')\n"
+    )
+    assert ip.run_cell(cell).error_in_exec is None
+    run_id = next(rid for rid, _ in _runs_of(ip.user_ns["_parallel_job"]))
+    df = jc.runs(run=run_id).set_index("item")
+    assert list(df["state"]) == ["finished", "failed", "finished"]
+    assert list(df["lr"]) == [0.1, 0.2, 0.3] and list(df["mom"]) == [0.5, 0.6, 0.7]
+    assert math.isclose(df.loc[2, "val_acc"], 1.0)
+
+    with jc.run("baseline", config={"opt": "sgd"}) as run:
+        jc.report(step=0, topic=topic, score=3.0, config={"lr": 0.5})
+        jc.report(step=1, topic=topic, score=2.0)
+        jc.map(abs, [-1, 2], client=cluster)
+    row = jc.runs(run=run.id)
+    assert len(row) == 1
+    d = row.iloc[0]
+    assert (d["opt"], d["lr"], d["score"], d["score.best"], d["state"]) == ("sgd", 0.5, 2.0, 3.0, "finished")
+    assert d["name"].endswith("baseline")
+    with pytest.raises(TypeError, match="run\\(\\) needs a name"):
+        jc.run("")
