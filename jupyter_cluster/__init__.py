@@ -28,7 +28,7 @@ _PUBLIC = {
     "ClusterHandle": ".session", "clusters": ".session", "connect": ".session", "current": ".session",
     "start": ".session", "stop": ".session", "imap": ".mapping", "last_job": ".mapping", "map": ".mapping",
     "Pool": ".pool", "Queue": ".dqueue", "actor": ".actors", "metrics": ".telemetry", "report": ".telemetry",
-    "launcher": ".widgets", "show_metrics": ".widgets", "spmd": ".spmd", "run": ".runs", "runs": ".runs",
+    "launcher": ".widgets", "show_metrics": ".widgets", "show_runs": ".widgets", "spmd": ".spmd", "run": ".runs", "runs": ".runs",
 }  # fmt: skip
 
 
@@ -69,7 +69,7 @@ if not _in_dask_worker_process():
     from .spmd import spmd  # noqa: E402  (the function; import the module's other names with `from jupyter_cluster.spmd import ...`)
     from .telemetry import metrics, report
     from .telemetry.progress import install as _install_progress  # noqa: E402
-    from .widgets import launcher, show_metrics
+    from .widgets import launcher, show_metrics, show_runs
 
     _install_progress()  # progress bars for every map, once the map engine is importable
 
@@ -84,6 +84,7 @@ __all__ = [
     "run",
     "runs",
     "show_metrics",
+    "show_runs",
     "spmd",
     "ClusterError",
     "ClusterHandle",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["launcher", "show_metrics", "cluster_widget"]
+__all__ = ["launcher", "show_metrics", "show_runs", "cluster_widget"]
 
 
 def launcher():
@@ -32,6 +32,12 @@ def show_metrics(topic: str = "default", cluster: Any = None):
     return _show(topic, cluster)
 
 
+def show_runs(runs: Any = None, *, topic: str | None = None, notebook: str | None = None, run: str | None = None):
+    from .sweep import show_runs as _show
+
+    return _show(runs, topic=topic, notebook=notebook, run=run)
+
+
 def cluster_widget(handle: Any = None, live: bool = True):
     """The live cluster widget of ``handle`` (the current cluster by default)."""
     from .. import session
@@ -43,3 +49,4 @@ def cluster_widget(handle: Any = None, live: bool = True):
 show_metrics.__doc__ = (
     """Live charts of what tasks report on ``topic`` (see :func:`jupyter_cluster.widgets.metrics.show_metrics`)."""
 )
+show_runs.__doc__ = """The sweep table: runs' config and metrics, sorted, filtered, grouped, overlaid (see :func:`jupyter_cluster.widgets.sweep.show_runs`)."""
