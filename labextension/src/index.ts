@@ -1,6 +1,6 @@
 /**
  * jupyter-cluster: registers the cluster sidebar, its palette commands and
- * settings.  Registration only; the panel lives in panel.ts.
+ * settings.  Registration only; the panel lives in panel/.
  */
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette, IThemeManager, InputDialog, MainAreaWidget } from '@jupyterlab/apputils';
