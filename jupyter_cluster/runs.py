@@ -837,11 +837,18 @@ def runs(notebook: str | None = None, cluster: str | None = None, run: str | Non
     chosen = [
         r
         for r in records.values()
-        if (notebook is None or r.get("notebook") == notebook)
+        if (notebook is None or _same_notebook(r.get("notebook"), notebook))
         and (cluster is None or r.get("cluster") == cluster)
         and (run is None or r["run"] == run)
     ]
     return frame(table(chosen, merge_metrics(all_stores(), [r["run"] for r in chosen])))
+
+
+def _same_notebook(kept: Any, asked: str) -> bool:
+    """Whether the notebook a run names (absolute where the server gave the kernel its full path) is ``asked``."""
+    if not isinstance(kept, str):
+        return False
+    return kept == asked or kept.endswith("/" + asked.lstrip("/"))
 
 
 def tag_record(record: dict[str, Any], config: Mapping[str, Any] | None) -> None:

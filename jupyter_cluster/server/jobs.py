@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from numbers import Real
 from typing import Any
@@ -78,7 +79,7 @@ def run_fields(msg: dict[str, Any]) -> dict[str, Any]:
         out["run"] = run
     if msg.get("kind") in RUN_KINDS:
         out["kind"] = msg["kind"]
-    out["notebook"] = _text(msg.get("notebook"), 1000)
+    out["notebook"] = notebook_name(_text(msg.get("notebook"), 1000))
     cell = msg.get("cell")
     if isinstance(cell, dict):
         out["cell"] = {
@@ -114,6 +115,29 @@ def run_fields(msg: dict[str, Any]) -> dict[str, Any]:
     if _count(msg.get("item_count")) is not None:
         out["item_count"] = msg["item_count"]
     return out
+
+
+_root_dir: str | None = None
+
+
+def set_root_dir(root: str | None) -> None:
+    """The Jupyter server's root directory: notebook paths under it are kept relative to it, as the browser names them."""
+    global _root_dir
+    _root_dir = os.path.realpath(root) if isinstance(root, str) and root else None
+
+
+def notebook_name(path: str | None) -> str | None:
+    """A notebook's path as the browser's session names it: relative to the server's root where it is below it.
+
+    A kernel started by the server knows its notebook by ``JPY_SESSION_NAME``,
+    which newer servers set to the absolute path.
+    """
+    if not path or _root_dir is None or not os.path.isabs(path):
+        return path
+    real = os.path.realpath(path)
+    if real.startswith(_root_dir + os.sep):
+        return os.path.relpath(real, _root_dir).replace(os.sep, "/")
+    return path
 
 
 def owner_of(job: dict[str, Any]) -> str:
