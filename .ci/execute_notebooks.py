@@ -28,9 +28,10 @@ CI_ENV = {
     "DASK_JUPYTER_CLUSTER__LOCAL__WORKERS": "2",
     "DASK_JUPYTER_CLUSTER__LOCAL__THREADS": "1",
 }
-#: a loopback address's port: different on every run
+#: different on every run: a loopback address's port, the owning kernel's process id in `%cluster list`
 VOLATILE = [
     (re.compile(r"((?:tcp|tls|ws|wss|inproc|http)://127\.0\.0\.1):\d+"), r"\1:PORT"),
+    (re.compile(r"\bkernel \d+\b"), "kernel PID"),
 ]
 
 
