@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -96,6 +97,10 @@ def jobs_named(prefix: str) -> list[list[str]]:
     return [j for j in squeue() if j[4].startswith(prefix)]
 
 
+def shared_dir() -> str:
+    return os.environ["DASK_JUPYTER_CLUSTER__JOBQUEUE__SHARED_DIRECTORY"]
+
+
 def restart_node(folder, i: int) -> None:
     """Start the slurmd of node ``i`` again (after a test killed the node)."""
     subprocess.run(
@@ -131,6 +136,11 @@ def test_parallel_pool_report_and_attach_in_real_kernels(slurm, tmp_path):
         assert address.startswith("tls://10.77.0.1:"), out  # bound where the nodes reach it, TLS
         jobs = jobs_named("jc-hpc-a-")
         assert len(jobs) == 2 and {j[1] for j in jobs} == {"RUNNING"}, jobs
+        # the credentials the jobs read: this user's only
+        (folder,) = [f for f in os.listdir(shared_dir()) if f.startswith("jc-hpc-a-")]
+        folder = os.path.join(shared_dir(), folder)
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(os.path.join(folder, "tls.pem")).st_mode) == 0o600
 
         out = kernel_ok(
             kc,
@@ -176,6 +186,7 @@ def test_parallel_pool_report_and_attach_in_real_kernels(slurm, tmp_path):
 
         kernel_ok(kc, "%cluster stop", timeout=120)
         wait_for(lambda: not jobs_named("jc-hpc-a-"), timeout=30, message="the jobs to be cancelled by %cluster stop")
+        assert not os.path.exists(folder)  # credentials and logs go with the cluster
     finally:
         for k, c in ((km2, kc2), (km, kc)):
             if k is not None:
@@ -199,6 +210,12 @@ def test_kill_9_of_the_kernel_leaves_no_job(slurm, tmp_path):
         # only squeue is asked: no registry read here helps the cleanup along
         wait_for(lambda: not jobs_named("jc-hpc-k-"), timeout=60, message="the jobs of the killed kernel to go")
         assert time.monotonic() - killed < 60
+        # the watchdog also deleted the credentials the jobs were given
+        wait_for(
+            lambda: not [f for f in os.listdir(shared_dir()) if f.startswith("jc-hpc-k-")],
+            timeout=30,
+            message="the killed kernel's job folder to go",
+        )
     finally:
         stop_jupyter_named_kernel(km, kc)
         subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
@@ -269,3 +286,43 @@ def test_a_job_that_cannot_start_says_why_in_one_sentence(slurm, ip):
     message = str(err.value)
     assert "invalid partition" in message.lower() and "\n" not in message, message
     assert not jobs_named("jc-hpc-q-")
+
+
+def slow(x: int) -> int:
+    import time
+
+    time.sleep(0.5)
+    return x
+
+
+def test_scale_and_adapt_count_jobs(slurm):
+    """scale(n) asks SLURM for n jobs; adapt grows the jobs with a backlog of Dask tasks."""
+    import threading
+
+    import jupyter_cluster as jc
+
+    handle = jc.start(backend="slurm", name="hpc-s", workers=1)
+    try:
+        handle.scale(2)
+        wait_for(lambda: len(jobs_named("jc-hpc-s-")) == 2, timeout=60, message="scale 2 to queue a second job")
+        handle.wait_for_workers(2, timeout=120)
+        handle.adapt(1, 3)
+        wait_for(lambda: len(jobs_named("jc-hpc-s-")) == 1, timeout=60, message="adapt to retire an idle job")
+        peak = []
+        done = threading.Event()
+
+        def watch():
+            while not done.is_set():
+                peak.append(len(jobs_named("jc-hpc-s-")))
+                done.wait(0.5)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        client = handle.client
+        assert client.gather(client.map(slow, range(30))) == list(range(30))
+        done.set()
+        watcher.join()
+        assert max(peak) >= 2, peak
+    finally:
+        handle.close()
+        subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)

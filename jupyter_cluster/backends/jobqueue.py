@@ -99,12 +99,20 @@ def _word(value: Any, flag: str) -> str:
     return text
 
 
-def _walltime(value: Any) -> str:
+def _walltime(value: Any, lsf: bool = False) -> str:
     text = str(value).strip()
     if not _WALLTIME_RE.fullmatch(text):
         raise ClusterError(
             f"--walltime {value!r} is not a time limit; write it like 2:00:00 (hours:minutes:seconds), 30 (minutes) or 1-12 (days-hours)."
         )
+    if lsf:  # bsub -W takes [hours:]minutes
+        if "-" in text:
+            raise ClusterError(f"--walltime {value!r}: LSF takes hours:minutes, like 36:00, not days.")
+        parts = [int(p) for p in text.split(":")]
+        if len(parts) == 3:
+            hours, minutes, seconds = parts
+            minutes += 1 if seconds else 0
+            text = f"{hours + minutes // 60}:{minutes % 60:02d}"
     return text
 
 
@@ -160,8 +168,9 @@ def resolve(system: str, options: dict[str, Any]) -> dict[str, Any]:
         value = options.get(key)
         return _setting(system, cfg, jq) if value is None else value
 
-    workers = validate_count(int(pick("workers", "workers")), "--workers")
-    threads = validate_count(int(pick("threads", "threads", "cores") or 1), "--threads", minimum=1)
+    workers = validate_count(pick("workers", "workers"), "--workers")
+    threads = pick("threads", "threads", "cores")
+    threads = validate_count(1 if threads is None else threads, "--threads", minimum=1)
     memory = pick("memory_limit", "memory", "memory") or "2GiB"
     validate_size(memory, "--memory-limit")
     if memory == "auto":
@@ -190,7 +199,7 @@ def resolve(system: str, options: dict[str, Any]) -> dict[str, Any]:
         "memory": memory,
         "partition": None if partition is None else _word(partition, "--partition"),
         "account": None if account is None else _word(account, "--account"),
-        "walltime": None if walltime is None else _walltime(walltime),
+        "walltime": None if walltime is None else _walltime(walltime, lsf=system == "lsf"),
         "gpus": gpus,
         "job_extra": _job_extra(config.get("jobqueue.job-extra")) + _job_extra(options.get("job_extra")),
         "host": pick("host", "host"),
