@@ -353,6 +353,8 @@ class Run:
         self.started = time.time()
         self.ended: float | None = None
         self.jobs: list[str] = []
+        #: what :meth:`set` gave: carried in the context of the jobs started after it
+        self.context: dict[str, Any] = {}
         self.notebook = notebook_path()
         self.cell = cell_info()
         self._token: contextvars.Token | None = None
@@ -377,6 +379,18 @@ class Run:
             _active.reset(self._token)
             self._token = None
         self.publish()
+
+    def set(self, **context: Any) -> None:
+        """Context the run's next jobs carry (``run.set(generation=g)``: the panel shows it with each job).
+
+        Raises
+        ------
+        TypeError
+            For more than 16 fields.
+        """
+        if len(self.context) + len(context) > 16:
+            raise TypeError("run.set() keeps at most 16 context fields.")
+        self.context.update(clean_config(context, "run.set()"))
 
     def add_config(self, config: Mapping[str, Any]) -> None:
         """Add hyperparameters (``report(config=...)`` in the kernel calls it)."""
@@ -412,7 +426,7 @@ class Run:
             notebook=self.notebook,
             cell=self.cell,
             config=dict(self.config),
-            context={"jobs": len(self.jobs)},
+            context=dict(self.context, jobs=len(self.jobs)),
         )
         if self.ended is not None:
             msg["ended"] = self.ended
@@ -499,34 +513,60 @@ class starting:
 _taps: OrderedDict[str, ItemTap] = OrderedDict()
 
 
+#: the cell whose maps form one run: (id of IPython's result being filled, prompt number, run id, jobs so far)
+_cell_run: list[Any] = [None, None, "", 0]
+
+
+def _run_of_cell(job_id: str) -> tuple[str, int]:
+    """The run of the maps of the cell now running (its id, and this job's number in it).
+
+    Every map a cell makes (an ES loop's ``evaluate`` per generation) belongs
+    to one run; outside IPython each map is a run of its own.
+    """
+    ip = _shell()
+    result = getattr(getattr(ip, "displayhook", None), "exec_result", None) if ip is not None else None
+    if result is None:
+        return job_id, 1
+    mark = (id(result), getattr(result, "execution_count", None))
+    if (_cell_run[0], _cell_run[1]) != mark:
+        _cell_run[:] = [mark[0], mark[1], job_id, 0]
+    _cell_run[3] += 1
+    return _cell_run[2], _cell_run[3]
+
+
 def job_context(job: Any) -> dict[str, Any]:
     """The run fields of ``job``'s messages: run, kind, notebook, cell, config, context.
 
     Called once per job, in the kernel, when its observer is made (the cell is
-    still running then).
+    still running then).  ``context`` holds ``job`` (the job's number in its
+    run: the generation of an ES loop), and inside :func:`run` the run's name
+    and what :meth:`Run.set` gave.
     """
     tap: ItemTap | None = getattr(_pending, "tap", None)
     named = active_run()
     kind = "spmd" if type(job).__name__ == "SpmdJob" else "map"
     job_id = str(getattr(job, "id", ""))
+    number = 1
     if tap is not None:  # a sweep: a run of its own (inside a named run too; its context names that)
         run_id = tap.tag.run
         _taps[job_id] = tap
         while len(_taps) > 64:
             _taps.popitem(last=False)
+    elif named is not None:
+        run_id = named.id
     else:
-        run_id = named.id if named is not None else job_id
+        run_id, number = _run_of_cell(job_id)
     ctx: dict[str, Any] = {
         "run": run_id,
         "kind": kind,
         "notebook": notebook_path(),
         "cell": cell_info(),
         "config": {},
-        "context": {},
+        "context": {"job": number},
     }
     if named is not None:
         named.jobs.append(job_id)
-        ctx["context"] = {"run": named.name, "run_id": named.id, "job": len(named.jobs)}
+        ctx["context"] = dict(named.context, run=named.name, run_id=named.id, job=len(named.jobs))
         ctx["config"] = dict(named.config)
     return ctx
 

@@ -152,3 +152,31 @@ def test_named_targets_failed_items_and_a_named_run_are_rows(ip, cluster):
     assert d["name"].endswith("baseline")
     with pytest.raises(TypeError, match="run\\(\\) needs a name"):
         jc.run("")
+
+
+def test_the_maps_of_one_cell_are_one_run_and_carry_their_number(ip, cluster):
+    from jupyter_cluster.runs import kept_jobs
+
+    before = {j["job"] for j in kept_jobs()}
+    cell = "import jupyter_cluster as jc\nfor gen in range(3):\n    jc.map(abs, [-gen, gen])\n"
+    assert ip.run_cell(cell).error_in_exec is None
+    assert ip.run_cell("jc.map(abs, [1])").error_in_exec is None
+    new = [j for j in kept_jobs() if j["job"] not in before]
+    assert len(new) == 4
+    loop, single = new[:3], new[3]
+    assert len({j["run"] for j in loop}) == 1 and single["run"] != loop[0]["run"]
+    assert [j["context"]["job"] for j in loop] == [1, 2, 3]
+    assert loop[0]["cell"]["first_line"] == "import jupyter_cluster as jc"
+    df = jc.runs(run=loop[0]["run"])
+    assert len(df) == 1 and df.iloc[0]["state"] == "finished"
+
+    with jc.run("es", config={"sigma": 0.1}) as run:
+        for g in range(2):
+            run.set(generation=g)
+            jc.map(abs, [g], client=cluster)
+    evaluate = [j for j in kept_jobs() if j.get("run") == run.id and j.get("kind") == "map"]
+    assert [(j["context"]["generation"], j["context"]["job"], j["context"]["run"]) for j in evaluate] == [
+        (0, 1, "es"),
+        (1, 2, "es"),
+    ]
+    assert all(j["config"] == {"sigma": 0.1} for j in evaluate)
