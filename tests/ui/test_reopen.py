@@ -102,3 +102,30 @@ def test_reopened_notebook_shows_static_results_after_a_server_restart(browser, 
             shot(page, artifacts, "reopen-static-chart.png")
     finally:
         lab.stop()
+
+
+def test_a_published_example_shows_its_charts_in_jupyterlab(browser, artifacts, tmp_path):
+    """The committed MoE notebook, opened as a reader would (untrusted, never run here): the six
+    tokens-per-expert heatmaps and the line charts are drawn from their static copies."""
+    import shutil
+
+    name = "04-mixture-of-experts.ipynb"
+    shutil.copy(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "notebooks", name), tmp_path)
+    lab = JupyterProcess(str(tmp_path), app="lab", base_url="/").start(timeout=120)
+    try:
+        with lab_page(browser, lab, f"lab/tree/{name}", artifacts=artifacts, last_shot="published-moe.png") as page:
+            _ready(page)
+            heatmaps = page.locator('img[alt^="moe: tokens_per_expert"]')
+            heatmaps.first.wait_for(state="attached", timeout=60_000)
+            assert heatmaps.count() == 6
+            assert page.locator('img[alt="moe: dropped_tokens"]').count() == 1
+            # drawn: every image decoded (JupyterLab's sanitizer keeps data: URIs of untrusted HTML)
+            heatmaps.last.scroll_into_view_if_needed()
+            page.wait_for_function(
+                "[...document.querySelectorAll('img[alt^=\"moe: \"]')].every(i => i.complete && i.naturalWidth > 0)",
+                timeout=30_000,
+            )
+            shot(page, artifacts, "published-moe-heatmaps.png")
+            assert "Error displaying widget" not in page.locator(".jp-NotebookPanel").inner_text()
+    finally:
+        lab.stop()
