@@ -152,3 +152,33 @@ def test_cancel_jobs_runs_nothing_a_record_names():
     ):
         jobqueue.cancel_jobs(info)  # refused before anything runs (no scancel of another's jobs)
     assert not os.path.exists("/tmp/owned")
+
+
+def test_job_facts_for_the_sidebar():
+    """squeue's facts become worker fields and a ``batch`` summary; malformed entries are left out."""
+    model = {"workers": [{"name": "c-0"}, {"name": "c-1"}]}
+    facts = {
+        "system": "slurm",
+        "updated": 5.0,
+        "jobs": [
+            {"job_id": "7", "state": "RUNNING", "node": "node1", "walltime_left": "1:02:03", "worker": "c-0"},
+            {"job_id": "8", "state": "RUNNING", "node": "node2", "walltime_left": "59:00", "worker": "c-1"},
+            {"job_id": "9", "state": "PENDING", "reason": "Resources", "worker": "c-2"},
+            {"job_id": "<script>", "state": "PENDING", "reason": "x"},
+            "junk",
+        ],
+    }
+    jobqueue.apply_facts(model, facts)
+    assert model["workers"][0] == {"name": "c-0", "job_id": "7", "node": "node1", "walltime_left": "1:02:03"}
+    assert model["workers"][1]["job_id"] == "8"
+    assert model["batch"] == {
+        "system": "slurm",
+        "updated": 5.0,
+        "running": 2,
+        "pending": 1,
+        "pending_jobs": [{"job_id": "9", "reason": "Resources"}],
+        "walltime_left": "59:00",
+    }
+    untouched = {"workers": [{"name": "c-0"}]}
+    jobqueue.apply_facts(untouched, None)
+    assert untouched == {"workers": [{"name": "c-0"}]}

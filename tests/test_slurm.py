@@ -10,7 +10,9 @@ network namespaces, or the packages cannot be installed.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import shutil
 import signal
 import stat
@@ -97,6 +99,23 @@ def jobs_named(prefix: str) -> list[list[str]]:
     return [j for j in squeue() if j[4].startswith(prefix)]
 
 
+async def server_view(name: str) -> dict:
+    """The cluster's detail as the Jupyter server's manager builds it for the panel (once its job facts are in)."""
+    from jupyter_cluster.server.manager import ClusterManager
+
+    manager = ClusterManager()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            await manager.refresh()
+            detail = await manager.cluster(name)
+            if detail["workers"] and all(w.get("job_id") for w in detail["workers"]) or time.monotonic() > deadline:
+                return detail
+            await asyncio.sleep(0.5)
+    finally:
+        await manager.close()
+
+
 def shared_dir() -> str:
     return os.environ["DASK_JUPYTER_CLUSTER__JOBQUEUE__SHARED_DIRECTORY"]
 
@@ -162,18 +181,15 @@ def test_parallel_pool_report_and_attach_in_real_kernels(slurm, tmp_path):
         assert str([x**3 for x in range(10)]) in out, out
         assert str(list(range(10))) in out.splitlines()[-1], out  # every report() arrived
 
-        # the sidebar's facts: each worker's job id and node, walltime left
-        out = kernel_ok(
-            kc,
-            "import json\nh = jc.current()\n"
-            "print(json.dumps(h.client.sync(h.client.scheduler.get_metadata, keys=['jupyter-cluster', 'batch'], default=None)))",
-        )
-        import json
-
-        facts = json.loads(out.strip().splitlines()[-1])
-        assert facts is not None and facts["system"] == "slurm", out
-        assert {j["job_id"] for j in facts["jobs"]} == {j[0] for j in jobs}
-        assert all(j["node"] in ("node1", "node2") and j["worker"] and j["walltime_left"] for j in facts["jobs"])
+        # the sidebar's facts, as the Jupyter server reads them: each worker's job id, node, walltime left
+        detail = asyncio.run(server_view("hpc-a"))
+        rows = {w["job_id"]: w for w in detail["workers"]}
+        assert set(rows) == {j[0] for j in jobs}, detail["workers"]
+        assert {w["node"] for w in rows.values()} == {"node1", "node2"}
+        assert all(re.fullmatch(r"\d+:\d\d", w["walltime_left"]) for w in rows.values()), rows
+        batch = detail["batch"]
+        assert batch["system"] == "slurm" and batch["running"] == 2 and batch["pending"] == 0, batch
+        assert batch["walltime_left"] in {w["walltime_left"] for w in rows.values()}
 
         km2, kc2, _ = start_jupyter_named_kernel(tmp_path)
         out = kernel_ok(

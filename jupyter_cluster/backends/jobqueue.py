@@ -755,3 +755,70 @@ class LSFBackend(JobqueueBackend):
 
     name = "lsf"
     system = "lsf"
+
+
+# -- the sidebar's view ------------------------------------------------------------------
+_FACT_TEXT = re.compile(r"[A-Za-z0-9_.,:()\[\]+-]{0,200}")
+
+
+def _fact(value: Any) -> str | None:
+    """A text from the facts (they come over the wire): short and plain, else None."""
+    return value if isinstance(value, str) and _FACT_TEXT.fullmatch(value) else None
+
+
+def apply_facts(model: dict[str, Any], facts: Any) -> None:
+    """Add a batch cluster's job facts to a cluster model (the panel's detail view), in place.
+
+    Each worker row whose job is known gets ``job_id``, ``node`` and
+    ``walltime_left`` (SLURM's ``[days-]hours:minutes:seconds``); the model
+    gets ``batch``: ``system``, ``updated`` (when squeue was asked, epoch
+    seconds), ``running`` and ``pending`` job counts, ``pending_jobs`` (each
+    ``job_id``, ``reason``: SLURM's own word, e.g. ``Resources`` or
+    ``PartitionTimeLimit``) and ``walltime_left`` (the shortest of the
+    running jobs', or None).  ``facts`` is what :class:`_Facts` keeps in the
+    scheduler's metadata; anything malformed is left out.
+    """
+    if not isinstance(facts, dict) or not isinstance(facts.get("jobs"), (list, tuple)):
+        return
+    by_worker: dict[str, dict[str, Any]] = {}
+    pending = []
+    running = 0
+    left: list[str] = []
+    for job in facts["jobs"]:
+        if not isinstance(job, dict) or _fact(job.get("job_id")) is None:
+            continue
+        state = _fact(job.get("state")) or ""
+        if state == "PENDING":
+            pending.append({"job_id": job["job_id"], "reason": _fact(job.get("reason")) or ""})
+            continue
+        if state == "RUNNING":
+            running += 1
+            if _fact(job.get("walltime_left")):
+                left.append(job["walltime_left"])
+        worker = _fact(job.get("worker"))
+        if worker:
+            by_worker[worker] = job
+    for row in model.get("workers", []):
+        job = by_worker.get(str(row.get("name")))
+        if job is not None:
+            row["job_id"] = job["job_id"]
+            row["node"] = _fact(job.get("node"))
+            row["walltime_left"] = _fact(job.get("walltime_left"))
+    updated = facts.get("updated")
+    model["batch"] = {
+        "system": _fact(facts.get("system")) or "",
+        "updated": float(updated) if isinstance(updated, (int, float)) else None,
+        "running": running,
+        "pending": len(pending),
+        "pending_jobs": pending,
+        "walltime_left": min(left, key=_seconds) if left else None,
+    }
+
+
+def _seconds(walltime: str) -> int:
+    """SLURM's ``[days-][[hours:]minutes:]seconds`` in seconds (for picking the shortest)."""
+    days, _, rest = walltime.rpartition("-")
+    total = 0
+    for part in rest.split(":"):
+        total = total * 60 + (int(part) if part.isdigit() else 0)
+    return total + (int(days) * 86400 if days.isdigit() else 0)

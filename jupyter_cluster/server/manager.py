@@ -319,7 +319,24 @@ class Connection:
             processing = None
         if isinstance(processing, dict):
             split_leases(model["workers"], lease_counts(processing), summary["jobs_running"])  # type: ignore[arg-type]
+        await self._add_batch_facts(model)  # type: ignore[arg-type]
         return cluster_detail(model, summary)
+
+    async def _add_batch_facts(self, model: dict[str, Any]) -> None:
+        """A batch (SLURM) cluster's jobs: each worker's job id, node and walltime left, pending jobs' reasons.
+
+        Its owner keeps them in the scheduler's metadata (``backends.jobqueue``); see
+        :func:`jupyter_cluster.backends.jobqueue.apply_facts` for the fields.
+        """
+        if not isinstance((self.record.extra or {}).get("batch"), dict):
+            return
+        from ..backends.jobqueue import FACTS_KEY, apply_facts
+
+        try:
+            facts = await asyncio.wait_for(self.client.get_metadata(list(FACTS_KEY), default=None), 10)
+        except (OSError, asyncio.TimeoutError, KeyError):
+            return
+        apply_facts(model, facts)
 
 
 def _metric_names(holder: Any, runs: set[str]) -> dict[str, list[str]]:
