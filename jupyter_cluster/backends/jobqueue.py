@@ -522,7 +522,8 @@ class JobqueueBackend(Backend):
             job_name=job_name,
             job_extra_directives=extra,
             worker_extra_args=worker_args,
-            python=sys.executable,
+            # the notebook's own environment, unless the site names the nodes' Python
+            python=dask.config.get(f"jobqueue.{self.system}.python", None) or sys.executable,
             death_timeout=int(config.timeout_seconds("jobqueue.death-timeout")),
             scheduler_options=scheduler_options,
             log_directory=log_dir,
