@@ -83,6 +83,29 @@ def test_notebook_is_published_with_outputs_and_portable(name):
     assert "Kubernetes" in markdown and "DASK_JUPYTER_CLUSTER__BACKEND" in markdown
 
 
+def test_make_notebooks_executes_them_with_the_publishing_script(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    out = subprocess.run(
+        ["make", "--no-print-directory", "-n", "notebooks", f"VENV={tmp_path}/venv"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1].startswith(f"{tmp_path}/venv/bin/python .ci/execute_notebooks.py")
+    with open(os.path.join(ROOT, ".ci", "execute_notebooks.py")) as f:
+        script = f.read()
+    for name, value in (("JUPYTER_CLUSTER_EXAMPLES_SIZE", "ci"), ("DASK_JUPYTER_CLUSTER__LOCAL__WORKERS", "2")):
+        assert f'"{name}": "{value}"' in script  # the size and cluster the tests run them at
+
+
 def _output_kinds(nb) -> list[list[str]]:
     """Per code cell, the kinds of output it shows: errors, stdout, and each result's mimetypes.
 

@@ -190,6 +190,46 @@ def test_save_keeps_only_static_copies_of_our_widgets():
     assert sr.strip_widget_views(kept) == 0
 
 
+def test_a_notebook_saved_through_the_jupyter_server_keeps_the_static_copies(tmp_path):
+    """The server extension's pre-save hook, through the contents API as JupyterLab saves."""
+    import json
+
+    import requests
+
+    from .jupyter_process import JupyterProcess
+
+    ours = {
+        "output_type": "display_data",
+        "metadata": sr.metadata(),
+        "data": {
+            WIDGET_VIEW: {"model_id": "a1", "version_major": 2, "version_minor": 0},
+            "text/plain": "t",
+            "text/html": "<b>t</b>",
+        },
+    }
+    other = {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {WIDGET_VIEW: {"model_id": "b2"}, "text/plain": "x"},
+    }
+    nb = _nb_with([ours, other])
+    server = JupyterProcess(str(tmp_path), app="server").start(timeout=120)
+    try:
+        r = requests.put(
+            f"{server.url}api/contents/saved.ipynb",
+            headers=server.headers,
+            json={"type": "notebook", "format": "json", "content": nb},
+            timeout=30,
+        )
+        assert r.status_code in (200, 201), r.text
+    finally:
+        server.stop()
+    with open(tmp_path / "saved.ipynb") as f:
+        first, second = json.load(f)["cells"][0]["outputs"]
+    assert WIDGET_VIEW not in first["data"] and "".join(first["data"]["text/html"]) == "<b>t</b>"
+    assert WIDGET_VIEW in second["data"]
+
+
 # -- a real kernel ---------------------------------------------------------------------------------
 def test_in_a_kernel_every_output_carries_a_static_copy_kept_current(monkeypatch):
     """The chart is shown before its reports: its static copy is brought up to date when the cell
