@@ -204,7 +204,8 @@ class ClusterMagics(Magics):
             print(f"Attached to {handle.address} as {handle.name!r}")
             return _display_handle(handle)
         if cmd == "list":
-            return _print_list(session.clusters())
+            _print_list(session.clusters())
+            return _print_gateway_list()
         if cmd == "use":
             held = session.connect(args.name) if args.name in {h.name for h in session.handles()} else None
             if held is None:
@@ -262,6 +263,24 @@ def _print_list(records: list[dict[str, Any]]) -> None:
     for r in records:
         owner = f"{r['owner_kind']} {r['owner_pid']}" + (" *" if r.get("current") else "")
         print(f"{r['name']:<20} {r['backend']:<10} {r['address']:<28} {owner:<14} {r.get('dashboard_link') or '-'}")
+    return None
+
+
+def _print_gateway_list() -> None:
+    """The configured dask-gateway's clusters (``gateway.address``), after this machine's."""
+    from .backends.gateway import configured_address, list_clusters
+
+    address = configured_address()
+    if address is None:
+        return None
+    try:
+        rows = list_clusters(address)
+    except ClusterError as exc:
+        print(f"dask-gateway at {address}: {exc}")
+        return None
+    print(f"dask-gateway at {address}: " + ("no clusters of yours." if not rows else f"{len(rows)} cluster(s)"))
+    for r in rows:
+        print(f"{r['name']:<34} {r['status']:<10} {r['address']}")
     return None
 
 

@@ -450,21 +450,29 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
         _current = target
         return _handles[target]
     record = None
+    via_gateway: StartedCluster | None = None
     if "://" in target or (":" in target and target.rsplit(":", 1)[-1].isdigit()):
         address, name = target, None
         if security is None and address.startswith("tls://"):  # one of this user's TLS clusters?
             security = _security_for_address(address)
     else:
         record = registry.read(target)
-        if record is None:
+        if record is None or record.backend == "gateway":  # a dask-gateway cluster: reached through its gateway
+            from .backends.gateway import attach
+
+            via_gateway = attach(target, record)
+        if record is None and via_gateway is None:
             known = ", ".join(r.name for r in registry.live_records()) or "none"
             raise ClusterError(f"no cluster named {target!r} is running (known: {known}); see %cluster list.")
-        address, name = record.address, f"{record.name}"
-        if security is None and address.startswith("tls://"):  # a TLS cluster started on this machine
-            from .credentials import saved_security
+        if via_gateway is not None:
+            address, name, security = via_gateway.address, record.name if record else target, via_gateway.security
+        elif record is not None:
+            address, name = record.address, f"{record.name}"
+            if security is None and address.startswith("tls://"):  # a TLS cluster started on this machine
+                from .credentials import saved_security
 
-            security = saved_security(record.name)
-    started = get_backend("address").start(address=address, security=security)
+                security = saved_security(record.name)
+    started = via_gateway or get_backend("address").start(address=address, security=security)
     if record is not None:  # the cluster's own name and dashboard, as the registry has them
         started.dashboard_link = started.dashboard_link or record.dashboard_link
     name = name or _unique_name("remote")

@@ -21,6 +21,7 @@ _BUILTIN = {
     "address": "jupyter_cluster.backends.address:AddressBackend",
     "kubernetes": "jupyter_cluster.backends.kubernetes:KubernetesBackend",
     "ssh": "jupyter_cluster.backends.ssh:SSHBackend",
+    "gateway": "jupyter_cluster.backends.gateway:GatewayBackend",
     "slurm": "jupyter_cluster.backends.jobqueue:SlurmBackend",
     "pbs": "jupyter_cluster.backends.jobqueue:PBSBackend",
     "sge": "jupyter_cluster.backends.jobqueue:SGEBackend",
