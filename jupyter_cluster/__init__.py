@@ -127,4 +127,6 @@ def _load_jupyter_server_extension(serverapp):
 
     load(serverapp)
     # a saved notebook keeps our widgets' static copies, not references to models that die with the kernel
-    serverapp.contents_manager.register_pre_save_hook(pre_save_hook)
+    register = getattr(serverapp.contents_manager, "register_pre_save_hook", None)
+    if register is not None:  # a custom contents manager may not take hooks
+        register(pre_save_hook)
