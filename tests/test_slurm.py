@@ -237,6 +237,41 @@ def test_kill_9_of_the_kernel_leaves_no_job(slurm, tmp_path):
         subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
 
 
+OWNER = """
+import sys, time
+import jupyter_cluster as jc
+jc.start(backend="slurm", name="hpc-r", workers=1)
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_registry_cancels_a_dead_owners_jobs(slurm):
+    """With its watchdog gone too, a dead owner's jobs are cancelled when the registry drops its record."""
+    import psutil
+
+    from jupyter_cluster import registry
+
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "READY"
+        assert len(jobs_named("jc-hpc-r-")) == 1
+        # a held job of the cluster's job name: it stays queued until someone cancels it
+        job_name = registry.read("hpc-r").extra["batch"]["job_name"]
+        subprocess.run(["sbatch", "--hold", "-J", job_name, "--wrap", "true"], check=True, timeout=30)
+        (watchdog,) = [p for p in psutil.Process(owner.pid).children() if any("jc-hpc-r-" in a for a in p.cmdline())]
+        watchdog.kill()
+        owner.kill()
+        owner.wait(timeout=30)
+        assert "JobHeldUser" in {j[2] for j in jobs_named(job_name)}
+        assert "hpc-r" not in {r.name for r in registry.live_records()}  # drops the record, cancels
+        wait_for(lambda: not jobs_named("jc-hpc-r-"), timeout=30, message="the registry to cancel the job")
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
+
+
 def gated(folder: str, x: int) -> int:
     """An item that leaves a file when it runs; items from 100 on wait for the file ``go``."""
     import time
@@ -335,7 +370,7 @@ def test_scale_and_adapt_count_jobs(slurm):
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         client = handle.client
-        assert client.gather(client.map(slow, range(30))) == list(range(30))
+        assert client.gather(client.map(slow, range(16))) == list(range(16))
         done.set()
         watcher.join()
         assert max(peak) >= 2, peak
