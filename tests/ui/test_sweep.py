@@ -138,3 +138,13 @@ def test_sweep_table_sorts_filters_groups_and_overlays(lab, browser, artifacts):
         names = page.locator(".jc-sweep-curves").get_attribute("data-lines").split("|")
         assert [n.split("trial=")[1] for n in names] == [p.split("trial=")[1] for p in picked], (names, picked)
         shot(page, artifacts, "sweep-overlay.png", ".jc-sweep")
+
+        # -- the same run's table in the main area, from the server (GET runs/RUN and the topic) ------
+        run_id = _data(page, "order").split("|")[0].split(":")[0]
+        page.evaluate(f"window.jupyterapp.commands.execute('jupyter-cluster:open-sweep', {{ run: '{run_id}' }})")
+        _wait_attr(page, ".jc-sweep-area .jc-sweep", "rows", f"v === '{ITEMS}'", timeout=30_000)
+        _wait_attr(page, ".jc-sweep-area .jc-sweep-curves", "lines", f"v.split('|').length === {ITEMS}")
+        area = page.locator(".jc-sweep-area .jc-sweep")
+        area.locator("select.jc-sweep-group").select_option("aux")
+        _wait_attr(page, ".jc-sweep-area .jc-sweep-curves", "lines", "v === 'aux=false (n=15)|aux=true (n=15)'")
+        shot(page, artifacts, "sweep-main-area.png", ".jc-sweep-area")

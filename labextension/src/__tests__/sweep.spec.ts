@@ -13,7 +13,9 @@ import {
   groupRows,
   meanBand,
   parallelOption,
-  sortRows
+  seriesOfRow,
+  sortRows,
+  sweepFromTable
 } from '../sweep/model';
 
 const row = (i: number, lr: number, aux: boolean, loss: number): ISweepRow => ({
@@ -121,5 +123,30 @@ describe('sweep table', () => {
     expect(option.parallelAxis[1].data).toEqual(['false', 'true']);
     expect(option.series[0].data[0].value).toEqual([0.1, 'true', 'sgd', 0.5]);
     expect([option.visualMap.dimension, option.visualMap.min, option.visualMap.max]).toEqual([3, 0.2, 10]);
+  });
+});
+
+describe('sweep from the runs table', () => {
+  it("finds a row's curve by its item key or its identity fields, as the Python widget does", () => {
+    const table = [
+      { run: 'r1', key: 'aux=True, lr=0.1, trial=0', config: { trial: 0, lr: 0.1, aux: true }, final: { loss: 1 } },
+      { run: 'r1', key: 'aux=False, lr=0.1, trial=1', config: { trial: 1, lr: 0.1, aux: false }, final: { loss: 2 } },
+      { run: 'r2', key: null, item: null, name: 'baseline', config: {}, final: { loss: 3 } }
+    ];
+    expect(seriesOfRow(table[0], ['trial=0', 'trial=1', 'all'])).toBe('trial=0');
+    expect(seriesOfRow(table[1], ['aux=False, lr=0.1, trial=1', 'trial=1'])).toBe('aux=False, lr=0.1, trial=1');
+    expect(seriesOfRow(table[0], ['aux=False'])).toBeNull();
+    expect(seriesOfRow(table[0], ['aux=True'])).toBe('aux=True'); // Python's str(True)
+    expect(seriesOfRow(table[2], ['all'])).toBeNull();
+    const s = sweepFromTable(table, [{ scalars: { loss: { 'trial=0': curve(3, 1), 'trial=1': curve(4, 2) } } }], 'es');
+    expect(s.rows.map(r => [r.id, r.name])).toEqual([
+      ['r1:aux=True, lr=0.1, trial=0', 'aux=True, lr=0.1, trial=0'],
+      ['r1:aux=False, lr=0.1, trial=1', 'aux=False, lr=0.1, trial=1'],
+      ['r2:', 'baseline']
+    ]);
+    expect(s.curves.loss).toEqual({
+      'r1:aux=True, lr=0.1, trial=0': curve(3, 1),
+      'r1:aux=False, lr=0.1, trial=1': curve(4, 2)
+    });
   });
 });

@@ -399,15 +399,16 @@ export function parallelOption(rows: ISweepRow[], metric: string, dark = false):
     backgroundColor: 'transparent',
     title: { text: `config → ${metric}`, left: 4, top: 2, textStyle: { fontSize: 12 } },
     tooltip: { trigger: 'item', confine: true },
-    parallel: { left: 40, right: 70, top: 50, bottom: 24 },
+    // room on the right for the metric axis's labels and then the colour bar
+    parallel: { left: 40, right: 110, top: 50, bottom: 24 },
     parallelAxis: axes,
     visualMap: {
       type: 'continuous',
       dimension: keys.length,
       min: lo,
       max: hi === lo ? lo + 1 : hi,
-      right: 4,
-      top: 40,
+      right: 6,
+      top: 50,
       itemHeight: 100,
       itemWidth: 10,
       calculable: true,
@@ -425,4 +426,91 @@ export function parallelOption(rows: ISweepRow[], metric: string, dark = false):
       }
     ]
   };
+}
+
+/** A row of `jupyter_cluster.runs.table()` as the server's `GET runs/RUN` and `jc.runs()` have it. */
+export interface ITableRow {
+  run: string;
+  key?: string | null;
+  item?: number | null;
+  name?: string | null;
+  state?: string | null;
+  duration?: number | null;
+  config?: { [key: string]: unknown };
+  final?: { [metric: string]: number | null };
+  best?: { [metric: string]: number | null };
+}
+
+/** A config value as a series key writes it (Python's str(): True, 0.1, 3). */
+function keyText(v: unknown): string {
+  if (typeof v === 'boolean') {
+    return v ? 'True' : 'False';
+  }
+  return String(v);
+}
+
+/**
+ * The series (of `keys`) that holds a row's curve: the one named by the
+ * row's item key, or the first (natural order) whose identity fields
+ * ("trial=3, member=1") all equal the row's config values; null when none.
+ * The same rule as jupyter_cluster/widgets/sweep.py's series_of().
+ */
+export function seriesOfRow(row: ITableRow, keys: string[]): string | null {
+  const sorted = [...keys].sort();
+  if (row.key && sorted.includes(row.key)) {
+    return row.key;
+  }
+  const config = row.config ?? {};
+  for (const k of sorted) {
+    if (k === 'all') {
+      continue;
+    }
+    const parts = k.split(', ').map(p => {
+      const eq = p.indexOf('=');
+      return eq > 0 ? [p.slice(0, eq), p.slice(eq + 1)] : null;
+    });
+    if (parts.every(p => p !== null && p[0] in config && keyText(config[p[0]]) === p[1])) {
+      return k;
+    }
+  }
+  return null;
+}
+
+function toNumber(v: unknown): number | null {
+  return typeof v === 'number' && Number.isFinite(v) ? v : null;
+}
+
+/** The sweep the view draws from table rows and the metrics models (scalars) their curves are in. */
+export function sweepFromTable(
+  rows: ITableRow[],
+  models: { scalars: { [value: string]: { [series: string]: Point[] } } }[],
+  title = ''
+): ISweep {
+  const out: ISweepRow[] = rows.map(r => ({
+    id: `${r.run}:${r.key ? r.key : r.item === null || r.item === undefined ? '' : String(r.item)}`,
+    name: String(r.key || r.name || r.run),
+    state: r.state ?? null,
+    duration: toNumber(r.duration),
+    config: Object.fromEntries(
+      Object.entries(r.config ?? {}).map(([k, v]) => [
+        k,
+        v === null || ['string', 'number', 'boolean'].includes(typeof v) ? (v as ConfigValue) : String(v)
+      ])
+    ),
+    final: Object.fromEntries(Object.entries(r.final ?? {}).map(([k, v]) => [k, toNumber(v)])),
+    best: Object.fromEntries(Object.entries(r.best ?? {}).map(([k, v]) => [k, toNumber(v)]))
+  }));
+  const curves: ISweep['curves'] = {};
+  for (const model of models) {
+    for (const [metric, bySeries] of Object.entries(model.scalars)) {
+      const keys = Object.keys(bySeries);
+      rows.forEach((r, i) => {
+        const key = seriesOfRow(r, keys);
+        if (key !== null) {
+          (curves[metric] ??= {})[out[i].id] = bySeries[key];
+        }
+      });
+    }
+  }
+  return { title, rows: out, curves };
 }
