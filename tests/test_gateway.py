@@ -85,6 +85,37 @@ def test_start_list_connect_scale_stop(ip, gateway, tmp_path, capsys):
     wait_for(lambda: gateway_name not in _gateway_names(), 60, message="the gateway to stop the cluster")
 
 
+def test_killed_kernels_gateway_cluster_is_stopped_by_registry_cleanup(gateway, tmp_path):
+    import os
+    import signal
+
+    from jupyter_cluster import registry
+
+    km, kc, _ = start_jupyter_named_kernel(tmp_path)
+    try:
+        settings = gateway.dask_config()
+        out = kernel_ok(
+            kc,
+            f"import dask, dask_gateway; dask.config.set({settings!r})\n%load_ext jupyter_cluster\n"
+            "%cluster start --backend gateway --name gw-kill9 --workers 0 --adapt-max 1\n"
+            "import jupyter_cluster as jc; print('GW', jc.session.get().extra['gateway']['cluster'])",
+            timeout=180,
+        )
+        gateway_name = out.split("GW ")[1].split()[0]
+        assert gateway_name in _gateway_names()
+        os.kill(km.provisioner.process.pid, signal.SIGKILL)
+        # any process that reads the registry (the panel's server, %cluster list) drops the dead record
+        wait_for(
+            lambda: (
+                "gw-kill9" not in {r.name for r in registry.live_records()} and gateway_name not in _gateway_names()
+            ),
+            90,
+            message="the dead kernel's gateway cluster to be stopped",
+        )
+    finally:
+        stop_jupyter_named_kernel(km, kc)
+
+
 def test_wrong_password_refused_in_one_sentence(ip, gateway):
     import dask
 

@@ -148,20 +148,27 @@ def test_kernel_killed_leaves_no_process_on_the_hosts(hosts, tmp_path):
         stop_jupyter_named_kernel(km, kc)
 
 
-@pytest.mark.parametrize("case", ["wrong key", "unknown host", "refused"])
+@pytest.mark.parametrize("case", ["wrong key", "unknown host", "refused", "no python"])
 def test_bad_login_refused_in_one_sentence(ip, hosts, tmp_path, case):
     import jupyter_cluster as jc
 
     settings: dict = {}
-    expected = {"wrong key": "was refused", "unknown host": "not trusted", "refused": "refused the SSH connection"}
+    expected = {
+        "wrong key": "was refused",
+        "unknown host": "not trusted",
+        "refused": "refused the SSH connection",
+        "no python": "cannot run Dask workers with /nonexistent/python",
+    }
     if case == "wrong key":
         settings = hosts.dask_config(key=hosts.wrong_key)
     elif case == "unknown host":
         empty = tmp_path / "known_hosts"
         empty.write_text("")
         settings = {"jupyter-cluster.ssh.known-hosts": str(empty)}
-    else:
+    elif case == "refused":
         settings = {"jupyter-cluster.ssh.port": 1}
+    else:
+        settings = {"jupyter-cluster.ssh.remote-python": "/nonexistent/python"}
     before = set(_remote_credentials())
     started = time.monotonic()
     with dask.config.set(settings), pytest.raises(UsageError) as info:

@@ -295,3 +295,24 @@ def list_clusters(address: str | None = None) -> list[dict[str, Any]]:
         }
         for r in reports
     ]
+
+
+def stop_orphan(info: dict[str, Any]) -> None:
+    """Shut down the gateway cluster of a registry record whose owner died (``kill -9`` of its kernel).
+
+    Called by the registry's clean-up of dead owners' records; runs in a daemon
+    thread, as the gateway may be slow or gone, and says nothing if it fails.
+    """
+    import threading
+
+    def run() -> None:
+        try:
+            gateway = _gateway(str(info["address"]))
+            try:
+                gateway.stop_cluster(str(info["cluster"]))
+            finally:
+                _close(gateway)
+        except Exception:  # the gateway is gone or refuses: its own idle timeout ends the cluster
+            pass
+
+    threading.Thread(target=run, name="jupyter-cluster-gateway-orphan", daemon=True).start()

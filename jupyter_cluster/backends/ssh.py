@@ -207,7 +207,9 @@ async def _prepare_host(host: str, options: dict[str, Any], python: str, pem: st
                 f"umask 077 && mkdir -p {folder} && chmod 700 {folder} && cat > {folder}/{tag}.pem "
                 f"&& chmod 600 {folder}/{tag}.pem"
             )
-        steps.append(f'{shlex.quote(python)} -c "import distributed, jupyter_cluster" && echo "HOME=$HOME"')
+        # found without importing them (an import of distributed takes seconds on a busy host)
+        check = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('distributed') and u.find_spec('jupyter_cluster') else 3)"
+        steps.append(f'{shlex.quote(python)} -c "{check}" && echo "HOME=$HOME"')
         try:
             result = await asyncio.wait_for(
                 conn.run(" && ".join(steps), input=pem or "", check=False),
@@ -219,7 +221,11 @@ async def _prepare_host(host: str, options: dict[str, Any], python: str, pem: st
         home = next((line[5:] for line in out.splitlines() if line.startswith("HOME=")), None)
         if result.exit_status != 0 or home is None:
             err = str(result.stderr or "").strip().splitlines()
-            detail = err[-1] if err else f"exit status {result.exit_status}"
+            detail = (
+                "it cannot find distributed or jupyter_cluster"
+                if result.exit_status == 3
+                else (err[-1] if err else f"exit status {result.exit_status}")
+            )
             raise ClusterError(
                 f"{host} cannot run Dask workers with {python} ({detail}); install distributed and jupyter_cluster "
                 "there, or set jupyter-cluster.ssh.remote-python."
