@@ -377,3 +377,21 @@ def test_scale_and_adapt_count_jobs(slurm):
     finally:
         handle.close()
         subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
+
+
+def test_a_job_pending_for_an_ordinary_reason_is_told_then_given_up(slurm, capfd):
+    """A job that stays pending (held here) is said to be pending with SLURM's reason, and the start gives up
+    at jupyter-cluster.jobqueue.start-timeout, cancelling it."""
+    import dask.config
+
+    import jupyter_cluster as jc
+    from jupyter_cluster.errors import ClusterError
+
+    settings = {"jupyter-cluster.jobqueue.start-timeout": "6s", "jupyter-cluster.jobqueue.pending-notice": "1s"}
+    with dask.config.set(settings), pytest.raises(ClusterError) as err:
+        jc.start(backend="slurm", name="hpc-h", workers=1, job_extra=["--hold"])
+    message = str(err.value)
+    assert "no worker of cluster 'hpc-h' connected within 6 s (its jobs are pending with reason JobHeldUser)" in message
+    assert "\n" not in message
+    assert "are pending in SLURM (JobHeldUser)" in capfd.readouterr().err
+    wait_for(lambda: not jobs_named("jc-hpc-h-"), timeout=30, message="the held job to be cancelled")
