@@ -440,8 +440,9 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
     Parameters
     ----------
     target : str
-        ``tcp://host:port`` (or ``tls://``), or the name of a cluster listed
-        by :func:`clusters`.
+        ``tcp://host:port`` (or ``tls://``), the name of a cluster listed
+        by :func:`clusters`, or the name of a cluster of the configured
+        dask-gateway (``gateway.address``).
     security : distributed.Security, optional
         Credentials for a TLS scheduler.
     """
