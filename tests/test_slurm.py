@@ -266,6 +266,7 @@ def test_the_registry_cancels_a_dead_owners_jobs(slurm):
         assert "JobHeldUser" in {j[2] for j in jobs_named(job_name)}
         assert "hpc-r" not in {r.name for r in registry.live_records()}  # drops the record, cancels
         wait_for(lambda: not jobs_named("jc-hpc-r-"), timeout=30, message="the registry to cancel the job")
+        assert not os.path.exists(os.path.join(shared_dir(), job_name))  # and deleted its credentials
     finally:
         if owner.poll() is None:
             owner.kill()

@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -269,7 +270,7 @@ def shared_directory() -> str:
         raise ClusterError(
             f"{path} is not a folder of this user; set jupyter-cluster.jobqueue.shared-directory to a private folder the batch nodes see."
         )
-    if st.st_mode & 0o077:
+    if stat.S_IMODE(st.st_mode) & 0o077:
         os.chmod(path, 0o700)
     return path
 
@@ -368,6 +369,13 @@ def cancel_jobs(info: Any) -> None:
             timeout=15,
             check=False,
         )
+    # the credentials and logs the jobs were given (a folder named after the checked job name, in this
+    # user's own job folder: never a path the record names)
+    with contextlib.suppress(OSError, ClusterError):
+        folder = os.path.join(shared_directory(), job_name)
+        st = os.lstat(folder)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 #: The watchdog: a small process (standard library only) that waits for the notebook's process to
