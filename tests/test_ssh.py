@@ -79,7 +79,11 @@ def test_parallel_cell_on_ssh_hosts_over_tls_then_stop_leaves_nothing(ip, hosts)
         assert stat.S_IMODE(os.stat(os.path.dirname(shipped[0])).st_mode) == 0o700
         ip.run_cell_magic("parallel", "i in range(12) --out ssh_results --no-progress", "(i, i * i)")
         assert ip.user_ns["ssh_results"] == [(i, i * i) for i in range(12)]
-        assert any(hosts.extra_pids(i) for i in range(3))
+        # scale adds workers round-robin on the worker hosts (SSHCluster itself has no worker template)
+        ip.run_line_magic("cluster", "scale 3")
+        handle.wait_for_workers(3, timeout=120)
+        placed = sorted(w.split("//")[1].rsplit(":", 1)[0] for w in handle.client.scheduler_info()["workers"])
+        assert len(placed) == 3 and set(placed) == set(hosts.addresses[1:]), placed
     finally:
         ip.run_line_magic("cluster", "stop ssh-cell")
     wait_for(lambda: _hosts_clean(hosts), CLEAN_WITHIN, message="every SSH-started process to leave the hosts")
@@ -137,10 +141,12 @@ def test_kernel_killed_leaves_no_process_on_the_hosts(hosts, tmp_path):
             kc,
             f"import dask; dask.config.set({settings!r})\n"
             "%load_ext jupyter_cluster\n"
-            f"%cluster start --backend ssh --hosts {hosts.addresses[0]},{hosts.addresses[1]} --name ssh-kill9",
+            # without TLS here: the plain-TCP path is covered too
+            f"%cluster start --backend ssh --hosts {hosts.addresses[0]},{hosts.addresses[1]} --name ssh-kill9 --no-tls",
             timeout=180,
         )
-        kernel_ok(kc, "import jupyter_cluster as jc; print(jc.map(abs, [-1, -2]))")
+        out = kernel_ok(kc, "import jupyter_cluster as jc; print(jc.session.get().address, jc.map(abs, [-1, -2]))")
+        assert f"tcp://{hosts.addresses[0]}:" in out and "[1, 2]" in out, out
         assert hosts.extra_pids(0) and hosts.extra_pids(1)
         os.kill(km.provisioner.process.pid, signal.SIGKILL)
         wait_for(lambda: _hosts_clean(hosts), CLEAN_WITHIN, message="the hosts to drop a dead kernel's processes")
