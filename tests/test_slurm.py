@@ -333,11 +333,17 @@ def test_a_job_that_cannot_start_says_why_in_one_sentence(slurm, ip):
     assert "\n" not in message and time.monotonic() - t0 < 60
     wait_for(lambda: not jobs_named("jc-hpc-p-"), timeout=30, message="the pending job to be cancelled")
 
-    with pytest.raises(UsageError) as err:
-        ip.run_line_magic("cluster", "start --backend slurm --name hpc-q --partition nosuch")
-    message = str(err.value)
-    assert "invalid partition" in message.lower() and "\n" not in message, message
-    assert not jobs_named("jc-hpc-q-")
+    for options, words in (
+        ("--partition nosuch", "invalid partition specified: nosuch"),
+        ("--gpus 1", "Invalid generic resource (gres) specification"),  # no node has GPUs
+        ("--memory-limit 900GiB", "Requested node configuration is not available"),
+    ):
+        with pytest.raises(UsageError) as err:
+            ip.run_line_magic("cluster", f"start --backend slurm --name hpc-q {options}")
+        message = str(err.value)
+        assert message.startswith("SLURM refuses the worker jobs: ") and words in message, message
+        assert "\n" not in message
+        assert not jobs_named("jc-hpc-q-")
 
 
 def slow(x: int) -> int:
