@@ -284,7 +284,8 @@ class WidgetRenderer:
         line = format_line(snap, width=0)
         total = snap["total"]
         fraction = min(snap["processed"], total) / total if total else None
-        return {"text/plain": format_line(snap), "text/html": progress_html(line, snap["state"], fraction)}
+        # a line of its own, as the text renderer ends it (text after it in the cell starts a new line)
+        return {"text/plain": format_line(snap) + "\n", "text/html": progress_html(line, snap["state"], fraction)}
 
     def update(self, snap: dict[str, Any]) -> None:
         total = snap["total"]
