@@ -817,6 +817,27 @@ def merge_metrics(stores: Iterable[Any], runs: Iterable[str] | None = None) -> d
     return out
 
 
+def merge_curves(stores: Iterable[Any], run: str) -> dict[str, dict[str, list[list[Any]]]]:
+    """``metric -> item key -> [step, value] points`` of one run over several TopicStores.
+
+    Each item keeps its own curve per metric (at most
+    ``store.CURVE_POINTS`` points, spread over the run), whatever series its
+    reports went to, so the rows of a sweep can be overlaid.  A metric on two
+    topics is named ``topic/metric``, as in :func:`merge_metrics`.
+    """
+    per_topic = [(s.topic, s.run_items({run}, curves=True).get(run) or {}) for s in stores]
+    counts: dict[str, int] = {}
+    for _, items in per_topic:
+        for m in {m for it in items.values() for m in it.get("curves") or {}}:
+            counts[m] = counts.get(m, 0) + 1
+    out: dict[str, dict[str, list[list[Any]]]] = {}
+    for topic, items in per_topic:
+        for key, it in items.items():
+            for m, points in (it.get("curves") or {}).items():
+                out.setdefault(m if counts.get(m, 0) < 2 else f"{topic}/{m}", {})[key] = points
+    return out
+
+
 def frame(rows: list[dict[str, Any]]) -> Any:
     """The sweep table as a pandas DataFrame: config columns, then each metric's final and ``.best`` value."""
     import pandas as pd

@@ -75,8 +75,35 @@ def test_a_store_keeps_each_items_final_and_best_values():
     assert it["final"] == {"loss": 3.0, "acc": 0.9} and it["steps"] == 9
     assert it["best"] == {"loss": 2.0, "acc": 0.9}  # loss: the lowest; acc: the highest
     assert it["config"] == {"arch": "mlp"}
+    assert store.run_items(curves=True)["r"]["k"]["curves"]["loss"] == [
+        [0, 5.0],
+        [1, 4.0],
+        [2, 3.0],
+        [3, 2.0],
+        [9, 3.0],
+    ]
     again = TopicStore.restore(store.snapshot())  # kept across a server restart
     assert again.run_items()["r"]["k"]["best"] == {"loss": 2.0, "acc": 0.9}
+    assert again.run_items(curves=True)["r"]["k"]["curves"]["acc"] == [[0, 0.1], [1, 0.9], [2, 0.1], [3, 0.9]]
+
+
+def test_an_items_curve_stays_bounded_and_spans_the_whole_run():
+    from jupyter_cluster.telemetry.store import CURVE_POINTS
+
+    store = TopicStore("long")
+    n = 10 * CURVE_POINTS
+    store.add(
+        "src",
+        0,
+        [
+            {"step": s, "time": 1.0, "series": {}, "values": {"loss": float(s)}, "run": "r", "item": ""}
+            for s in range(n)
+        ],
+    )
+    points = store.run_items(curves=True)["r"][""]["curves"]["loss"]
+    assert CURVE_POINTS // 2 <= len(points) <= CURVE_POINTS
+    assert points[0][0] == 0 and points[-1][0] >= n - n // CURVE_POINTS * 2  # from the first report to near the last
+    assert store.run_items()["r"][""]["final"] == {"loss": float(n - 1)}  # the final value is exact
 
 
 SWEEP = """%%parallel cfg in grid
@@ -115,6 +142,15 @@ def test_a_30_item_sweep_gives_jc_runs_with_config_columns_and_final_metrics(ip,
         assert math.isclose(df.loc[d["item"], "loss.best"], min(cfg["lr"] + cfg["mom"], cfg["lr"] + cfg["mom"] + 0.5))
         assert math.isclose(df.loc[d["item"], "acc.best"], 3 * cfg["mom"])
     assert set(df["name"]) == {f"In [{df['cell'].iloc[0]}] · %%parallel cfg in grid"}
+    # each item's own curve, though every item reported on the one series "all"
+    from jupyter_cluster.runs import merge_curves
+    from jupyter_cluster.telemetry.store import all_stores
+
+    run_id = df["run"].iloc[0]
+    curves = merge_curves(all_stores(), run_id)
+    assert len(curves["loss"]) == 30 and all(len(points) == 5 for points in curves["loss"].values())
+    first = curves["loss"]["lr=0.1, mom=0.0, seed=0"]
+    assert [s for s, _ in first] == [0, 1, 2, 3, 4] and math.isclose(first[0][1], 0.4)
 
 
 def _runs_of(job):

@@ -164,6 +164,8 @@ def test_two_notebooks_keep_their_jobs_and_runs_while_a_third_floods(setup):
         assert [r["config"] for r in rows] == [{"x": 0, "double": 0}, {"x": 1, "double": 2}, {"x": 2, "double": 4}]
         assert [r["final"]["score"] for r in rows] == [1.0, 11.0, 21.0]
         assert detail["columns"] == {"config": ["x", "double"], "metrics": ["score"]}
+        curves = api(server, f"runs/{run['run']}/curves")["curves"]
+        assert curves == {"score": {f"x={x}": [[0, 10.0 * x], [1, 10.0 * x + 1]] for x in range(3)}}
         out = kernel_ok(
             a,
             "import json, jupyter_cluster as jc\n"
@@ -188,7 +190,7 @@ def test_two_notebooks_keep_their_jobs_and_runs_while_a_third_floods(setup):
 
 def test_runs_and_jobs_refuse_unauthenticated_requests(setup):
     server = setup
-    for path, params in (("runs", {}), ("runs/abc", {}), ("jobs", {"notebook": "a.ipynb"})):
+    for path, params in (("runs", {}), ("runs/abc", {}), ("runs/abc/curves", {}), ("jobs", {"notebook": "a.ipynb"})):
         r = requests.get(server.api(path), params=params, timeout=30)
         assert r.status_code == 403, (path, r.status_code)
         r = requests.get(server.api(path), params=params, headers={"Authorization": "token wrong"}, timeout=30)

@@ -18,6 +18,7 @@ Routes::
     GET    jobs                             running and recent maps (?cluster=NAME&notebook=PATH&kernel=ID)
     GET    runs                             runs, newest first (?notebook=PATH&cluster=NAME&kernel=ID)
     GET    runs/RUN                         one run with its items and its sweep table rows
+    GET    runs/RUN/curves                  its items' curves, per metric
     GET    config                           defaults the panel offers
     WS     events                           pushed updates (see EventsSocket)
 """
@@ -236,6 +237,12 @@ class RunHandler(BaseHandler):
         self.reply(self.read(self.manager.run, run))
 
 
+class RunCurvesHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self, run: str) -> None:
+        self.reply(self.read(self.manager.run_curves, run))
+
+
 class ConfigHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
@@ -405,6 +412,7 @@ def setup_handlers(web_app: Any, manager: ClusterManager) -> None:
         (r"/jobs/?", JobsHandler),
         (r"/runs/?", RunsHandler),
         (r"/runs/(?P<run>[A-Za-z0-9_.-]{1,64})/?", RunHandler),
+        (r"/runs/(?P<run>[A-Za-z0-9_.-]{1,64})/curves/?", RunCurvesHandler),
         (r"/config/?", ConfigHandler),
         (r"/events/?", EventsSocket),
     ]

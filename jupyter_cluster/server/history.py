@@ -171,6 +171,34 @@ def check_live(data: Any) -> dict[str, Any]:
 
 
 # -- what is kept of a stopped cluster ------------------------------------------
+def _checked_runs(raw: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """The run items of a kept topic, those of the shape :meth:`TopicStore.run_items` gives (others dropped)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for run, items in (raw or {}).items() if isinstance(raw, dict) else ():
+        if not isinstance(items, dict):
+            continue
+        good = {}
+        for key, it in items.items():
+            if not isinstance(it, dict) or not all(
+                isinstance(it.get(f) or {}, dict) for f in ("config", "final", "best", "curves")
+            ):
+                continue
+            curves = {
+                m: pts
+                for m, pts in (it.get("curves") or {}).items()
+                if isinstance(pts, list) and all(isinstance(p, list) and len(p) == 2 for p in pts)
+            }
+            good[str(key)] = {
+                "config": dict(it.get("config") or {}),
+                "final": {m: v for m, v in (it.get("final") or {}).items() if v is None or isinstance(v, (int, float))},
+                "best": {m: v for m, v in (it.get("best") or {}).items() if v is None or isinstance(v, (int, float))},
+                "steps": it.get("steps") if isinstance(it.get("steps"), (int, float)) else None,
+                "curves": curves,
+            }
+        out[str(run)] = good
+    return out
+
+
 class KeptTopic:
     """A stopped cluster's metrics topic, as saved: the read side of a TopicStore.
 
@@ -188,18 +216,28 @@ class KeptTopic:
         self.scalars: dict[str, Any] = data.get("scalars") or {}
         self.vectors: dict[str, Any] = data.get("vectors") or {}
         self.series = {k for by in (*self.scalars.values(), *self.vectors.values()) for k in by}
+        self.data["runs"] = _checked_runs(data.get("runs"))
 
     def model(self, **_: Any) -> dict[str, Any]:
         out = dict(self.data)
         out.pop("runs", None)
         return out
 
-    def run_items(self, runs: set[str] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    def run_items(self, runs: set[str] | None = None, curves: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
         """What the topic kept of each run's items (:meth:`TopicStore.run_items`)."""
         kept = self.data.get("runs")
         if not isinstance(kept, dict):
             return {}
-        return {r: items for r, items in kept.items() if isinstance(items, dict) and (runs is None or r in runs)}
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for r, items in kept.items():
+            if not isinstance(items, dict) or (runs is not None and r not in runs):
+                continue
+            out[r] = {
+                k: (dict(it) if curves else {n: x for n, x in it.items() if n != "curves"})
+                for k, it in items.items()
+                if isinstance(it, dict)
+            }
+        return out
 
 
 class KeptCluster:
@@ -236,7 +274,7 @@ class KeptCluster:
         for store in conn.metrics.values():
             data = store.model(**model_args)
             data.pop("version", None)
-            data["runs"] = store.run_items()
+            data["runs"] = store.run_items(curves=True)
             topics.append(data)
         summary = dict(conn.summary(), cluster=conn.name, stopped=time.time())
         return cls(key, summary, jobs, topics)

@@ -43,7 +43,7 @@ from ..models import (
     validate_count,
     validate_name,
 )
-from ..runs import group_runs, merge_metrics
+from ..runs import group_runs, merge_curves, merge_metrics
 from ..runs import table as run_table
 from ..telemetry.hub import Hub, follow
 from ..telemetry.store import TopicStore
@@ -687,6 +687,19 @@ class ClusterManager:
             config_keys = list(dict.fromkeys(k for r in rows for k in r["config"]))
             metric_keys = list(dict.fromkeys(k for r in rows for k in r["final"]))
             return {"run": rec, "rows": rows, "columns": {"config": config_keys, "metrics": metric_keys}}
+        raise NotFound(f"no run {run_id!r} is kept; GET runs lists the runs there are.")
+
+    def run_curves(self, run_id: str) -> dict[str, Any]:
+        """One run's curves per item: ``{"run", "curves": {metric: {item key: [[step, value], ...]}}}``.
+
+        Raises
+        ------
+        NotFound
+            When no kept job belongs to a run of that id.
+        """
+        for holder in self._holders(None):
+            if any(j.get("run") == run_id or j["job"] == run_id for j in holder.jobs.jobs.values()):
+                return {"run": run_id, "curves": merge_curves(holder.metrics.values(), run_id)}
         raise NotFound(f"no run {run_id!r} is kept; GET runs lists the runs there are.")
 
     def runs_version(self) -> int:
