@@ -135,6 +135,8 @@ interface IPanel {
   data: string;
   /** the pointer's y (data units) while it is over the chart: the tooltip lists the nearest series */
   pointerY: number | null;
+  /** how often its data was drawn (tests read it as data-draws: pushes that change nothing draw nothing) */
+  draws: number;
   /** heatmaps: the "difference of two runs" picker */
   diff?: HTMLSelectElement;
 }
@@ -423,8 +425,8 @@ export class MetricsCharts {
         p.drawn = '';
         p.data = '';
         this.track(p);
-        this.draw(p);
       });
+      this.redraw(); // in the theme's palette
     });
   }
 
@@ -674,7 +676,7 @@ export class MetricsCharts {
       this.grid.appendChild(root);
     }
     const chart = echarts.init(box, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
-    const panel: IPanel = { kind, name, root, box, chart, drawn: '', data: '', pointerY: null, diff };
+    const panel: IPanel = { kind, name, root, box, chart, drawn: '', data: '', pointerY: null, draws: 0, diff };
     this.track(panel);
     this.panels.set(id, panel);
     this.resizer?.observe(box);
@@ -757,6 +759,7 @@ export class MetricsCharts {
       return; // nothing this chart shows changed: no redraw
     }
     panel.data = data;
+    panel.root.dataset.draws = String(++panel.draws);
     const points = onAxis(bySeries, this.model, this.xMode);
     const line = lineChart(panel.name, points, view, this.colorOf, this.options.manySeries, () => panel.pointerY);
     const drawn = JSON.stringify([line.keys, { ...view, width: line.legend }, line.notice]);
@@ -818,6 +821,7 @@ export class MetricsCharts {
       return; // nothing this chart shows changed: no redraw
     }
     panel.data = data;
+    panel.root.dataset.draws = String(++panel.draws);
     const layout = heatmapLayout(keys.length + (diff ? 1 : 0), width);
     const height = `${layout.height}px`;
     if (panel.box.style.height !== height) {

@@ -317,14 +317,14 @@ export function lineChart(
     scale: true,
     splitNumber: compact ? 3 : 5,
     name: scale === 'linear' ? undefined : scale,
-    nameGap: 6,
+    nameGap: 8,
     nameTextStyle: { fontSize: 9, align: 'left' },
     axisLabel: {
       fontSize: 10,
       formatter: (v: number) => formatNumber(scale === 'symlog' ? Number(symexp(v, c).toPrecision(3)) : v)
     }
   };
-  const top = notice ? 40 : 26;
+  const top = notice ? 46 : 26;
   const option = {
     animation: false,
     backgroundColor: 'transparent',
@@ -333,7 +333,7 @@ export function lineChart(
       subtext: notice,
       left: 4,
       top: 2,
-      itemGap: 2,
+      itemGap: 6,
       textStyle: { fontSize: 12 },
       subtextStyle: {
         fontSize: 10,
