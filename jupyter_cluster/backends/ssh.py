@@ -369,6 +369,12 @@ class SSHBackend(Backend):
         **options: Any,
     ) -> StartedCluster:
         self.check_options(options)
+        try:
+            import asyncssh  # noqa: F401
+        except ImportError:
+            raise ClusterError(
+                "the ssh backend needs the asyncssh package; install it with pip install 'jupyter-cluster[hpc]'."
+            ) from None
         from distributed.deploy.ssh import SSHCluster
 
         from ..credentials import forget_security, new_security, pem_path, written_identity
