@@ -80,10 +80,13 @@ describe('overlay axes: one axis for metrics of one unit', () => {
     const returns = overlayLines({ es }, [pick('policy_mean'), pick('population_mean')]);
     expect(returns.axes).toBe('shared');
     expect(returns.axisNames).toEqual(['policy_mean, population_mean']);
+    expect(overlayLines({ es }, [pick('policy_mean'), pick('loss')]).axes).toBe('dual');
+    // three metrics of two units: each scaled to 0-1, unless two axes are asked for (by unit then)
     const mixed = overlayLines({ es }, [pick('policy_mean'), pick('population_mean'), pick('loss')]);
-    expect(mixed.axes).toBe('dual');
-    expect(mixed.axisNames).toEqual(['policy_mean, population_mean', 'loss']);
-    expect(mixed.lines.map(l => l.axis)).toEqual([0, 0, 1]);
+    expect(mixed.axes).toBe('normalised');
+    const two = overlayLines({ es }, [pick('policy_mean'), pick('population_mean'), pick('loss')], 'step', 'dual');
+    expect(two.axisNames).toEqual(['policy_mean, population_mean', 'loss']);
+    expect(two.lines.map(l => l.axis)).toEqual([0, 0, 1]);
     const three = overlayLines({ es }, [pick('policy_mean'), pick('loss'), pick('grad_norm')]);
     expect(three.axes).toBe('normalised');
     const forced = overlayLines({ es }, [pick('policy_mean'), pick('population_mean')], 'step', 'dual');

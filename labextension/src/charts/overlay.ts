@@ -8,11 +8,12 @@
  * unit is not known, so it is judged from the data: metrics whose ranges
  * overlap and whose magnitudes are within a factor of ten (`reward` of three
  * runs; `policy_mean` 0-500 and `population_mean` 20-160) are one unit and
- * share the axis.  Two such groups (`reward` 0-400 and `loss` 0-1) get an
- * axis each, left and right.  Three or more cannot be told apart on as many
- * axes: each metric is rescaled to 0-1 over its own range, so their shapes
- * compare, and the tooltip still shows the real values.  The toolbar can
- * force any of the three.
+ * share the axis.  Two metrics of two units (`reward` 0-400 and `loss` 0-1)
+ * get an axis each, left and right.  Three or more metrics of more than one
+ * unit cannot be told apart on as many axes (and a unit guessed from the
+ * magnitudes is only a guess): each metric is rescaled to 0-1 over its own
+ * range, so their shapes compare, and the tooltip still shows the real
+ * values.  The toolbar can force any of the three.
  *
  * A line's colour is its run's (series key, and kept cluster), the same as
  * in every other chart; which metric it is shows in its dash (the first
@@ -247,7 +248,9 @@ export function overlayLines(
   const metricRanges = metricOrder.map(metric => range(found.filter(f => f.metric === metric).map(f => f.points)));
   const unit = unitGroups(metricRanges);
   const groupCount = new Set(unit).size;
-  const used = axes === 'auto' ? autoAxes(groupCount) : axes;
+  // one unit: one axis; two metrics of two units: an axis each; else each scaled to 0-1 (a unit judged
+  // from magnitudes alone is a guess: memory and reward can both run to 100, so no third metric joins an axis)
+  const used = axes === 'auto' ? (groupCount <= 1 ? 'shared' : autoAxes(metricOrder.length)) : axes;
   // forced onto two axes: the metrics of the first unit on the left, the others on the right
   const side = (metric: string): 0 | 1 => {
     const i = metricOrder.indexOf(metric);
