@@ -24,7 +24,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from tests.conftest import wait_for
-from tests.helpers import kernel_ok, start_jupyter_named_kernel, stop_jupyter_named_kernel
+from tests.helpers import kernel_ok, start_jupyter_named_kernel, stop_jupyter_named_kernel, unique_topic
 from tests.hpc import ssh_items
 from tests.hpc.ssh_hosts import SSHHosts, unavailable_reason
 
@@ -77,8 +77,20 @@ def test_parallel_cell_on_ssh_hosts_over_tls_then_stop_leaves_nothing(ip, hosts)
         assert len(shipped) == 1
         assert stat.S_IMODE(os.stat(shipped[0]).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(os.path.dirname(shipped[0])).st_mode) == 0o700
-        ip.run_cell_magic("parallel", "i in range(12) --out ssh_results --no-progress", "(i, i * i)")
+        topic = unique_topic("ssh")
+        ip.user_ns["SSH_TOPIC"] = topic
+        ip.run_cell_magic(
+            "parallel",
+            "i in range(12) --out ssh_results --no-progress",
+            "import jupyter_cluster as jc\njc.report(step=i, topic=SSH_TOPIC, value=float(i * i))\n(i, i * i)",
+        )
         assert ip.user_ns["ssh_results"] == [(i, i * i) for i in range(12)]
+        # report() from the hosts' workers reaches the notebook (over the cluster's TLS)
+        rows = jc.metrics(topic)
+        rows = rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+        assert sorted((int(r["step"]), r["value"]) for r in rows) == [(i, float(i * i)) for i in range(12)]
+        with jc.Pool(cluster=handle) as pool:  # multiprocessing's API on the hosts
+            assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
         # scale adds workers round-robin on the worker hosts (SSHCluster itself has no worker template)
         ip.run_line_magic("cluster", "scale 3")
         handle.wait_for_workers(3, timeout=120)
