@@ -5,15 +5,18 @@ set -uo pipefail
 dir=$(cd "${1:?usage: stop-slurm.sh DIR}" 2>/dev/null && pwd) || exit 0
 export SLURM_CONF=$dir/slurm.conf
 [ -f "$SLURM_CONF" ] && timeout 10 scancel --full --quiet --user "$(id -un)" 2>/dev/null
-stop() {  # pid file: TERM, then KILL after 5 s
-  local pid
-  pid=$(cat "$1" 2>/dev/null) || return 0
-  kill "$pid" 2>/dev/null || return 0
-  for _ in $(seq 20); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.25; done
-  kill -9 "$pid" 2>/dev/null
-}
-for f in "$dir"/slurmd-*.pid; do [ -e "$f" ] && stop "$f"; done
-stop "$dir/slurmctld.pid"
+# every daemon at once: TERM, then KILL what is left after 5 s (slurmctld saves its state first)
+pids=() alive=()
+for f in "$dir"/slurmd-*.pid "$dir/slurmctld.pid"; do
+  [ -e "$f" ] && pid=$(cat "$f" 2>/dev/null) && kill "$pid" 2>/dev/null && pids+=("$pid")
+done
+for _ in $(seq 20); do
+  alive=()
+  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive+=("$pid"); done
+  [ ${#alive[@]} = 0 ] && break
+  sleep 0.25
+done
+for pid in "${alive[@]}"; do kill -9 "$pid" 2>/dev/null; done
 for ns in $(ip netns list 2>/dev/null | awk '/^jcslurm-node/{print $1}'); do
   ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
   ip netns del "$ns"
