@@ -350,6 +350,9 @@ def pending_reason(jobs: list[dict[str, Any]]) -> tuple[str, str] | None:
     return None
 
 
+_CANCELS: list[subprocess.Popen] = []
+
+
 def cancel_jobs(info: Any) -> None:
     """Cancel every job of a cluster whose owner died (called by the registry when it drops the record).
 
@@ -363,11 +366,16 @@ def cancel_jobs(info: Any) -> None:
     if system != "slurm" or not isinstance(job_name, str) or not _JOB_NAME_RE.fullmatch(job_name):
         return
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run(
-            ["scancel", "--name", job_name, "-u", _user()],
-            capture_output=True,
-            timeout=15,
-            check=False,
+        # not waited for: the Jupyter server calls this on its event loop, and a busy slurmctld may
+        # take seconds to answer (subprocess reaps the finished process at a later Popen)
+        _CANCELS[:] = [p for p in _CANCELS if p.poll() is None]  # kept until done: no warning, no zombie
+        _CANCELS.append(
+            subprocess.Popen(
+                ["scancel", "--name", job_name, "-u", _user()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         )
     # the credentials and logs the jobs were given (a folder named after the checked job name, in this
     # user's own job folder: never a path the record names)
