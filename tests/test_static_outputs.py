@@ -30,11 +30,11 @@ def _svgs(html: str) -> dict[str, ET.Element]:
     return {alt: ET.fromstring(base64.b64decode(data)) for alt, data in found}
 
 
-def _png_pixels(svg: ET.Element) -> list[list[tuple[int, int, int]]]:
-    """The pixels (rows, top first) of the PNG a heatmap SVG embeds."""
+def _png_cells(svg: ET.Element, cols: int, rows_wanted: int) -> list[list[tuple[int, int, int]]]:
+    """The cell colours (rows, top first) of the PNG a heatmap SVG embeds: ``cols`` x ``rows`` equal blocks."""
     image = svg.find(f"{SVG}image")
     assert image is not None
-    png = base64.b64decode(image.get("href").split(",", 1)[1])
+    png = base64.b64decode(image.get("{http://www.w3.org/1999/xlink}href").split(",", 1)[1])
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height, depth, colour = struct.unpack(">IIBB", png[16:26])
     assert (depth, colour) == (8, 2)
@@ -52,7 +52,15 @@ def _png_pixels(svg: ET.Element) -> list[list[tuple[int, int, int]]]:
         line = raw[y * stride : (y + 1) * stride]
         assert line[0] == 0  # no filter
         rows.append([tuple(line[1 + 3 * x : 4 + 3 * x]) for x in range(width)])
-    return rows
+    assert width % cols == 0 and len(rows) % rows_wanted == 0
+    bx, by = width // cols, len(rows) // rows_wanted
+    blocks = [
+        [rows[r * by + i][c * bx + k] for i in range(by) for k in range(bx)]
+        for r in range(rows_wanted)
+        for c in range(cols)
+    ]
+    assert all(len(set(b)) == 1 for b in blocks)  # each cell one colour
+    return [[blocks[r * cols + c][0] for c in range(cols)] for r in range(rows_wanted)]
 
 
 def _path_points(d: str) -> list[list[tuple[float, float]]]:
@@ -124,8 +132,8 @@ def test_heatmaps_hold_the_reported_vectors_on_one_colour_scale():
     model = telemetry.store(topic).model()
     svgs = _svgs(sr.metrics_html(model))
     assert sorted(svgs) == [f"{topic}: load arm=high", f"{topic}: load arm=low"]
-    low, high = _png_pixels(svgs[f"{topic}: load arm=low"]), _png_pixels(svgs[f"{topic}: load arm=high"])
-    assert len(low) == 4 and len(low[0]) == 20  # entries up, steps across
+    # 20 steps across, 4 entries up
+    low, high = _png_cells(svgs[f"{topic}: load arm=low"], 20, 4), _png_cells(svgs[f"{topic}: load arm=high"], 20, 4)
     top, bottom = sr.viridis(1.0), sr.viridis(0.0)
     # one scale over both: 40 (only in "high") is the top colour, 0 the bottom one
     assert high[3][0] == top and all(px != top for row in low for px in row)

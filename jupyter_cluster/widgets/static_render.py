@@ -340,8 +340,8 @@ def heatmap_svg(
 ) -> str:
     """An SVG heatmap of one vector series: steps across, the vector's entries up, ``lo``..``hi`` on one scale.
 
-    The cells are a PNG (one pixel each, drawn without smoothing), so a
-    200-step, 64-entry heatmap stays a few kilobytes.
+    The cells are a PNG (a block of pixels each), so a 200-step, 64-entry
+    heatmap stays a few kilobytes.
     """
     steps, rows = _bucket_rows(list(vs.get("steps") or ()), list(vs.get("rows") or ()), MAX_COLUMNS)
     n = max((len(r) for r in rows), default=0)
@@ -361,16 +361,21 @@ def heatmap_svg(
         return "".join(out)
     span = (hi - lo) or 1.0
     grey = (221, 221, 221)
-    # one pixel per (step, entry); entry 0 at the bottom
-    pixels = [
-        [grey if j >= len(r) or r[j] is None or not math.isfinite(r[j]) else viridis((r[j] - lo) / span) for r in rows]
-        for j in reversed(range(n))
-    ]
-    png = base64.b64encode(png_rgb(len(rows), n, pixels)).decode()
+    # a block of pixels per (step, entry), entry 0 at the bottom: blocks of about the size they are
+    # drawn at, so that a viewer's smoothing of an upscaled image cannot blur the cells together
+    sx, sy = max(1, int(pw // len(rows))), max(1, int(ph // n))
+    pixels = []
+    for j in reversed(range(n)):
+        line = []
+        for r in rows:
+            v = r[j] if j < len(r) else None
+            px = grey if v is None or not math.isfinite(v) else viridis((v - lo) / span)
+            line.extend([px] * sx)
+        pixels.extend([line] * sy)
+    png = base64.b64encode(png_rgb(len(rows) * sx, n * sy, pixels)).decode()
     out.append(
         f'<image x="{ml}" y="{mt}" width="{pw}" height="{ph}" preserveAspectRatio="none" '
-        f'image-rendering="pixelated" style="image-rendering:pixelated" '
-        f'href="data:image/png;base64,{png}" xlink:href="data:image/png;base64,{png}"/>'
+        f'style="image-rendering:pixelated" xlink:href="data:image/png;base64,{png}"/>'
     )
     xlo, xhi = (steps[0], steps[-1]) if steps else (0, 1)
     if xhi == xlo:
