@@ -83,8 +83,12 @@ class WorkerFeed:
 
     @staticmethod
     def _rest(model: Mapping[str, Any]) -> dict[str, Any]:
-        # the totals move with every heartbeat: the panel sums the workers it has instead
-        return {k: v for k, v in model.items() if k not in ("workers", "memory")}
+        # the totals move with every heartbeat: the panel sums the workers it has instead; a batch
+        # cluster's facts say when squeue was last asked, which alone is no news
+        rest = {k: v for k, v in model.items() if k not in ("workers", "memory")}
+        if isinstance(rest.get("batch"), dict):
+            rest["batch"] = {k: v for k, v in rest["batch"].items() if k != "updated"}
+        return rest
 
     def full(self, model: Mapping[str, Any]) -> dict[str, Any]:
         """Remember ``model`` as sent in full; the ``cluster`` message's model."""

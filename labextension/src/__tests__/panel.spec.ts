@@ -5,7 +5,8 @@
  */
 import { IClusterModel, IClusterSummary, IJob, IWorker, initialState, reduce, select, setActiveKernel } from '../model';
 import { checkNewCluster, newClusterFields, newClusterRequest } from '../panel/newCluster';
-import { orderClusters, orderJobs } from '../panel/order';
+import { orderClusters, orderJobs, scopedJobs } from '../panel/order';
+import { batchText } from '../panel/workersView';
 import { applyWorkersDiff, hostOf, nextSort, sortWorkers, summarize, tasksText, visibleRange } from '../panel/workers';
 
 const GIB = 2 ** 30;
@@ -246,5 +247,39 @@ describe("the active notebook's cluster stops", () => {
     expect(s.selected).toBeNull();
     // another notebook's cluster is still one click away
     expect(select(s, 'one').selected).toBe('one');
+  });
+});
+
+describe('jobs per notebook', () => {
+  it("keeps the active notebook's finished jobs in the list however many others finish later", () => {
+    const mine = [job('m1', 'k1', { state: 'finished', updated: 5 })];
+    const others = Array.from({ length: 8 }, (_, i) => job(`o${i}`, 'k2', { state: 'finished', updated: 10 + i }));
+    const state = {
+      ...initialState(),
+      jobs: { running: [job('r', 'k2')], recent: [...others].reverse().concat(mine) },
+      activeKernel: 'k1',
+      selected: 'c'
+    };
+    const all = scopedJobs(state, 'all', 4);
+    expect(all.rows.map(j => j.job)).toEqual(['r', 'm1', 'o7', 'o6', 'o5']);
+    expect(all.more).toBe(5);
+    expect(scopedJobs(state, 'notebook', 4).rows.map(j => j.job)).toEqual(['m1']);
+    expect(scopedJobs({ ...state, activeKernel: 'k2' }, 'notebook', 4).rows[0].job).toBe('r');
+    expect(scopedJobs({ ...state, selected: 'elsewhere' }, 'cluster', 4).rows).toEqual([]);
+  });
+});
+
+describe('batch facts', () => {
+  it("say how many jobs run and wait, with SLURM's reasons and the walltime left", () => {
+    expect(batchText(undefined)).toBe('');
+    expect(
+      batchText({
+        system: 'slurm',
+        running: 2,
+        pending: 1,
+        pending_jobs: [{ job_id: '17', reason: 'Resources' }],
+        walltime_left: '1:02:03'
+      })
+    ).toBe('slurm: 2 jobs running, 1 pending (job 17: Resources) · walltime left 1:02:03');
   });
 });

@@ -4,7 +4,7 @@
  * depends on when a push arrived, so nothing moves under the pointer unless
  * a card or job is added or removed.
  */
-import type { IClusterSummary, IJob } from '../model';
+import type { IClusterSummary, IJob, IPanelState } from '../model';
 
 /** Live clusters oldest first (ties by name), the pinned one (if any) at the top. */
 export function orderClusters(clusters: IClusterSummary[], pinned: string | null): IClusterSummary[] {
@@ -59,4 +59,30 @@ export function setAttr(node: HTMLElement, name: string, value: string): void {
   if (node.getAttribute(name) !== value) {
     node.setAttribute(name, value);
   }
+}
+
+/** Which jobs the list shows: every notebook's, the active notebook's, or the shown cluster's. */
+export type JobsScope = 'all' | 'notebook' | 'cluster';
+
+/**
+ * The job rows to draw for a scope: running ones, then at most `limit`
+ * finished ones not cleared, the active notebook's first in each part (so
+ * other notebooks' newer jobs never push its own out of the list); `more`
+ * counts the finished ones left out.
+ */
+export function scopedJobs(
+  state: Pick<IPanelState, 'jobs' | 'clearedBefore' | 'activeKernel' | 'selected' | 'history'>,
+  scope: JobsScope,
+  limit: number
+): { rows: IJob[]; more: number } {
+  const kept = state.history.find(h => h.name === state.selected);
+  const cluster = kept ? kept.cluster : state.selected;
+  const wanted = (j: IJob): boolean =>
+    scope === 'notebook' ? j.kernel_id === state.activeKernel : scope === 'cluster' ? j.cluster === cluster : true;
+  const running = orderJobs(state.jobs.running.filter(wanted), state.activeKernel);
+  const finished = orderJobs(
+    state.jobs.recent.filter(j => j.updated > state.clearedBefore && wanted(j)),
+    state.activeKernel
+  );
+  return { rows: [...running, ...finished.slice(0, limit)], more: Math.max(0, finished.length - limit) };
 }

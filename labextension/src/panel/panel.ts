@@ -30,7 +30,6 @@ import {
   setPinned,
   toggleFailures,
   toggleSeries,
-  visibleJobs,
   watchMessage
 } from '../model';
 import { ClusterList, HistoryList, IClusterActions, button } from './clusters';
@@ -40,6 +39,7 @@ import { EventsClient } from './events';
 import { clusterIcon } from './icon';
 import { JobsView } from './jobs';
 import { Loader } from './loader';
+import { JobsScope, scopedJobs } from './order';
 import { Catalog, MetricsView } from './metricsView';
 import { WorkersView } from './workersView';
 
@@ -71,6 +71,8 @@ export class ClusterPanel extends Widget {
   private keptWanted: { cluster: string; topic: string }[] = [];
 
   private readonly errorNode = el('div', 'jc-error');
+  private readonly scopeSelect = el('select', 'jp-mod-styled jc-jobs-scope');
+  private jobsScope: JobsScope = 'all';
   private readonly clusterList: ClusterList;
   private readonly historyList: HistoryList;
   private readonly workersView = new WorkersView();
@@ -142,7 +144,22 @@ export class ClusterPanel extends Widget {
     const clusters = el('div', 'jc-cluster-scroll');
     clusters.append(this.clusterList.node, this.historyList.node);
     const jobsTools = el('div', 'jc-jobs-tools');
+    this.scopeSelect.title = "Whose jobs to list (the active notebook's come first in every case)";
+    for (const [value, label] of [
+      ['all', 'All notebooks'],
+      ['notebook', 'This notebook'],
+      ['cluster', 'This cluster']
+    ]) {
+      const o = el('option', '', label);
+      o.value = value;
+      this.scopeSelect.append(o);
+    }
+    this.scopeSelect.addEventListener('change', () => {
+      this.jobsScope = this.scopeSelect.value as JobsScope;
+      this.setState(this.state, true);
+    });
     jobsTools.append(
+      this.scopeSelect,
       button('Clear finished', 'jc-clear-jobs', 'Hide the finished jobs listed now', () =>
         this.setState(clearFinished(this.state))
       )
@@ -355,8 +372,10 @@ export class ClusterPanel extends Widget {
       }
     }
     const showAll = this.jobsView.showAll;
-    if (this.changed('jobs', [s.jobs, s.clearedBefore, s.failuresOpen, s.activeKernel, showAll])) {
-      const { rows, more } = visibleJobs(s, showAll ? JOBS_ALL : JOBS_SHOWN);
+    const scope = this.jobsScope;
+    const scoped = scope === 'cluster' ? s.selected : null;
+    if (this.changed('jobs', [s.jobs, s.clearedBefore, s.failuresOpen, s.activeKernel, showAll, scope, scoped])) {
+      const { rows, more } = scopedJobs(s, scope, showAll ? JOBS_ALL : JOBS_SHOWN);
       this.jobsView.update(rows, more, s.failuresOpen, s.activeKernel);
     }
     this.metricsView.update(s, [...s.topics.map(t => ({ topic: t.topic, scalars: t.scalars })), ...this.keptCatalog]);

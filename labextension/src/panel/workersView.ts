@@ -20,8 +20,36 @@ const HOSTS_SHOWN = 6;
 /** The fields a batch backend (SLURM, PBS, …) may add to a worker row: [field, column label]. */
 const BATCH_FIELDS: [string, string][] = [
   ['job_id', 'job'],
-  ['node', 'node']
+  ['node', 'node'],
+  ['walltime_left', 'left']
 ];
+
+/** A batch cluster's facts (the server's `batch` field: SLURM's squeue, read by the cluster's owner). */
+interface IBatchFacts {
+  system?: string;
+  running?: number;
+  pending?: number;
+  pending_jobs?: { job_id: string; reason: string }[];
+  walltime_left?: string | null;
+}
+
+/** "slurm: 4 jobs running, 2 pending (job 17: Resources; job 18: Priority) · walltime left 1:23:45", or "". */
+export function batchText(batch: IBatchFacts | null | undefined): string {
+  if (!batch || typeof batch !== 'object') {
+    return '';
+  }
+  const parts = [`${batch.system || 'batch'}: ${batch.running ?? 0} jobs running`];
+  const pending = Array.isArray(batch.pending_jobs) ? batch.pending_jobs : [];
+  if (pending.length || batch.pending) {
+    const shown = pending.slice(0, 4).map(j => `job ${j.job_id}: ${j.reason || 'no reason given'}`);
+    if (pending.length > 4) {
+      shown.push(`${pending.length - 4} more`);
+    }
+    parts.push(`${batch.pending ?? pending.length} pending${shown.length ? ` (${shown.join('; ')})` : ''}`);
+  }
+  const text = parts.join(', ');
+  return batch.walltime_left ? `${text} · walltime left ${batch.walltime_left}` : text;
+}
 
 const COLUMNS: [WorkerColumn, string, string][] = [
   ['name', 'name', 'worker name'],
@@ -102,6 +130,8 @@ export class WorkersView {
   private readonly line2 = el('div', 'jc-summary-line jc-summary-cpu');
   private readonly histogram = el('div', 'jc-memory-histogram');
   private readonly bars: HTMLElement[] = [];
+  private readonly memRow = el('div', 'jc-summary-line jc-summary-memory');
+  private readonly batchNode = el('div', 'jc-summary-line jc-summary-batch');
   private readonly hostsNode = el('div', 'jc-hosts');
   private readonly toggle = el('button', 'jp-Button jc-button jc-workers-toggle');
   private readonly listNode = el('div', 'jc-worker-list');
@@ -123,9 +153,8 @@ export class WorkersView {
       this.bars.push(bar);
       this.histogram.append(bar);
     }
-    const memRow = el('div', 'jc-summary-line jc-summary-memory');
-    memRow.append(el('span', 'jc-summary-label', 'memory use'), this.histogram);
-    this.summaryNode.append(this.line1, this.line2, memRow, this.hostsNode);
+    this.memRow.append(el('span', 'jc-summary-label', 'memory use'), this.histogram);
+    this.summaryNode.append(this.batchNode, this.line1, this.line2, this.memRow, this.hostsNode);
     this.toggle.addEventListener('click', () => {
       this.open = !this.open;
       this.drawList();
@@ -172,11 +201,15 @@ export class WorkersView {
     }
     this.sorted = sortWorkers(detail.workers, this.sort);
     const empty = detail.workers.length === 0;
+    const batched = !!(detail as { batch?: unknown }).batch;
     setText(this.message, empty ? 'No workers yet.' : '');
     this.message.style.display = empty ? '' : 'none';
-    this.summaryNode.style.display = empty ? 'none' : '';
+    this.summaryNode.style.display = empty && !batched ? 'none' : '';
     this.toggle.style.display = empty ? 'none' : '';
     this.drawSummary();
+    const batch = batchText((detail as { batch?: IBatchFacts }).batch);
+    setText(this.batchNode, batch);
+    this.batchNode.style.display = batch ? '' : 'none';
     this.drawList();
   }
 
@@ -229,6 +262,7 @@ export class WorkersView {
       `CPU min ${Math.round(s.cpu.min)}% · median ${Math.round(s.cpu.median)}% · p90 ${Math.round(s.cpu.p90)}% · ` +
         `max ${Math.round(s.cpu.max)}% · memory ${formatBytes(s.memory)} / ${formatBytes(s.memory_limit)}`
     );
+    this.memRow.style.display = s.memory_limit > 0 ? '' : 'none';
     const most = Math.max(1, ...s.memoryHistogram);
     s.memoryHistogram.forEach((n, i) => {
       setAttr(this.bars[i], 'style', `height: ${n ? Math.max(2, Math.round((16 * n) / most)) : 0}px`);
@@ -256,7 +290,7 @@ export class WorkersView {
     if (!this.open) {
       return;
     }
-    setAttr(this.viewport, 'style', `max-height: ${VIEW_ROWS * ROW_HEIGHT}px`);
+    setAttr(this.viewport, 'style', `height: ${Math.min(n, VIEW_ROWS) * ROW_HEIGHT}px`);
     setAttr(this.canvas, 'style', `height: ${n * ROW_HEIGHT}px`);
     this.drawRows();
   }
