@@ -35,7 +35,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, magics_class
 
 from . import capture, mapping, session
-from .cellfunc import CellFunction
+from .cellfunc import ITEM_NAME, CellFunction
 from .errors import CellError, ClusterError, SerializationError
 from .magics import MagicArgumentParser, add_options, options_text
 from .runs import TAG_NAME, ItemTag, ItemTap, starting
@@ -493,10 +493,11 @@ class ParallelMagics(Magics):
             iterable = tap
             captured.small[TAG_NAME] = cloudpickle.dumps(tap.tag)
         func = CellFunction(
-            cell,
+            # a sweep item says which run and item it is (its reports are tagged): one call on the magic's line
+            cell if tap is None else f"{TAG_NAME}.enter({ITEM_NAME}, globals())\n{cell}",
             targets=targets,
             filename=filename,
-            first_line=2,
+            first_line=2 if tap is None else 1,
             cell_text=text,
             modules=captured.modules,
             small=captured.small,

@@ -13,7 +13,8 @@ How the pieces meet::
             and, at its end, the items' configs, states and durations  (:func:`job_context`,
             :func:`job_items`)
     task:   report() inside a %%parallel item tags each record with the run and the item's
-            key (:func:`current_item`), so every TopicStore keeps the item's final/best
+            key (:func:`current_item`, set by the cell's first statement: :meth:`ItemTag.enter`),
+            so every TopicStore keeps the item's final/best
             values (:meth:`jupyter_cluster.telemetry.store.TopicStore.run_items`)
     table:  :func:`table` joins the two: one row per item (or per run), config columns,
             then ``<metric>`` (final) and ``<metric>.best`` columns.  The kernel's
@@ -34,6 +35,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -226,15 +228,24 @@ def config_key(config: Mapping[str, Any]) -> str:
 
 
 # -- the tag a %%parallel cell's items carry to the workers --------------------------------
-_tags_seen = False  # set once a tag reached this process: report() looks for items only then
+#: the item running in this thread: (weak reference to its namespace's token, the namespace's id, run, key, config)
+_item = threading.local()
+
+
+class _Live:
+    """Put in an item's namespace: alive exactly as long as the namespace (the item) is."""
+
+    __slots__ = ("__weakref__",)
 
 
 class ItemTag:
     """A run's id and its targets' structure, sent with a ``%%parallel`` cell as ``__jc_run__``.
 
-    On a worker, :func:`current_item` finds it in the running cell's namespace
-    (with ``__jc_item__``, the item the engine bound) and derives the item's
-    config and key, so ``report()`` can say which run and item a value belongs to.
+    The cell's first statement (on the magic's line) is
+    ``__jc_run__.enter(__jc_item__, globals())``: it derives the item's config
+    and key and marks this thread as running that item for as long as the
+    item's namespace lives, so ``report()`` anywhere below it (any depth, any
+    module) says which run and item a value belongs to (:func:`current_item`).
     """
 
     def __init__(self, run: str, targets: str | None):
@@ -246,11 +257,9 @@ class ItemTag:
         return {"run": self.run, "structure": self.structure}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        global _tags_seen
         self.run = state["run"]
         self.structure = state["structure"]
         self._last = None
-        _tags_seen = True
 
     def describe(self, item: Any) -> tuple[str, dict[str, Any]]:
         """``(key, config)`` of ``item`` (cached for the item last asked about)."""
@@ -262,27 +271,38 @@ class ItemTag:
         self._last = (item, key, config)
         return key, config
 
+    def enter(self, item: Any, namespace: dict[str, Any]) -> None:
+        """Worker side, first in the item's cell: this thread runs ``item`` of this run until its namespace goes."""
+        try:
+            key, config = self.describe(item)
+        except Exception:  # an item whose config cannot be read still runs, untagged
+            _item.ctx = None
+            return
+        token = _Live()
+        namespace["__jc_live__"] = token
+        _item.ctx = (weakref.ref(token), id(namespace), self.run, key, config)
 
-def current_item(depth: int = 40) -> tuple[str, str, dict[str, Any]] | None:
+
+def current_item() -> tuple[str, str, dict[str, Any]] | None:
     """``(run, item key, item config)`` of the ``%%parallel`` item running in this thread, or None.
 
-    The cell runs with its namespace as globals; a function it calls (from the
-    notebook or a module) has other globals, so the frames above are looked at
-    too, ``depth`` at most.  Only after a tag reached this process.
+    Set by :meth:`ItemTag.enter`; it holds while the item's cell is on this
+    thread's stack (report() called from the cell or anything below it), and
+    lapses at the item's end.  A thread the item starts is not tagged.
     """
-    if not _tags_seen:
+    ctx = getattr(_item, "ctx", None)
+    if ctx is None:
         return None
-    from .cellfunc import ITEM_NAME
-
-    frame = sys._getframe(1)
-    while frame is not None and depth > 0:
-        g = frame.f_globals
-        tag = g.get(TAG_NAME)
-        if isinstance(tag, ItemTag) and ITEM_NAME in g:
-            key, config = tag.describe(g[ITEM_NAME])
-            return tag.run, key, config
-        frame = frame.f_back  # type: ignore[assignment]
-        depth -= 1
+    # The token lives as long as the item's namespace; that may be longer than the item (a function
+    # the cell defined refers to it, until the garbage collector breaks the cycle), so the item's
+    # cell must also be on this thread's stack.  While the token lives, its namespace's id is its own.
+    if ctx[0]() is not None:
+        frame: Any = sys._getframe(1)
+        while frame is not None:
+            if id(frame.f_globals) == ctx[1]:
+                return ctx[2], ctx[3], ctx[4]
+            frame = frame.f_back
+    _item.ctx = None
     return None
 
 

@@ -216,3 +216,71 @@ def test_the_maps_of_one_cell_are_one_run_and_carry_their_number(ip, cluster):
         (1, 2, "es"),
     ]
     assert all(j["config"] == {"sigma": 0.1} for j in evaluate)
+
+
+def report_plain(topic, x):
+    """A plain map's function (workers import it from here): its reports belong to no sweep item."""
+    jc.report(step=1, topic=topic, v=-1.0)
+    return x
+
+
+def test_a_report_deep_below_an_item_is_tagged_and_a_later_plain_map_is_not(ip, cluster):
+    import functools
+
+    from jupyter_cluster.telemetry.store import store
+
+    topic = unique_topic("deep")
+    ip.user_ns.update(TOPIC=topic)
+    cell = (
+        "%%parallel seed in range(4)\n"
+        "import jupyter_cluster as jc\n"
+        "def deep(k):\n"  # a function of the cell: its namespace outlives the item until the GC runs
+        "    return jc.report(step=0, topic=TOPIC, v=float(seed)) if k == 0 else deep(k - 1)\n"
+        "deep(60)\n"
+    )
+    assert ip.run_cell(cell).error_in_exec is None
+    run_id = next(rid for rid, _ in _runs_of(ip.user_ns["_parallel_job"]))
+    jc.map(functools.partial(report_plain, topic), range(8), client=cluster)
+    jc.runs()  # waits for the reports at the scheduler
+    items = store(topic).run_items()
+    assert list(items) == [run_id]
+    assert {k: it["final"]["v"] for k, it in items[run_id].items()} == {f"seed={s}": float(s) for s in range(4)}
+    assert store(topic).received == 12  # the plain map's 8 reports arrived, untagged
+
+
+def test_an_items_tag_holds_only_while_its_cell_runs_in_this_thread():
+    """As a worker runs an item (PreparedCell: exec of the cell in a fresh namespace), in this process."""
+    import gc
+    import threading
+
+    from jupyter_cluster.runs import ItemTag, current_item
+
+    tag = ItemTag("run-1", "lr, mom")
+    seen = {}
+    code = compile(
+        "__jc_run__.enter(__jc_item__, globals())\n"
+        "def below(k):\n"  # a function of the cell: namespace -> function -> namespace, a cycle
+        "    return current_item() if k == 0 else below(k - 1)\n"
+        "seen['deep'] = below(100)\n"
+        "t = threading.Thread(target=lambda: seen.__setitem__('thread', current_item()))\n"
+        "t.start(); t.join()\n",
+        "<cell>",
+        "exec",
+    )
+    gc.disable()  # the cycle keeps the namespace alive after the item, as it may on a worker
+    try:
+        exec(
+            code,
+            {
+                "__jc_run__": tag,
+                "__jc_item__": (0.1, 0.9),
+                "current_item": current_item,
+                "seen": seen,
+                "threading": threading,
+            },
+        )
+        assert seen["deep"] == ("run-1", "lr=0.1, mom=0.9", {"lr": 0.1, "mom": 0.9})
+        assert seen["thread"] is None  # a thread the item started is not tagged
+        assert current_item() is None  # the item ended: a later task on this thread is not tagged
+    finally:
+        gc.enable()
