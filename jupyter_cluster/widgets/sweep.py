@@ -8,11 +8,11 @@ from ``labextension/src/sweep`` (the same code as the sidebar's main-area
 view).  This side only sends the ``data`` trait: the rows of
 :func:`jupyter_cluster.runs.table` and, per metric, each row's curve.
 
-A row's curve is the topic's series that belongs to it: the series whose key
-is the item's key (``"lr=0.1, aux=True"``), or whose identity fields (e.g.
-``report(step, trial=3, loss=...)``) all equal the row's config values.
-Reports without an identity field share one series (``all``) and give no
-per-row curve; the table still has their final and best values.
+A row's curve is its item's own (each topic keeps every sweep item's curves,
+:func:`jupyter_cluster.runs.merge_curves`), else the topic's series that
+belongs to it: the series whose key is the item's key (``"lr=0.1, aux=True"``),
+or whose identity fields (e.g. ``report(step, trial=3, loss=...)``) all equal
+the row's config values.
 """
 
 from __future__ import annotations
@@ -95,7 +95,12 @@ def _number(v: Any) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
-def sweep_data(rows: list[dict[str, Any]], models: Iterable[Mapping[str, Any]], title: str = "") -> dict[str, Any]:
+def sweep_data(
+    rows: list[dict[str, Any]],
+    models: Iterable[Mapping[str, Any]],
+    title: str = "",
+    item_curves: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+) -> dict[str, Any]:
     """What the widget draws: ``{"title", "rows", "curves"}`` (see ``labextension/src/sweep/model.ts``).
 
     Parameters
@@ -104,7 +109,9 @@ def sweep_data(rows: list[dict[str, Any]], models: Iterable[Mapping[str, Any]], 
         Rows of :func:`jupyter_cluster.runs.table`: ``run``, ``key``, ``item``,
         ``name``, ``state``, ``duration``, ``config``, ``final``, ``best``.
     models : iterable of dict
-        Metrics models (:meth:`TopicStore.model`) the curves are taken from.
+        Metrics models (:meth:`TopicStore.model`) the curves of rows without their own are taken from.
+    item_curves : dict, optional
+        ``run -> metric -> item key -> points`` (:func:`jupyter_cluster.runs.merge_curves` per run).
     """
     out_rows: list[dict[str, Any]] = []
     for r in rows:
@@ -124,9 +131,18 @@ def sweep_data(rows: list[dict[str, Any]], models: Iterable[Mapping[str, Any]], 
             }
         )
     curves: dict[str, dict[str, list[list[Any]]]] = {}
+    for r, out in zip(rows, out_rows, strict=True):
+        if not r.get("key") and r.get("item") is not None:
+            continue  # an item whose key is not known (a DataFrame row): matched by its series below
+        for metric, by_key in ((item_curves or {}).get(str(r.get("run"))) or {}).items():
+            points = by_key.get(r.get("key") or "")
+            if points:
+                curves.setdefault(metric, {})[out["id"]] = _thin(list(points))
     for model in models:
         for metric, by_series in (model.get("scalars") or {}).items():
             for r, out in zip(rows, out_rows, strict=True):
+                if out["id"] in curves.get(metric, {}):
+                    continue
                 key = series_of(r, by_series)
                 if key is not None:
                     curves.setdefault(metric, {})[out["id"]] = _thin(by_series[key])
@@ -150,10 +166,22 @@ def current_rows(notebook: str | None = None, run: str | None = None) -> list[di
     return table(chosen, merge_metrics(all_stores(), [r["run"] for r in chosen]))
 
 
-def _models(topic: str | None) -> list[Mapping[str, Any]]:
+def _stores(topic: str | None) -> list[Any]:
     from ..telemetry.store import all_stores
 
-    return [s.model() for s in all_stores() if topic is None or s.topic == topic]
+    return [s for s in all_stores() if topic is None or s.topic == topic]
+
+
+def _curves(rows: list[dict[str, Any]], topic: str | None) -> tuple[dict[str, Any], list[Mapping[str, Any]]]:
+    """The rows' own curves per run, and the topics' models when some row has none (matched by series)."""
+    from ..runs import merge_curves
+
+    stores = _stores(topic)
+    own = {run: merge_curves(stores, run) for run in {str(r.get("run")) for r in rows}}
+    covered = all(
+        any((r.get("key") or "") in by_key for by_key in own.get(str(r.get("run")), {}).values()) for r in rows
+    )
+    return own, ([] if covered else [s.model() for s in stores])
 
 
 def _version(topic: str | None) -> tuple:
@@ -203,7 +231,8 @@ def widget_class():
             """Rebuild the table from the runs and curves now."""
             with self._lock:
                 rows = current_rows(**self._where) if self._rows is None else self._rows
-                self.data = sweep_data(rows, _models(self._topic), self._title)
+                own, models = _curves(rows, self._topic)
+                self.data = sweep_data(rows, models, self._title, own)
 
         def _tick(self) -> bool:
             if self.comm is None:

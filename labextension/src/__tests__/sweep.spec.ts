@@ -144,6 +144,16 @@ describe('sweep from the runs table', () => {
       ['r1:aux=False, lr=0.1, trial=1', 'aux=False, lr=0.1, trial=1'],
       ['r2:', 'baseline']
     ]);
+    // an item's own curve (GET runs/RUN/curves) comes first; the series fill in the rest
+    const own = sweepFromTable(table, [{ scalars: { loss: { 'trial=0': curve(3, 1), 'trial=1': curve(4, 2) } } }], '', {
+      r1: { loss: { 'aux=True, lr=0.1, trial=0': curve(9, 9) } },
+      r2: { loss: { '': curve(7) } }
+    });
+    expect(own.curves.loss).toEqual({
+      'r1:aux=True, lr=0.1, trial=0': curve(9, 9),
+      'r1:aux=False, lr=0.1, trial=1': curve(4, 2),
+      'r2:': curve(7)
+    });
     expect(s.curves.loss).toEqual({
       'r1:aux=True, lr=0.1, trial=0': curve(3, 1),
       'r1:aux=False, lr=0.1, trial=1': curve(4, 2)

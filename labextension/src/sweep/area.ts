@@ -16,7 +16,7 @@ import { Widget } from '@lumino/widgets';
 
 import { requestAPI } from '../api';
 import type { IMetricsModel } from '../charts/data';
-import type { ITableRow } from './model';
+import type { ITableRow, ItemCurves } from './model';
 import { sweepFromTable } from './model';
 import { SweepView } from './view';
 
@@ -84,9 +84,14 @@ export class SweepArea extends Widget {
       const rec = detail.run;
       running = rec.state === 'running';
       this.title.label = `Sweep: ${rec.name || rec.run}`;
+      // each item's own curves; the cluster's topics only for rows that have none (older servers)
+      const { curves } = await requestAPI<{ curves: ItemCurves[string] }>(
+        `runs/${encodeURIComponent(this.run)}/curves`
+      ).catch(() => ({ curves: {} as ItemCurves[string] }));
+      const covered = (r: ITableRow): boolean => Object.values(curves).some(byKey => !!byKey[r.key ?? '']);
       const cluster = rec.history || rec.cluster;
       const models: IMetricsModel[] = [];
-      if (cluster) {
+      if (cluster && !detail.rows.every(covered)) {
         const wanted = new Set(detail.rows.flatMap(r => Object.keys(r.final ?? {})));
         const { topics } = await requestAPI<{ topics: { topic: string; scalars: string[] }[] }>(
           `clusters/${encodeURIComponent(cluster)}/metrics`
@@ -99,7 +104,7 @@ export class SweepArea extends Widget {
           );
         }
       }
-      this.view.update(sweepFromTable(detail.rows, models, rec.name || rec.run));
+      this.view.update(sweepFromTable(detail.rows, models, rec.name || rec.run, { [rec.run]: curves }));
     } catch (error) {
       console.warn('jupyter-cluster:', (error as Error).message);
     } finally {

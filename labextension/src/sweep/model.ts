@@ -480,11 +480,19 @@ function toNumber(v: unknown): number | null {
   return typeof v === 'number' && Number.isFinite(v) ? v : null;
 }
 
-/** The sweep the view draws from table rows and the metrics models (scalars) their curves are in. */
+/** Each run's items' own curves: run id -> metric -> item key ("" for the run itself) -> points. */
+export type ItemCurves = { [run: string]: { [metric: string]: { [key: string]: Point[] } } };
+
+/**
+ * The sweep the view draws from table rows: a row's curve is its item's own
+ * (`itemCurves`, as `GET runs/RUN/curves` and `runs.merge_curves()` give
+ * them), else the series of `models` that seriesOfRow() finds.
+ */
 export function sweepFromTable(
   rows: ITableRow[],
   models: { scalars: { [value: string]: { [series: string]: Point[] } } }[],
-  title = ''
+  title = '',
+  itemCurves: ItemCurves = {}
 ): ISweep {
   const out: ISweepRow[] = rows.map(r => ({
     id: `${r.run}:${r.key ? r.key : r.item === null || r.item === undefined ? '' : String(r.item)}`,
@@ -501,11 +509,19 @@ export function sweepFromTable(
     best: Object.fromEntries(Object.entries(r.best ?? {}).map(([k, v]) => [k, toNumber(v)]))
   }));
   const curves: ISweep['curves'] = {};
+  rows.forEach((r, i) => {
+    for (const [metric, byKey] of Object.entries(itemCurves[r.run] ?? {})) {
+      const points = byKey[r.key ?? ''];
+      if (points?.length) {
+        (curves[metric] ??= {})[out[i].id] = points;
+      }
+    }
+  });
   for (const model of models) {
     for (const [metric, bySeries] of Object.entries(model.scalars)) {
       const keys = Object.keys(bySeries);
       rows.forEach((r, i) => {
-        const key = seriesOfRow(r, keys);
+        const key = curves[metric]?.[out[i].id] ? null : seriesOfRow(r, keys);
         if (key !== null) {
           (curves[metric] ??= {})[out[i].id] = bySeries[key];
         }
