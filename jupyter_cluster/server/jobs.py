@@ -209,6 +209,7 @@ class JobsStore:
             )
         )
         job.update(run_fields(msg))
+        job["duration"] = max(0.0, job["updated"] - job["started"])  # so far, while it runs
         old = self.jobs.get(job["job"])
         if old is not None and old["updated"] > job["updated"]:
             return True  # a late duplicate from the backlog
