@@ -268,8 +268,9 @@ def test_the_registry_cancels_a_dead_owners_jobs(slurm):
         wait_for(lambda: not jobs_named("jc-hpc-r-"), timeout=30, message="the registry to cancel the job")
         assert not os.path.exists(os.path.join(shared_dir(), job_name))  # and deleted its credentials
     finally:
-        if owner.poll() is None:
-            owner.kill()
+        owner.kill()
+        owner.wait(timeout=30)
+        owner.stdout.close()
         subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
 
 
