@@ -157,6 +157,10 @@ describe('many series', () => {
     expect(chart.legend).toBe(false);
     const few = lineChart('reward', { a: line(1), b: line(2) }, { compact: true, width: 250 });
     expect(few.legend).toBe(true);
+    // more than manySeries (12): no legend, however short the names
+    const thirteen = Object.fromEntries(Array.from({ length: 13 }, (_, i) => [`m=${i}`, line(i)]));
+    expect(lineChart('r', thirteen, { compact: false, width: 2000 }).legend).toBe(false);
+    expect(lineChart('r', thirteen, { compact: false, width: 2000 }, () => undefined, 20).legend).toBe(true);
     const rows = [10, 50, 52, 90].map(v => ({ key: `k${v}`, name: `k${v}`, marker: '', value: v, raw: v }));
     const [near, rest] = tooltipRows(rows, 2, 51);
     expect(near.map(r => r.value)).toEqual([50, 52]);

@@ -7,8 +7,9 @@
  *   and the chart says so, per series) or symlog (sign(y) log10(1 + |y|/c),
  *   which draws zero and negative values too);
  * - which series are drawn: all, or the top / bottom k by their last value;
- * - the legend: wrapped onto rows when it fits in a few, else none, and the
- *   tooltip lists the series nearest the pointer instead;
+ * - the legend: wrapped onto rows when it fits in a few, else (and for more
+ *   than `manySeries` series) none, and the tooltip lists the series nearest
+ *   the pointer instead;
  * - the tooltip: smoothed and raw values side by side when smoothing is on,
  *   the real values on a symlog axis.
  */
@@ -232,7 +233,7 @@ export function lineChart(
   const names = keys.map(seriesLabel);
   // a legend that fits in a few rows; otherwise none, and the tooltip names the series nearest the pointer
   const fit = overlayLegend(names, view.width ?? (compact ? 250 : 600));
-  const legend = keys.length > 1 && !fit.paged && fit.rows <= (compact ? 2 : 4);
+  const legend = keys.length > 1 && !many && !fit.paged && fit.rows <= (compact ? 2 : 4);
   const series: object[] = [];
   for (const key of keys) {
     const data = bySeries[key];
