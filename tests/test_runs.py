@@ -284,3 +284,14 @@ def test_an_items_tag_holds_only_while_its_cell_runs_in_this_thread():
         assert current_item() is None  # the item ended: a later task on this thread is not tagged
     finally:
         gc.enable()
+
+
+def test_an_spmd_cell_is_a_run(ip, cluster):
+    from jupyter_cluster.runs import kept_jobs
+
+    before = {j["job"] for j in kept_jobs()}
+    assert ip.run_cell("%%spmd\nx = rank").error_in_exec is None
+    [job] = [j for j in kept_jobs() if j["job"] not in before]
+    assert (job["kind"], job["state"], job["total"], job["cell"]["first_line"]) == ("spmd", "finished", 2, "%%spmd")
+    row = jc.runs(run=job["run"]).iloc[0]
+    assert row["state"] == "finished" and row["name"].endswith("· %%spmd")

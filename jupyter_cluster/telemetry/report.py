@@ -450,7 +450,8 @@ def report(
     config : dict, optional
         Hyperparameters of the run (or ``%%parallel`` item) this report
         belongs to, added to its config in :func:`jupyter_cluster.runs` and
-        the panel's sweep table (see :mod:`jupyter_cluster.runs`).
+        the panel's sweep table (see :mod:`jupyter_cluster.runs`); outside
+        a sweep item or a ``jc.run()`` block it is not kept.
 
     Raises
     ------
