@@ -40,8 +40,10 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-#: item configs (and states) a run keeps and publishes; the rest of a long map is counted only
+#: item configs (and states) a run keeps and publishes, and about how many bytes of them; the rest
+#: of a long map is counted only
 MAX_ITEMS = 2000
+MAX_ITEMS_BYTES = 512_000
 #: config entries per item or run
 MAX_CONFIG_KEYS = 64
 #: characters of a config value that is not a number, bool or short string (its repr, clipped)
@@ -319,6 +321,8 @@ class ItemTap:
         self.tag = tag
         self.items: list[tuple[str, dict[str, Any]]] = []
         self.count = 0
+        #: what :func:`job_items` found once the job ended
+        self.final: dict[str, Any] | None = None
 
     def __len__(self) -> int:
         return len(self._source)  # type: ignore[arg-type]  # TypeError where it has none, as len() would raise
@@ -592,27 +596,40 @@ def job_context(job: Any) -> dict[str, Any]:
 
 
 def job_items(job: Any) -> dict[str, Any]:
-    """The end-of-job fields of a ``%%parallel`` map: ``items`` (key, config, state, seconds) and ``item_count``."""
+    """The end-of-job fields of a ``%%parallel`` map: ``items`` (key, config, state, seconds) and ``item_count``.
+
+    At most :data:`MAX_ITEMS` items and about :data:`MAX_ITEMS_BYTES` of
+    their configs (the message goes through the scheduler's event log).
+    """
     tap = _taps.get(str(getattr(job, "id", "")))
     if tap is None:
         return {}
+    if tap.final is not None:
+        return tap.final
     errors = getattr(job, "errors", None) or {}
     try:
         durations = job.durations if hasattr(job, "durations") else {}
     except Exception:
         durations = {}
+    job_state = getattr(job, "state", "")
     results_known = getattr(job, "done", 0) + getattr(job, "failed", 0)
     items = []
+    size = 0
     for index, (key, config) in enumerate(tap.items):
         if index in errors:
             state = "failed"
-        elif index in durations or (getattr(job, "state", "") == "finished" and index < results_known):
+        elif index in durations or (job_state == "finished" and index < results_known):
             state = "finished"
         else:
-            state = "cancelled" if getattr(job, "state", "") != "running" else "running"
-        d = durations.get(index)
-        items.append({"index": index, "key": key, "config": config, "state": state, "duration": d})
-    return {"items": items, "item_count": tap.count}
+            state = "cancelled" if job_state != "running" else "running"
+        size += 60 + len(key) + sum(len(k) + len(str(v)) + 6 for k, v in config.items())
+        if size > MAX_ITEMS_BYTES:
+            break
+        items.append({"index": index, "key": key, "config": config, "state": state, "duration": durations.get(index)})
+    out = {"items": items, "item_count": tap.count}
+    if job_state != "running":
+        tap.final = out  # the job ended: its items no longer change
+    return out
 
 
 # -- what this kernel keeps -----------------------------------------------------------

@@ -295,3 +295,20 @@ def test_an_spmd_cell_is_a_run(ip, cluster):
     assert (job["kind"], job["state"], job["total"], job["cell"]["first_line"]) == ("spmd", "finished", 2, "%%spmd")
     row = jc.runs(run=job["run"]).iloc[0]
     assert row["state"] == "finished" and row["name"].endswith("· %%spmd")
+
+
+def test_a_long_sweep_lists_a_bounded_number_of_items_and_counts_the_rest(ip, cluster):
+    from jupyter_cluster.runs import MAX_ITEMS, kept_jobs
+
+    assert ip.run_cell(f"%%parallel i in range({MAX_ITEMS + 500}) --no-progress\ni").error_in_exec is None
+    job = ip.user_ns["_parallel_job"]
+    [msg] = [j for j in kept_jobs() if j["job"] == job.id]
+    assert msg["item_count"] == MAX_ITEMS + 500 and len(msg["items"]) == MAX_ITEMS
+    assert msg["items"][-1] == {
+        "index": MAX_ITEMS - 1,
+        "key": f"i={MAX_ITEMS - 1}",
+        "config": {"i": MAX_ITEMS - 1},
+        "state": "finished",
+        "duration": msg["items"][-1]["duration"],
+    }
+    assert job.total == MAX_ITEMS + 500  # the tap keeps the iterable's length
