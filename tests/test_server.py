@@ -463,7 +463,10 @@ def test_scale_and_adapt_reach_the_owner(api, panel_cluster):
     assert api.ok("POST", "clusters/panel-t/scale", json={"workers": 2})["workers"] == 2
     wait_for(lambda: api.ok("GET", "clusters/panel-t")["n_workers"] == 2, 60, interval=0.2, message="2 workers")
     assert api.ok("POST", "clusters/panel-t/adapt", json={"minimum": 1, "maximum": 2})["maximum"] == 2
+    listed = {c["name"]: c for c in api.ok("GET", "clusters")["clusters"]}
+    assert listed["panel-t"]["adaptive"] == {"minimum": 1, "maximum": 2}  # the panel draws its card apart
     assert api.ok("POST", "clusters/panel-t/scale", json={"workers": 1})["workers"] == 1
+    assert "adaptive" not in api.ok("GET", "clusters/panel-t")
     wait_for(lambda: api.ok("GET", "clusters/panel-t")["n_workers"] == 1, 60, interval=0.2, message="back to 1 worker")
 
 

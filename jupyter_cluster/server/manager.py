@@ -145,6 +145,8 @@ class Connection:
         self.connects = 0  # how many times a client was (re)connected
         #: kernels attached to this scheduler by records of their own (hidden from the list)
         self.attached_kernels: list[str] = []
+        #: the bounds its owner adapts between, as last asked through this server (None: a fixed size)
+        self.adaptive: dict[str, int | None] | None = None
 
     # -- connection ------------------------------------------------------------
     async def tick(self) -> None:
@@ -291,7 +293,7 @@ class Connection:
         return self.record.dashboard_link
 
     def summary(self) -> ClusterSummary:
-        return cluster_summary(
+        summary = cluster_summary(
             self.record,
             self.dashboard_link,
             self.status,
@@ -301,6 +303,9 @@ class Connection:
             self.metrics,
             self.attached_kernels,
         )
+        if self.adaptive is not None:  # the panel draws an adaptive cluster's card apart
+            summary["adaptive"] = self.adaptive  # type: ignore[typeddict-unknown-key]
+        return summary
 
     async def model(self) -> ClusterDetail:
         """Details and workers with the summary's fields (:func:`.models.cluster_detail`)."""
@@ -817,7 +822,9 @@ class ClusterManager:
 
     async def scale(self, name: str, n: int) -> None:
         validate_count(n, "workers")
-        await self._request(self.live(name, "scale"), "scale", n=n)
+        conn = self.live(name, "scale")
+        await self._request(conn, "scale", n=n)
+        conn.adaptive = None  # a fixed size again
 
     async def adapt(self, name: str, minimum: int = 0, maximum: int | None = None) -> None:
         validate_count(minimum, "minimum")
@@ -825,7 +832,9 @@ class ClusterManager:
             validate_count(maximum, "maximum")
             if maximum < minimum:
                 raise ClusterError(f"maximum ({maximum}) must be at least minimum ({minimum}).")
-        await self._request(self.live(name, "adapt"), "adapt", minimum=minimum, maximum=maximum)
+        conn = self.live(name, "adapt")
+        await self._request(conn, "adapt", minimum=minimum, maximum=maximum)
+        conn.adaptive = {"minimum": minimum, "maximum": maximum}
 
     async def _request(self, conn: Connection, op: str, **args: Any) -> None:
         try:

@@ -13,7 +13,7 @@ import { IWorkerSort, WorkerColumn, nextSort, sortWorkers, summarize, tasksText,
 /** px per row (CSS .jc-worker has the same height) */
 export const ROW_HEIGHT = 22;
 /** rows in view before the list scrolls */
-const VIEW_ROWS = 12;
+const VIEW_ROWS = 10;
 /** hosts listed in the summary */
 const HOSTS_SHOWN = 6;
 
