@@ -354,19 +354,17 @@ def slow(x: int) -> int:
     return x
 
 
-def test_scale_and_adapt_count_jobs(slurm):
-    """scale(n) asks SLURM for n jobs; adapt grows the jobs with a backlog of Dask tasks."""
+def test_adapt_counts_jobs(slurm):
+    """An adaptive cluster from 0 jobs: the start waits for one worker, the idle job is then cancelled, and a
+    backlog of Dask tasks makes adapt submit jobs again (``scale`` = jobs: see the kill -9 test)."""
     import threading
 
     import jupyter_cluster as jc
 
-    handle = jc.start(backend="slurm", name="hpc-s", workers=1)
+    handle = jc.start(backend="slurm", name="hpc-s", adapt_min=0, adapt_max=3)
     try:
-        handle.scale(2)
-        wait_for(lambda: len(jobs_named("jc-hpc-s-")) == 2, timeout=60, message="scale 2 to queue a second job")
-        handle.wait_for_workers(2, timeout=120)
-        handle.adapt(1, 3)
-        wait_for(lambda: len(jobs_named("jc-hpc-s-")) == 1, timeout=60, message="adapt to retire an idle job")
+        assert len(handle.client.scheduler_info()["workers"]) == 1
+        wait_for(lambda: not jobs_named("jc-hpc-s-"), timeout=60, message="adapt to cancel the idle job")
         peak = []
         done = threading.Event()
 

@@ -610,15 +610,18 @@ class JobqueueBackend(Backend):
             except (OSError, RuntimeError, ValueError) as exc:
                 raise ClusterError(f"the {self.name} cluster could not start: {exc}") from exc
             try:
-                if opts["adapt_min"] is not None:
-                    cluster.adapt(minimum=opts["adapt_min"], maximum=opts["adapt_max"])
-                else:
-                    cluster.scale(jobs=opts["workers"])
+                adapt = opts["adapt_min"] is not None
+                # an adaptive cluster starts with one job at least: the start waits for a worker, and
+                # adapting from none would cancel the jobs that have not arrived yet
+                initial = max(opts["adapt_min"], 1) if adapt else opts["workers"]
+                cluster.scale(jobs=initial)
                 facts = _Facts(cluster, job_name, config.timeout_seconds("jobqueue.poll-interval"))
                 if self.system == "slurm":
-                    self._wait_for_a_worker(cluster, facts, name, opts)
+                    self._wait_for_a_worker(cluster, facts, name, initial)
                     facts.start()
                     cleanup.insert(0, facts.stopped.set)
+                if adapt:
+                    cluster.adapt(minimum=opts["adapt_min"], maximum=opts["adapt_max"])
             except BaseException:
                 with contextlib.suppress(Exception):
                     cluster.close(timeout=10)
@@ -665,10 +668,9 @@ class JobqueueBackend(Backend):
                 f"SLURM refuses the worker jobs: {why}; check --partition, --walltime and the sizes asked for."
             )
 
-    def _wait_for_a_worker(self, cluster: Any, facts: _Facts, name: str, opts: dict[str, Any]) -> None:
+    def _wait_for_a_worker(self, cluster: Any, facts: _Facts, name: str, jobs_asked: int) -> None:
         """Wait for the first worker; raise at once, with SLURM's reason, if the jobs will not start."""
-        wanted = opts["workers"] if opts["adapt_min"] is None else opts["adapt_min"]
-        if not wanted:
+        if not jobs_asked:
             return
         timeout = config.timeout_seconds("jobqueue.start-timeout")
         notice = config.timeout_seconds("jobqueue.pending-notice")
