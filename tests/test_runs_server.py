@@ -144,6 +144,8 @@ def test_two_notebooks_keep_their_jobs_and_runs_while_a_third_floods(setup):
         assert ja["failed"] == 1 and "ValueError: item one fails" in ja["failures"][0]["error"]
         assert ja["notebook"] == "a.ipynb" and ja["cell"]["first_line"].startswith("%%parallel x in range(3)")
         assert ja["kind"] == "map" and ja["item_count"] == 3 and "items" not in ja  # the job list leaves items out
+        assert ja["name"] == f"a.ipynb · In [{ja['cell']['execution_count']}] · %%parallel x in range(3)"
+        assert ja["duration"] > 0
         assert [j["job"] for j in mine("sub/b.ipynb")] == [b_jobs[0]["job"]]
         assert b_jobs[0]["kernel_id"] == kernel_b
         # the flood kept only what its own budget holds

@@ -259,8 +259,12 @@ class KeptCluster:
         self.jobs = JobsStore(max_bytes=1 << 62, owner_bytes=1 << 62)  # bounded when written (HistoryFolder)
         for job in jobs:
             self.jobs.add(job)
-        notebooks = sorted({j["notebook"] for j in self.jobs.jobs.values() if j.get("notebook")})
-        #: the notebooks whose jobs it holds (the first one's budget it counts against)
+        counts: dict[str, int] = {}
+        for j in self.jobs.jobs.values():
+            if j.get("notebook"):
+                counts[j["notebook"]] = counts.get(j["notebook"], 0) + 1
+        notebooks = sorted(counts, key=lambda nb: (-counts[nb], nb))  # the one that ran the most first
+        #: the notebooks whose jobs it holds, the one with the most first (its budget it counts against)
         self.notebooks: list[str] = notebooks
         self.metrics = {t.topic: t for t in (KeptTopic(d) for d in topics)}
 

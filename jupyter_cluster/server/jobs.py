@@ -140,6 +140,21 @@ def notebook_name(path: str | None) -> str | None:
     return path
 
 
+def job_name(job: dict[str, Any]) -> str:
+    """What the panel calls a job: ``"02-es.ipynb · In [5] · evaluate #3"`` (its notebook, cell, label, number in its run)."""
+    parts = []
+    if job.get("notebook"):
+        parts.append(os.path.basename(str(job["notebook"])))
+    cell = job.get("cell") or {}
+    if cell.get("execution_count") is not None:
+        parts.append(f"In [{cell['execution_count']}]")
+    label = str(job.get("label") or job["job"])
+    number = (job.get("context") or {}).get("job")
+    if isinstance(number, int) and number > 1:
+        label += f" #{number}"
+    return " · ".join(parts + [label])
+
+
 def owner_of(job: dict[str, Any]) -> str:
     """Whose budget a job counts against: its notebook, else its kernel (id, else pid), else its cluster."""
     if job.get("notebook"):
@@ -210,6 +225,8 @@ class JobsStore:
         )
         job.update(run_fields(msg))
         job["duration"] = max(0.0, job["updated"] - job["started"])  # so far, while it runs
+        if not job.get("name"):
+            job["name"] = job_name(job)
         old = self.jobs.get(job["job"])
         if old is not None and old["updated"] > job["updated"]:
             return True  # a late duplicate from the backlog
