@@ -721,6 +721,8 @@ def group_runs(jobs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     for rec in out.values():
         if rec["name"] is None:
             rec["name"] = run_name(rec)
+        if rec["state"] == "running":  # one of its jobs still runs: not ended, whatever the others did
+            rec["ended"] = None
         start = rec["started"]
         end = rec["ended"]
         if isinstance(start, (int, float)):

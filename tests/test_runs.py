@@ -312,3 +312,31 @@ def test_a_long_sweep_lists_a_bounded_number_of_items_and_counts_the_rest(ip, cl
         "duration": msg["items"][-1]["duration"],
     }
     assert job.total == MAX_ITEMS + 500  # the tap keeps the iterable's length
+
+
+def test_jobs_group_into_runs_with_their_counts_state_and_duration():
+    from jupyter_cluster.runs import group_runs
+
+    def job(i, run, state, started, updated, kind="map", **kw):
+        return {"job": i, "run": run, "kind": kind, "label": "evaluate", "state": state, "started": started,
+                "updated": updated, "total": 2, "done": 2 if state == "finished" else 1, "failed": int(state == "failed"), **kw}  # fmt: skip
+
+    cell = {"execution_count": 5, "cell_id": None, "first_line": "for g in range(3):"}
+    runs = group_runs(
+        [
+            job("a", "a", "finished", 1.0, 2.0, notebook="nb/es.ipynb", cell=cell),
+            job("b", "a", "failed", 3.0, 4.0),
+            job("c", "a", "finished", 5.0, 6.0),
+            job("r", "r", "finished", 10.0, 20.0, kind="run", config={"sigma": 0.1}, ended=20.0),
+            job("d", "r", "running", 11.0, 12.0),
+        ]
+    )
+    a, r = runs["a"], runs["r"]
+    assert (a["state"], a["jobs"], a["total"], a["done"], a["failed"]) == ("failed", ["a", "b", "c"], 6, 5, 1)
+    assert (a["started"], a["ended"], a["duration"]) == (1.0, 6.0, 5.0)
+    assert a["name"] == "es.ipynb · In [5] · for g in range(3):"
+    # a named run: its own record's state and config; its jobs' counts
+    assert (r["kind"], r["state"], r["config"], r["jobs"], r["total"]) == ("run", "finished", {"sigma": 0.1}, ["d"], 2)
+    assert r["name"] == "evaluate" and r["duration"] == 10.0
+    running = group_runs([job("x", "x", "finished", 1.0, 2.0), job("y", "x", "running", 3.0, 4.0)])["x"]
+    assert running["state"] == "running" and running["ended"] is None
