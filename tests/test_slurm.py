@@ -246,6 +246,16 @@ time.sleep(600)
 """
 
 
+def _cmdline_has(process, text: str) -> bool:
+    """Whether ``process``'s command line mentions ``text`` (False for one that has just ended: squeue, say)."""
+    import psutil
+
+    try:
+        return any(text in a for a in process.cmdline())
+    except psutil.Error:
+        return False
+
+
 def test_the_registry_cancels_a_dead_owners_jobs(slurm):
     """With its watchdog gone too, a dead owner's jobs are cancelled when the registry drops its record."""
     import psutil
@@ -259,7 +269,7 @@ def test_the_registry_cancels_a_dead_owners_jobs(slurm):
         # a held job of the cluster's job name: it stays queued until someone cancels it
         job_name = registry.read("hpc-r").extra["batch"]["job_name"]
         subprocess.run(["sbatch", "--hold", "-J", job_name, "--wrap", "true"], check=True, timeout=30)
-        (watchdog,) = [p for p in psutil.Process(owner.pid).children() if any("jc-hpc-r-" in a for a in p.cmdline())]
+        (watchdog,) = [p for p in psutil.Process(owner.pid).children() if _cmdline_has(p, "jc-hpc-r-")]
         watchdog.kill()
         owner.kill()
         owner.wait(timeout=30)
