@@ -48,6 +48,12 @@ def test_show_runs_sends_each_items_row_and_own_curve(ip, cluster):
     assert len(jc.show_runs(run=run_id)) == 12
     w = sweep.widget_class()(None, {"notebook": None, "run": run_id}, topic, "t")
     assert len(w.data["rows"]) == 12 and len(w.data["curves"]["loss"]) == 12
+    # its static copy, for a notebook saved without the kernel: the table as text, the curves as an image
+    static = w.static_bundle()
+    lines = static["text/plain"].splitlines()
+    assert lines[0] == "t: 12 rows" and lines[1].split() == ["run", "state", "trial", "lr", "aux", "loss"]
+    assert len(lines) == 14 and "<img" in static["text/html"] and static["text/html"].count("<tr>") == 13
+    assert "<script" not in static["text/html"]
 
     # rows given as jc.runs()'s DataFrame carry no item key: their curves are the series named by trial
     given = sweep._rows_from(jc.runs(run=run_id))

@@ -193,6 +193,46 @@ def _version(topic: str | None) -> tuple:
     return (len(jobs), repr(jobs[-1]) if jobs else "", tuple(stores))
 
 
+#: rows a static copy lists
+STATIC_ROWS = 100
+
+
+def static_bundle(data: Mapping[str, Any]) -> dict[str, str]:
+    """The sweep's static copy: ``text/plain`` and ``text/html`` (the first metric's curves and the table)."""
+    import html
+
+    from .static_render import fmt_num, line_chart_svg, svg_img
+
+    rows = list(data.get("rows") or [])
+    config_keys = list(dict.fromkeys(k for r in rows for k in r["config"]))
+    metrics = list(dict.fromkeys(m for r in rows for m in r["final"]))
+    header = ["run", "state", *config_keys, *metrics]
+
+    def cells(r: Mapping[str, Any]) -> list[str]:
+        conf = [fmt_num(v) if isinstance(v, float) else str(v) for v in (r["config"].get(k, "") for k in config_keys)]
+        return [str(r["name"]), str(r.get("state") or ""), *conf, *(fmt_num(r["final"].get(m)) for m in metrics)]
+
+    body = [cells(r) for r in rows[:STATIC_ROWS]]
+    more = f"… {len(rows) - STATIC_ROWS} more rows" if len(rows) > STATIC_ROWS else ""
+    title = f"{data.get('title') or 'runs'}: {len(rows)} rows"
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
+    text = [title, "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    text += ["  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) for b in body]
+    parts = [f"<p><b>{html.escape(title)}</b></p>"]
+    curves = (data.get("curves") or {}).get(metrics[0]) if metrics else None
+    if curves:
+        names = {r["id"]: r["name"] for r in rows}
+        svg = line_chart_svg(metrics[0], {names.get(k, k): v for k, v in curves.items()})
+        parts.append(svg_img(svg, f"{metrics[0]} of each run"))
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in b) + "</tr>" for b in body)
+    parts.append(f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>")
+    if more:
+        text.append(more)
+        parts.append(f"<p>{html.escape(more)}</p>")
+    return {"text/plain": "\n".join(text), "text/html": "".join(parts)}
+
+
 _widget_class: Any = None
 
 
@@ -206,12 +246,20 @@ def widget_class():
     import anywidget
     import traitlets as t
 
-    class SweepWidget(anywidget.AnyWidget):
-        """The sweep table: rows of config and metrics, curves overlaid or grouped, parallel coordinates."""
+    from .static_render import StaticOutput
+
+    class SweepWidget(StaticOutput, anywidget.AnyWidget):
+        """The sweep table: rows of config and metrics, curves overlaid or grouped, parallel coordinates.
+
+        Its outputs also carry a static copy (the table and the first metric's curves), so a saved
+        notebook shows them without the kernel.
+        """
 
         _esm = BUNDLE
         data = t.Dict().tag(sync=True)
         chart_height = t.Int(280).tag(sync=True)
+        #: the browser's sort, filter, grouping and ticked rows (kept so a re-rendered output keeps them)
+        view_state = t.Dict().tag(sync=True)
 
         def __init__(
             self, rows: list | None, where: dict[str, Any], topic: str | None, title: str, **kwargs: Any
@@ -222,6 +270,7 @@ def widget_class():
             self._topic = topic
             self._title = title
             self._seen: tuple | None = None
+            self._refreshed = 0
             self._lock = threading.Lock()
             self.refresh()
             if rows is None:  # following this kernel's runs: new runs and reports appear
@@ -233,6 +282,13 @@ def widget_class():
                 rows = current_rows(**self._where) if self._rows is None else self._rows
                 own, models = _curves(rows, self._topic)
                 self.data = sweep_data(rows, models, self._title, own)
+                self._refreshed += 1
+
+        def static_version(self) -> Any:
+            return self._refreshed
+
+        def static_bundle(self) -> dict[str, str]:
+            return static_bundle(self.data)
 
         def _tick(self) -> bool:
             if self.comm is None:

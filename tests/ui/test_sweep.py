@@ -139,6 +139,23 @@ def test_sweep_table_sorts_filters_groups_and_overlays(lab, browser, artifacts):
         assert [n.split("trial=")[1] for n in names] == [p.split("trial=")[1] for p in picked], (names, picked)
         shot(page, artifacts, "sweep-overlay.png", ".jc-sweep")
 
+        # -- the output re-rendered at a cell's end (its static copy is brought up to date): choices kept ---------
+        page.evaluate("document.querySelector('.jc-sweep').dataset.old = 'yes'")
+        page.evaluate(
+            """async () => {
+              const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+              const code = 'import time\\njc.report(step=0, topic="sweep", extra=1.0)\\ntime.sleep(3)';
+              await kernel.requestExecute({ code }).done;
+            }"""
+        )
+        page.wait_for_function(
+            "(() => { const e = document.querySelector('.jc-sweep'); return !!e && e.dataset.old !== 'yes'; })()",
+            timeout=30_000,
+        )
+        _wait_attr(page, ".jc-sweep", "selected", "v.split('|').length === 3")
+        assert _data(page, "selected").split("|") == picked
+        assert _data(page, "order").split("|")[10].endswith("trial=10")  # still sorted by trial
+
         # -- the same run's table in the main area, from the server (GET runs/RUN and the topic) ------
         run_id = _data(page, "order").split("|")[0].split(":")[0]
         page.evaluate(f"window.jupyterapp.commands.execute('jupyter-cluster:open-sweep', {{ run: '{run_id}' }})")

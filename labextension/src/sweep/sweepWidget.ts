@@ -5,11 +5,14 @@
  */
 import { isDark } from '../charts/dom';
 import type { ISweep } from './model';
+import type { ISweepViewState } from './view';
 import { SweepView } from './view';
 
 /** The part of anywidget's model API this module uses. */
 interface IWidgetModel {
   get(name: string): unknown;
+  set(name: string, value: unknown): void;
+  save_changes(): void;
   on(event: string, callback: () => void): void;
   off(event: string, callback: () => void): void;
 }
@@ -27,6 +30,15 @@ function render({ model, el }: { model: IWidgetModel; el: HTMLElement }): () => 
       const data = model.get('data') as ISweep | undefined;
       view.update(data && Array.isArray(data.rows) ? data : { rows: [], curves: {} });
     });
+  };
+  // the user's sort, filter, grouping and ticks live in the model: a re-rendered output keeps them
+  const saved = model.get('view_state') as Partial<ISweepViewState> | undefined;
+  if (saved && typeof saved === 'object' && Object.keys(saved).length) {
+    view.setState(saved);
+  }
+  view.onState = state => {
+    model.set('view_state', state);
+    model.save_changes();
   };
   redraw();
   model.on('change:data', redraw);

@@ -64,7 +64,19 @@ function controlStyle(dark: boolean): string {
   );
 }
 
+/** What the user chose (kept by the notebook widget, so a re-rendered output keeps it). */
+export interface ISweepViewState {
+  sortBy: string | null;
+  descending: boolean;
+  filter: string;
+  groupBy: string;
+  metric: string;
+  selected: string[];
+}
+
 export class SweepView {
+  /** Called after the user changed the sort, filter, grouping, metric or ticked rows. */
+  onState: ((state: ISweepViewState) => void) | null = null;
   readonly node: HTMLElement;
   private sweep: ISweep = { rows: [], curves: {} };
   private dark: boolean;
@@ -99,21 +111,21 @@ export class SweepView {
       'Keep the rows where every term holds: key=value, key!=value, key>n, key<n (config keys and metrics), or text';
     this.filterInput.addEventListener('input', () => {
       this.filter = this.filterInput.value;
-      this.render();
+      this.changed();
     });
     this.metricSelect.title = 'The metric the charts draw';
     this.metricSelect.addEventListener('change', () => {
       this.metric = this.metricSelect.value;
-      this.render();
+      this.changed();
     });
     this.groupSelect.title = "Group the curves by a config key's value: each group's mean ± one standard deviation";
     this.groupSelect.addEventListener('change', () => {
       this.groupBy = this.groupSelect.value;
-      this.render();
+      this.changed();
     });
     this.clearButton.addEventListener('click', () => {
       this.selected.clear();
-      this.render();
+      this.changed();
     });
     const metricLabel = el('label', '', 'metric ');
     metricLabel.append(this.metricSelect);
@@ -150,7 +162,9 @@ export class SweepView {
   update(sweep: ISweep): void {
     this.sweep = sweep;
     const ids = new Set(sweep.rows.map(r => r.id));
-    [...this.selected].forEach(id => !ids.has(id) && this.selected.delete(id));
+    if (sweep.rows.length) {
+      [...this.selected].forEach(id => !ids.has(id) && this.selected.delete(id));
+    }
     this.render();
   }
 
@@ -168,6 +182,33 @@ export class SweepView {
     this.render();
   }
 
+  /** The user's choices now. */
+  get state(): ISweepViewState {
+    return {
+      sortBy: this.sortBy,
+      descending: this.descending,
+      filter: this.filter,
+      groupBy: this.groupBy,
+      metric: this.metric,
+      selected: [...this.selected]
+    };
+  }
+
+  /** Restore choices (e.g. those of an earlier view of the same widget). */
+  setState(state: Partial<ISweepViewState>): void {
+    this.sortBy = state.sortBy ?? this.sortBy;
+    this.descending = state.descending ?? this.descending;
+    this.filter = state.filter ?? this.filter;
+    this.filterInput.value = this.filter;
+    this.groupBy = state.groupBy ?? this.groupBy;
+    this.metric = state.metric ?? this.metric;
+    if (state.selected) {
+      this.selected.clear();
+      state.selected.forEach(id => this.selected.add(id));
+    }
+    this.render();
+  }
+
   /** Select rows by id (as a click on their boxes would). */
   select(ids: string[]): void {
     ids.forEach(id => this.selected.add(id));
@@ -181,6 +222,11 @@ export class SweepView {
     this.node.remove();
   }
 
+  private changed(): void {
+    this.render();
+    this.onState?.(this.state);
+  }
+
   private style(): void {
     this.node.dataset.theme = this.dark ? 'dark' : 'light';
     for (const c of [this.filterInput, this.metricSelect, this.groupSelect, this.clearButton]) {
@@ -192,11 +238,12 @@ export class SweepView {
   private render(): void {
     const sweep = this.sweep;
     const metrics = metricKeys(sweep);
-    if (!metrics.includes(this.metric)) {
+    // (no rows yet: the choices restored from an earlier view are kept for when they come)
+    if (!metrics.includes(this.metric) && sweep.rows.length) {
       this.metric = metrics[0] ?? '';
     }
     const keys = configKeys(sweep.rows);
-    if (this.groupBy && !keys.includes(this.groupBy)) {
+    if (this.groupBy && !keys.includes(this.groupBy) && sweep.rows.length) {
       this.groupBy = '';
     }
     this.options(
@@ -283,7 +330,7 @@ export class SweepView {
       th.addEventListener('click', () => {
         this.descending = this.sortBy === c.id ? !this.descending : c.kind === 'final' || c.kind === 'best';
         this.sortBy = c.id;
-        this.render();
+        this.changed();
       });
       head.append(th);
     }
@@ -300,7 +347,7 @@ export class SweepView {
         } else {
           this.selected.delete(r.id);
         }
-        this.render();
+        this.changed();
       });
       const swatch = el('span', 'jc-swatch');
       const key = this.groupBy ? `${this.groupBy}=${cellText(r.config[this.groupBy]) || '(none)'}` : r.id;
