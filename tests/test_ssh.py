@@ -166,6 +166,21 @@ def test_kernel_killed_leaves_no_process_on_the_hosts(hosts, tmp_path):
         stop_jupyter_named_kernel(km, kc)
 
 
+def test_stop_after_the_scheduler_host_died_leaves_nothing_on_the_others(hosts):
+    import jupyter_cluster as jc
+
+    handle = jc.start(backend="ssh", hosts=hosts.addresses[:2], name="ssh-headless")
+    try:
+        assert hosts.extra_pids(1)
+        hosts.kill_host(0)  # the scheduler's host: sshd and the scheduler
+        wait_for(handle.scheduler_gone, 120, message="the client to notice the scheduler is gone")
+    finally:
+        handle.stop()
+        hosts.start_sshd(0)
+        hosts.wait_for_port(hosts.addresses[0], 22)
+    wait_for(lambda: _hosts_clean(hosts), CLEAN_WITHIN, message="the worker host to drop its processes")
+
+
 @pytest.mark.parametrize("case", ["wrong key", "unknown host", "refused", "no python"])
 def test_bad_login_refused_in_one_sentence(ip, hosts, tmp_path, case):
     import jupyter_cluster as jc

@@ -455,6 +455,10 @@ class SSHBackend(Backend):
                 f"the SSH cluster on {', '.join(unique_hosts)} could not start: {text.rstrip('.')}."
             ) from exc
         _round_robin_scale_up(cluster, worker_hosts, worker_options, python, homes, tag, ssh_options)
+        loop = cluster.loop
+        if loop is not None:
+            loop.add_callback(_note_scheduler_exit, cluster.scheduler)
+        _end_sessions_on_close(cluster)
         cleanup.append(forget)
         return StartedCluster(
             address=cluster.scheduler_address,
@@ -464,6 +468,47 @@ class SSHBackend(Backend):
             cleanup=cleanup,
             extra={"hosts": unique_hosts, "scheduler_host": scheduler_host},
         )
+
+
+def _end_sessions_on_close(cluster: Any) -> None:
+    """Make the cluster's close end every SSH session it leaves open.
+
+    ``SpecCluster`` closes the scheduler's session only when it shuts the
+    scheduler down itself, which a stop skips when the client had lost the
+    scheduler, and a close cut short by its timeout ends none; the cluster's
+    event loop stops after it, so later is too late.  The remote processes
+    end with their sessions (:func:`dask_setup`).
+    """
+    close = cluster._close
+
+    async def close_then_end_sessions() -> None:
+        try:
+            await close()
+        finally:
+            for process in [getattr(cluster, "scheduler", None), *getattr(cluster, "_created", ())]:
+                connection = getattr(process, "connection", None)
+                if connection is not None:
+                    connection.close()
+
+    cluster._close = close_then_end_sessions
+
+
+async def _note_scheduler_exit(process: Any) -> None:
+    """Mark the cluster's scheduler closed when its remote process ends (its host died, it was orphaned).
+
+    Dask's SSH process objects stay "running" after the remote process has
+    gone; closing the cluster would then ask the dead scheduler to retire the
+    workers, and wait out the whole close timeout before ending any SSH
+    session.  Marked closed, the close goes straight to ending the sessions.
+    """
+    from distributed.core import Status
+
+    try:
+        await process.proc.wait_closed()
+    except Exception:  # the connection broke: the process is gone all the same
+        pass
+    if process.status == Status.running:
+        process.status = Status.closed
 
 
 def _round_robin_scale_up(
