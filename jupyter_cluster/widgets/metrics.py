@@ -203,6 +203,8 @@ def widget_class():
         topic = t.Unicode("").tag(sync=True)
         data = t.Dict().tag(sync=True)
         chart_height = t.Int(260).tag(sync=True)
+        #: the browser's toolbar choices (smoothing, y scale, ...), so a re-rendered output keeps them
+        view_state = t.Dict().tag(sync=True)
 
         def __init__(self, topic: str, **kwargs: Any) -> None:
             super().__init__(

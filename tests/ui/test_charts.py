@@ -155,6 +155,24 @@ def test_charts_read_at_a_glance(lab, browser, artifacts):
         after = page.evaluate(f"[{_chart(0, 'position')}.dataset.draws, {_chart(0, 'speed')}.dataset.draws]")
         assert after[0] == before[0] and int(after[1]) > int(before[1]), (before, after)
 
+        # -- a cell's end re-renders the output (its static copy is updated): the toolbar's choices stay -----------
+        walks.locator("select.jc-y-scale").select_option("symlog")
+        walks.locator("input.jc-smoothing").fill("0.8")
+        page.evaluate("document.querySelector('.jp-OutputArea .jc-metrics').dataset.old = 'yes'")
+        page.evaluate(
+            """async () => {
+              const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+              const code = 'import time\\njc.report(step=50, topic="walks", walk="walk 2", speed=1.0)\\ntime.sleep(1.5)';
+              await kernel.requestExecute({ code }).done;
+            }"""
+        )
+        _wait(page, "document.querySelector('.jp-OutputArea .jc-metrics').dataset.old !== 'yes'", timeout=30_000)
+        _wait(page, f"{_chart(0, 'position')}.dataset.yScale === 'symlog'")
+        assert walks.locator("select.jc-y-scale").input_value() == "symlog"
+        assert walks.locator("input.jc-smoothing").input_value() == "0.8"
+        walks.locator("select.jc-y-scale").select_option("linear")
+        walks.locator("input.jc-smoothing").fill("0")
+
         # -- the dark theme: the toolbar and the series colours change with it ------------------------------------
         page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', { theme: 'JupyterLab Dark' })")
         _wait(page, "document.querySelector('.jp-OutputArea .jc-metrics').dataset.theme === 'dark'", timeout=30_000)

@@ -150,6 +150,18 @@ function download(filename: string, blob: Blob): void {
   window.setTimeout(() => URL.revokeObjectURL(url), 1000);
 }
 
+/** The user's choices of a MetricsCharts: its toolbar and overlay. */
+export interface IChartsState {
+  smoothing: number;
+  yScale: YScale;
+  x: XAxisMode;
+  /** a TOP_K value: 'all', 'top10', 'bottom5', ... */
+  topK: string;
+  filter: string;
+  picks: IOverlayPick[];
+  overlayAxes: OverlayAxes;
+}
+
 /** The top-k choices: which series a chart draws. */
 const TOP_K: [string, string, ITopK | null][] = [
   ['all', 'all series', null],
@@ -198,6 +210,7 @@ export class MetricsCharts {
   private themeFrame = 0;
   private readonly resized = new Set<Element>();
   private readonly smoothingInput: HTMLInputElement;
+  private readonly smoothValue: HTMLElement;
   private readonly yScaleSelect: HTMLSelectElement;
   private readonly topKSelect: HTMLSelectElement;
   private readonly xSelect: HTMLSelectElement;
@@ -210,6 +223,8 @@ export class MetricsCharts {
   private readonly overlayAdd: HTMLSelectElement;
   private readonly overlayAxesSelect: HTMLSelectElement;
   private readonly overlayPicks: HTMLElement;
+  /** Called after the user changed a choice of the toolbar or the overlay (viewState). */
+  onViewState: ((state: IChartsState) => void) | null = null;
   /** Called with the topics besides this one that the overlay draws from (the host should feed them). */
   onOverlayTopics: ((topics: string[]) => void) | null = null;
   /** Called with the kept clusters' topics the overlay draws from (the host should read them once). */
@@ -235,14 +250,14 @@ export class MetricsCharts {
     this.smoothingInput.step = '0.01';
     this.smoothingInput.value = '0';
     this.smoothingInput.style.cssText = 'width: 5em; vertical-align: middle;';
-    const smoothValue = el('span', 'jc-smoothing-value', 'off');
+    const smoothValue = (this.smoothValue = el('span', 'jc-smoothing-value', 'off'));
     smoothValue.style.cssText = 'display: inline-block; min-width: 2.2em;';
     this.smoothingInput.title =
       'Exponential moving average, as in TensorBoard: the raw data stays faint behind and in the tooltip';
     this.smoothingInput.addEventListener('input', () => {
       this.smoothing = Number(this.smoothingInput.value) || 0;
       smoothValue.textContent = this.smoothing ? this.smoothing.toFixed(2) : 'off';
-      this.redraw();
+      this.changed();
     });
     smoothLabel.append(this.smoothingInput, smoothValue);
     const yLabel = el('label', 'jc-tool', 'y ');
@@ -257,7 +272,7 @@ export class MetricsCharts {
     }
     this.yScaleSelect.addEventListener('change', () => {
       this.yScale = this.yScaleSelect.value as YScale;
-      this.redraw();
+      this.changed();
     });
     yLabel.append(this.yScaleSelect);
     this.topKSelect = el('select', 'jc-top-k');
@@ -269,7 +284,7 @@ export class MetricsCharts {
     }
     this.topKSelect.addEventListener('change', () => {
       this.topK = TOP_K.find(t => t[0] === this.topKSelect.value)?.[2] ?? null;
-      this.redraw();
+      this.changed();
     });
     const xLabel = el('label', 'jc-tool', 'x ');
     this.xSelect = el('select', 'jc-x-axis');
@@ -282,7 +297,7 @@ export class MetricsCharts {
     }
     this.xSelect.addEventListener('change', () => {
       this.xMode = this.xSelect.value as XAxisMode;
-      this.redraw();
+      this.changed();
     });
     xLabel.append(this.xSelect);
     this.filterInput = el('input', 'jc-series-filter');
@@ -291,7 +306,7 @@ export class MetricsCharts {
     this.filterInput.style.cssText = 'width: 8em; font-size: 11px;';
     this.filterInput.addEventListener('input', () => {
       this.filter = this.filterInput.value;
-      this.redraw();
+      this.changed();
     });
     const csv = el('button', 'jc-export-csv', 'CSV');
     csv.title = 'Download the drawn data as CSV';
@@ -328,7 +343,7 @@ export class MetricsCharts {
     }
     this.overlayAxesSelect.addEventListener('change', () => {
       this.overlayAxes = this.overlayAxesSelect.value as OverlayAxes;
-      this.redraw();
+      this.changed();
     });
     this.overlayPicks = el('span', 'jc-overlay-picks');
     this.overlayPicks.style.cssText = 'display: contents;';
@@ -402,7 +417,62 @@ export class MetricsCharts {
     this.picks = picks;
     this.onOverlayTopics?.(pickTopics(picks, this.model.topic));
     this.onOverlayKept?.(pickKept(picks));
+    this.changed();
+  }
+
+  /** The toolbar's choices and the overlay's picks (a host keeps them, e.g. across a re-rendered output). */
+  get viewState(): IChartsState {
+    return {
+      smoothing: this.smoothing,
+      yScale: this.yScale,
+      x: this.xMode,
+      topK: this.topKSelect.value,
+      filter: this.filter,
+      picks: this.picks,
+      overlayAxes: this.overlayAxes
+    };
+  }
+
+  /** Restore choices from viewState (unknown or missing ones stay as they are). */
+  setViewState(state: Partial<IChartsState>): void {
+    if (typeof state.smoothing === 'number' && state.smoothing >= 0 && state.smoothing < 1) {
+      this.smoothing = state.smoothing;
+      this.smoothingInput.value = String(state.smoothing);
+      this.smoothValue.textContent = state.smoothing ? state.smoothing.toFixed(2) : 'off';
+    }
+    if (state.yScale === 'linear' || state.yScale === 'log' || state.yScale === 'symlog') {
+      this.yScale = state.yScale;
+      this.yScaleSelect.value = state.yScale;
+    }
+    if (state.x && state.x in X_AXIS_NAMES) {
+      this.xMode = state.x;
+      this.xSelect.value = state.x;
+    }
+    const topK = TOP_K.find(t => t[0] === state.topK);
+    if (topK) {
+      this.topK = topK[2];
+      this.topKSelect.value = topK[0];
+    }
+    if (typeof state.filter === 'string') {
+      this.filter = state.filter;
+      this.filterInput.value = state.filter;
+    }
+    if (state.overlayAxes) {
+      this.overlayAxes = state.overlayAxes;
+      this.overlayAxesSelect.value = state.overlayAxes;
+    }
+    if (Array.isArray(state.picks)) {
+      this.picks = state.picks.map(p => parsePick(pickKey(p))).filter((p): p is IOverlayPick => p !== null);
+      this.onOverlayTopics?.(pickTopics(this.picks, this.model.topic));
+      this.onOverlayKept?.(pickKept(this.picks));
+    }
     this.redraw();
+  }
+
+  /** A choice of the user's: redraw, and tell the host. */
+  private changed(): void {
+    this.redraw();
+    this.onViewState?.(this.viewState);
   }
 
   /** Switch between the dark and the light look; existing charts are re-styled. */
