@@ -134,9 +134,16 @@ def test_two_notebooks_keep_their_jobs_and_runs_while_a_third_floods(setup):
 
         a_jobs = wait_for(lambda: mine("a.ipynb"), 30, message="a.ipynb's job on the server")
         b_jobs = wait_for(lambda: mine("sub/b.ipynb"), 30, message="b.ipynb's job on the server")
-        kernel_ok(flood, "import jupyter_cluster as jc\nfor i in range(40):\n    jc.map(abs, [i])")
-        wait_for(lambda: api(server, "jobs", notebook="flood.ipynb")["recent"], 30, message="the flood's jobs")
-        time.sleep(1.0)  # the last flood messages reach the server (publish is asynchronous)
+        out = kernel_ok(
+            flood,
+            "import jupyter_cluster as jc\nfor i in range(40):\n    jc.map(abs, [i])\nfrom jupyter_cluster.runs import kept_jobs\nprint(kept_jobs()[-1]['job'])",
+        )
+        last = out.strip().splitlines()[-1]
+        wait_for(
+            lambda: last in {j["job"] for j in api(server, "jobs", notebook="flood.ipynb")["recent"]},
+            30,
+            message="the flood's last job on the server",
+        )
 
         # the quiet notebooks' jobs are all still there, with their context
         [ja] = mine("a.ipynb")
