@@ -50,8 +50,9 @@ MAX_CONFIG_KEYS = 64
 MAX_VALUE_TEXT = 120
 #: characters of a cell's first line in a run's record
 MAX_LINE = 160
-#: runs a kernel keeps for :func:`runs` (oldest dropped first)
+#: job messages a kernel keeps for :func:`runs` (oldest dropped first), and sweep items listed in them
 KEEP_RUNS = 500
+KEEP_ITEMS = 50_000
 
 RUN_KINDS = ("map", "spmd", "run")
 
@@ -638,7 +639,12 @@ _kept_lock = threading.Lock()
 
 
 def keep(msg: dict[str, Any]) -> None:
-    """Keep a job or run message (its newest version) for :func:`runs`; the oldest beyond :data:`KEEP_RUNS` go."""
+    """Keep a job or run message (its newest version) for :func:`runs`.
+
+    The oldest go beyond :data:`KEEP_RUNS` messages; beyond
+    :data:`KEEP_ITEMS` sweep items in all, the oldest sweeps lose their
+    item lists (their runs stay, as one row each).
+    """
     with _kept_lock:
         old = _kept.pop(msg["job"], None)
         merged = dict(old or {}, **msg)
@@ -647,6 +653,12 @@ def keep(msg: dict[str, Any]) -> None:
         _kept[msg["job"]] = merged
         while len(_kept) > KEEP_RUNS:
             _kept.popitem(last=False)
+        if "items" in msg:
+            total = sum(len(m.get("items") or ()) for m in _kept.values())
+            for m in _kept.values():
+                if total <= KEEP_ITEMS or m is merged:
+                    break
+                total -= len(m.pop("items", None) or ())
 
 
 def kept_jobs() -> list[dict[str, Any]]:

@@ -340,3 +340,22 @@ def test_jobs_group_into_runs_with_their_counts_state_and_duration():
     assert r["name"] == "evaluate" and r["duration"] == 10.0
     running = group_runs([job("x", "x", "finished", 1.0, 2.0), job("y", "x", "running", 3.0, 4.0)])["x"]
     assert running["state"] == "running" and running["ended"] is None
+
+
+def test_the_kernel_keeps_a_bounded_number_of_sweep_items(monkeypatch):
+    import importlib
+
+    runs_module = importlib.import_module("jupyter_cluster.runs")  # `jupyter_cluster.runs` is the function
+    monkeypatch.setattr(runs_module, "KEEP_ITEMS", 25)
+    ids = [f"bound-{i}-{id(monkeypatch)}" for i in range(3)]
+    for i, job in enumerate(ids):
+        items = [
+            {"index": k, "key": f"k={k}", "config": {"k": k}, "state": "finished", "duration": None} for k in range(10)
+        ]
+        runs_module.keep(
+            {"job": job, "run": job, "kind": "map", "state": "running", "started": float(i), "updated": 0.0}
+        )
+        runs_module.keep({"job": job, "state": "finished", "updated": 1.0, "items": items, "item_count": 10})
+    kept = {m["job"]: m for m in runs_module.kept_jobs() if m["job"] in ids}
+    assert [len(kept[j].get("items") or ()) for j in ids] == [0, 10, 10]  # the oldest sweep's list went
+    assert kept[ids[0]]["item_count"] == 10 and kept[ids[0]]["state"] == "finished"  # its record stays
