@@ -643,7 +643,7 @@ def keep(msg: dict[str, Any]) -> None:
 
     The oldest go beyond :data:`KEEP_RUNS` messages; beyond
     :data:`KEEP_ITEMS` sweep items in all, the oldest sweeps lose their
-    item lists (their runs stay, as one row each).
+    item lists (the table then has a row for each item that reported only).
     """
     with _kept_lock:
         old = _kept.pop(msg["job"], None)
