@@ -166,6 +166,29 @@ def test_kernel_killed_leaves_no_process_on_the_hosts(hosts, tmp_path):
         stop_jupyter_named_kernel(km, kc)
 
 
+def test_workers_that_write_megabytes_to_stderr_do_not_block(hosts):
+    """Dask reads a remote process's output only until it started; the rest must be read too."""
+    import cloudpickle
+
+    import jupyter_cluster as jc
+
+    cloudpickle.register_pickle_by_value(ssh_items)
+    handle = jc.start(backend="ssh", hosts=hosts.addresses[:2], name="ssh-noisy")
+    try:
+        out: dict = {}
+        mapper = threading.Thread(
+            target=lambda: out.update(r=jc.map(ssh_items.noisy_item, range(24), client=handle, progress=False))
+        )
+        mapper.start()  # 12 MiB through one SSH channel
+        mapper.join(120)
+        assert not mapper.is_alive(), "the worker blocked writing to its SSH session"
+        assert out["r"] == list(range(24))
+    finally:
+        cloudpickle.unregister_pickle_by_value(ssh_items)
+        handle.stop()
+    wait_for(lambda: _hosts_clean(hosts), CLEAN_WITHIN, message="every SSH-started process to leave the hosts")
+
+
 def test_stop_after_the_scheduler_host_died_leaves_nothing_on_the_others(hosts):
     import jupyter_cluster as jc
 

@@ -459,6 +459,7 @@ class SSHBackend(Backend):
         if loop is not None:
             loop.add_callback(_note_scheduler_exit, cluster.scheduler)
         _end_sessions_on_close(cluster)
+        _drain_remote_output(cluster)
         cleanup.append(forget)
         return StartedCluster(
             address=cluster.scheduler_address,
@@ -468,6 +469,56 @@ class SSHBackend(Backend):
             cleanup=cleanup,
             extra={"hosts": unique_hosts, "scheduler_host": scheduler_host},
         )
+
+
+#: how often new remote processes are looked for, to read their output (seconds)
+DRAIN_INTERVAL = 2.0
+
+
+def _drain_remote_output(cluster: Any) -> None:
+    """Keep reading what the remote processes write, once they have started.
+
+    Dask's SSH process objects read a remote process's standard error only
+    until it says it started; after that nobody reads it, and once the SSH
+    channel's window and buffers are full (a few MiB of logs, or of what tasks
+    print), the remote process blocks in its next write, its event loop and
+    all.  Lines go to the ``distributed.deploy.ssh`` logger at DEBUG.
+    """
+    from distributed.core import Status
+    from tornado.ioloop import PeriodicCallback
+
+    logger = logging.getLogger("distributed.deploy.ssh")
+
+    async def drain(stream: Any) -> None:
+        try:
+            while True:
+                line = await stream.readline()
+                if not line:
+                    return
+                logger.debug("%s", str(line).rstrip())
+        except Exception:  # the session ended
+            return
+
+    def look() -> None:
+        if cluster.status in (Status.closing, Status.closed):
+            callback.stop()
+            return
+        for process in [cluster.scheduler, *cluster.workers.values()]:
+            proc = getattr(process, "proc", None)
+            if (
+                proc is None
+                or getattr(proc, "_jc_drained", False)
+                or getattr(process, "status", None) != Status.running
+            ):
+                continue  # not started yet: its start still reads its first lines
+            proc._jc_drained = True
+            asyncio.ensure_future(drain(proc.stderr))
+            asyncio.ensure_future(drain(proc.stdout))
+
+    callback = PeriodicCallback(look, DRAIN_INTERVAL * 1000)
+    loop = cluster.loop
+    if loop is not None:
+        loop.add_callback(callback.start)
 
 
 def _end_sessions_on_close(cluster: Any) -> None:

@@ -21,3 +21,13 @@ def slow_item(folder: str, x: int) -> tuple[int, int, str]:
     while x >= 4 and not os.path.exists(os.path.join(folder, "go")) and time.monotonic() < deadline:
         time.sleep(0.05)
     return x, x * x, host
+
+
+def noisy_item(x: int) -> int:
+    """Write 512 KiB to the worker process's own standard error (past any capture), return ``x``."""
+    import os
+
+    chunk = (f"item {x} ".encode() * 8192)[:65536]
+    for _ in range(8):
+        os.write(2, chunk)
+    return x
