@@ -172,30 +172,70 @@ def _nb_with(outputs: list[dict], state: dict | None = None) -> dict:
     return nb
 
 
+#: an output of ours as a kernel shows it (the view and its static copy), and another library's widget
+OURS = {
+    "output_type": "display_data",
+    "metadata": sr.metadata(),
+    "data": {
+        WIDGET_VIEW: {"model_id": "a1", "version_major": 2, "version_minor": 0},
+        "text/plain": "t",
+        "text/html": "<b>t</b>",
+    },
+}
+OTHER = {"output_type": "display_data", "metadata": {}, "data": {WIDGET_VIEW: {"model_id": "b2"}, "text/plain": "x"}}
+
+
 def test_save_keeps_only_static_copies_of_our_widgets():
-    ours = {
-        "output_type": "display_data",
-        "metadata": sr.metadata(),
-        "data": {
-            WIDGET_VIEW: {"model_id": "a1", "version_major": 2, "version_minor": 0},
-            "text/plain": "t",
-            "text/html": "<b>t</b>",
-        },
-    }
-    other = {
-        "output_type": "display_data",
-        "metadata": {},
-        "data": {WIDGET_VIEW: {"model_id": "b2"}, "text/plain": "x"},
-    }
-    nb = _nb_with([ours, other])
+    import copy
+
+    nb = _nb_with([copy.deepcopy(OURS), copy.deepcopy(OTHER)])
     model = {"type": "notebook", "content": nb}
     sr.pre_save_hook(model=model, path="x.ipynb", contents_manager=None)
     first, second = nb["cells"][0]["outputs"]
     assert WIDGET_VIEW not in first["data"] and first["data"]["text/html"] == "<b>t</b>"
     assert WIDGET_VIEW in second["data"]  # another library's widget: untouched
     # with its state saved in the notebook ("save widget state"), our widget stays a widget
-    kept = _nb_with([dict(ours, data=dict(ours["data"]))], state={"a1": {"state": {}}})
+    kept = _nb_with([copy.deepcopy(OURS)], state={"a1": {"state": {}}})
     assert sr.strip_widget_views(kept) == 0
+
+
+def test_save_changes_nothing_but_our_widget_references():
+    """A notebook of every kind of output: the hook drops the one key it owns and nothing else."""
+    import copy
+
+    ours_alone = copy.deepcopy(OURS)
+    del ours_alone["data"]["text/plain"], ours_alone["data"]["text/html"]  # a reference with no static copy
+    ours_saved = copy.deepcopy(OURS)
+    ours_saved["data"][WIDGET_VIEW] = dict(OURS["data"][WIDGET_VIEW], model_id="s1")
+    marked_plain = {"output_type": "display_data", "metadata": sr.metadata(), "data": {"text/plain": "p"}}
+    outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text="hello\n"),
+        nbformat.v4.new_output("error", ename="ValueError", evalue="bad", traceback=["Traceback", "ValueError: bad"]),
+        nbformat.v4.new_output(
+            "execute_result", data={"text/plain": "42", "image/png": "iVBORw0KGgo="}, execution_count=1
+        ),
+        copy.deepcopy(OTHER),
+        ours_alone,
+        ours_saved,
+        marked_plain,
+        copy.deepcopy(OURS),
+    ]
+    nb = _nb_with(outputs, state={"s1": {"state": {}}})
+    nb.cells.append(nbformat.v4.new_markdown_cell("# notes"))
+    nb.cells.append(nbformat.v4.new_raw_cell("raw"))
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    before = copy.deepcopy(nb)
+    model = {"type": "notebook", "content": nb, "format": "json"}
+    sr.pre_save_hook(model=model, path="x.ipynb", contents_manager=None)
+    expected = copy.deepcopy(before)
+    del expected.cells[0].outputs[-1]["data"][WIDGET_VIEW]  # ours, with a static copy, its state not saved
+    assert nb == expected
+    nbformat.validate(nb)
+    # files and other formats pass through
+    for other in ({"type": "file", "content": "x"}, {"type": "notebook", "content": None}):
+        kept = copy.deepcopy(other)
+        sr.pre_save_hook(model=kept, path="x", contents_manager=None)
+        assert kept == other
 
 
 def test_a_notebook_saved_through_the_jupyter_server_keeps_the_static_copies(tmp_path):
@@ -206,21 +246,7 @@ def test_a_notebook_saved_through_the_jupyter_server_keeps_the_static_copies(tmp
 
     from .jupyter_process import JupyterProcess
 
-    ours = {
-        "output_type": "display_data",
-        "metadata": sr.metadata(),
-        "data": {
-            WIDGET_VIEW: {"model_id": "a1", "version_major": 2, "version_minor": 0},
-            "text/plain": "t",
-            "text/html": "<b>t</b>",
-        },
-    }
-    other = {
-        "output_type": "display_data",
-        "metadata": {},
-        "data": {WIDGET_VIEW: {"model_id": "b2"}, "text/plain": "x"},
-    }
-    nb = _nb_with([ours, other])
+    nb = _nb_with([OURS, OTHER])
     server = JupyterProcess(str(tmp_path), app="server").start(timeout=120)
     try:
         r = requests.put(
