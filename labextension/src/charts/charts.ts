@@ -680,6 +680,17 @@ export class MetricsCharts {
       compact: this.width(panel) < COMPACT_WIDTH
     };
     const width = this.width(panel);
+    const data = JSON.stringify([
+      overlay.lines.map(l => [l.id, l.axis, l.points.length, l.points[0], l.points[l.points.length - 1]]),
+      overlay.axes,
+      view,
+      width
+    ]);
+    if (panel.data === data) {
+      return; // nothing this chart shows changed: no redraw
+    }
+    panel.data = data;
+    panel.root.dataset.draws = String(++panel.draws);
     // a line's colour is its run's, as in the topic's own charts (the overlay's own topic uses its colours)
     const own = this.colorOf;
     const others = colorLookup(overlay.lines.map(lineColorKey), this.dark);
