@@ -86,6 +86,12 @@ export interface IJob {
   failures: IJobFailure[];
   /** the Jupyter kernel running it (the browser's kernel id), or null outside a kernel */
   kernel_id: string | null;
+  /** its run's fields (newer kernels): run id, notebook path, cell, config, context */
+  run?: string;
+  notebook?: string | null;
+  cell?: { execution_count?: number | null; cell_id?: string | null; first_line?: string } | null;
+  config?: { [key: string]: unknown };
+  context?: { [key: string]: unknown };
 }
 
 /** A stopped cluster whose jobs and metrics the server kept (name: "NAME.stopped-HHMMSS"). */

@@ -139,6 +139,7 @@ def test_256_workers_bounded_rows_idle_silence_and_stable_cards(lab, browser, ar
             time.sleep(3)  # let the sort's redraw and the first pushes settle before watching
             page.evaluate(IDLE_WATCH_JS)
             before = len(frames)
+            assert before > 0, "no frame of the events socket was seen: the counter watches nothing"
             time.sleep(IDLE)
             idle = page.evaluate(IDLE_READ_JS)
             sent = len(frames) - before

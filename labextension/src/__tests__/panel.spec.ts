@@ -7,6 +7,7 @@ import { IClusterModel, IClusterSummary, IJob, IWorker, initialState, reduce, se
 import { checkNewCluster, newClusterFields, newClusterRequest } from '../panel/newCluster';
 import { orderClusters, orderJobs, scopedJobs } from '../panel/order';
 import { batchText } from '../panel/workersView';
+import { jobContextText } from '../panel/jobs';
 import { applyWorkersDiff, hostOf, nextSort, sortWorkers, summarize, tasksText, visibleRange } from '../panel/workers';
 
 const GIB = 2 ** 30;
@@ -281,5 +282,21 @@ describe('batch facts', () => {
         walltime_left: '1:02:03'
       })
     ).toBe('slurm: 2 jobs running, 1 pending (job 17: Resources) · walltime left 1:02:03');
+  });
+});
+
+describe('job context', () => {
+  it("names the notebook, the cell, the job's number in its run and the duration", () => {
+    const j = job('e', 'k1', {
+      state: 'finished',
+      started: 100,
+      updated: 104.2,
+      notebook: 'examples/03-es.ipynb',
+      cell: { execution_count: 7 },
+      context: { job: 3 }
+    });
+    expect(jobContextText(j)).toBe('03-es.ipynb · In [7] · job 3 · 4.2 s');
+    expect(jobContextText({ ...j, context: { job: 1 } })).toBe('03-es.ipynb · In [7] · 4.2 s');
+    expect(jobContextText(job('x', null, { started: 10, updated: 105, state: 'finished' }))).toBe('1 min 35 s');
   });
 });

@@ -17,6 +17,7 @@ class JobRow {
   private readonly failed = el('div', 'jc-bar-failed');
   private readonly count = el('span', 'jc-job-count');
   private readonly where = el('span', 'jc-job-where');
+  private readonly context = el('div', 'jc-job-context');
   private failures: HTMLElement | null = null;
   private failuresKey = '';
   job: IJob;
@@ -29,7 +30,7 @@ class JobRow {
     this.bar.append(this.fill, this.failed);
     const foot = el('div', 'jc-job-foot');
     foot.append(this.count, this.where);
-    this.node.append(head, this.bar, foot);
+    this.node.append(head, this.bar, foot, this.context);
     const toggle = (): void => {
       if (this.job.failed > 0) {
         onToggle(this.job);
@@ -64,6 +65,10 @@ class JobRow {
     setAttr(this.failed, 'title', `${job.failed} failed`);
     setText(this.count, text);
     setText(this.where, `${job.cluster}${job.kernel ? ` · kernel ${job.kernel}` : ''}`);
+    // a running job's duration moves only when a message comes (no timer: an idle panel stays still)
+    const context = jobContextText(job, job.updated);
+    setText(this.context, context);
+    setAttr(this.context, 'title', typeof job.notebook === 'string' ? job.notebook : '');
     if (job.failed > 0) {
       setAttr(this.node, 'tabindex', '0');
       setAttr(this.node, 'role', 'button');
@@ -80,6 +85,54 @@ class JobRow {
       }
     }
   }
+}
+
+/** 0.42 -> "0.4 s", 95 -> "1 min 35 s", 7300 -> "2 h 01 min". */
+export function formatSeconds(seconds: number): string {
+  if (!Number.isFinite(seconds) || seconds < 0) {
+    return '';
+  }
+  if (seconds < 60) {
+    return `${seconds < 10 ? seconds.toFixed(1) : Math.round(seconds)} s`;
+  }
+  const s = Math.round(seconds);
+  const h = Math.floor(s / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  return h > 0 ? `${h} h ${String(m).padStart(2, '0')} min` : `${m} min ${String(s % 60).padStart(2, '0')} s`;
+}
+
+/**
+ * Where a job came from and how long it took, from the run fields its
+ * messages carry (notebook, cell, its number in the run: an ES loop's
+ * generation, a named run's values): "02-sweep.ipynb · In [7] · job 3 ·
+ * 4.2 s".  Older kernels send none of them: then only the duration.
+ */
+export function jobContextText(job: IJob, now: number = Date.now() / 1000): string {
+  const parts: string[] = [];
+  const notebook = typeof job.notebook === 'string' ? job.notebook : '';
+  if (notebook) {
+    parts.push(notebook.split('/').pop() ?? notebook);
+  }
+  const cell = job.cell as { execution_count?: number | null } | null | undefined;
+  if (cell && typeof cell.execution_count === 'number') {
+    parts.push(`In [${cell.execution_count}]`);
+  }
+  const context = job.context as { [key: string]: unknown } | null | undefined;
+  if (context && typeof context === 'object') {
+    for (const [key, value] of Object.entries(context).slice(0, 3)) {
+      if (key === 'job' && value === 1) {
+        continue; // the first (often only) job of its run: no news
+      }
+      if (['string', 'number', 'boolean'].includes(typeof value)) {
+        parts.push(`${key} ${String(value)}`);
+      }
+    }
+  }
+  const end = job.state === 'running' ? now : job.updated;
+  if (job.started > 0 && end >= job.started) {
+    parts.push(formatSeconds(end - job.started));
+  }
+  return parts.join(' · ');
 }
 
 function failureList(job: IJob): HTMLElement {
