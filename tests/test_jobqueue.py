@@ -142,16 +142,45 @@ def test_never_starting_pending_reasons():
     assert jobqueue.pending_reason(jobs[:1]) is None  # waiting for resources: it may start
 
 
-def test_cancel_jobs_runs_nothing_a_record_names():
-    """A registry record only names a system and a job name; neither becomes a command line of its choosing."""
-    for info in (
-        {"system": "slurm", "job_name": "x; touch /tmp/owned"},
-        {"system": "sh", "job_name": "jc-a"},
-        {"system": "slurm", "job_name": "--all"},
-        "jc-a",
-    ):
-        jobqueue.cancel_jobs(info)  # refused before anything runs (no scancel of another's jobs)
-    assert not os.path.exists("/tmp/owned")
+def test_cancel_jobs_runs_nothing_a_record_names(tmp_path, monkeypatch):
+    """A registry record only names a system and a job name; neither becomes a command line of its choosing.
+
+    ``scancel`` here is a script that writes down its arguments: a well-formed record runs it with our
+    job name and user, a malformed one runs nothing and deletes nothing."""
+    import dask.config
+
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scancel").chmod(0o700)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    shared = tmp_path / "jobs"
+    with dask.config.set({"jupyter-cluster.jobqueue.shared-directory": str(shared)}):
+        jobs = jobqueue.shared_directory()
+        keep = os.path.join(jobs, "keep")
+        os.makedirs(keep)
+        for info in (
+            {"system": "slurm", "job_name": "x; touch /tmp/owned"},
+            {"system": "sh", "job_name": "jc-a"},
+            {"system": "slurm", "job_name": "--all"},
+            {"system": "slurm", "job_name": "jc-a/../../keep"},
+            {"system": "slurm", "job_name": ["jc-a"]},
+            "jc-a",
+        ):
+            jobqueue.cancel_jobs(info)  # refused before anything runs (no scancel of another's jobs)
+        for proc in list(jobqueue._CANCELS):
+            proc.wait(timeout=30)
+        assert not calls.exists(), calls.read_text()
+        assert os.path.isdir(keep)
+        # the control: a record of ours cancels its jobs by name and deletes its job folder
+        mine = os.path.join(jobs, "jc-a-1f2e3d")
+        os.makedirs(mine)
+        jobqueue.cancel_jobs({"system": "slurm", "job_name": "jc-a-1f2e3d"})
+        for proc in list(jobqueue._CANCELS):
+            proc.wait(timeout=30)
+    assert calls.read_text().split() == ["--name", "jc-a-1f2e3d", "-u", jobqueue._user()]
+    assert not os.path.exists(mine) and os.path.isdir(keep)
 
 
 def test_job_facts_for_the_sidebar():
