@@ -237,3 +237,25 @@ def test_bad_login_refused_in_one_sentence(ip, hosts, tmp_path, case):
     assert jc.session.current() is None or not jc.session.current().backend == "ssh"
     # sshd's pre-authentication child may take a moment to go; nothing of Dask ever started
     wait_for(lambda: _hosts_clean(hosts), CLEAN_WITHIN, message="the refused logins' sshd children to end")
+
+
+def test_spmd_cell_on_ssh_hosts(ip, hosts):
+    """%%spmd (gloo) in a real IPython shell on the SSH hosts' workers: every rank's all_reduce result, one
+    rank per worker host."""
+    pytest.importorskip("torch")
+    import jupyter_cluster as jc
+
+    ip.run_line_magic("cluster", f"start --backend ssh --hosts {','.join(hosts.addresses)} --name ssh-spmd")
+    handle = jc.session.get("ssh-spmd")
+    try:
+        handle.wait_for_workers(2, timeout=120)
+        res = ip.run_cell(
+            "%%spmd --out ssh_total\nimport torch, torch.distributed as dist\n"
+            "t = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(t)\n"
+            "(dist.get_backend(), t.item(), dist.get_world_size())\n"
+        )
+        assert res.error_in_exec is None, res.error_in_exec
+        assert ip.user_ns["ssh_total"] == {0: ("gloo", 3.0, 2), 1: ("gloo", 3.0, 2)}, ip.user_ns["ssh_total"]
+    finally:
+        ip.run_line_magic("cluster", "stop ssh-spmd")
+    wait_for(lambda: _hosts_clean(hosts), CLEAN_WITHIN, message="every SSH-started process to leave the hosts")
