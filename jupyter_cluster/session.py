@@ -349,7 +349,8 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
     backend : str, optional
         Backend name; defaults to ``jupyter-cluster.backend`` from dask.config.
     wait : bool
-        Wait until the first worker has connected.
+        Wait until the first worker has connected.  With ``wait=False`` a batch
+        backend (slurm, pbs, sge, lsf) returns as soon as its jobs are submitted.
     **options
         Backend options, e.g. ``workers=8, threads=1, memory_limit="2GiB"``.
         ``dry_run=True`` (kubernetes) starts nothing and returns the YAML of
@@ -395,6 +396,8 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
         if not hasattr(impl, "dry_run"):
             raise ClusterError(f"the {backend} backend has no --dry-run; it creates no resources to show.")
         return impl.dry_run(**options)
+    if getattr(impl, "takes_wait", False):  # a batch backend: --no-wait returns with its jobs queued
+        options["wait"] = wait
     started = impl.start(**options)
     try:
         client = _connect_client(started, name)

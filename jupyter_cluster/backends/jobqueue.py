@@ -471,16 +471,21 @@ class _Facts(threading.Thread):
         return self.jobs
 
     def run(self) -> None:
-        while not self.stopped.wait(self.interval):
+        # the first look soon (a --no-wait start's queued jobs and their reason), then every interval
+        wait = min(self.interval, 1.0)
+        while not self.stopped.wait(wait):
             if getattr(getattr(self.cluster, "status", None), "name", "") in ("closing", "closed"):
                 return
             self.poll()
+            wait = self.interval
 
 
 class JobqueueBackend(Backend):
     """Workers as batch jobs through dask-jobqueue; subclasses name the system."""
 
     system: ClassVar[str] = ""
+    #: ``session.start`` passes its ``wait`` (``--no-wait``): a start may return with the jobs queued
+    takes_wait: ClassVar[bool] = True
     options = (
         "name",
         "workers",
@@ -573,7 +578,12 @@ class JobqueueBackend(Backend):
         return job.job_script()
 
     # -- starting ------------------------------------------------------------
-    def start(self, name: str | None = None, **options: Any) -> StartedCluster:
+    def start(self, name: str | None = None, wait: bool = True, **options: Any) -> StartedCluster:
+        """Submit the worker jobs; with ``wait`` (the default) return once the first worker connected.
+
+        ``wait=False`` (``%cluster start --no-wait``) returns once the jobs are asked for: they may stay
+        queued, and the cluster's job facts (widget, sidebar) tell why.
+        """
         self.check_options(options)
         opts = resolve(self.system, options)
         cls = self._cluster_class()
@@ -617,7 +627,8 @@ class JobqueueBackend(Backend):
                 cluster.scale(jobs=initial)
                 facts = _Facts(cluster, job_name, config.timeout_seconds("jobqueue.poll-interval"))
                 if self.system == "slurm":
-                    self._wait_for_a_worker(cluster, facts, name, initial)
+                    if wait:
+                        self._wait_for_a_worker(cluster, facts, name, initial)
                     facts.start()
                     cleanup.insert(0, facts.stopped.set)
                 if adapt:
