@@ -411,3 +411,92 @@ def test_a_job_pending_for_an_ordinary_reason_is_told_then_given_up(slurm, capfd
     assert "\n" not in message
     assert "are pending in SLURM (JobHeldUser)" in capfd.readouterr().err
     wait_for(lambda: not jobs_named("jc-hpc-h-"), timeout=30, message="the held job to be cancelled")
+
+
+def test_spmd_and_the_cluster_widget_on_slurm_workers(slurm, ip):
+    """%%spmd (gloo) in a real IPython shell on SLURM-started workers of both nodes: every rank's all_reduce
+    result.  The in-kernel cluster widget, and its static copy, show each worker's job id, node and walltime
+    left, as the sidebar does."""
+    pytest.importorskip("torch")
+    import jupyter_cluster as jc
+    from jupyter_cluster.widgets.cluster import ClusterWidget
+
+    ip.run_line_magic("cluster", "start --backend slurm --name hpc-m --workers 2 --threads 1 --memory-limit 2GiB")
+    handle = jc.current()
+    try:
+        assert handle.name == "hpc-m"
+        handle.wait_for_workers(2, timeout=120)
+        res = ip.run_cell(
+            "%%spmd --out total\nimport os, torch, torch.distributed as dist\n"
+            "t = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(t)\n"
+            "(dist.get_backend(), t.item(), os.environ['SLURMD_NODENAME'])\n"
+        )
+        assert res.error_in_exec is None, res.error_in_exec
+        total = ip.user_ns["total"]
+        assert {r: v[:2] for r, v in total.items()} == {0: ("gloo", 3.0), 1: ("gloo", 3.0)}, total
+        assert sorted(v[2] for v in total.values()) == ["node1", "node2"], total
+
+        jobs = {j[0]: j[3] for j in jobs_named("jc-hpc-m-")}
+        assert len(jobs) == 2, jobs
+        widget = ClusterWidget(handle, live=False)
+
+        def facts_in():
+            widget.refresh()
+            rows = widget.model_data.get("workers") or []
+            return len(rows) == 2 and all(w.get("job_id") for w in rows)
+
+        wait_for(facts_in, timeout=60, interval=0.5, message="the job facts in the widget")
+        rows = widget.model_data["workers"]
+        assert {w["job_id"]: w["node"] for w in rows} == jobs, (rows, jobs)
+        assert all(re.fullmatch(r"\d+:\d\d", w["walltime_left"]) for w in rows), rows
+        batch = widget.model_data["batch"]
+        assert batch["system"] == "slurm" and batch["running"] == 2 and batch["pending"] == 0, batch
+        for job_id, node in jobs.items():
+            assert f">{job_id}</td>" in widget.table.value and f">{node}</td>" in widget.table.value
+        assert "walltime left" in widget.table.value
+        assert "slurm jobs: 2 running, 0 pending; walltime left " in widget.header.value
+        static = widget.static_bundle()  # what a saved notebook keeps
+        assert all(f">{job_id}</td>" in static["text/html"] for job_id in jobs), static["text/html"]
+        assert "slurm jobs: 2 running, 0 pending" in static["text/plain"]
+        widget.close()
+    finally:
+        ip.run_line_magic("cluster", "stop hpc-m")
+        subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
+
+
+def test_no_wait_returns_with_the_jobs_queued_and_the_reason_shown(slurm, ip):
+    """``%cluster start --backend slurm --no-wait`` returns while its job is still queued (held here, as in a
+    busy queue); the widget shows the job pending with SLURM's reason; once SLURM starts it, its worker joins."""
+    import jupyter_cluster as jc
+    from jupyter_cluster.widgets.cluster import ClusterWidget
+
+    ip.run_line_magic("cluster", "start --backend slurm --name hpc-w --no-wait --job-extra=--hold")
+    handle = jc.current()
+    try:
+        assert handle.name == "hpc-w"
+        # returned without a worker: a held job never starts by itself, so a start that waited would not be here
+        assert not handle.client.scheduler_info()["workers"]
+        wait_for(lambda: jobs_named("jc-hpc-w-"), timeout=30, message="the job of hpc-w in the queue")
+        ((job_id, state, reason, _, _),) = jobs_named("jc-hpc-w-")
+        assert state == "PENDING" and reason == "JobHeldUser", jobs_named("jc-hpc-w-")
+        widget = ClusterWidget(handle, live=False)
+
+        def pending_shown():
+            widget.refresh()
+            return (widget.model_data.get("batch") or {}).get("pending_jobs")
+
+        wait_for(pending_shown, timeout=60, interval=0.5, message="the pending job in the widget")
+        assert widget.model_data["batch"]["pending_jobs"] == [{"job_id": job_id, "reason": "JobHeldUser"}]
+        assert f"0 running, 1 pending (job {job_id}: JobHeldUser)" in widget.header.value, widget.header.value
+        assert "JobHeldUser" in widget.static_bundle()["text/plain"]
+        widget.close()
+
+        subprocess.run(["scontrol", "release", job_id], check=True, capture_output=True, timeout=30)
+        handle.wait_for_workers(1, timeout=120)
+        assert jc.map(lambda x: x * 2, range(4), progress=False) == [0, 2, 4, 6]
+        ip.run_line_magic("cluster", "stop hpc-w")
+        wait_for(lambda: not jobs_named("jc-hpc-w-"), timeout=30, message="the jobs to be cancelled by %cluster stop")
+    finally:
+        if not handle.closed:
+            handle.close()
+        subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
