@@ -38,8 +38,10 @@ import {
   X_AXIS_NAMES,
   withoutSeries
 } from './data';
+import { ChartControls, IChartsState, controlStyle } from './controls';
 import { el, isDark } from './dom';
 export { isDark } from './dom';
+export type { IChartsState } from './controls';
 import { COMPACT_WIDTH, heatmapLayout, heatmapOption } from './heatmaps';
 import type { ILineView, ITopK, YScale } from './lines';
 import { lineChart } from './lines';
@@ -150,39 +152,6 @@ function download(filename: string, blob: Blob): void {
   window.setTimeout(() => URL.revokeObjectURL(url), 1000);
 }
 
-/** The user's choices of a MetricsCharts: its toolbar and overlay. */
-export interface IChartsState {
-  smoothing: number;
-  yScale: YScale;
-  x: XAxisMode;
-  /** a TOP_K value: 'all', 'top10', 'bottom5', ... */
-  topK: string;
-  filter: string;
-  picks: IOverlayPick[];
-  overlayAxes: OverlayAxes;
-}
-
-/** The top-k choices: which series a chart draws. */
-const TOP_K: [string, string, ITopK | null][] = [
-  ['all', 'all series', null],
-  ['top5', 'top 5', { k: 5, order: 'top' }],
-  ['top10', 'top 10', { k: 10, order: 'top' }],
-  ['top20', 'top 20', { k: 20, order: 'top' }],
-  ['bottom5', 'lowest 5', { k: 5, order: 'bottom' }],
-  ['bottom10', 'lowest 10', { k: 10, order: 'bottom' }],
-  ['bottom20', 'lowest 20', { k: 20, order: 'bottom' }]
-];
-
-/** The toolbar's controls in the theme's colours (JupyterLab's variables, a fallback for either theme). */
-function controlStyle(dark: boolean): string {
-  return (
-    'font-size: 11px; padding: 0 4px; border-radius: 2px; ' +
-    `background: var(--jp-layout-color1, ${dark ? '#2b2b2b' : '#fff'}); ` +
-    `color: var(--jp-ui-font-color1, ${dark ? '#ddd' : '#222'}); ` +
-    `border: 1px solid var(--jp-border-color1, ${dark ? '#555' : '#bbb'});`
-  );
-}
-
 /**
  * Charts of one metrics topic inside `host`.  Call update() with every new
  * model; charts are created, updated in place (zoom kept) or removed.
@@ -198,23 +167,14 @@ export class MetricsCharts {
   private model: IMetricsModel = emptyModel();
   private shown: IMetricsModel = emptyModel();
   private dark: boolean;
-  private smoothing = 0;
-  private yScale: YScale = 'linear';
-  private topK: ITopK | null = null;
+  /** the toolbar's view choices: smoothing, y scale, x axis, top-k, series filter */
+  private readonly controls: ChartControls;
   private colorOf: (key: string) => string = colorLookup([]);
   private colorKeys = '';
-  private xMode: XAxisMode = 'step';
-  private filter = '';
   private hidden: string[] = [];
   private frame = 0;
   private themeFrame = 0;
   private readonly resized = new Set<Element>();
-  private readonly smoothingInput: HTMLInputElement;
-  private readonly smoothValue: HTMLElement;
-  private readonly yScaleSelect: HTMLSelectElement;
-  private readonly topKSelect: HTMLSelectElement;
-  private readonly xSelect: HTMLSelectElement;
-  private readonly filterInput: HTMLInputElement;
   /** the overlay: chosen metrics, the models of other topics they come from, and what else could be chosen */
   private picks: IOverlayPick[] = [];
   private overlayAxes: OverlayAxes = 'auto';
@@ -242,72 +202,7 @@ export class MetricsCharts {
     this.toolbar = el('div', 'jc-metrics-toolbar');
     this.toolbar.style.cssText =
       'display: flex; flex-wrap: wrap; align-items: center; gap: 4px 10px; font-size: 11px; margin-bottom: 4px;';
-    const smoothLabel = el('label', 'jc-tool', 'smooth ');
-    this.smoothingInput = el('input', 'jc-smoothing');
-    this.smoothingInput.type = 'range';
-    this.smoothingInput.min = '0';
-    this.smoothingInput.max = '0.99';
-    this.smoothingInput.step = '0.01';
-    this.smoothingInput.value = '0';
-    this.smoothingInput.style.cssText = 'width: 5em; vertical-align: middle;';
-    const smoothValue = (this.smoothValue = el('span', 'jc-smoothing-value', 'off'));
-    smoothValue.style.cssText = 'display: inline-block; min-width: 2.2em;';
-    this.smoothingInput.title =
-      'Exponential moving average, as in TensorBoard: the raw data stays faint behind and in the tooltip';
-    this.smoothingInput.addEventListener('input', () => {
-      this.smoothing = Number(this.smoothingInput.value) || 0;
-      smoothValue.textContent = this.smoothing ? this.smoothing.toFixed(2) : 'off';
-      this.changed();
-    });
-    smoothLabel.append(this.smoothingInput, smoothValue);
-    const yLabel = el('label', 'jc-tool', 'y ');
-    this.yScaleSelect = el('select', 'jc-y-scale');
-    this.yScaleSelect.title =
-      'The y scale: linear; log (points at or below 0 cannot be drawn: the chart says how many); ' +
-      'symlog (log far from 0, linear near it: draws 0 and negative values too)';
-    for (const scale of ['linear', 'log', 'symlog']) {
-      const o = el('option', '', scale);
-      o.value = scale;
-      this.yScaleSelect.append(o);
-    }
-    this.yScaleSelect.addEventListener('change', () => {
-      this.yScale = this.yScaleSelect.value as YScale;
-      this.changed();
-    });
-    yLabel.append(this.yScaleSelect);
-    this.topKSelect = el('select', 'jc-top-k');
-    this.topKSelect.title = 'Draw every series, or only those with the highest or lowest last value';
-    for (const [value, label] of TOP_K) {
-      const o = el('option', '', label);
-      o.value = value;
-      this.topKSelect.append(o);
-    }
-    this.topKSelect.addEventListener('change', () => {
-      this.topK = TOP_K.find(t => t[0] === this.topKSelect.value)?.[2] ?? null;
-      this.changed();
-    });
-    const xLabel = el('label', 'jc-tool', 'x ');
-    this.xSelect = el('select', 'jc-x-axis');
-    this.xSelect.title =
-      'The x axis: the reported step, the wall-clock time of each report, or the time since the first';
-    for (const mode of Object.keys(X_AXIS_NAMES) as XAxisMode[]) {
-      const o = el('option', '', X_AXIS_NAMES[mode]);
-      o.value = mode;
-      this.xSelect.append(o);
-    }
-    this.xSelect.addEventListener('change', () => {
-      this.xMode = this.xSelect.value as XAxisMode;
-      this.changed();
-    });
-    xLabel.append(this.xSelect);
-    this.filterInput = el('input', 'jc-series-filter');
-    this.filterInput.type = 'search';
-    this.filterInput.placeholder = 'filter series';
-    this.filterInput.style.cssText = 'width: 8em; font-size: 11px;';
-    this.filterInput.addEventListener('input', () => {
-      this.filter = this.filterInput.value;
-      this.changed();
-    });
+    this.controls = new ChartControls(() => this.changed());
     const csv = el('button', 'jc-export-csv', 'CSV');
     csv.title = 'Download the drawn data as CSV';
     csv.addEventListener('click', () =>
@@ -347,18 +242,7 @@ export class MetricsCharts {
     });
     this.overlayPicks = el('span', 'jc-overlay-picks');
     this.overlayPicks.style.cssText = 'display: contents;';
-    this.toolbar.append(
-      smoothLabel,
-      yLabel,
-      xLabel,
-      this.topKSelect,
-      this.filterInput,
-      csv,
-      copy,
-      this.overlayAdd,
-      this.overlayPicks,
-      this.overlayAxesSelect
-    );
+    this.toolbar.append(...this.controls.nodes, csv, copy, this.overlayAdd, this.overlayPicks, this.overlayAxesSelect);
 
     this.grid = el('div', 'jc-metrics-grid');
     this.grid.style.cssText =
@@ -422,41 +306,12 @@ export class MetricsCharts {
 
   /** The toolbar's choices and the overlay's picks (a host keeps them, e.g. across a re-rendered output). */
   get viewState(): IChartsState {
-    return {
-      smoothing: this.smoothing,
-      yScale: this.yScale,
-      x: this.xMode,
-      topK: this.topKSelect.value,
-      filter: this.filter,
-      picks: this.picks,
-      overlayAxes: this.overlayAxes
-    };
+    return { ...this.controls.state, picks: this.picks, overlayAxes: this.overlayAxes };
   }
 
   /** Restore choices from viewState (unknown or missing ones stay as they are). */
   setViewState(state: Partial<IChartsState>): void {
-    if (typeof state.smoothing === 'number' && state.smoothing >= 0 && state.smoothing < 1) {
-      this.smoothing = state.smoothing;
-      this.smoothingInput.value = String(state.smoothing);
-      this.smoothValue.textContent = state.smoothing ? state.smoothing.toFixed(2) : 'off';
-    }
-    if (state.yScale === 'linear' || state.yScale === 'log' || state.yScale === 'symlog') {
-      this.yScale = state.yScale;
-      this.yScaleSelect.value = state.yScale;
-    }
-    if (state.x && state.x in X_AXIS_NAMES) {
-      this.xMode = state.x;
-      this.xSelect.value = state.x;
-    }
-    const topK = TOP_K.find(t => t[0] === state.topK);
-    if (topK) {
-      this.topK = topK[2];
-      this.topKSelect.value = topK[0];
-    }
-    if (typeof state.filter === 'string') {
-      this.filter = state.filter;
-      this.filterInput.value = state.filter;
-    }
+    this.controls.set(state);
     if (state.overlayAxes) {
       this.overlayAxes = state.overlayAxes;
       this.overlayAxesSelect.value = state.overlayAxes;
@@ -498,6 +353,26 @@ export class MetricsCharts {
       });
       this.redraw(); // in the theme's palette
     });
+  }
+
+  private get smoothing(): number {
+    return this.controls.smoothing;
+  }
+
+  private get yScale(): YScale {
+    return this.controls.yScale;
+  }
+
+  private get xMode(): XAxisMode {
+    return this.controls.x;
+  }
+
+  private get topK(): ITopK | null {
+    return this.controls.topK;
+  }
+
+  private get filter(): string {
+    return this.controls.filter;
   }
 
   /** The colour of a series key in every chart of this topic (for a series list's swatches). */
