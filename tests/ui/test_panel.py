@@ -161,10 +161,25 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         page.wait_for_selector("#jupyter-cluster-panel .jc-clusters", timeout=30_000)
         # another cluster, which the panel will show when the notebook starts its work
         page.click("#jupyter-cluster-panel .jc-new")
+        # the backends configured on this server, the default first; threads and memory per worker
+        backends = page.locator(".jp-Dialog select.jc-input-backend option").evaluate_all("os => os.map(o => o.value)")
+        assert backends and backends[0] == "local", backends
         page.fill(".jp-Dialog .jc-input-name", OTHER)
         page.fill(".jp-Dialog .jc-input-workers", "1")
+        page.fill(".jp-Dialog .jc-input-memory", "lots")
+        page.wait_for_selector(".jp-Dialog .jc-form-error >> text=not a size", timeout=5_000)
+        page.fill(".jp-Dialog .jc-input-memory", "1GiB")
+        page.fill(".jp-Dialog .jc-input-threads", "1")
         page.click(".jp-Dialog .jp-mod-accept")
+        # a card says it is starting while the server starts it (seconds), then the cluster's own
+        page.wait_for_selector("#jupyter-cluster-panel .jc-cluster-starting", timeout=10_000)
         page.locator(f'#jupyter-cluster-panel .jc-cluster[data-name="{OTHER}"]').wait_for(timeout=120_000)
+        page.wait_for_selector("#jupyter-cluster-panel .jc-cluster-starting", state="detached", timeout=10_000)
+        page.wait_for_function(
+            f"document.querySelector('#jupyter-cluster-panel .jc-cluster[data-name=\"{OTHER}\"] .jc-cluster-stats')"
+            ".textContent.startsWith('1 workers · 1 threads')",
+            timeout=30_000,
+        )
         page.click("#jupyter-cluster-panel .jc-new")
         page.fill(".jp-Dialog .jc-input-name", CLUSTER)
         page.fill(".jp-Dialog .jc-input-workers", "2")
