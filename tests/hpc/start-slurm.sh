@@ -15,10 +15,25 @@ set -euo pipefail
 dir=$(mkdir -p "${1:?usage: start-slurm.sh DIR [NODES]}" && cd "$1" && pwd)
 nodes=${2:-2}
 here=$(cd "$(dirname "$0")" && pwd)
-# leftovers of an earlier run (this folder's, or another's whose folder /run/jc-slurm-test.dir names)
+# One test SLURM per machine (the bridge, namespaces and subnet have fixed names): a live one of
+# another test session (its caller and its slurmctld both alive) is waited for, never torn down;
+# leftovers of a dead one (this folder's, or another's whose folder /run/jc-slurm-test.dir names) are.
+other_live() {
+  local other owner pid
+  other=$(cat /run/jc-slurm-test.dir 2>/dev/null) || return 1
+  [ "$other" != "$dir" ] || return 1
+  owner=$(cat /run/jc-slurm-test.owner 2>/dev/null) && kill -0 "$owner" 2>/dev/null || return 1
+  pid=$(cat "$other/slurmctld.pid" 2>/dev/null) && kill -0 "$pid" 2>/dev/null
+}
+for _ in $(seq "${JC_SLURM_WAIT_S:-540}"); do other_live || break; sleep 1; done
+if other_live; then
+  echo "another test session (process $(cat /run/jc-slurm-test.owner)) runs the test SLURM in $(cat /run/jc-slurm-test.dir); run one at a time" >&2
+  exit 3
+fi
 [ -f /run/jc-slurm-test.dir ] && bash "$here/stop-slurm.sh" "$(cat /run/jc-slurm-test.dir)" >/dev/null 2>&1
 bash "$here/stop-slurm.sh" "$dir" >/dev/null 2>&1 || true
 echo "$dir" >/run/jc-slurm-test.dir
+echo "$PPID" >/run/jc-slurm-test.owner  # the test session that called this script
 
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
   apt-get update -qq
