@@ -126,3 +126,49 @@ def test_wrong_password_refused_in_one_sentence(ip, gateway):
     assert "refused the login of alice" in message, message
     assert "\n" not in message and message.endswith(".") and message.count(". ") == 0, message
     assert _gateway_names() == before
+
+
+def _basic_auth(address: str) -> dict:
+    return {
+        "gateway.address": address,
+        "gateway.auth.type": "basic",
+        "gateway.auth.kwargs": {"username": "alice", "password": "a-secret"},
+    }
+
+
+def test_password_over_plain_http_to_another_host_is_refused_before_connecting(ip):
+    pytest.importorskip("dask_gateway")
+    import dask
+
+    # 192.0.2.1 is TEST-NET-1 (never routed): were it contacted, the error would be "no dask-gateway answered"
+    with dask.config.set(_basic_auth("http://192.0.2.1:8000")), pytest.raises(UsageError) as info:
+        ip.run_line_magic("cluster", "start --backend gateway")
+    message = str(info.value)
+    assert "plain http:// to another machine" in message and "a-secret" not in message, message
+    assert "https://" in message and "jupyter-cluster.gateway.allow-http-password: true" in message, message
+    assert "\n" not in message and message.endswith(".") and message.count(". ") == 0, message
+
+
+@pytest.mark.parametrize(
+    ("address", "settings"),
+    [
+        ("https://192.0.2.1:8000", {}),  # encrypted
+        ("http://127.0.0.1:8000", {}),  # loopback never leaves this machine
+        ("http://localhost:8000", {}),
+        ("http://[::1]:8000", {}),
+        ("http://192.0.2.1:8000", {"jupyter-cluster.gateway.allow-http-password": True}),  # the opt-in
+        ("http://192.0.2.1:8000", {"gateway.auth.kwargs": {"username": "alice"}}),  # no password to leak
+    ],
+)
+def test_password_transport_allowed(address, settings):
+    pytest.importorskip("dask_gateway")
+    import dask
+
+    from jupyter_cluster.backends.gateway import _close, _gateway
+
+    with dask.config.set({**_basic_auth(address), **settings}):
+        gateway = _gateway(None)  # nothing is sent until a request
+    try:
+        assert gateway.address == address
+    finally:
+        _close(gateway)

@@ -72,21 +72,70 @@ def _error(exc: BaseException, address: str) -> ClusterError:
 
 
 def _gateway(address: str | None) -> Any:
-    """A ``dask_gateway.Gateway`` for ``address`` (else ``gateway.address``), with the configured auth."""
+    """A ``dask_gateway.Gateway`` for ``address`` (else ``gateway.address``), with the configured auth.
+
+    Nothing is sent yet; a basic-auth password bound for plain HTTP to another
+    machine is refused here (see :func:`_check_password_transport`).
+    """
     dask_gateway = _import()
+    from dask_gateway.auth import get_auth
+    from dask_gateway.utils import format_template
+
     address = address or configured_address()
     if not address:
         raise ClusterError(
             "the gateway backend needs the dask-gateway server's address; give --address URL or set gateway.address."
         )
+    address = str(format_template(address))
     if "://" not in address:
         raise ClusterError(f"--address {address} is not a URL; give the gateway's address as http(s)://host:port.")
     try:
-        return dask_gateway.Gateway(address=address)
+        auth = get_auth()
     except (TypeError, ValueError, ImportError) as exc:  # e.g. gateway.auth.type names no known method
         raise ClusterError(
             f"the dask-gateway client could not be set up: {str(exc).rstrip('.')}; check gateway.auth."
         ) from None
+    _check_password_transport(address, auth)
+    return dask_gateway.Gateway(address=address, auth=auth)
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (a URL's host) names this machine's loopback interface (no name lookup)."""
+    import ipaddress
+
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
+def _check_password_transport(address: str, auth: Any) -> None:
+    """Refuse, before any request, to send a basic-auth password over plain HTTP to another machine.
+
+    dask-gateway sends ``gateway.auth.kwargs.password`` base64-encoded in every
+    request's ``Authorization`` header; over ``http://`` anyone on the path reads
+    it.  Loopback never leaves this machine, and
+    ``jupyter-cluster.gateway.allow-http-password: true`` accepts the risk
+    (e.g. a gateway reached through an encrypted tunnel or a trusted network).
+    """
+    from urllib.parse import urlsplit
+
+    from dask_gateway.auth import BasicAuth
+
+    if not isinstance(auth, BasicAuth) or not auth.password:
+        return
+    parts = urlsplit(address)
+    if parts.scheme.lower() != "http" or _is_loopback(parts.hostname or ""):
+        return
+    if config.get("gateway.allow-http-password"):
+        return
+    raise ClusterError(
+        f"the dask-gateway address {address} is plain http:// to another machine, so the gateway.auth password "
+        "would cross the network unencrypted; use the gateway's https:// address (or a loopback one through a "
+        "tunnel), or set jupyter-cluster.gateway.allow-http-password: true to send it anyway."
+    )
 
 
 def _close(gateway: Any) -> None:
