@@ -395,6 +395,35 @@ def test_adapt_counts_jobs(slurm):
         subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
 
 
+def test_a_submit_refused_after_the_test_only_check_says_sbatchs_error_at_once(slurm, tmp_path, monkeypatch):
+    """``sbatch --test-only`` takes the job but the real ``sbatch`` refuses it (as a per-user submit limit or a
+    site's job_submit policy does): the start stops at once with sbatch's own error in one sentence, rather
+    than waiting the whole start-timeout.  Here an ``sbatch`` early on PATH passes ``--test-only`` through
+    and has the real sbatch submit to a partition that does not exist."""
+    import dask.config
+
+    import jupyter_cluster as jc
+    from jupyter_cluster.errors import ClusterError
+
+    real = shutil.which("sbatch")
+    wrapper = tmp_path / "bin" / "sbatch"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        f'#!/bin/sh\ncase " $* " in *" --test-only "*) exec {real} "$@" ;; esac\nexec {real} --partition nosuch "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    # were the failed submit missed, the start would end at this timeout with "no worker ... connected"
+    with dask.config.set({"jupyter-cluster.jobqueue.start-timeout": "120s"}), pytest.raises(ClusterError) as err:
+        jc.start(backend="slurm", name="hpc-f", workers=2)
+    message = str(err.value)
+    assert message.startswith("sbatch did not queue the worker jobs of cluster 'hpc-f': "), message
+    assert "invalid partition specified: nosuch; Batch job submission failed: Invalid partition name" in message
+    assert "\n" not in message and message.endswith(".") and message.count(". ") == 0, message
+    assert not jobs_named("jc-hpc-f-")
+    assert not [f for f in os.listdir(shared_dir()) if f.startswith("jc-hpc-f-")]  # its folder is cleaned up
+
+
 def test_a_job_pending_for_an_ordinary_reason_is_told_then_given_up(slurm, capfd):
     """A job that stays pending (held here) is said to be pending with SLURM's reason, and the start gives up
     at jupyter-cluster.jobqueue.start-timeout, cancelling it."""

@@ -29,6 +29,7 @@ notebook's process.  This module adds what a notebook user needs around it:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -616,7 +617,7 @@ class JobqueueBackend(Backend):
             if watchdog is not None:
                 cleanup.append(lambda: _end(watchdog))
             try:
-                cluster = cls(**kwargs)
+                cluster = cls(**kwargs, job_cls=_recording_job_cls(cls.job_cls))
             except (OSError, RuntimeError, ValueError) as exc:
                 raise ClusterError(f"the {self.name} cluster could not start: {exc}") from exc
             try:
@@ -673,8 +674,7 @@ class JobqueueBackend(Backend):
         finally:
             os.remove(f.name)
         if done.returncode != 0:
-            lines = [ln.removeprefix("sbatch: error: ").strip() for ln in done.stderr.splitlines() if ln.strip()]
-            why = "; ".join(dict.fromkeys(lines)) or f"sbatch exited with {done.returncode}"
+            why = _sbatch_why(done.stderr, done.returncode)
             raise ClusterError(
                 f"SLURM refuses the worker jobs: {why}; check --partition, --walltime and the sizes asked for."
             )
@@ -691,6 +691,13 @@ class JobqueueBackend(Backend):
         while True:
             if cluster.scheduler.workers:
                 return
+            failed = _submit_error(cluster)
+            if failed is not None:
+                # dask-jobqueue only logs a failed submit; waiting would last the whole start-timeout
+                raise ClusterError(
+                    f"sbatch did not queue the worker jobs of cluster {name!r}: {failed}; any that were queued "
+                    "were cancelled, check your site's submit limits (or ask for fewer --workers)."
+                )
             submitted = _submitted(cluster)  # before squeue: a job submitted meanwhile is not "gone"
             jobs = facts.poll()
             never = pending_reason(jobs)
@@ -723,6 +730,49 @@ class JobqueueBackend(Backend):
                 )
                 told = True
             time.sleep(0.5)
+
+
+def _sbatch_why(stderr: str, returncode: int) -> str:
+    """sbatch's error lines, without their ``sbatch: error:`` prefix, as one clause."""
+    lines = [ln.removeprefix("sbatch: error: ").strip() for ln in stderr.splitlines() if ln.strip()]
+    return "; ".join(dict.fromkeys(lines)).rstrip(".") or f"sbatch exited with {returncode}"
+
+
+@functools.cache
+def _recording_job_cls(job_cls: type) -> type:
+    """``job_cls`` that keeps why its submission failed (``submit_error``) for :func:`_submit_error`.
+
+    dask-jobqueue logs a failed submit command and keeps the job, without a
+    ``job_id``, in ``cluster.workers``; the command's error is not kept.
+    """
+
+    class RecordingJob(job_cls):
+        submit_error: str | None = None
+
+        async def _submit_job(self, script_filename: str) -> str:
+            try:
+                return await super()._submit_job(script_filename)
+            except RuntimeError as exc:  # dask-jobqueue's _call: exit code, command, stdout and stderr
+                text = str(exc)
+                stderr = text.split("\nstderr:\n", 1)[1] if "\nstderr:\n" in text else text
+                code = re.search(r"Exit code: (-?\d+)", text)
+                self.submit_error = _sbatch_why(stderr, int(code.group(1)) if code else 1)
+                raise
+
+    RecordingJob.__name__ = RecordingJob.__qualname__ = job_cls.__name__
+    return RecordingJob
+
+
+def _submit_error(cluster: Any) -> str | None:
+    """Why a job of the cluster could not be submitted, or None.
+
+    A job in ``cluster.workers`` has been through its submit; one without a
+    ``job_id`` is one whose submit command failed.
+    """
+    for job in list(getattr(cluster, "workers", {}).values()):
+        if not getattr(job, "job_id", None):
+            return getattr(job, "submit_error", None) or "the submit command failed (no job id)"
+    return None
 
 
 def _submitted(cluster: Any) -> set[str]:
