@@ -173,6 +173,23 @@ def svg_img(svg: str, alt: str) -> str:
     return f'<img alt="{_e(alt)}" style="max-width:100%;display:block" src="data:image/svg+xml;base64,{data}">'
 
 
+def _svg_head(width: int, height: int, ml: float, title: str, xlink: bool = False) -> list[str]:
+    """A chart's opening SVG elements: the root (``xlink`` for an embedded image), a white ground, the bold title."""
+    ns = ' xmlns:xlink="http://www.w3.org/1999/xlink"' if xlink else ""
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg"{ns} width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" style="{FONT}">',
+        f'<rect width="{width}" height="{height}" fill="#fff"/>',
+        f'<text x="{ml}" y="14" font-weight="bold">{_e(title)}</text>',
+    ]
+
+
+def _svg_note(out: list[str], ml: float, y: float, text: str) -> str:
+    """The chart ``out`` ended with a grey note in place of its plot (nothing to draw)."""
+    out.append(f'<text x="{ml}" y="{y}" fill="#777">{text}</text></svg>')
+    return "".join(out)
+
+
 def _bucket_points(points: Sequence[Sequence[float | None]], cap: int) -> list[tuple[float, float | None]]:
     """At most ~``cap`` points: min and max of each bucket (so peaks stay), gaps (None) kept."""
     pts: list[tuple[float, float | None]] = []
@@ -231,14 +248,9 @@ def line_chart_svg(name: str, series: Mapping[str, Sequence[Sequence[float | Non
     legend_rows = math.ceil(len(legend) / per_row) + (1 if left_out else 0)
     height = mt + ph + mb + 16 * legend_rows + 4
     pw = width - ml - mr
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" style="{FONT}">',
-        f'<rect width="{width}" height="{height}" fill="#fff"/>',
-        f'<text x="{ml}" y="14" font-weight="bold">{_e(name)}</text>',
-    ]
+    out = _svg_head(width, height, ml, name)
     if not xs or not ys:
-        out.append(f'<text x="{ml}" y="{mt + ph / 2}" fill="#777">no finite values</text></svg>')
-        return "".join(out)
+        return _svg_note(out, ml, mt + ph / 2, "no finite values")
     xlo, xhi = min(xs), max(xs)
     ylo, yhi = min(ys), max(ys)
     if xhi == xlo:
@@ -350,15 +362,9 @@ def heatmap_svg(
     ph = max(40, min(140, 12 * n))
     height = mt + ph + mb
     pw = width - ml - mr
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" width="{width}" '
-        f'height="{height}" viewBox="0 0 {width} {height}" style="{FONT}">',
-        f'<rect width="{width}" height="{height}" fill="#fff"/>',
-        f'<text x="{ml}" y="14" font-weight="bold">{_e(title)}</text>',
-    ]
+    out = _svg_head(width, height, ml, title, xlink=True)
     if not rows or not n:
-        out.append(f'<text x="{ml}" y="{mt + ph / 2}" fill="#777">no rows</text></svg>')
-        return "".join(out)
+        return _svg_note(out, ml, mt + ph / 2, "no rows")
     span = (hi - lo) or 1.0
     grey = (221, 221, 221)
     # a block of pixels per (step, entry), entry 0 at the bottom: blocks of about the size they are
