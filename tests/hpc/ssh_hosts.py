@@ -19,12 +19,13 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import time
 import uuid
 from pathlib import Path
+
+from tests.hpc import netns
 
 SSHD = "/usr/sbin/sshd"
 
@@ -171,8 +172,7 @@ class SSHHosts:
 
     # -- looking and pulling plugs -------------------------------------------------------------
     def pids(self, i: int) -> list[int]:
-        out = _sh("ip", "netns", "pids", self.namespaces[i], check=False).stdout
-        return [int(p) for p in out.split()]
+        return netns.pids(self.namespaces[i])
 
     def extra_pids(self, i: int) -> list[int]:
         """Processes on host ``i`` besides its listening sshd (sessions, Dask processes)."""
@@ -191,13 +191,7 @@ class SSHHosts:
 
     def kill_host(self, i: int) -> list[int]:
         """SIGKILL every process of host ``i`` (its sshd too): the host is gone."""
-        pids = self.pids(i)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return pids
+        return netns.kill_all(self.namespaces[i])
 
     def teardown(self) -> None:
         for i, ns in enumerate(self.namespaces):
