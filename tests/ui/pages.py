@@ -18,6 +18,23 @@ def shot(page: Any, artifacts: str, name: str, selector: str | None = None) -> s
     return path
 
 
+# Run All only once the kernel has answered kernel_info: a request sent while
+# the kernel is still connecting can be lost.  With a true argument, the
+# notebook is then saved.
+RUN_ALL_WHEN_READY_JS = """
+async (save) => {
+  const app = window.jupyterapp;
+  const panel = app.shell.currentWidget;
+  await panel.sessionContext.ready;
+  await panel.sessionContext.session.kernel.info;
+  await app.commands.execute('notebook:run-all-cells');
+  if (save) {
+    await app.commands.execute('docmanager:save');
+  }
+}
+"""
+
+
 @contextmanager
 def lab_page(
     browser: Any,

@@ -18,7 +18,7 @@ import os
 import nbformat
 import pytest
 
-from .pages import lab_page, shot
+from .pages import RUN_ALL_WHEN_READY_JS, lab_page, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -40,16 +40,6 @@ NOTEBOOK_CELLS = [
 
 WALKS = ".jp-OutputArea .jc-metrics >> nth=0"
 POP = ".jp-OutputArea .jc-metrics >> nth=1"
-
-RUN_ALL_WHEN_READY_JS = """
-async () => {
-  const app = window.jupyterapp;
-  const panel = app.shell.currentWidget;
-  await panel.sessionContext.ready;
-  await panel.sessionContext.session.kernel.info;
-  await app.commands.execute('notebook:run-all-cells');
-}
-"""
 
 
 def _chart(nth: int, value: str) -> str:

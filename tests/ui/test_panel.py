@@ -19,7 +19,7 @@ import re
 import nbformat
 import pytest
 
-from .pages import lab_page, open_panel, shot
+from .pages import RUN_ALL_WHEN_READY_JS, lab_page, open_panel, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -57,19 +57,6 @@ COLOURED_PIXELS_JS = """
     }
   }
   return n;
-}
-"""
-
-
-# Run All only once the kernel has answered kernel_info: a request sent while
-# the kernel is still connecting can be lost.
-RUN_ALL_WHEN_READY_JS = """
-async () => {
-  const app = window.jupyterapp;
-  const panel = app.shell.currentWidget;
-  await panel.sessionContext.ready;
-  await panel.sessionContext.session.kernel.info;
-  await app.commands.execute('notebook:run-all-cells');
 }
 """
 

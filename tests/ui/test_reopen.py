@@ -17,7 +17,7 @@ import nbformat
 import pytest
 
 from ..jupyter_process import JupyterProcess
-from .pages import lab_page, shot
+from .pages import RUN_ALL_WHEN_READY_JS, lab_page, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
@@ -35,16 +35,6 @@ i""",
     "%cluster stop",
 ]
 
-RUN_ALL_JS = """
-async () => {
-  const app = window.jupyterapp;
-  const panel = app.shell.currentWidget;
-  await panel.sessionContext.ready;
-  await panel.sessionContext.session.kernel.info;
-  await app.commands.execute('notebook:run-all-cells');
-  await app.commands.execute('docmanager:save');
-}
-"""
 CHART = 'img[alt="reopen: loss"]'
 
 
@@ -64,7 +54,7 @@ def test_reopened_notebook_shows_static_results_after_a_server_restart(browser, 
     try:
         with lab_page(browser, lab, "lab/tree/reopen.ipynb", artifacts=artifacts, last_shot="reopen-live.png") as page:
             _ready(page)
-            page.evaluate(RUN_ALL_JS)
+            page.evaluate(RUN_ALL_WHEN_READY_JS, True)  # and save
             # live: the chart is the widget (its static copy is in the output, not drawn)
             page.wait_for_selector(".jp-OutputArea-output .jupyter-widgets", timeout=60_000)
             assert page.locator(CHART).count() == 0

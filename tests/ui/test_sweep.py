@@ -16,7 +16,7 @@ import os
 import nbformat
 import pytest
 
-from .pages import lab_page, shot
+from .pages import RUN_ALL_WHEN_READY_JS, lab_page, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -39,17 +39,6 @@ for step in range(10):
 def _final_loss(i: int) -> float:
     lr = LRS[i % 3]
     return math.exp(-9 * lr * 10) + (0.1 if i % 2 == 0 else 0.3) + i / 1000
-
-
-RUN_ALL_WHEN_READY_JS = """
-async () => {
-  const app = window.jupyterapp;
-  const panel = app.shell.currentWidget;
-  await panel.sessionContext.ready;
-  await panel.sessionContext.session.kernel.info;
-  await app.commands.execute('notebook:run-all-cells');
-}
-"""
 
 
 def _data(page, attr: str) -> str:
