@@ -107,16 +107,7 @@ class Hosts:
         return netns.kill_all(self.ns[role])
 
     def teardown(self) -> None:
-        for role in self.ns:
-            if self.ns[role] in self.created:
-                self.kill_host(role)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for name in self.created:
-            _sh("ip", "netns", "del", name, check=False)
+        netns.remove(self.created, self.procs)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterable
 
 
 def pids(namespace: str) -> list[int]:
@@ -22,3 +23,17 @@ def kill_all(namespace: str) -> list[int]:
         except ProcessLookupError:
             pass
     return found
+
+
+def remove(namespaces: Iterable[str], procs: Iterable[subprocess.Popen]) -> None:
+    """Kill every process in ``namespaces``, reap ``procs`` (the test's handles on some of them), delete the namespaces."""
+    namespaces = list(namespaces)
+    for ns in namespaces:
+        kill_all(ns)
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    for ns in namespaces:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True, timeout=60)

@@ -194,14 +194,5 @@ class SSHHosts:
         return netns.kill_all(self.namespaces[i])
 
     def teardown(self) -> None:
-        for i, ns in enumerate(self.namespaces):
-            if ns in self.created:
-                self.kill_host(i)
-        for proc in self.sshd.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for ns in self.created:
-            _sh("ip", "netns", "del", ns, check=False)
+        netns.remove(self.created, self.sshd.values())
         _sh("ip", "link", "del", self.root_link, check=False)  # gone with its peer already, normally
