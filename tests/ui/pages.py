@@ -35,6 +35,15 @@ async (save) => {
 """
 
 
+# Run ``code`` in the active notebook's kernel, outside any cell; the promise ends once it has run.
+EXECUTE_JS = """
+async (code) => {
+  const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+  await kernel.requestExecute({ code }).done;
+}
+"""
+
+
 @contextmanager
 def lab_page(
     browser: Any,

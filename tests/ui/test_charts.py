@@ -18,7 +18,7 @@ import os
 import nbformat
 import pytest
 
-from .pages import RUN_ALL_WHEN_READY_JS, lab_page, shot
+from .pages import EXECUTE_JS, RUN_ALL_WHEN_READY_JS, lab_page, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -131,12 +131,9 @@ def test_charts_read_at_a_glance(lab, browser, artifacts):
         # re-renders its displayed widgets (their static copies are updated), a report alone must not redraw.
         walks.scroll_into_view_if_needed()
         page.evaluate(
-            """async () => {
-              const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
-              const code = 'import threading\\nthreading.Timer(4.0, lambda: jc.report(step=999, topic="walks", '
-                + 'walk="walk 1", speed=5.0)).start()';
-              await kernel.requestExecute({ code }).done;
-            }"""
+            EXECUTE_JS,
+            'import threading\nthreading.Timer(4.0, lambda: jc.report(step=999, topic="walks", walk="walk 1", speed=5.0))'
+            ".start()",
         )
         page.wait_for_timeout(1500)  # the cell's end has re-rendered the widgets by now
         before = page.evaluate(f"[{_chart(0, 'position')}.dataset.draws, {_chart(0, 'speed')}.dataset.draws]")
@@ -150,11 +147,7 @@ def test_charts_read_at_a_glance(lab, browser, artifacts):
         walks.locator("input.jc-smoothing").fill("0.8")
         page.evaluate("document.querySelector('.jp-OutputArea .jc-metrics').dataset.old = 'yes'")
         page.evaluate(
-            """async () => {
-              const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
-              const code = 'import time\\njc.report(step=50, topic="walks", walk="walk 2", speed=1.0)\\ntime.sleep(1.5)';
-              await kernel.requestExecute({ code }).done;
-            }"""
+            EXECUTE_JS, 'import time\njc.report(step=50, topic="walks", walk="walk 2", speed=1.0)\ntime.sleep(1.5)'
         )
         _wait(page, "document.querySelector('.jp-OutputArea .jc-metrics').dataset.old !== 'yes'", timeout=30_000)
         _wait(page, f"{_chart(0, 'position')}.dataset.yScale === 'symlog'")

@@ -16,7 +16,7 @@ import os
 import nbformat
 import pytest
 
-from .pages import RUN_ALL_WHEN_READY_JS, lab_page, shot
+from .pages import EXECUTE_JS, RUN_ALL_WHEN_READY_JS, lab_page, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -130,13 +130,7 @@ def test_sweep_table_sorts_filters_groups_and_overlays(lab, browser, artifacts):
 
         # -- the output re-rendered at a cell's end (its static copy is brought up to date): choices kept ---------
         page.evaluate("document.querySelector('.jc-sweep').dataset.old = 'yes'")
-        page.evaluate(
-            """async () => {
-              const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
-              const code = 'import time\\njc.report(step=0, topic="sweep", extra=1.0)\\ntime.sleep(3)';
-              await kernel.requestExecute({ code }).done;
-            }"""
-        )
+        page.evaluate(EXECUTE_JS, 'import time\njc.report(step=0, topic="sweep", extra=1.0)\ntime.sleep(3)')
         page.wait_for_function(
             "(() => { const e = document.querySelector('.jc-sweep'); return !!e && e.dataset.old !== 'yes'; })()",
             timeout=30_000,
