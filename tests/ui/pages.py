@@ -97,3 +97,12 @@ def open_panel(page: Any, command: str = "jupyter-cluster:open", panel: str = "#
         except PlaywrightTimeout as e:
             last = e
     raise AssertionError(f"{panel} stayed hidden after running {command} 5 times") from last
+
+
+def notebook_ready(page: Any) -> None:
+    """Wait until the open notebook shows its cells and its kernel is idle; a kernel picker, if shown, takes the default."""
+    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=90_000)
+    page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90_000)
+    picker = page.locator(".jp-Dialog .jp-mod-accept")
+    if picker.count():  # a kernel picker despite autoStartDefaultKernel: take the default
+        picker.click()

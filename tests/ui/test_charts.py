@@ -18,7 +18,7 @@ import os
 import nbformat
 import pytest
 
-from .pages import EXECUTE_JS, RUN_ALL_WHEN_READY_JS, lab_page, shot
+from .pages import EXECUTE_JS, RUN_ALL_WHEN_READY_JS, lab_page, notebook_ready, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -75,11 +75,7 @@ def test_charts_read_at_a_glance(lab, browser, artifacts):
     with lab_page(
         browser, lab, "lab/tree/charts.ipynb", artifacts=artifacts, last_shot="charts-last-state.png"
     ) as page:
-        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=90_000)
-        page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90_000)
-        picker = page.locator(".jp-Dialog .jp-mod-accept")
-        if picker.count():
-            picker.click()
+        notebook_ready(page)
         page.evaluate(RUN_ALL_WHEN_READY_JS)
         _wait(page, f"{_chart(0, 'position')}.dataset.series.split('|').length === 3", timeout=120_000)
         _wait(page, f"{_chart(1, 'reward')}.dataset.series.split('|').length === {MEMBERS}", timeout=60_000)

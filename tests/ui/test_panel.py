@@ -19,7 +19,7 @@ import re
 import nbformat
 import pytest
 
-from .pages import RUN_ALL_WHEN_READY_JS, lab_page, open_panel, shot
+from .pages import RUN_ALL_WHEN_READY_JS, lab_page, notebook_ready, open_panel, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -183,11 +183,7 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
 
         # -- a notebook that attaches to it, maps a cell and reports metrics ------------
         page.goto(f"{lab.url}lab/tree/ui.ipynb", timeout=90_000)
-        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=90_000)
-        page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90_000)
-        picker = page.locator(".jp-Dialog .jp-mod-accept")
-        if picker.count():  # a kernel picker despite autoStartDefaultKernel: take the default
-            picker.click()
+        notebook_ready(page)
         open_panel(page)
         # the panel shows another cluster than the notebook's ...
         page.click(f'#jupyter-cluster-panel .jc-cluster[data-name="{OTHER}"] .jc-cluster-name', timeout=30_000)

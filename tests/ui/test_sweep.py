@@ -16,7 +16,7 @@ import os
 import nbformat
 import pytest
 
-from .pages import EXECUTE_JS, RUN_ALL_WHEN_READY_JS, lab_page, shot
+from .pages import EXECUTE_JS, RUN_ALL_WHEN_READY_JS, lab_page, notebook_ready, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -61,11 +61,7 @@ def test_sweep_table_sorts_filters_groups_and_overlays(lab, browser, artifacts):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, os.path.join(lab.root_dir, "sweep.ipynb"))
     with lab_page(browser, lab, "lab/tree/sweep.ipynb", artifacts=artifacts, last_shot="sweep-last-state.png") as page:
-        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=90_000)
-        page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90_000)
-        picker = page.locator(".jp-Dialog .jp-mod-accept")
-        if picker.count():
-            picker.click()
+        notebook_ready(page)
         page.evaluate(RUN_ALL_WHEN_READY_JS)
 
         # -- one row per item, with its config and its loss --------------------------------------
