@@ -211,3 +211,27 @@ def test_job_facts_for_the_sidebar():
     untouched = {"workers": [{"name": "c-0"}]}
     jobqueue.apply_facts(untouched, None)
     assert untouched == {"workers": [{"name": "c-0"}]}
+
+
+def test_loading_dask_jobqueue_leaves_ctrl_c_alone_and_works_off_the_main_thread():
+    # dask_jobqueue.runner sets SIGINT to sys.exit at import time (and fails to import off the main
+    # thread); a kernel's stop button must still raise KeyboardInterrupt after a SLURM start.
+    import subprocess
+    import sys
+
+    code = (
+        "import signal, threading\n"
+        "from jupyter_cluster.backends import jobqueue\n"
+        "before = signal.getsignal(signal.SIGINT)\n"
+        "box = []\n"
+        "t = threading.Thread(target=lambda: box.append(jobqueue.SlurmBackend()._cluster_class().__name__))\n"
+        "t.start(); t.join()\n"
+        "assert box == ['SLURMCluster'], box\n"
+        "assert signal.getsignal(signal.SIGINT) is before, signal.getsignal(signal.SIGINT)\n"
+        "try:\n"
+        "    signal.raise_signal(signal.SIGINT)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "interrupted", out.stderr[-2000:]

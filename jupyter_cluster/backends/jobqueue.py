@@ -50,6 +50,39 @@ INSTALL_HINT = "pip install 'jupyter-cluster[hpc]'"
 #: where the scheduler keeps the batch facts the sidebar shows (``Scheduler.get_metadata``)
 FACTS_KEY = ["jupyter-cluster", "batch"]
 
+
+_IMPORT_LOCK = threading.Lock()
+
+
+def _import_dask_jobqueue() -> Any:
+    """Import dask-jobqueue without letting it take over Ctrl-C.
+
+    ``dask_jobqueue.runner`` (imported by its SLURM module) calls
+    ``signal.signal(SIGINT, lambda *_: sys.exit())`` at import time: in a kernel
+    that turns the stop button into a ``SystemExit``, in a script Ctrl-C into an
+    exit without a traceback, and off the main thread (a server's executor) the
+    import fails outright.  That one call is skipped while the module loads.
+    """
+    import signal
+
+    with _IMPORT_LOCK:
+        if "dask_jobqueue" in sys.modules:
+            return sys.modules["dask_jobqueue"]
+        install = signal.signal
+
+        def keep_sigint(signum: Any, handler: Any) -> Any:
+            if signum == signal.SIGINT:
+                return signal.getsignal(signum)
+            return install(signum, handler)
+
+        signal.signal = keep_sigint  # type: ignore[assignment]
+        try:
+            import dask_jobqueue
+        finally:
+            signal.signal = install
+    return dask_jobqueue
+
+
 #: system -> (dask_jobqueue class, submit command, cancel command)
 SYSTEMS: dict[str, tuple[str, str, str]] = {
     "slurm": ("SLURMCluster", "sbatch", "scancel"),
@@ -508,7 +541,7 @@ class JobqueueBackend(Backend):
     # -- building ------------------------------------------------------------
     def _cluster_class(self) -> Any:
         try:
-            import dask_jobqueue
+            dask_jobqueue = _import_dask_jobqueue()
         except ImportError as exc:
             raise ClusterError(
                 f"the {self.name} backend needs dask-jobqueue, which is not installed; install it with: {INSTALL_HINT}"
