@@ -336,7 +336,11 @@ class ItemTap:
     def __next__(self) -> Any:
         if self._it is None:
             self._it = iter(self._source)
-        item = next(self._it)
+        try:
+            item = next(self._it)
+        except StopIteration:
+            self.release()
+            raise
         if self.count < MAX_ITEMS:
             try:
                 self.items.append(self.tag.describe(item))
@@ -344,6 +348,12 @@ class ItemTap:
                 self.items.append(("?", {}))
         self.count += 1
         return item
+
+    def release(self) -> None:
+        """Let go of the user's iterable: a tap is kept after its map (:func:`job_items`), its inputs are not."""
+        self._source = ()
+        self._it = iter(())
+        self.tag._last = None  # the describe() cache holds the last item
 
 
 # -- named runs: with jc.run(name, config=...) ------------------------------------------
@@ -630,6 +640,7 @@ def job_items(job: Any) -> dict[str, Any]:
     out = {"items": items, "item_count": tap.count}
     if job_state != "running":
         tap.final = out  # the job ended: its items no longer change
+        tap.release()
     return out
 
 
