@@ -12,6 +12,8 @@
 #                                    prettier and tsc on the TypeScript; settings in pyproject.toml, package.json
 #   make as-installed                build the sdist and wheel, install the wheel in fresh environments under
 #                                    $(AS_INSTALLED_DIR) and run real kernels there (.ci/as_installed.py)
+#   make notebooks                   execute notebooks/*.ipynb at CI size and write their outputs in place (the
+#                                    charts' static copies, so GitHub and nbviewer show the results); commit them
 #   make bench                       the peer benchmark; the peer systems (ipyparallel) live in their own
 #                                    environment $(BENCH_VENV) on top of $(VENV), never in the lab's or the tests'
 PYTHON ?= python3
@@ -43,7 +45,7 @@ JLPM = PATH="$(abspath $(BUILD_VENV))/bin:$$PATH" $(abspath $(BUILD_VENV))/bin/j
 # (which `jupyter labextension develop` now defers to, with a deprecation) links the extension in.
 BUILDER := "jupyter-builder>=1.2,<2"
 
-.PHONY: setup lab lint test as-installed bench clean
+.PHONY: setup lab lint test as-installed notebooks bench clean
 # Prerequisites are listed in the order they must be made (an environment before the extension its
 # jlpm rebuilds); the lab's and the tests' environments are the two goals' only difference.
 .NOTPARALLEL:
@@ -94,6 +96,11 @@ test: lint $(CORE) $(call extra_stamps,$(VENV),$(TEST_EXTRAS)) $(LABEXT)
 # through real kernels by nbclient from $(VENV).
 as-installed: $(CORE) $(VENV)/.extra-test
 	$(PY) .ci/as_installed.py --workdir $(AS_INSTALLED_DIR) $(AS_INSTALLED_ARGS)
+
+# The example notebooks with their outputs, as a reader sees them on GitHub: executed at CI size by nbclient
+# (the same environment as tests/test_notebooks.py), volatile bits stripped (.ci/execute_notebooks.py).
+notebooks: $(CORE) $(call extra_stamps,$(VENV),test examples) $(LABEXT)
+	$(PY) .ci/execute_notebooks.py $(NOTEBOOKS_ARGS)
 
 # The benchmark's environment sees everything in $(VENV) (a .pth line adds its site-packages) and adds
 # only the peer systems, so `jupyter lab` never loads ipyparallel's extensions.

@@ -25,7 +25,7 @@ _PUBLIC = {
     "ClusterHandle": ".session", "clusters": ".session", "connect": ".session", "current": ".session",
     "start": ".session", "stop": ".session", "imap": ".mapping", "last_job": ".mapping", "map": ".mapping",
     "Pool": ".pool", "Queue": ".dqueue", "actor": ".actors", "metrics": ".telemetry", "report": ".telemetry",
-    "launcher": ".widgets", "show_metrics": ".widgets", "spmd": ".spmd",
+    "launcher": ".widgets", "show_metrics": ".widgets", "show_runs": ".widgets", "spmd": ".spmd", "run": ".runs", "runs": ".runs",
 }  # fmt: skip
 
 
@@ -68,11 +68,12 @@ if not _in_dask_worker_process():
     from .dqueue import Queue
     from .mapping import imap, last_job, map  # noqa: A004  (jupyter_cluster.map is the public map)
     from .pool import Pool
+    from .runs import run, runs  # the function `runs` shadows the module on the package: import its names from .runs
     from .session import ClusterHandle, clusters, connect, current, start, stop
     from .spmd import spmd  # noqa: E402  (the function; import the module's other names with `from jupyter_cluster.spmd import ...`)
     from .telemetry import metrics, report
     from .telemetry.progress import install as _install_progress  # noqa: E402
-    from .widgets import launcher, show_metrics
+    from .widgets import launcher, show_metrics, show_runs
     from .widgets import register_display as _register_display
 
     _install_progress(_mapping.add_observer_factory)  # progress bars for every map
@@ -86,7 +87,10 @@ __all__ = [
     "launcher",
     "metrics",
     "report",
+    "run",
+    "runs",
     "show_metrics",
+    "show_runs",
     "spmd",
     "ClusterError",
     "ClusterHandle",
@@ -128,5 +132,10 @@ def _jupyter_server_extension_points():
 def _load_jupyter_server_extension(serverapp):
     """Start the cluster manager and its routes under ``<base_url>/jupyter-cluster/api/``."""
     from .server import load  # lazy: the server side loads only in a Jupyter server
+    from .widgets.static_render import pre_save_hook
 
     load(serverapp)
+    # a saved notebook keeps our widgets' static copies, not references to models that die with the kernel
+    register = getattr(serverapp.contents_manager, "register_pre_save_hook", None)
+    if register is not None:  # a custom contents manager may not take hooks
+        register(pre_save_hook)

@@ -202,6 +202,23 @@ def _remove_dashboard_socket(path: object) -> None:
             pass
 
 
+def _cancel_batch_jobs(extra: object) -> None:
+    """Cancel a dead owner's batch jobs (SLURM), which would otherwise wait in the queue for nobody."""
+    if isinstance(extra, dict) and isinstance(extra.get("batch"), dict):
+        from .backends.jobqueue import cancel_jobs
+
+        cancel_jobs(extra["batch"])
+
+
+def _stop_gateway_cluster(record: ClusterRecord) -> None:
+    """Shut down a dead owner's dask-gateway cluster, which would otherwise run until the gateway's idle timeout."""
+    info = record.extra.get("gateway") if isinstance(record.extra, dict) and not record.attached else None
+    if isinstance(info, dict):
+        from .backends.gateway import stop_orphan
+
+        stop_orphan(info)
+
+
 def read(name: str) -> ClusterRecord | None:
     """The live record called ``name``, or None."""
     for record in live_records():
@@ -254,6 +271,8 @@ def live_records(cleanup: bool = True) -> list[ClusterRecord]:
             records.append(record)
         elif cleanup:
             remove(record.name)
+            _cancel_batch_jobs(record.extra)
+            _stop_gateway_cluster(record)
             _remove_dashboard_socket(
                 (record.extra or {}).get("dashboard_socket") if isinstance(record.extra, dict) else None
             )

@@ -337,7 +337,8 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
     backend : str, optional
         Backend name; defaults to ``jupyter-cluster.backend`` from dask.config.
     wait : bool
-        Wait until the first worker has connected.
+        Wait until the first worker has connected.  With ``wait=False`` a batch
+        backend (slurm, pbs, sge, lsf) returns as soon as its jobs are submitted.
     **options
         Backend options, e.g. ``workers=8, threads=1, memory_limit="2GiB"``.
         ``dry_run=True`` (kubernetes) starts nothing and returns the YAML of
@@ -381,6 +382,8 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
         if not hasattr(impl, "dry_run"):
             raise ClusterError(f"the {backend} backend has no --dry-run; it creates no resources to show.")
         return impl.dry_run(**options)
+    if getattr(impl, "takes_wait", False):  # a batch backend: --no-wait returns with its jobs queued
+        options["wait"] = wait
     started = impl.start(**options)
     try:
         client = _connect_client(started, name)
@@ -424,8 +427,9 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
     Parameters
     ----------
     target : str
-        ``tcp://host:port`` (or ``tls://``), or the name of a cluster listed
-        by :func:`clusters`.
+        ``tcp://host:port`` (or ``tls://``), the name of a cluster listed
+        by :func:`clusters`, or the name of a cluster of the configured
+        dask-gateway (``gateway.address``).
     security : distributed.Security, optional
         Credentials for a TLS scheduler.
     """
@@ -434,19 +438,27 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
         _current = target
         return _handles[target]
     record = None
+    via_gateway: StartedCluster | None = None
     if "://" in target or (":" in target and target.rsplit(":", 1)[-1].isdigit()):
         address, name = target, None
         if security is None and address.startswith("tls://"):  # one of this user's TLS clusters?
             security = _security_for_address(address)
     else:
         record = registry.read(target)
-        if record is None:
+        if record is None or record.backend == "gateway":  # a dask-gateway cluster: reached through its gateway
+            from .backends.gateway import attach
+
+            via_gateway = attach(target, record)
+        if record is None and via_gateway is None:
             known = ", ".join(r.name for r in registry.live_records()) or "none"
             raise ClusterError(f"no cluster named {target!r} is running (known: {known}); see %cluster list.")
-        address, name = record.address, f"{record.name}"
-        if security is None and address.startswith("tls://"):  # a TLS cluster started on this machine
-            security = saved_security(record.name)
-    started = get_backend("address").start(address=address, security=security)
+        if via_gateway is not None:
+            address, name, security = via_gateway.address, record.name if record else target, via_gateway.security
+        elif record is not None:
+            address, name = record.address, f"{record.name}"
+            if security is None and address.startswith("tls://"):  # a TLS cluster started on this machine
+                security = saved_security(record.name)
+    started = via_gateway or get_backend("address").start(address=address, security=security)
     if record is not None:  # the cluster's own name and dashboard, as the registry has them
         started.dashboard_link = started.dashboard_link or record.dashboard_link
     name = name or _unique_name("remote")

@@ -31,6 +31,7 @@ from typing import Any
 
 from . import session
 from .capture import pickled_size
+from .display import fmt_bytes
 from .engine.cluster import workers_now
 from .engine.worker import error_info
 from .errors import ClusterError
@@ -338,6 +339,14 @@ def _make_group(handle, members: list[str], live: dict[str, dict], requested: st
     names = [str(live[a].get("name", a)) for a in members]
     for addr, name in zip(members, names):
         info = infos.get(addr)
+        if (isinstance(info, BaseException) or info is None) and addr not in workers_now(handle.client):
+            # seen on SLURM workers with 500 MiB: the nanny restarts a worker that imports torch over its limit
+            limit = live[addr].get("memory_limit")
+            raise ClusterError(
+                f"worker {name} was lost while torch was imported on it ({info}); importing torch takes a few "
+                f"hundred MB, past which a worker's nanny restarts it: give the workers more memory than "
+                f"{fmt_bytes(limit) if limit else 'now'} (--memory-limit) and run the cell again."
+            )
         if isinstance(info, BaseException) or info is None:
             raise ClusterError(
                 f"worker {name} could not be asked about torch ({info}); check the cluster with %cluster."

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -28,6 +27,8 @@ import time
 import uuid
 
 import pytest
+
+from tests.hpc import netns
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -99,30 +100,14 @@ class Hosts:
         return proc
 
     def pids(self, role: str) -> list[int]:
-        out = _sh("ip", "netns", "pids", self.ns[role], check=False).stdout
-        return [int(p) for p in out.split()]
+        return netns.pids(self.ns[role])
 
     def kill_host(self, role: str) -> list[int]:
         """SIGKILL every process in the namespace (they are all ours: the namespace is)."""
-        pids = self.pids(role)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return pids
+        return netns.kill_all(self.ns[role])
 
     def teardown(self) -> None:
-        for role in self.ns:
-            if self.ns[role] in self.created:
-                self.kill_host(role)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for name in self.created:
-            _sh("ip", "netns", "del", name, check=False)
+        netns.remove(self.created, self.procs)
 
 
 @pytest.fixture

@@ -6,6 +6,10 @@ so a failed claim fails the run.  Cells tagged ``raises-exception`` are the only
 to raise; nbclient enforces that.  Every notebook starts its cluster with a plain
 ``%cluster start`` (backend from configuration), which the test pins to 2 single-threaded local
 workers through the environment, exactly as a user would for Kubernetes.
+
+The notebooks are committed with their outputs (``make notebooks``, .ci/execute_notebooks.py): a
+reader on GitHub or nbviewer sees the charts as the widgets' static copies.  The tests check that
+they are stored that way and that a fresh execution still gives each cell the same kinds of output.
 """
 
 from __future__ import annotations
@@ -31,6 +35,22 @@ NOTEBOOKS = [
 ]
 
 
+def _publishing_env() -> dict[str, str]:
+    """``CI_ENV`` of .ci/execute_notebooks.py (``make notebooks``): one definition for both."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "execute_notebooks", os.path.join(ROOT, ".ci", "execute_notebooks.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module.CI_ENV)
+
+
+CI_ENV = _publishing_env()
+
+
 def _read(name: str):
     return nbformat.read(os.path.join(NOTEBOOKS_DIR, name), as_version=4)
 
@@ -44,17 +64,30 @@ def test_notebook_set_is_complete_and_linked_from_the_readme():
         assert f"(notebooks/{name})" in readme, f"README does not link notebooks/{name}"
 
 
+#: the most one published notebook may weigh (its charts are SVG images in the outputs)
+SIZE_BUDGET = 300 * 1024
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_is_stored_clean_and_portable(name):
-    """Outputs stripped in git; a CI/full size switch; a backend-free %cluster start."""
-    with open(os.path.join(NOTEBOOKS_DIR, name)) as f:
+def test_notebook_is_published_with_outputs_and_portable(name):
+    """Executed top to bottom with static charts and no per-run noise; a CI/full size switch; a backend-free %cluster start."""
+    path = os.path.join(NOTEBOOKS_DIR, name)
+    with open(path) as f:
         raw = json.load(f)
     nbformat.validate(nbformat.from_dict(raw))
+    assert os.path.getsize(path) <= SIZE_BUDGET, f"{name}: {os.path.getsize(path)} bytes"
     code = [c for c in raw["cells"] if c["cell_type"] == "code"]
-    for cell in code:
-        assert cell.get("outputs") == [] and cell.get("execution_count") is None, (
-            f"{name}: outputs are committed; strip them before committing"
-        )
+    counts = [c.get("execution_count") for c in code]
+    assert counts == list(range(1, len(code) + 1)), f"{name}: not executed top to bottom; run `make notebooks`"
+    outputs = [o for c in code for o in c["outputs"]]
+    assert not any(WIDGET_VIEW in o.get("data", {}) for o in outputs), "widget references a reader cannot see"
+    assert "widgets" not in raw["metadata"] and not any("execution" in c["metadata"] for c in code)
+    html = ["".join(o.get("data", {}).get("text/html", "")) for o in outputs]  # stored as a list of lines
+    charts = [h for h in html if "jupyter-cluster-metrics" in h]
+    assert charts and all("data:image/svg+xml;base64," in h for h in charts), name
+    text = json.dumps(outputs)
+    assert not re.search(r"127\.0\.0\.1:\d", text), "a loopback port in the outputs: run .ci/execute_notebooks.py"
     sources = ["".join(c["source"]) for c in code]
     params = [s for s, c in zip(sources, code) if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(params) == 1 and "JUPYTER_CLUSTER_EXAMPLES_SIZE" in params[0]
@@ -66,13 +99,59 @@ def test_notebook_is_stored_clean_and_portable(name):
     assert "Kubernetes" in markdown and "DASK_JUPYTER_CLUSTER__BACKEND" in markdown
 
 
+def test_make_notebooks_executes_them_with_the_publishing_script(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    out = subprocess.run(
+        ["make", "--no-print-directory", "-n", "notebooks", f"VENV={tmp_path}/venv"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1].startswith(f"{tmp_path}/venv/bin/python .ci/execute_notebooks.py")
+    # the size and cluster the tests run them at (ci_size below sets the publishing script's own CI_ENV)
+    assert CI_ENV["JUPYTER_CLUSTER_EXAMPLES_SIZE"] == "ci" and CI_ENV["DASK_JUPYTER_CLUSTER__LOCAL__WORKERS"] == "2"
+
+
+def _output_kinds(nb) -> list[list[str]]:
+    """Per code cell, the kinds of output it shows: errors, stdout, and each result's mimetypes.
+
+    A widget's reference is left out (the published notebooks keep only the static copies), and so
+    are progress lines (shown only when a map outlasts a second, which depends on the machine) and
+    stderr (warnings of a loaded machine).
+    """
+    kinds = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        found = set()
+        for o in cell.outputs:
+            if o.output_type == "stream":
+                if o.name == "stdout":
+                    found.add("stdout")
+            elif o.output_type == "error":
+                found.add(f"error {o.ename}")
+            else:
+                data = o.get("data", {})
+                if "jupyter-cluster-progress" in data.get("text/html", ""):
+                    continue
+                found.add(" ".join(sorted(k for k in data if k != WIDGET_VIEW)))
+        kinds.append(sorted(found))
+    return kinds
+
+
 @pytest.fixture
 def ci_size(monkeypatch):
-    """What the kernel (and its cluster) inherits: CI size, 2 single-threaded workers."""
-    monkeypatch.setenv("JUPYTER_CLUSTER_EXAMPLES_SIZE", "ci")
-    monkeypatch.setenv("DASK_JUPYTER_CLUSTER__BACKEND", "local")
-    monkeypatch.setenv("DASK_JUPYTER_CLUSTER__LOCAL__WORKERS", "2")
-    monkeypatch.setenv("DASK_JUPYTER_CLUSTER__LOCAL__THREADS", "1")
+    """What the kernel (and its cluster) inherits: CI size, 2 single-threaded workers (as `make notebooks`)."""
+    for name, value in CI_ENV.items():
+        monkeypatch.setenv(name, value)
 
 
 def _execute(name: str):
@@ -89,6 +168,12 @@ def _execute(name: str):
     started = time.monotonic()
     client.execute()  # raises CellExecutionError on any error outside raises-exception cells
     print(f"{name}: {time.monotonic() - started:.1f} s")
+    published = _output_kinds(_read(name))
+    fresh = _output_kinds(nb)
+    changed = [(i, p, f) for i, (p, f) in enumerate(zip(published, fresh)) if p != f]
+    assert not changed, (
+        f"{name}: the committed outputs differ in kind from a fresh run (code cell, committed, fresh): {changed}; run `make notebooks`"
+    )
     return nb
 
 

@@ -38,6 +38,10 @@ OPTIONAL = {
     "kr8s": "kubernetes extra",
     "httpx": "kubernetes extra (kr8s's HTTP client)",
     "dask_cuda": "GPU clusters, when installed",
+    "dask_jobqueue": "hpc extra: slurm/pbs/sge/lsf backends",
+    "asyncssh": "hpc extra: the ssh backend (Dask's SSHCluster)",
+    "dask_gateway": "hpc extra: the gateway backend",
+    "aiohttp": "hpc extra (dask-gateway's HTTP client): the gateway backend's error sentences",
 }
 
 

@@ -463,7 +463,10 @@ def test_scale_and_adapt_reach_the_owner(api, panel_cluster):
     assert api.ok("POST", "clusters/panel-t/scale", json={"workers": 2})["workers"] == 2
     wait_for(lambda: api.ok("GET", "clusters/panel-t")["n_workers"] == 2, 60, interval=0.2, message="2 workers")
     assert api.ok("POST", "clusters/panel-t/adapt", json={"minimum": 1, "maximum": 2})["maximum"] == 2
+    listed = {c["name"]: c for c in api.ok("GET", "clusters")["clusters"]}
+    assert listed["panel-t"]["adaptive"] == {"minimum": 1, "maximum": 2}  # the panel draws its card apart
     assert api.ok("POST", "clusters/panel-t/scale", json={"workers": 1})["workers"] == 1
+    assert "adaptive" not in api.ok("GET", "clusters/panel-t")
     wait_for(lambda: api.ok("GET", "clusters/panel-t")["n_workers"] == 1, 60, interval=0.2, message="back to 1 worker")
 
 
@@ -690,8 +693,6 @@ def test_server_follows_a_restarted_scheduler(api):
 def test_jobs_store_keeps_latest_state_and_recent_history():
     from jupyter_cluster.server.jobs import JobsStore
 
-    store = JobsStore(keep_recent=2)
-
     me = os.getpid()
 
     def msg(job, state="running", done=0, updated=1.0, kernel=me, **kw):
@@ -708,6 +709,9 @@ def test_jobs_store_keeps_latest_state_and_recent_history():
             **kw,
         }
 
+    one = JobsStore()
+    one.add(msg("x", state="finished", done=10, updated=10.0))
+    store = JobsStore(owner_bytes=2 * one.nbytes + 10)  # room for 2 finished jobs of this kernel
     assert store.add(msg("a", done=3, updated=2.0))
     assert store.add(msg("a", done=1, updated=1.5))  # a late backlog duplicate does not go back
     assert store.jobs["a"]["done"] == 3

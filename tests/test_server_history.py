@@ -71,7 +71,7 @@ def test_files_round_trip_are_bounded_and_deleted(tmp_path):
     saved = {}
     for i in range(3):
         kept = KeptCluster.from_connection(f"c{i}.stopped-1200{i:02d}", _stopped_connection(f"c{i}"), PANEL_MODEL)
-        assert folder.save(kept)
+        assert folder.save(kept) in ([], ["c0.stopped-120000"])  # keep=2: the third save gives up the oldest
         saved[kept.key] = kept.metrics["es"].model()
         os.utime(os.path.join(tmp_path, f"{kept.key}.json"), (i + 1, i + 1))  # distinct ages
     loaded = folder.load()
@@ -84,7 +84,7 @@ def test_files_round_trip_are_bounded_and_deleted(tmp_path):
 
 def test_too_large_or_unreadable_files_are_skipped(tmp_path):
     kept = KeptCluster.from_connection("big.stopped-1", _stopped_connection("big"), PANEL_MODEL)
-    assert not HistoryFolder(str(tmp_path), max_bytes=100).save(kept)
+    assert HistoryFolder(str(tmp_path), max_bytes=100).save(kept) == [kept.key]  # not written
     assert not os.listdir(tmp_path)
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "old.json").write_text(json.dumps({"format": 1}))
@@ -331,16 +331,16 @@ def test_each_damaged_history_file_is_skipped_with_one_warning_naming_it(tmp_pat
     """A malformed file raised AttributeError from ClusterManager(): Jupyter dropped the whole extension."""
     import logging
 
-    from jupyter_cluster.server.manager import HISTORY_KEEP, ClusterManager
+    from jupyter_cluster.server.manager import ClusterManager
 
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
     good = _kept_json("good.stopped-120000")
     history = tmp_path / "jupyter-cluster-history"
     history.mkdir()
     (history / "good.stopped-120000.json").write_text(json.dumps(good))
-    os.utime(history / "good.stopped-120000.json", (10, 10))  # the oldest: more damaged files than HISTORY_KEEP
+    os.utime(history / "good.stopped-120000.json", (10, 10))  # the oldest, behind many damaged files
     bad = _plant(history, _damaged_kept_files(good))
-    assert len(bad) > HISTORY_KEEP
+    assert len(bad) > 8  # more than the count the history once kept
 
     live_good = json.loads(json.dumps(live_snapshot_of("still-running")))
     live = tmp_path / "jupyter-cluster-live"
@@ -432,3 +432,71 @@ def test_a_real_server_with_damaged_history_files_serves_its_routes_and_the_good
     log = server.log_tail(400)
     for path in bad:
         assert log.count(path) == 1, (path, log)
+
+
+# -- bounded by size on disk, per notebook; unique names ----------------------------------------
+def _notebook_connection(name: str, notebook: str, jobs: int = 1, pad: int = 0) -> Connection:
+    """A real Connection whose finished jobs came from ``notebook`` (``pad`` bytes of label each)."""
+    conn = Connection(registry.ClusterRecord(name=name, backend="local", address="tcp://127.0.0.1:1"))
+    now = time.time()
+    for i in range(jobs):
+        conn.jobs.add(
+            {"job": f"{name}-{i}", "label": "x" * pad or "map", "total": 1, "done": 1, "failed": 0,
+             "state": "finished", "cluster": name, "started": now, "updated": now + i, "notebook": notebook}
+        )  # fmt: skip
+    return conn
+
+
+def test_history_is_bounded_by_size_per_notebook_and_a_flood_evicts_only_its_own(tmp_path):
+    one = KeptCluster.from_connection("probe", _notebook_connection("probe", "flood.ipynb", pad=150), PANEL_MODEL)
+    size = len(json.dumps(one.to_json(), separators=(",", ":")))
+    folder = HistoryFolder(str(tmp_path), owner_bytes=4 * size, total_bytes=8 * size)
+    quiet = [
+        KeptCluster.from_connection(f"{nb}-1.stopped-1", _notebook_connection(f"{nb}-1", f"{nb}.ipynb"), PANEL_MODEL)
+        for nb in ("a", "b")
+    ]
+    for kept in quiet:
+        assert folder.save(kept) == []
+    assert quiet[0].owner == "notebook:a.ipynb"
+    for i in range(20):  # a third notebook keeps stopping clusters
+        kept = KeptCluster.from_connection(
+            f"f{i}.stopped-1", _notebook_connection(f"f{i}", "flood.ipynb", pad=150), PANEL_MODEL
+        )
+        removed = folder.save(kept)
+        assert kept.key not in removed and not any(k.startswith(("a-", "b-")) for k in removed)
+        os.utime(tmp_path / f"{kept.key}.json", (100 + i, 100 + i))  # distinct ages (mtime: oldest first)
+    on_disk = sorted(p.name for p in tmp_path.iterdir())
+    assert "a-1.stopped-1.json" in on_disk and "b-1.stopped-1.json" in on_disk
+    usage = folder.usage()
+    assert usage["notebook:flood.ipynb"] <= 4 * size and sum(usage.values()) <= 8 * size
+    flood = [n for n in on_disk if n.startswith("f")]
+    assert 1 <= len(flood) <= 4 and "f19.stopped-1.json" in flood  # the newest stay
+    # a server that starts later reads every file, with the owners they were written with
+    again = HistoryFolder(str(tmp_path), owner_bytes=4 * size, total_bytes=8 * size)
+    assert {k.key for k in again.load()} == {n[: -len(".json")] for n in on_disk}
+    assert again.usage() == usage
+    assert all(os.stat(tmp_path / n).st_mode & 0o777 == 0o600 for n in on_disk)
+
+
+def test_kept_clusters_have_unique_keys_and_titles(tmp_path, monkeypatch):
+    from jupyter_cluster.server.manager import ClusterManager
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    manager = ClusterManager()
+    when = time.localtime()
+    keys = []
+    for _ in range(3):  # "local-1" three times, stopped in the same second
+        key = manager._history_key("local-1", when)
+        manager._keep(
+            KeptCluster.from_connection(key, _notebook_connection("local-1", "nb/02-sweep.ipynb"), PANEL_MODEL)
+        )
+        keys.append(key)
+    assert len(set(keys)) == 3
+    titles = [h["title"] for h in manager.history_list()]
+    assert len(set(titles)) == 3, titles
+    assert all("local-1 · 02-sweep.ipynb · " in t for t in titles) and any(t.endswith("(3)") for t in titles)
+    # a restarted server knows the keys on disk: a new one never takes an old one's name
+    again = ClusterManager()
+    assert again._history_key("local-1", when) not in keys
+    assert sorted(h["title"] for h in again.history_list()) == sorted(titles)
+    assert again.history_list()[0]["notebooks"] == ["nb/02-sweep.ipynb"]

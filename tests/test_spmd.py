@@ -630,3 +630,19 @@ def test_stop_button_in_a_real_kernel(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_worker_lost_to_its_memory_limit_while_importing_torch_is_one_sentence():
+    """A worker whose nanny restarts it while torch is imported (its memory limit too small: seen on SLURM
+    workers with 500 MiB) gives one sentence that names the limit and what to change."""
+    handle = jc.start(workers=1, threads=1, memory_limit="300MiB")
+    try:
+        handle.wait_for_workers(1, timeout=60)
+        with pytest.raises(ClusterError) as err:
+            spmd_mod.prepare(handle, notice=lambda _: None)
+        message = str(err.value)
+        assert "was lost while torch was imported on it" in message, message
+        assert "more memory than 300.00 MiB (--memory-limit)" in message and "\n" not in message
+    finally:
+        spmd_mod._groups.pop(handle.address, None)
+        handle.close()

@@ -41,6 +41,10 @@ def test_cluster_widget_shows_workers_totals_and_link_and_refreshes(cluster):
     assert w.scale_n.value == 2 and not w.scale_button.disabled
     first = w.model_data
     wait_for(lambda: w.model_data is not first, timeout=15, message="a live refresh")
+    # the static copy a saved notebook keeps: the same table, and a few lines of text
+    static = w.static_bundle()
+    assert _cells(static["text/html"]) == _cells(w.table.value) and cluster.address in static["text/html"]
+    assert static["text/plain"].startswith(f"{cluster.name} (local) at {cluster.address}")
     w.close()
     assert not w.wanted
 
@@ -188,10 +192,17 @@ def test_launcher_starts_a_current_cluster_scales_and_stops_it():
         la.scale()
         handle.wait_for_workers(2, timeout=60)
         assert "Scaling" in la.status.value
+        started, version = la.static_bundle(), la.static_version()
+        assert handle.name in started["text/plain"] and "jupyter-cluster-workers" in started["text/html"]
     finally:
         la.stop()
     assert handle.closed and "Stopped" in la.status.value
     assert not la.start_button.disabled and la.stop_button.disabled
+    # once stopped, the copy says so and keeps the last table the cluster had
+    stopped = la.static_bundle()
+    assert "Stopped" in stopped["text/plain"] and "(stopped)" in stopped["text/plain"]
+    assert "jupyter-cluster-workers" in stopped["text/html"]
+    assert la.static_version() != version  # so the cell's end updates the saved copy
     if before is not None and not before.closed:
         session.connect(before.name)  # leave the module's cluster current
 

@@ -20,6 +20,12 @@ _BUILTIN = {
     "local": "jupyter_cluster.backends.local:LocalBackend",
     "address": "jupyter_cluster.backends.address:AddressBackend",
     "kubernetes": "jupyter_cluster.backends.kubernetes:KubernetesBackend",
+    "ssh": "jupyter_cluster.backends.ssh:SSHBackend",
+    "gateway": "jupyter_cluster.backends.gateway:GatewayBackend",
+    "slurm": "jupyter_cluster.backends.jobqueue:SlurmBackend",
+    "pbs": "jupyter_cluster.backends.jobqueue:PBSBackend",
+    "sge": "jupyter_cluster.backends.jobqueue:SGEBackend",
+    "lsf": "jupyter_cluster.backends.jobqueue:LSFBackend",
 }
 
 

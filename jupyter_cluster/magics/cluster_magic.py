@@ -59,6 +59,14 @@ def _parser() -> _ArgumentParser:
     s.add_argument("--adapt-min", type=int, metavar="A")
     s.add_argument("--adapt-max", type=int, metavar="B")
     s.add_argument("--dry-run", action="store_true", default=None)
+    # batch queues (slurm, pbs, sge, lsf): see docs/hpc.md
+    s.add_argument("--partition", metavar="P")
+    s.add_argument("--account", metavar="A")
+    s.add_argument("--walltime", metavar="HH:MM:SS")
+    s.add_argument("--job-extra", nargs="+", action="extend", metavar="DIRECTIVE")
+    s.add_argument("--interface", metavar="IF")
+    s.add_argument("--hosts", metavar="A,B,C")  # ssh: the first runs the scheduler
+    s.add_argument("--address", metavar="URL")  # gateway: the dask-gateway server (else gateway.address)
     command("connect", "attach to a running scheduler (tcp://host:port) or a listed cluster").add_argument(
         "target", metavar="ADDRESS|NAME"
     )
@@ -104,6 +112,13 @@ _BACKEND_FLAGS = (
     "adapt_min",
     "adapt_max",
     "dry_run",
+    "hosts",
+    "address",
+    "partition",
+    "account",
+    "walltime",
+    "job_extra",
+    "interface",
 )
 
 
@@ -159,7 +174,8 @@ class ClusterMagics(Magics):
             print(f"Attached to {handle.address} as {handle.name!r}")
             return _display_handle(handle)
         if cmd == "list":
-            return _print_list(session.clusters())
+            _print_list(session.clusters())
+            return _print_gateway_list()
         if cmd == "use":
             held = session.connect(args.name) if args.name in {h.name for h in session.handles()} else None
             if held is None:
@@ -219,4 +235,22 @@ def _print_list(records: list[dict[str, Any]]) -> None:
     for r in records:
         owner = f"{r['owner_kind']} {r['owner_pid']}" + (" *" if r.get("current") else "")
         print(f"{r['name']:<20} {r['backend']:<10} {r['address']:<28} {owner:<14} {r.get('dashboard_link') or '-'}")
+    return None
+
+
+def _print_gateway_list() -> None:
+    """The configured dask-gateway's clusters (``gateway.address``), after this machine's."""
+    from ..backends.gateway import configured_address, list_clusters
+
+    address = configured_address()
+    if address is None:
+        return None
+    try:
+        rows = list_clusters(address)
+    except ClusterError as exc:
+        print(f"dask-gateway at {address}: {exc}")
+        return None
+    print(f"dask-gateway at {address}: " + ("no clusters of yours." if not rows else f"{len(rows)} cluster(s)"))
+    for r in rows:
+        print(f"{r['name']:<34} {r['status']:<10} {r['address']}")
     return None

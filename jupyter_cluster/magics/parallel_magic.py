@@ -23,16 +23,19 @@ import argparse
 import ast
 import functools
 import shlex
+import uuid
 from collections.abc import Callable
 from typing import Any, cast
 
+import cloudpickle
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, magics_class
 
 from .. import capture, mapping, session
-from ..cellfunc import CellFunction
+from ..cellfunc import ITEM_NAME, CellFunction
 from ..errors import CellError, ClusterError, SerializationError
+from ..runs import TAG_NAME, ItemTag, ItemTap, starting
 from .args import MagicArgumentParser, add_options, options_text
 from .tracebacks import (
     execution_count,
@@ -322,11 +325,17 @@ class ParallelMagics(Magics):
         handle = session.resolve()
         defined_on_workers = _worker_names.get(handle.address, set())
         captured = capture.capture(analysis.free, user_ns, maybe=analysis.maybe, exclude=defined_on_workers)
+        tap = None
+        if not args.all_workers:  # a sweep: each item's value is its config (jupyter_cluster.runs)
+            tap = ItemTap(iterable, ItemTag(uuid.uuid4().hex[:12], targets))
+            iterable = tap
+            captured.small[TAG_NAME] = cloudpickle.dumps(tap.tag)
         func = CellFunction(
-            cell,
+            # a sweep item says which run and item it is (its reports are tagged): one call on the magic's line
+            cell if tap is None else f"{TAG_NAME}.enter({ITEM_NAME}, globals())\n{cell}",
             targets=targets,
             filename=filename,
-            first_line=2,
+            first_line=2 if tap is None else 1,
             cell_text=text,
             modules=captured.modules,
             small=captured.small,
@@ -348,9 +357,15 @@ class ParallelMagics(Magics):
         printer = _OutputPrinter()
         # The engine takes a callable or an object with prepare() (a CellFunction, prepared once per
         # worker process); MapJob's annotation names only the first.
-        job = mapping.MapJob(
-            cast(Callable, func), (iterable,), label=f"%%parallel {header}", on_output=printer, retain=True, **options
-        )
+        with starting(cast(ItemTap, tap)):
+            job = mapping.MapJob(
+                cast(Callable, func),
+                (iterable,),
+                label=f"%%parallel {header}",
+                on_output=printer,
+                retain=True,
+                **options,
+            )
         user_ns[JOB_NAME] = job
         self._drive(job, printer)
         # The results are the notebook's, in --out alone: a `del` of it gives their memory back.

@@ -21,8 +21,11 @@ def load(serverapp: Any) -> None:
 
     # lazy: jupyter_server and the manager load only when a server loads the extension
     from .handlers import setup_handlers
+    from .jobs import set_root_dir
     from .manager import ClusterManager
 
+    # kernels name their notebook by its absolute path: the panel knows it relative to the root
+    set_root_dir(getattr(serverapp, "root_dir", None))
     manager = ClusterManager(base_url=serverapp.base_url)
     setup_handlers(serverapp.web_app, manager)
     # the running clusters' jobs and metrics are written when the server stops (and every few

@@ -15,7 +15,10 @@ Routes::
     POST   clusters/NAME/adapt              {minimum: A, maximum: B}
     GET    clusters/NAME/metrics            its metric topics
     GET    clusters/NAME/metrics/TOPIC      its points (shared metrics model, downsampled)
-    GET    jobs                             running and recent maps (?cluster=NAME)
+    GET    jobs                             running and recent maps (?cluster=NAME&notebook=PATH&kernel=ID)
+    GET    runs                             runs, newest first (?notebook=PATH&cluster=NAME&kernel=ID)
+    GET    runs/RUN                         one run with its items and its sweep table rows
+    GET    runs/RUN/curves                  its items' curves, per metric
     GET    config                           defaults the panel offers
     WS     events                           pushed updates (see EventsSocket)
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 from urllib.parse import unquote
@@ -37,13 +41,16 @@ from jupyter_server.utils import url_path_join
 from .. import config
 from ..backends import available
 from ..errors import ClusterError
-from ..models import validate_size
+from ..models import kernel_id_or_none, validate_size
 from . import dashboard
 from .manager import ClusterManager, NotFound, validate_count, validate_name
+from .workers import WorkerFeed
 
 API = "jupyter-cluster/api"
 NAME = r"(?P<name>[^/]+)"
 SETTINGS_KEY = "jupyter_cluster_manager"
+#: seconds between the events socket's looks at the watched cluster's workers
+WORKERS_POLL = 1.0
 
 
 class Refusal(tornado.web.HTTPError):
@@ -203,8 +210,39 @@ class MetricsHandler(BaseHandler):
 class JobsHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
-        cluster = self.get_query_argument("cluster", None)
-        self.reply(self.read(self.manager.jobs, self.name_arg(cluster) if cluster else None))
+        cluster, notebook, kernel = _run_filters(self)
+        self.reply(self.read(self.manager.jobs, cluster, notebook, kernel))
+
+
+def _run_filters(handler: BaseHandler) -> tuple[str | None, str | None, str | None]:
+    """The ``cluster``, ``notebook`` and ``kernel`` query arguments, checked (a bad one is a 400)."""
+    cluster = handler.get_query_argument("cluster", None)
+    notebook = handler.get_query_argument("notebook", None)
+    kernel = handler.get_query_argument("kernel", None)
+    if notebook is not None and (not notebook or len(notebook) > 1000):
+        handler.fail(400, "notebook must be the notebook's path (1 to 1000 characters).")
+    if kernel is not None and kernel_id_or_none(kernel) is None:
+        handler.fail(400, f"kernel must be a kernel id, not {kernel[:40]!r}.")
+    return (handler.name_arg(cluster) if cluster else None), notebook, kernel
+
+
+class RunsHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        cluster, notebook, kernel = _run_filters(self)
+        self.reply({"runs": self.read(self.manager.runs, notebook, cluster, kernel)})
+
+
+class RunHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self, run: str) -> None:
+        self.reply(self.read(self.manager.run, run))
+
+
+class RunCurvesHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self, run: str) -> None:
+        self.reply(self.read(self.manager.run_curves, run))
 
 
 class ConfigHandler(BaseHandler):
@@ -226,7 +264,10 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
 
         {"type": "clusters", "clusters": [...]}
         {"type": "jobs", "running": [...], "recent": [...]}
-        {"type": "cluster", "name": N, "model": {...}}          the watched cluster, with workers
+        {"type": "cluster", "name": N, "model": {...}}          the watched cluster, with workers (once per watch)
+        {"type": "workers", "name": N, "changed": [...], "removed": [address, ...], "summary"?: {...}}
+                                                                 its workers that changed noticeably since
+                                                                 (none while idle: see .workers)
         {"type": "topics", "cluster": N, "topics": [...]}
         {"type": "metrics", "cluster": N, "topic": T, "data": {...}}  a watched topic, when it changed
         {"type": "error", "message": "..."}
@@ -253,6 +294,8 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
         self.topics: list[str] = []
         self.sent: dict[str, Any] = {}
         self.versions: dict[str, int] = {}
+        self.feed = WorkerFeed()
+        self.model_due = 0.0
         self.wake = asyncio.Event()
         self.task = asyncio.get_running_loop().create_task(self._pump())
 
@@ -322,13 +365,25 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
         name = self.cluster
         if not name or name not in m.connections:
             return
-        try:
-            model = await m.cluster(name)
-        except (ClusterError, OSError, asyncio.TimeoutError):
-            model = None
-        if model is not None and model != self.sent.get("cluster"):
-            self.sent["cluster"] = model
-            self._send({"type": "cluster", "name": name, "model": model})
+        model = None
+        now = time.monotonic()
+        if self.sent.get("cluster") != name or now >= self.model_due:
+            # workers change with heartbeats (about 1/s): asking the scheduler more often finds nothing new
+            self.model_due = now + max(self.interval, WORKERS_POLL)
+            try:
+                model = await m.cluster(name)
+            except (ClusterError, OSError, asyncio.TimeoutError):
+                model = None
+        if model is not None:
+            if self.sent.get("cluster") != name:
+                # the full list once per watch; then only what changed noticeably (nothing while idle)
+                self.sent["cluster"] = name
+                self.feed = WorkerFeed()
+                self._send({"type": "cluster", "name": name, "model": self.feed.full(model)})
+            else:
+                diff = self.feed.diff(model)
+                if diff is not None:
+                    self._send({"type": "workers", "name": name, **diff})
         topics = m.topics(name)
         key = [(t["topic"], t["version"]) for t in topics]
         if key != self.sent.get("topics"):
@@ -355,6 +410,9 @@ def setup_handlers(web_app: Any, manager: ClusterManager) -> None:
         (rf"/clusters/{NAME}/metrics/?", TopicsHandler),
         (rf"/clusters/{NAME}/metrics/(?P<topic>[^/]+)/?", MetricsHandler),
         (r"/jobs/?", JobsHandler),
+        (r"/runs/?", RunsHandler),
+        (r"/runs/(?P<run>[A-Za-z0-9_.-]{1,64})/?", RunHandler),
+        (r"/runs/(?P<run>[A-Za-z0-9_.-]{1,64})/curves/?", RunCurvesHandler),
         (r"/config/?", ConfigHandler),
         (r"/events/?", EventsSocket),
     ]

@@ -172,6 +172,34 @@ def check_live(data: Any) -> dict[str, Any]:
 
 
 # -- what is kept of a stopped cluster ------------------------------------------
+def _checked_runs(raw: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """The run items of a kept topic, those of the shape :meth:`TopicStore.run_items` gives (others dropped)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for run, items in (raw or {}).items() if isinstance(raw, dict) else ():
+        if not isinstance(items, dict):
+            continue
+        good = {}
+        for key, it in items.items():
+            if not isinstance(it, dict) or not all(
+                isinstance(it.get(f) or {}, dict) for f in ("config", "final", "best", "curves")
+            ):
+                continue
+            curves = {
+                m: pts
+                for m, pts in (it.get("curves") or {}).items()
+                if isinstance(pts, list) and all(isinstance(p, list) and len(p) == 2 for p in pts)
+            }
+            good[str(key)] = {
+                "config": dict(it.get("config") or {}),
+                "final": {m: v for m, v in (it.get("final") or {}).items() if v is None or isinstance(v, (int, float))},
+                "best": {m: v for m, v in (it.get("best") or {}).items() if v is None or isinstance(v, (int, float))},
+                "steps": it.get("steps") if isinstance(it.get("steps"), (int, float)) else None,
+                "curves": curves,
+            }
+        out[str(run)] = good
+    return out
+
+
 class KeptTopic:
     """A stopped cluster's metrics topic, as saved: the read side of a TopicStore.
 
@@ -189,9 +217,28 @@ class KeptTopic:
         self.scalars: dict[str, Any] = data.get("scalars") or {}
         self.vectors: dict[str, Any] = data.get("vectors") or {}
         self.series = {k for by in (*self.scalars.values(), *self.vectors.values()) for k in by}
+        self.data["runs"] = _checked_runs(data.get("runs"))
 
     def model(self, **_: Any) -> dict[str, Any]:
-        return dict(self.data)
+        out = dict(self.data)
+        out.pop("runs", None)
+        return out
+
+    def run_items(self, runs: set[str] | None = None, curves: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
+        """What the topic kept of each run's items (:meth:`TopicStore.run_items`)."""
+        kept = self.data.get("runs")
+        if not isinstance(kept, dict):
+            return {}
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for r, items in kept.items():
+            if not isinstance(items, dict) or (runs is not None and r not in runs):
+                continue
+            out[r] = {
+                k: (dict(it) if curves else {n: x for n, x in it.items() if n != "curves"})
+                for k, it in items.items()
+                if isinstance(it, dict)
+            }
+        return out
 
 
 class KeptCluster:
@@ -210,9 +257,16 @@ class KeptCluster:
         self.name = str(summary.get("cluster") or summary.get("name") or key)
         self.stopped = number(summary.get("stopped")) or time.time()
         self._summary = summary
-        self.jobs = JobsStore(keep_recent=max(20, len(jobs)))
+        self.jobs = JobsStore(max_bytes=1 << 62, owner_bytes=1 << 62)  # bounded when written (HistoryFolder)
         for job in jobs:
             self.jobs.add(job)
+        counts: dict[str, int] = {}
+        for j in self.jobs.jobs.values():
+            if j.get("notebook"):
+                counts[j["notebook"]] = counts.get(j["notebook"], 0) + 1
+        notebooks = sorted(counts, key=lambda nb: (-counts[nb], nb))  # the one that ran the most first
+        #: the notebooks whose jobs it holds, the one with the most first (its budget it counts against)
+        self.notebooks: list[str] = notebooks
         self.metrics = {t.topic: t for t in (KeptTopic(d) for d in topics)}
 
     @classmethod
@@ -225,6 +279,7 @@ class KeptCluster:
         for store in conn.metrics.values():
             data = store.model(**model_args)
             data.pop("version", None)
+            data["runs"] = store.run_items(curves=True)
             topics.append(data)
         summary = dict(conn.summary(), cluster=conn.name, stopped=time.time())
         return cls(key, summary, jobs, topics)
@@ -234,16 +289,35 @@ class KeptCluster:
         """What a running cluster's :func:`live_snapshot` keeps once the cluster is gone (running jobs: lost)."""
         jobs = [dict(j, state="lost") if j.get("state") == "running" else dict(j) for j in snap.get("jobs") or []]
         topics = [
-            dict(check_topic_model(t.get("model"), f"topics/{i}/model")) for i, t in enumerate(snap.get("topics") or [])
+            dict(check_topic_model(t.get("model"), f"topics/{i}/model"), runs=t.get("runs") or {})
+            for i, t in enumerate(snap.get("topics") or [])
         ]
         summary = dict(snap.get("summary") or {}, cluster=str(snap["key"]), stopped=number(snap.get("saved")))
         return cls(key, summary, jobs, topics)
+
+    @property
+    def owner(self) -> str:
+        """Whose history budget it counts against: its first notebook, else its cluster's owner."""
+        if self.notebooks:
+            return f"notebook:{self.notebooks[0]}"
+        s = self._summary
+        return f"{s.get('owner_kind') or 'owner'}:{s.get('owner_pid')}"
+
+    def title(self) -> str:
+        """What the panel calls it: ``"local-1 · 02-sweep.ipynb · Dec 02 14:05:09"`` (made unique by the manager)."""
+        when = time.strftime("%b %d %H:%M:%S", time.localtime(self.stopped))
+        parts = [self.name] + [os.path.basename(self.notebooks[0])] if self.notebooks else [self.name]
+        if len(self.notebooks) > 1:
+            parts[-1] += f" +{len(self.notebooks) - 1}"
+        return " · ".join(parts + [when])
 
     def summary(self) -> dict[str, Any]:
         return dict(
             self._summary,
             name=self.key,
             cluster=self.name,
+            title=str(self._summary.get("title") or self.title()),
+            notebooks=list(self.notebooks),
             status="stopped",
             stopped=self.stopped,
             n_workers=0,
@@ -255,6 +329,7 @@ class KeptCluster:
         return {
             "format": 1,
             "key": self.key,
+            "owner": self.owner,
             "summary": self.summary(),
             "jobs": list(self.jobs.jobs.values()),
             "topics": [t.data for t in self.metrics.values()],
@@ -283,16 +358,41 @@ class KeptCluster:
         return None
 
 
+#: default budgets of the history folder (bytes on disk): in all, and per notebook (or cluster owner)
+HISTORY_BYTES = 128_000_000
+HISTORY_OWNER_BYTES = 32_000_000
+
+
+def _history_setting(key: str, default: int) -> int:
+    from .. import config
+
+    value = config.get(f"server.{key}")
+    return default if value is None else int(value)
+
+
 class HistoryFolder:
-    """Kept clusters on disk, one JSON file each, the newest ``keep`` only.
+    """Kept clusters on disk, one JSON file each, bounded by size.
 
     Lives in Jupyter's runtime area (``<runtime>/jupyter-cluster-history``), so
     the curves survive a server restart; a file larger than ``max_bytes`` is
-    not written (the panel keeps it in memory until the server stops).
+    not written (the panel keeps it in memory until the server stops).  The
+    files of one *owner* (the notebook whose jobs a kept cluster holds, else
+    the process that owned the cluster) share ``owner_bytes``; when all of them
+    pass ``total_bytes``, the owner using the most loses its oldest file.  So
+    another notebook's or user's clusters never push out a notebook's history
+    while it stays within its share.  ``keep`` (optional) also bounds the
+    number of files (the running clusters' folder: one per cluster name).
     Delete a file, or the folder, to forget; the panel's Forget does the same.
     """
 
-    def __init__(self, folder: str | None = None, keep: int = 8, max_bytes: int = 16_000_000):
+    def __init__(
+        self,
+        folder: str | None = None,
+        keep: int | None = None,
+        max_bytes: int = 16_000_000,
+        total_bytes: int | None = None,
+        owner_bytes: int | None = None,
+    ):
         if folder is None:
             from jupyter_core.paths import jupyter_runtime_dir
 
@@ -300,31 +400,47 @@ class HistoryFolder:
         self.folder = folder
         self.keep = keep
         self.max_bytes = max_bytes
+        self.total_bytes = total_bytes if total_bytes is not None else _history_setting("history-bytes", HISTORY_BYTES)
+        self.owner_bytes = (
+            owner_bytes if owner_bytes is not None else _history_setting("history-owner-bytes", HISTORY_OWNER_BYTES)
+        )
+        #: key -> owner of the files read or written by this process (others count as "?")
+        self._owners: dict[str, str] = {}
 
     def _path(self, key: str) -> str:
         return os.path.join(self.folder, f"{key}.json")
 
-    def save(self, kept: KeptCluster) -> bool:
-        """Write ``kept`` (atomically); drop the oldest files beyond ``keep``. Whether it was written."""
-        return self.write(kept.key, kept.to_json())
+    def has(self, key: str) -> bool:
+        """Whether a file of that key is on disk."""
+        return os.path.exists(self._path(key))
 
-    def write(self, key: str, data: dict[str, Any]) -> bool:
-        """Write ``data`` as ``key``'s file (atomically); drop the oldest beyond ``keep``. Whether it was written."""
+    def save(self, kept: KeptCluster) -> list[str]:
+        """Write ``kept`` (atomically) and trim to the budgets; the keys whose files were removed.
+
+        ``kept.key`` is among them when it could not be written (too large) or
+        was the one given up.
+        """
+        return self.write(kept.key, kept.to_json(), owner=kept.owner)
+
+    def write(self, key: str, data: dict[str, Any], owner: str | None = None) -> list[str]:
+        """Write ``data`` as ``key``'s file (atomically), trim to the budgets; the keys removed (``key`` if not written)."""
         text = json.dumps(data, separators=(",", ":"))
         if len(text) > self.max_bytes:
             logger.warning("jupyter-cluster: the history of %s (%d bytes) is too large to keep on disk", key, len(text))
-            return False
+            return [key]
         try:
             os.makedirs(self.folder, mode=0o700, exist_ok=True)
             tmp = self._path(key) + ".tmp"
-            with open(tmp, "w") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # jobs and curves are the user's alone
+            with os.fdopen(fd, "w") as f:
                 f.write(text)
             os.replace(tmp, self._path(key))
         except OSError as exc:
             logger.warning("jupyter-cluster: could not keep the history of %s: %s", key, exc)
-            return False
-        self._trim()
-        return True
+            return [key]
+        if owner is not None:
+            self._owners[key] = owner
+        return self._trim()
 
     def read_all(self, check: Callable[[Any], T]) -> list[T]:
         """Every file's JSON as ``check`` returns it, oldest first.
@@ -335,13 +451,17 @@ class HistoryFolder:
         out: list[T] = []
         # newest first, so that damaged files do not take the places of the ``keep`` good ones
         for path in reversed(self._files()):
-            if len(out) == self.keep:
+            if self.keep is not None and len(out) == self.keep:
                 break
             try:
                 with open(path, encoding="utf-8") as f:
-                    out.append(check(json.load(f)))
+                    data = json.load(f)
+                out.append(check(data))
             except (OSError, ValueError, RecursionError) as exc:  # BadFile, JSONDecodeError, UnicodeError
                 logger.warning("jupyter-cluster: skipping the unreadable history file %s: %s", path, exc)
+                continue
+            if isinstance(data, dict) and isinstance(data.get("owner"), str):
+                self._owners[os.path.basename(path)[: -len(".json")]] = data["owner"]
         return out[::-1]
 
     def _files(self) -> list[str]:
@@ -350,15 +470,50 @@ class HistoryFolder:
         except OSError:
             return []
         paths = [os.path.join(self.folder, n) for n in names]
-        return sorted(paths, key=lambda p: os.path.getmtime(p))
+        return sorted(paths, key=_mtime)
 
-    def _trim(self) -> None:
-        files = self._files()
-        for path in files[: max(0, len(files) - self.keep)]:
-            try:
-                os.remove(path)
-            except OSError:
-                pass
+    def usage(self) -> dict[str, int]:
+        """Bytes on disk per owner."""
+        out: dict[str, int] = {}
+        for path in self._files():
+            owner = self._owners.get(os.path.basename(path)[: -len(".json")], "?")
+            out[owner] = out.get(owner, 0) + _size(path)
+        return out
+
+    def _trim(self) -> list[str]:
+        files = self._files()  # oldest first
+        removed: list[str] = []
+        if self.keep is not None:
+            for path in files[: max(0, len(files) - self.keep)]:
+                removed.append(self._remove(path))
+            files = files[max(0, len(files) - self.keep) :]
+        by_owner: dict[str, list[tuple[str, int]]] = {}
+        for path in files:
+            owner = self._owners.get(os.path.basename(path)[: -len(".json")], "?")
+            by_owner.setdefault(owner, []).append((path, _size(path)))
+        used = {o: sum(size for _, size in fs) for o, fs in by_owner.items()}
+        for owner, fs in by_owner.items():  # each owner within its share (its newest file always stays)
+            while used[owner] > self.owner_bytes and len(fs) > 1:
+                path, size = fs.pop(0)
+                removed.append(self._remove(path))
+                used[owner] -= size
+        while sum(used.values()) > self.total_bytes:  # over in all: the owner using the most gives up its oldest
+            biggest = max((o for o in by_owner if len(by_owner[o]) > 1), key=lambda o: used[o], default=None)
+            if biggest is None:
+                break
+            path, size = by_owner[biggest].pop(0)
+            removed.append(self._remove(path))
+            used[biggest] -= size
+        return removed
+
+    def _remove(self, path: str) -> str:
+        key = os.path.basename(path)[: -len(".json")]
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+        self._owners.pop(key, None)
+        return key
 
     def load(self) -> list[KeptCluster]:
         """The kept clusters, oldest first (a damaged file is skipped with a warning naming it)."""
@@ -369,6 +524,21 @@ class HistoryFolder:
             os.remove(self._path(key))
         except FileNotFoundError:
             pass
+        self._owners.pop(key, None)
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 # -- what is kept of a running cluster -----------------------------------------------

@@ -45,11 +45,14 @@ from ..models import (
     validate_count,
     validate_name,
 )
+from ..runs import group_runs, merge_curves, merge_metrics
+from ..runs import table as run_table
 from ..telemetry.hub import Hub, follow
 from ..telemetry.store import TopicStore
 from ..telemetry.topics import CONTROL_TOPIC, JOBS_TOPIC
 from .history import HistoryFolder, KeptCluster, check_live, live_snapshot, restore_live, same_cluster
-from .jobs import JobsStore
+from .jobs import LIST_PER_OWNER, JobsStore
+from .workers import lease_counts, split_leases
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +99,6 @@ logging.getLogger("distributed.client").addFilter(_QuietSchedulerLoss())
 #: downsampling of a topic for the sidebar (narrower than a notebook cell)
 PANEL_MODEL = {"max_points": 4000, "max_cells": 40_000, "per_series_points": 1000}
 
-#: stopped clusters whose jobs and metrics the panel can still show
-HISTORY_KEEP = 8
 #: seconds between writes of running clusters' jobs and metrics (only those that changed), so that
 #: a server restart, or a crash, loses at most this much of them
 LIVE_SAVE_INTERVAL = 10.0
@@ -146,6 +147,8 @@ class Connection:
         self.connects = 0  # how many times a client was (re)connected
         #: kernels attached to this scheduler by records of their own (hidden from the list)
         self.attached_kernels: list[str] = []
+        #: the bounds its owner adapts between, as last asked through this server (None: a fixed size)
+        self.adaptive: dict[str, int | None] | None = None
 
     # -- connection ------------------------------------------------------------
     async def tick(self) -> None:
@@ -288,7 +291,7 @@ class Connection:
         return self.record.dashboard_link
 
     def summary(self) -> ClusterSummary:
-        return cluster_summary(
+        summary = cluster_summary(
             self.record,
             self.dashboard_link,
             self.status,
@@ -298,6 +301,9 @@ class Connection:
             self.metrics,
             self.attached_kernels,
         )
+        if self.adaptive is not None:  # the panel draws an adaptive cluster's card apart
+            summary["adaptive"] = self.adaptive  # type: ignore[typeddict-unknown-key]
+        return summary
 
     async def model(self) -> ClusterDetail:
         """Details and workers with the summary's fields (:func:`.models.cluster_detail`)."""
@@ -308,7 +314,41 @@ class Connection:
         model = cluster_model(
             r.name, r.backend, r.address, self.dashboard_link, not r.attached, info.get("workers", {})
         )
-        return cluster_detail(model, self.summary())
+        summary = self.summary()
+        try:
+            # lease tasks stay "executing" between maps: count them apart (idle while no job runs)
+            processing = await asyncio.wait_for(self.client.scheduler.processing(), 10)
+        except (OSError, asyncio.TimeoutError, AttributeError, TypeError):
+            processing = None
+        if isinstance(processing, dict):
+            split_leases(model["workers"], lease_counts(processing), summary["jobs_running"])  # type: ignore[arg-type]
+        await self._add_batch_facts(model)  # type: ignore[arg-type]
+        return cluster_detail(model, summary)
+
+    async def _add_batch_facts(self, model: dict[str, Any]) -> None:
+        """A batch (SLURM) cluster's jobs: each worker's job id, node and walltime left, pending jobs' reasons.
+
+        Its owner keeps them in the scheduler's metadata (``backends.jobqueue``); see
+        :func:`jupyter_cluster.backends.jobqueue.apply_facts` for the fields.
+        """
+        if not isinstance((self.record.extra or {}).get("batch"), dict):
+            return
+        from ..backends.jobqueue import FACTS_KEY, apply_facts
+
+        try:
+            facts = await asyncio.wait_for(self.client.get_metadata(list(FACTS_KEY), default=None), 10)
+        except (OSError, asyncio.TimeoutError, KeyError):
+            return
+        apply_facts(model, facts)
+
+
+def _metric_names(holder: Any, runs: set[str]) -> dict[str, list[str]]:
+    """Run id -> the metric names its items reported, over a cluster's topics."""
+    out: dict[str, set[str]] = {}
+    for store in holder.metrics.values():
+        for run_id, items in store.run_items(runs).items():
+            out.setdefault(run_id, set()).update(m for it in items.values() for m in it.get("final") or {})
+    return {r: sorted(names) for r, names in out.items()}
 
 
 async def _quietly_close(client: Any) -> None:
@@ -365,12 +405,14 @@ class ClusterManager:
         self._lock = asyncio.Lock()
         #: stopped clusters' jobs and metrics under a key of their own
         #: ("NAME.stopped-HHMMSS"), oldest first; on disk too, so a restarted server has them
-        self._disk = HistoryFolder(keep=HISTORY_KEEP)
+        self._disk = HistoryFolder()  # bounded by bytes on disk, per notebook (jupyter-cluster.server.history-*)
         self.history: dict[str, KeptCluster] = {k.key: k for k in self._disk.load()}
         self._history_version = 0
         #: running clusters' jobs and metrics, written now and then and when the server stops; taken
         #: up again by the connection to the same cluster after a restart (:func:`.jobs.restore_live`)
-        self._live = HistoryFolder(folder=_live_folder(), keep=LIVE_KEEP)
+        self._live = HistoryFolder(  # one file per running cluster: bounded by their number, not by owner
+            folder=_live_folder(), keep=LIVE_KEEP, total_bytes=LIVE_KEEP << 24, owner_bytes=LIVE_KEEP << 24
+        )
         self._waiting: dict[str, dict[str, Any]] | None = {
             d["key"]: d for d in self._live.read_all(check_live) if registry.valid_name(d["key"])
         }
@@ -516,16 +558,23 @@ class ClusterManager:
     def _history_key(self, name: str, when: time.struct_time | None = None) -> str:
         base = f"{name[:40]}.stopped-{time.strftime('%H%M%S', when or time.localtime())}"
         key, i = base, 1
-        while key in self.history or key in self.connections:
+        while key in self.history or key in self.connections or self._disk.has(key):
             i += 1
             key = f"{base}-{i}"
         return key
 
     def _keep(self, kept: KeptCluster) -> None:
+        """Keep a stopped cluster (on disk too) under a title no other kept cluster has."""
+        title, taken, i = kept.title(), {k.summary()["title"] for k in self.history.values()}, 1
+        unique = title
+        while unique in taken:
+            i += 1
+            unique = f"{title} ({i})"
+        kept._summary["title"] = unique
         self.history[kept.key] = kept
-        self._disk.save(kept)
-        while len(self.history) > HISTORY_KEEP:
-            del self.history[next(iter(self.history))]
+        for key in self._disk.save(kept):  # what the size budgets gave up (never another owner's within its share)
+            if key != kept.key:  # one too large for a file stays in memory until the server stops
+                self.history.pop(key, None)
         self._history_version += 1
 
     def history_list(self) -> list[dict[str, Any]]:
@@ -566,23 +615,99 @@ class ClusterManager:
         """One cluster's details and workers."""
         return await self.get(name).model()
 
-    def jobs(self, name: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    # -- jobs and runs (the panel's job list, run list and sweep table) -------------------------
+    def _holders(self, cluster: str | None) -> list[Connection | KeptCluster]:
+        return [self.get(cluster)] if cluster else [*self.connections.values(), *self.history.values()]
+
+    def jobs(
+        self, name: str | None = None, notebook: str | None = None, kernel_id: str | None = None
+    ) -> dict[str, list[dict[str, Any]]]:
         """Running and recent map jobs of one cluster, or of all of them (stopped ones too).
 
-        ``history`` lists the stopped clusters whose jobs and metrics are kept.
+        ``notebook`` (its path) and ``kernel_id`` keep only that notebook's or
+        kernel's jobs, every one kept; without them each notebook lists its
+        newest :data:`.jobs.LIST_PER_OWNER` finished jobs, so a busy notebook
+        does not push a quiet one's out.  ``history`` lists the stopped
+        clusters whose jobs and metrics are kept.
         """
-        conns: list[Connection | KeptCluster] = (
-            [self.get(name)] if name else [*self.connections.values(), *self.history.values()]
-        )
         running: list[dict[str, Any]] = []
         recent: list[dict[str, Any]] = []
-        for c in conns:
-            snap = c.jobs.snapshot()
+        filtered = notebook is not None or kernel_id is not None
+        for c in self._holders(name):
+            snap = c.jobs.snapshot(notebook, kernel_id, per_owner=None if filtered else LIST_PER_OWNER)
             running += snap["running"]
             recent += snap["recent"]
         running.sort(key=lambda j: -j["started"])
         recent.sort(key=lambda j: -j["updated"])
-        return {"running": running, "recent": recent[:20], "history": self.history_list()}
+        history = self.history_list()
+        if notebook is not None:
+            history = [h for h in history if notebook in (h.get("notebooks") or [])]
+        return {"running": running, "recent": recent, "history": history}
+
+    def runs(
+        self, notebook: str | None = None, cluster: str | None = None, kernel_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Run records (:func:`jupyter_cluster.runs.group_runs`, without items), newest first.
+
+        Each has ``cluster`` (the cluster's name; for a stopped one, the key
+        its history is kept under is ``history``) and ``metrics`` (the
+        names its items reported).
+        """
+        out: list[dict[str, Any]] = []
+        for holder in self._holders(cluster):
+            jobs = holder.jobs.select(notebook, kernel_id)
+            if not jobs:
+                continue
+            records = group_runs(jobs)
+            names = _metric_names(holder, set(records))
+            for rec in records.values():
+                rec = dict(rec)
+                rec.pop("items", None)
+                rec["cluster"] = holder.name
+                rec["history"] = holder.key if isinstance(holder, KeptCluster) else None
+                rec["metrics"] = names.get(rec["run"], [])
+                out.append(rec)
+        out.sort(key=lambda r: -(r.get("started") or 0))
+        return out
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        """One run: its record with ``items``, and its sweep table ``rows`` (:func:`jupyter_cluster.runs.table`).
+
+        Raises
+        ------
+        NotFound
+            When no kept job belongs to a run of that id.
+        """
+        for holder in self._holders(None):
+            jobs = [j for j in holder.jobs.jobs.values() if j.get("run") == run_id or j["job"] == run_id]
+            if not jobs:
+                continue
+            rec = group_runs(jobs).get(run_id)
+            if rec is None:
+                continue
+            rec = dict(rec, cluster=holder.name, history=holder.key if isinstance(holder, KeptCluster) else None)
+            rows = run_table([rec], merge_metrics(holder.metrics.values(), [run_id]))
+            config_keys = list(dict.fromkeys(k for r in rows for k in r["config"]))
+            metric_keys = list(dict.fromkeys(k for r in rows for k in r["final"]))
+            return {"run": rec, "rows": rows, "columns": {"config": config_keys, "metrics": metric_keys}}
+        raise NotFound(f"no run {run_id!r} is kept; GET runs lists the runs there are.")
+
+    def run_curves(self, run_id: str) -> dict[str, Any]:
+        """One run's curves per item: ``{"run", "curves": {metric: {item key: [[step, value], ...]}}}``.
+
+        Raises
+        ------
+        NotFound
+            When no kept job belongs to a run of that id.
+        """
+        for holder in self._holders(None):
+            if any(j.get("run") == run_id or j["job"] == run_id for j in holder.jobs.jobs.values()):
+                return {"run": run_id, "curves": merge_curves(holder.metrics.values(), run_id)}
+        raise NotFound(f"no run {run_id!r} is kept; GET runs lists the runs there are.")
+
+    def runs_version(self) -> int:
+        """Changes when a run's jobs or a running cluster's metrics change (for a cheap poll)."""
+        return self.jobs_version() + sum(s.version for c in self.connections.values() for s in c.metrics.values())
 
     def jobs_version(self) -> int:
         return sum(c.jobs.version for c in self.connections.values()) + len(self.connections) + self._history_version
@@ -693,7 +818,9 @@ class ClusterManager:
 
     async def scale(self, name: str, n: int) -> None:
         validate_count(n, "workers")
-        await self._request(self.live(name, "scale"), "scale", n=n)
+        conn = self.live(name, "scale")
+        await self._request(conn, "scale", n=n)
+        conn.adaptive = None  # a fixed size again
 
     async def adapt(self, name: str, minimum: int = 0, maximum: int | None = None) -> None:
         validate_count(minimum, "minimum")
@@ -701,7 +828,9 @@ class ClusterManager:
             validate_count(maximum, "maximum")
             if maximum < minimum:
                 raise ClusterError(f"maximum ({maximum}) must be at least minimum ({minimum}).")
-        await self._request(self.live(name, "adapt"), "adapt", minimum=minimum, maximum=maximum)
+        conn = self.live(name, "adapt")
+        await self._request(conn, "adapt", minimum=minimum, maximum=maximum)
+        conn.adaptive = {"minimum": minimum, "maximum": maximum}
 
     async def _request(self, conn: Connection, op: str, **args: Any) -> None:
         try:

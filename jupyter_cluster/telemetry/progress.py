@@ -259,7 +259,12 @@ class TextRenderer:
 
 
 class WidgetRenderer:
-    """An ipywidgets progress bar with a label; displayed on the first update."""
+    """An ipywidgets progress bar with a label; displayed on the first update.
+
+    Its output carries the line as static text and HTML beside the widget, and
+    when the job ends the output becomes that static final line alone (the
+    widgets are closed), so a saved notebook shows it without the kernel.
+    """
 
     interval = WIDGET_INTERVAL
 
@@ -270,6 +275,18 @@ class WidgetRenderer:
         self.label = w.HTML()
         self.box = w.HBox([self.bar, self.label])
         self._displayed = False
+        self.display_id = f"jupyter-cluster-progress-{self.box.model_id}"
+
+    @staticmethod
+    def static(snap: dict[str, Any]) -> dict[str, str]:
+        """The line as ``text/plain`` and ``text/html`` (what a reader without the kernel sees)."""
+        from ..widgets.static_render import progress_html
+
+        line = format_line(snap, width=0)
+        total = snap["total"]
+        fraction = min(snap["processed"], total) / total if total else None
+        # a line of its own, as the text renderer ends it (text after it in the cell starts a new line)
+        return {"text/plain": format_line(snap) + "\n", "text/html": progress_html(line, snap["state"], fraction)}
 
     def update(self, snap: dict[str, Any]) -> None:
         total = snap["total"]
@@ -288,10 +305,22 @@ class WidgetRenderer:
             self._displayed = True
             from IPython.display import display
 
-            display(self.box)
+            from ..widgets import static_render
+
+            data = static_render.bundle(self.box, self.static(snap))
+            display(data, raw=True, metadata=static_render.metadata(), display_id=self.display_id)
 
     def close(self, snap: dict[str, Any]) -> None:
         self.update(snap)
+        try:
+            from ..widgets import static_render
+
+            static_render.replace(self.display_id, self.static(snap))
+        except Exception:  # the live bar stays; a static copy must never fail a map
+            logger.debug("static progress line failed", exc_info=True)
+            return
+        for widget in (self.box, self.bar, self.label):
+            widget.close()
 
 
 def make_renderer() -> TextRenderer | WidgetRenderer | None:
@@ -354,6 +383,8 @@ class ProgressObserver:
         )
         #: the panel follows the active notebook to the cluster its maps run on
         self.kernel_id = current_kernel_id() if self.client is not None else None
+        #: the run fields of its messages: run, kind, notebook, cell, config (jupyter_cluster.runs)
+        self.context: dict[str, Any] = _run_context(job)
         self._lock = threading.Lock()
         self._last_render = 0.0
         self._last_publish = 0.0
@@ -419,6 +450,10 @@ class ProgressObserver:
             failures=self._failures,
             kernel_id=self.kernel_id,
         )
+        msg.update(self.context)  # type: ignore[typeddict-item]
+        if snap["state"] != "running":
+            msg.update(_run_items(self.job))  # type: ignore[typeddict-item]
+        _keep_run(msg)
         if len(self.published) < 64 or force:
             self.published.append(msg)
         publish(self.client, JOBS_TOPIC, msg)
@@ -468,6 +503,34 @@ class ProgressObserver:
     def shown(self) -> bool:
         """Whether a renderer appeared (the job outlasted the delay)."""
         return self.renderer is not None
+
+
+def _run_context(job: Any) -> dict[str, Any]:
+    try:
+        from ..runs import job_context
+
+        return job_context(job)
+    except Exception:  # a run record that cannot be made must not stop the map
+        logger.debug("no run context for job", exc_info=True)
+        return {}
+
+
+def _run_items(job: Any) -> dict[str, Any]:
+    if job is None:
+        return {}
+    try:
+        from ..runs import job_items
+
+        return job_items(job)
+    except Exception:
+        logger.debug("no run items for job", exc_info=True)
+        return {}
+
+
+def _keep_run(msg: Any) -> None:
+    from ..runs import keep
+
+    keep(msg)
 
 
 def observer_factory(job: Any, progress: Any = None) -> ProgressObserver | None:

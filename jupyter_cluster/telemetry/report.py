@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 from distributed import WorkerPlugin
 
+from ..runs import tag_record as _tag_record
 from .store import metrics_setting
 from .topics import INDEX_TOPIC, PLUGIN_NAME, topic_name
 
@@ -425,7 +426,14 @@ def current_handle() -> Any:
     return None if h is None or h.closed else h
 
 
-def report(step: int | None = None, topic: str = "default", *, series: dict | None = None, **values: Any) -> None:
+def report(
+    step: int | None = None,
+    topic: str = "default",
+    *,
+    series: dict | None = None,
+    config: dict | None = None,
+    **values: Any,
+) -> None:
     """Record metric values, from a task on any worker or from the notebook.
 
     Parameters
@@ -445,6 +453,11 @@ def report(step: int | None = None, topic: str = "default", *, series: dict | No
         keywords named in ``jupyter-cluster.metrics.identity-fields`` (by
         default ``member``, ``run``, ``trial``, ``rank``, ``seed``, ...) are
         identity fields that split the topic into series.
+    config : dict, optional
+        Hyperparameters of the run (or ``%%parallel`` item) this report
+        belongs to, added to its config in :func:`jupyter_cluster.runs` and
+        the panel's sweep table (see :mod:`jupyter_cluster.runs`); outside
+        a sweep item or a ``jc.run()`` block it is not kept.
 
     Raises
     ------
@@ -459,6 +472,7 @@ def report(step: int | None = None, topic: str = "default", *, series: dict | No
     """
     step, ident, vals = validate(step, topic, series, values)
     record = {"step": step, "time": time.time(), "series": ident, "values": vals}
+    _tag_record(record, config)  # which run / sweep item it belongs to (runs.py)
     worker = current_worker()
     seq, arm = _producer.add(topic, record)
     if worker is not None:

@@ -136,6 +136,116 @@ class _VectorColumn:
         self.version += 1
 
 
+#: runs a topic keeps item summaries of (oldest dropped first), and items per run
+MAX_RUNS = 500
+MAX_RUN_ITEMS = 5000
+#: points of an item's curve per metric (thinned to every 2nd, 4th, ... point beyond), and in all per topic
+CURVE_POINTS = 256
+CURVE_BUDGET = 1_000_000
+#: words that make a metric's best value its lowest (else its highest)
+_LOWER_IS_BETTER = ("loss", "error", "err", "regret", "perplexity", "ppl", "mse", "mae", "rmse", "nll", "cost", "time")
+
+
+def lower_is_better(name: str) -> bool:
+    """Whether the best value of metric ``name`` is its lowest (``val_loss``, ``error``) rather than its highest."""
+    low = name.lower()
+    return any(w in low for w in _LOWER_IS_BETTER)
+
+
+class _ItemStats:
+    """What a topic keeps of one run item: its config, each scalar's last and extreme values, and its curves.
+
+    A curve keeps every ``stride``-th report of its metric, at most
+    :data:`CURVE_POINTS`; when full, every other point goes and the stride
+    doubles, so it always spans the whole run.
+    """
+
+    __slots__ = ("config", "last", "low", "high", "steps", "curves")
+
+    def __init__(self) -> None:
+        self.config: dict[str, Any] = {}
+        self.last: dict[str, tuple[float, float]] = {}  # name -> (step, value)
+        self.low: dict[str, float] = {}
+        self.high: dict[str, float] = {}
+        self.steps = 0.0
+        #: name -> [stride, reports seen, steps, values]
+        self.curves: dict[str, list[Any]] = {}
+
+    def add(self, x: float, vals: dict, curve_room: bool) -> int:
+        """Take one report's values; returns how many curve points that added (negative: thinned)."""
+        added = 0
+        if x > self.steps:
+            self.steps = x
+        for name, v in vals.items():
+            if isinstance(v, list):
+                continue
+            c = self.curves.get(name)
+            if c is None and curve_room:
+                c = self.curves[name] = [1, 0, [], []]
+            if c is not None:
+                if c[1] % c[0] == 0:
+                    c[2].append(x)
+                    c[3].append(v)
+                    added += 1
+                    if len(c[2]) > CURVE_POINTS:
+                        before = len(c[2])
+                        c[2], c[3] = c[2][::2], c[3][::2]
+                        c[0] *= 2
+                        added -= before - len(c[2])
+                c[1] += 1
+            last = self.last.get(name)
+            if last is None or x >= last[0]:
+                self.last[name] = (x, v)
+            if v == v:  # NaN is neither best nor worst
+                if v < self.low.get(name, math.inf):
+                    self.low[name] = v
+                if v > self.high.get(name, -math.inf):
+                    self.high[name] = v
+        return added
+
+    def summary(self, curves: bool = False) -> dict[str, Any]:
+        best = {k: (self.low.get(k) if lower_is_better(k) else self.high.get(k)) for k in self.last}
+        out = {
+            "config": dict(self.config),
+            "final": {k: _json_number(v) for k, (_, v) in self.last.items()},
+            "best": {k: (None if b is None else _json_number(b)) for k, b in best.items()},
+            "steps": self.steps,
+        }
+        if curves:
+            out["curves"] = self.curve_points()
+        return out
+
+    def curve_points(self) -> dict[str, list[list[float | None]]]:
+        """Metric -> [step, value] points, by step."""
+        return {k: sorted([s, _json_number(v)] for s, v in zip(c[2], c[3])) for k, c in self.curves.items()}
+
+    @classmethod
+    def restore(cls, data: dict[str, Any]) -> _ItemStats:
+        st = cls()
+        st.config = dict(data.get("config") or {})
+        steps = float(data.get("steps") or 0)
+        st.steps = steps
+        for k, v in (data.get("final") or {}).items():
+            st.last[str(k)] = (steps, math.nan if v is None else float(v))
+        for k, v in (data.get("best") or {}).items():
+            if v is not None:
+                (st.low if lower_is_better(str(k)) else st.high)[str(k)] = float(v)
+        for k, points in (data.get("curves") or {}).items():
+            pts = [(float(a), math.nan if b is None else float(b)) for a, b in points][:CURVE_POINTS]
+            # thinned as it was: later reports join at a stride that keeps the span (approximately)
+            st.curves[str(k)] = [1, len(pts), [a for a, _ in pts], [b for _, b in pts]]
+        return st
+
+
+def _run_tag(rec: dict) -> tuple[str, str] | None:
+    """``(run, item key)`` of a record that carries them (wire input: checked, never trusted)."""
+    run = rec.get("run")
+    if not isinstance(run, str) or not run or len(run) > 64:
+        return None
+    item = rec.get("item")
+    return run, item if isinstance(item, str) and len(item) <= 256 else ""
+
+
 def _json_number(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
@@ -252,6 +362,9 @@ class TopicStore:
         #: series key -> step and report time (the charts' time axes)
         self._times: dict[str, _Column] = {}
         self._last_series: tuple[dict, str] | None = None
+        #: run -> item key ("" for the run itself) -> its config, final/best values and curves
+        self._runs: dict[str, dict[str, _ItemStats]] = {}
+        self._curve_points = 0
         self.received = 0
         self.evicted = 0
         #: points a restored snapshot's curves had already lost (see :meth:`restore`)
@@ -318,9 +431,49 @@ class TopicStore:
             if tcol is None:
                 tcol = self._times[key] = _Column()
             tcol.add(x, float(t), self.history)
+        if "run" in rec:
+            self._run_item(rec, x, vals)
         if len(self._rows) == self.history:  # the deque drops its oldest row
             self.evicted += 1
         self._rows.append((step, t, worker, key, vals))
+
+    def _run_item(self, rec: dict, x: float, vals: dict) -> None:
+        tag = _run_tag(rec)
+        if tag is None:
+            return
+        run, key = tag
+        items = self._runs.get(run)
+        if items is None:
+            if len(self._runs) >= MAX_RUNS:
+                gone = self._runs.pop(next(iter(self._runs)))
+                self._curve_points -= sum(len(c[2]) for st in gone.values() for c in st.curves.values())
+            items = self._runs[run] = {}
+        st = items.get(key)
+        if st is None:
+            if len(items) >= MAX_RUN_ITEMS:
+                return
+            st = items[key] = _ItemStats()
+        config = rec.get("config")
+        if isinstance(config, dict):
+            for k, v in list(config.items())[:64]:
+                if isinstance(k, str) and (v is None or isinstance(v, (bool, int, float, str))):
+                    st.config[k] = v if not isinstance(v, str) else v[:200]
+        self._curve_points += st.add(x, vals, self._curve_points < CURVE_BUDGET)
+
+    def run_items(self, runs: set[str] | None = None, curves: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
+        """``run -> item key -> {"config", "final", "best", "steps"}`` for the runs reported on this topic.
+
+        ``final`` is each scalar's value at its highest step, ``best`` its
+        lowest for loss-like names (:func:`lower_is_better`), else its highest.
+        With ``curves``, also ``"curves"``: metric -> [step, value] points
+        (at most :data:`CURVE_POINTS`, spread over the whole run).
+        """
+        with self._lock:
+            return {
+                run: {key: st.summary(curves) for key, st in items.items()}
+                for run, items in self._runs.items()
+                if runs is None or run in runs
+            }
 
     def listen(self, callback: Callable[[TopicStore, list[dict]], None]) -> Callable[[], None]:
         """Call ``callback(store, new_records)`` after every batch; returns a function that stops it."""
@@ -434,6 +587,7 @@ class TopicStore:
                 "series": {k: dict(v) for k, v in self.series.items()},
                 "coverage": {src: [[a, b] for a, b in c.intervals] for src, c in self._coverage.items()},
                 "high": {src: c.high for src, c in self._coverage.items()},
+                "runs": self.run_items(curves=True),
             }
 
     @classmethod
@@ -469,6 +623,11 @@ class TopicStore:
                 cov.covered = sum(b - a for a, b in cov.intervals)
                 cov.high = max(int((snap.get("high") or {}).get(src, 0)), max((b for _, b in cov.intervals), default=0))
                 store._coverage[str(src)] = cov
+            for run, items in (snap.get("runs") or {}).items():
+                store._runs[str(run)] = {str(k): _ItemStats.restore(v) for k, v in items.items()}
+                store._curve_points += sum(
+                    len(c[2]) for st in store._runs[str(run)].values() for c in st.curves.values()
+                )
             store.received = int(model.get("received") or 0)
             store._truncated_before = int(model.get("truncated") or 0)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -513,6 +672,12 @@ def store(topic: str) -> TopicStore:
         if s is None:
             s = _stores[topic] = TopicStore(topic)
         return s
+
+
+def all_stores() -> list[TopicStore]:
+    """Every topic store of this process."""
+    with _stores_lock:
+        return list(_stores.values())
 
 
 def topics() -> list[str]:

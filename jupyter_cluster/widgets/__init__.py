@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import session
 
-__all__ = ["launcher", "show_metrics", "cluster_widget", "register_display"]
+__all__ = ["launcher", "show_metrics", "show_runs", "cluster_widget", "register_display"]
 
 
 def register_display(ipython: Any = None) -> None:
@@ -36,7 +36,7 @@ def register_display(ipython: Any = None) -> None:
     ipython.display_formatter.mimebundle_formatter.for_type(session.ClusterHandle, _handle_mimebundle)
 
 
-def _handle_mimebundle(handle: Any) -> dict | None:
+def _handle_mimebundle(handle: Any) -> dict | tuple[dict, dict] | None:
     try:
         from .cluster import mimebundle
     except ImportError:  # no ipywidgets: IPython falls back to the handle's HTML
@@ -65,6 +65,12 @@ def show_metrics(topic: str = "default", cluster: Any = None):
     return _show(topic, cluster)
 
 
+def show_runs(runs: Any = None, *, topic: str | None = None, notebook: str | None = None, run: str | None = None):
+    from .sweep import show_runs as _show
+
+    return _show(runs, topic=topic, notebook=notebook, run=run)
+
+
 def cluster_widget(handle: Any = None, live: bool = True):
     """The live cluster widget of ``handle`` (the current cluster by default)."""
     from .cluster import ClusterWidget
@@ -75,3 +81,4 @@ def cluster_widget(handle: Any = None, live: bool = True):
 show_metrics.__doc__ = (
     """Live charts of what tasks report on ``topic`` (see :func:`jupyter_cluster.widgets.metrics.show_metrics`)."""
 )
+show_runs.__doc__ = """The sweep table: runs' config and metrics, sorted, filtered, grouped, overlaid (see :func:`jupyter_cluster.widgets.sweep.show_runs`)."""

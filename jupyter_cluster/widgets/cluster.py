@@ -4,13 +4,16 @@ It is what a :class:`~jupyter_cluster.session.ClusterHandle` (and ``%cluster``)
 shows in a kernel with ipywidgets.  Everything it draws comes from
 ``ClusterHandle.model()``, refreshed every couple of seconds from the ticker
 thread (one scheduler query per cluster per refresh, however many widgets
-show it), so the kernel stays free.
+show it), so the kernel stays free.  Its output also carries the header and
+the workers table as static HTML and text, so a saved notebook shows the
+cluster it ran on without the kernel (:mod:`.static_render`).
 """
 
 from __future__ import annotations
 
 import html
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -19,6 +22,7 @@ import ipywidgets as w
 from .. import context, ticker
 from ..display import fmt_bytes, text_status
 from ..errors import ClusterError
+from . import static_render
 
 REFRESH_SECONDS = 2.0
 
@@ -43,13 +47,22 @@ _NUM = f"<td style='{_CELL};text-align:right'>"
 
 
 def workers_table(m: dict[str, Any]) -> str:
-    """HTML: one row per worker (name, status, threads, memory, CPU, tasks) and a totals row."""
+    """HTML: one row per worker (name, status, threads, memory, CPU, tasks) and a totals row.
+
+    A batch cluster's (``m["batch"]``) rows also show each worker's job id, node and walltime left.
+    """
+    batch = isinstance(m.get("batch"), dict)
     rows = []
     for wk in m["workers"]:
         mem, lim = wk.get("memory") or 0, wk.get("memory_limit") or 0
+        jobs = ""
+        if batch:
+            jobs = "".join(f"{_TD}{html.escape(str(wk.get(k) or '-'))}</td>" for k in ("job_id", "node"))
+            jobs += f"{_NUM}{html.escape(str(wk.get('walltime_left') or '-'))}</td>"
         rows.append(
             "<tr>"
             f"{_TD}{html.escape(str(wk['name']))}</td>{_TD}{html.escape(str(wk['status']))}</td>"
+            f"{jobs}"
             f"{_NUM}{wk['nthreads']}</td>"
             f"{_TD}{_bar(mem / lim if lim else 0.0, f'{fmt_bytes(mem)} / {fmt_bytes(lim)}')}</td>"
             f"{_NUM}{wk.get('cpu') or 0:.0f} %</td>"
@@ -60,7 +73,7 @@ def workers_table(m: dict[str, Any]) -> str:
     tasks = sum(wk.get("executing") or 0 for wk in m["workers"])
     rows.append(
         "<tr style='font-weight:bold;border-top:1px solid var(--jp-border-color2,#ccc)'>"
-        f"{_TD}total</td>{_TD}{m['n_workers']} workers</td>{_NUM}{m['cores']}</td>"
+        f"{_TD}total</td>{_TD}{m['n_workers']} workers</td>{'<td></td>' * 3 if batch else ''}{_NUM}{m['cores']}</td>"
         f"{_TD}{html.escape(fmt_bytes(m.get('memory')))} / {html.escape(fmt_bytes(m.get('memory_limit')))}</td>"
         f"{_NUM}{cpu:.0f} %</td>{_NUM}{tasks}</td>"
         "</tr>"
@@ -68,6 +81,7 @@ def workers_table(m: dict[str, Any]) -> str:
     heads = [
         ("worker", "left"),
         ("status", "left"),
+        *([("job", "left"), ("node", "left"), ("walltime left", "right")] if batch else []),
         ("threads", "right"),
         ("memory (used / limit)", "left"),
         ("CPU", "right"),
@@ -81,16 +95,37 @@ def workers_table(m: dict[str, Any]) -> str:
     )
 
 
+def batch_text(m: dict[str, Any]) -> str:
+    """One line on a batch cluster's jobs (``m["batch"]``, as the sidebar has them), or "" for other clusters.
+
+    E.g. ``slurm jobs: 2 running, 1 pending (job 17: Resources); walltime left 9:12 (squeue at 03:40:02 UTC)``.
+    """
+    b = m.get("batch")
+    if not isinstance(b, dict):
+        return ""
+    pending = b.get("pending_jobs") or []
+    text = f"{b.get('system') or 'batch'} jobs: {b.get('running', 0)} running, {b.get('pending', 0)} pending"
+    if pending:
+        shown = ", ".join(f"job {p.get('job_id')}: {p.get('reason') or 'no reason given'}" for p in pending[:5])
+        text += f" ({shown}{', ...' if len(pending) > 5 else ''})"
+    if b.get("walltime_left"):
+        text += f"; walltime left {b['walltime_left']}"
+    if isinstance(b.get("updated"), (int, float)):
+        text += f" (squeue at {time.strftime('%H:%M:%S UTC', time.gmtime(b['updated']))})"
+    return text
+
+
 def header_html(m: dict[str, Any]) -> str:
     link = m.get("dashboard_link")
     dash = f"<a href='{html.escape(link)}' target='_blank'>{html.escape(link)}</a>" if link else "-"
     return (
         f"<b>{html.escape(m['name'])}</b> ({html.escape(m['backend'])}) "
         f"<code>{html.escape(m['address'])}</code> &nbsp; Dashboard: {dash}"
+        + (f"<div class='jupyter-cluster-batch'>{html.escape(batch_text(m))}</div>" if batch_text(m) else "")
     )
 
 
-class ClusterWidget(w.VBox):
+class ClusterWidget(static_render.StaticOutput, w.VBox):
     """Live status of a cluster: workers table, totals, dashboard link, scale and adapt.
 
     Parameters
@@ -103,7 +138,8 @@ class ClusterWidget(w.VBox):
     Attributes
     ----------
     model_data : dict
-        The last ``handle.model()`` shown (``{}`` if it could not be read).
+        The last ``handle.model()`` read (``{}`` before the first; kept once the cluster stops,
+        for the static copy).
     """
 
     def __init__(self, handle: Any, live: bool = True, **kwargs: Any) -> None:
@@ -147,7 +183,7 @@ class ClusterWidget(w.VBox):
         if model is None:
             model = _read_model(self.handle)
         if model is None:
-            self.model_data = {}
+            # model_data keeps the last model seen, for the static copy of a stopped cluster
             self.header.value = f"<b>{html.escape(self.handle.name)}</b> is stopped."
             self.table.value = ""
             return
@@ -167,6 +203,24 @@ class ClusterWidget(w.VBox):
         if count:
             self._ever_viewed = True
         return not (self._ever_viewed and count == 0)
+
+    # -- the static copy in the output -----------------------------------------------
+    def static_bundle(self) -> dict[str, str]:
+        """The header and workers table as HTML, the status as text (the last model seen)."""
+        m = self.model_data
+        if not m:
+            text = f"{self.handle.name} is stopped."
+            return {"text/plain": text, "text/html": f"<div class='jupyter-cluster-static'>{html.escape(text)}</div>"}
+        stopped = "<div><i>stopped</i></div>" if self.handle.closed else ""
+        return {
+            "text/plain": text_status(m)
+            + (f"\n{batch_text(m)}" if batch_text(m) else "")
+            + ("\n(stopped)" if self.handle.closed else ""),
+            "text/html": f"<div class='jupyter-cluster-static'>{header_html(m)}{workers_table(m)}{stopped}</div>",
+        }
+
+    def static_version(self) -> Any:
+        return (self.header.value, self.table.value, self.handle.closed)
 
     # -- controls -------------------------------------------------------------------
     def _say(self, text: str, error: bool = False) -> None:
@@ -196,11 +250,29 @@ def _read_model(handle: Any) -> dict[str, Any] | None:
     if handle.closed:
         return None
     try:
-        return handle.model()
+        model = dict(handle.model())
+        _add_batch_facts(handle, model)
+        return model
     except ClusterError:
         return None
     except Exception as exc:  # a vanished scheduler must not kill the refresh loop
         return {"error": f"cluster unreachable: {exc}"}
+
+
+def _add_batch_facts(handle: Any, model: dict[str, Any]) -> None:
+    """A batch (SLURM) cluster's job facts, as the sidebar shows them: each worker's job id, node and
+    walltime left, pending jobs with the scheduler's reason (:func:`..backends.jobqueue.apply_facts`).
+
+    Its owner keeps them in the scheduler's metadata; one more scheduler query, for batch clusters only.
+    """
+    record = getattr(handle, "attached_record", None)
+    extra = getattr(handle, "extra", None) or (getattr(record, "extra", None) if record is not None else None) or {}
+    if not isinstance(extra.get("batch"), dict):
+        return
+    from ..backends.jobqueue import FACTS_KEY, apply_facts
+
+    facts = handle.client.sync(handle.client.get_metadata, list(FACTS_KEY), default=None, callback_timeout=10)
+    apply_facts(model, facts)
 
 
 def _follow(widget: ClusterWidget) -> None:
@@ -232,8 +304,8 @@ def _refresh_group(key: int, handle: Any) -> bool:
     return True
 
 
-def mimebundle(handle: Any, include: Any = None, exclude: Any = None) -> dict | None:
-    """What a :class:`ClusterHandle` shows: the live widget in a kernel, text in a terminal.
+def mimebundle(handle: Any, include: Any = None, exclude: Any = None) -> dict | tuple[dict, dict] | None:
+    """What a :class:`ClusterHandle` shows: the live widget and its static copy in a kernel, text in a terminal.
 
     Returns None (IPython then falls back to the handle's static HTML) when
     the cluster is stopped.
@@ -245,7 +317,6 @@ def mimebundle(handle: Any, include: Any = None, exclude: Any = None) -> dict | 
         if model is None or "error" in model:
             return None
         return {"text/plain": text_status(model)}
-    bundle = ClusterWidget(handle)._repr_mimebundle_(include=include, exclude=exclude)
-    if isinstance(bundle, tuple):  # (data, metadata) form
-        bundle = bundle[0]
-    return bundle
+    widget = ClusterWidget(handle)
+    # the view and its static copy (as of now: a handle's display has no display id to update)
+    return static_render.bundle(widget, widget.static_bundle()), static_render.metadata()

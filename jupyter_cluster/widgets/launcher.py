@@ -2,7 +2,9 @@
 
 The cluster it starts becomes the kernel's current one, so ``%%parallel``
 cells and ``Pool`` below use it at once.  All lifecycle work goes through
-:mod:`jupyter_cluster.session`; this module only lays out controls.
+:mod:`jupyter_cluster.session`; this module only lays out controls.  Its
+output also carries a static copy (the status line and the cluster's table),
+so a saved notebook shows what was started (:mod:`.static_render`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import ipywidgets as w
 from .. import backends, config, session
 from ..backends.local import default_workers
 from ..errors import ClusterError
+from . import static_render
 from .cluster import ClusterWidget
 
 
@@ -22,7 +25,7 @@ def _default_workers() -> int:
     return int(config.get("local.workers") or default_workers())
 
 
-class Launcher(w.VBox):
+class Launcher(static_render.StaticOutput, w.VBox):
     """Start, scale and stop a cluster from a notebook.
 
     Attributes
@@ -61,6 +64,23 @@ class Launcher(w.VBox):
         form = w.VBox([self.backend, self.name, self.workers, self.threads, self.memory_limit])
         buttons = w.HBox([self.start_button, self.scale_button, self.stop_button])
         super().__init__([form, buttons, self.status, self.view], **kwargs)
+
+    def static_bundle(self) -> dict[str, str]:
+        """The status line and, once a cluster was started here, its table (as last shown)."""
+        import re
+
+        status = html.unescape(re.sub(r"<[^>]+>", "", self.status.value))
+        views = [c for c in self.view.children if isinstance(c, ClusterWidget)]
+        parts = [c.static_bundle() for c in views]
+        return {
+            "text/plain": "\n".join([f"launcher: {status}"] + [p["text/plain"] for p in parts]),
+            "text/html": "<div class='jupyter-cluster-static'>"
+            f"<div>{self.status.value}</div>{''.join(p['text/html'] for p in parts)}</div>",
+        }
+
+    def static_version(self) -> Any:
+        views = [c.static_version() for c in self.view.children if isinstance(c, ClusterWidget)]
+        return (self.status.value, tuple(views))
 
     def _say(self, text: str, error: bool = False) -> None:
         colour = "#d9534f" if error else "inherit"

@@ -7,6 +7,11 @@ up to date with :meth:`TopicStore.model` (the shared metrics data model,
 downsampled so 100 series x 10,000 points stay light in the browser), pushed
 from the ticker thread at most every ``jupyter-cluster.metrics.refresh``
 (400 ms) and only when something changed, so the kernel is never blocked.
+
+Its output also carries a static copy of the charts (SVG images in
+``text/html``, the text summary in ``text/plain``), updated at the end of each
+cell, so a saved notebook, nbviewer and GitHub show the curves without the
+kernel (:mod:`.static_render`).
 """
 
 from __future__ import annotations
@@ -140,6 +145,11 @@ def _after_cell(result: Any = None) -> None:
     sync, _map_ended = _map_ended, False
     try:
         flush_charts(sync=sync)
+        # the static copies too, now that the stragglers are in (static_render's own
+        # cell-end hook may have run before this one; an unchanged chart is not redrawn)
+        from . import static_render
+
+        static_render.refresh()
     except Exception:  # a chart must never turn a finished cell into a failed one
         import logging
 
@@ -179,13 +189,21 @@ def widget_class():
     import anywidget
     import traitlets as t
 
-    class MetricsWidget(anywidget.AnyWidget):
-        """Live charts of one metrics topic: a line chart per scalar, a heatmap per vector."""
+    from .static_render import StaticOutput, metrics_html
+
+    class MetricsWidget(StaticOutput, anywidget.AnyWidget):
+        """Live charts of one metrics topic: a line chart per scalar, a heatmap per vector.
+
+        Displayed, its output also holds a static copy of the charts as of the
+        end of the last cell (see :mod:`jupyter_cluster.widgets.static_render`).
+        """
 
         _esm = BUNDLE
         topic = t.Unicode("").tag(sync=True)
         data = t.Dict().tag(sync=True)
         chart_height = t.Int(260).tag(sync=True)
+        #: the browser's toolbar choices (smoothing, y scale, ...), so a re-rendered output keeps them
+        view_state = t.Dict().tag(sync=True)
 
         def __init__(self, topic: str, **kwargs: Any) -> None:
             super().__init__(
@@ -195,6 +213,13 @@ def widget_class():
 
         def _push(self, st: telemetry.TopicStore) -> None:
             self.data = cast(dict, st.model())  # a MetricsModel (TypedDict) for the traitlet
+
+        def static_version(self) -> Any:
+            return telemetry.store(self.topic).version
+
+        def static_bundle(self) -> dict[str, str]:
+            st = telemetry.store(self.topic)
+            return {"text/plain": st.summary(), "text/html": metrics_html(st.model())}
 
     MetricsWidget.__module__ = __name__
     _widget_class = MetricsWidget

@@ -1,6 +1,6 @@
 /**
  * jupyter-cluster: registers the cluster sidebar, its palette commands and
- * settings.  Registration only; the panel lives in panel.ts.
+ * settings.  Registration only; the panel lives in panel/.
  */
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette, IThemeManager, InputDialog, MainAreaWidget } from '@jupyterlab/apputils';
@@ -10,6 +10,7 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { requestAPI } from './api';
 import { IClusterSummary, connectCode } from './model';
 import { ClusterPanel, DEFAULT_SETTINGS, IPanelSettings, clusterIcon } from './panel';
+import { registerSweep } from './sweep/area';
 import { TopicView } from './topicView';
 
 const PLUGIN_ID = 'jupyter-cluster:plugin';
@@ -75,6 +76,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         const isDark = !themes.isLight(change.newValue);
         panel.setDark(isDark);
         views.forEach(v => v.setDark(isDark));
+        sweepDark(isDark);
       });
       if (themes.theme) {
         panel.setDark(!themes.isLight(themes.theme));
@@ -144,6 +146,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
         app.shell.activateById(widget.id);
       }
     });
+    // the sweep table of a run in the main area (sweep/area.ts): command jupyter-cluster:open-sweep {run}
+    const sweepDark = registerSweep(app, palette, dark, clusterIcon);
     panel.onOpenTopic = (cluster, topic) => void commands.execute(CommandIDs.openTopic, { cluster, topic });
     commands.addCommand(CommandIDs.open, {
       label: 'Show the Dask Clusters Panel',

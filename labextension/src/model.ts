@@ -8,6 +8,7 @@
  */
 import type { IMetricsModel } from './charts/charts';
 import { withoutSeries } from './charts/data';
+import { IWorkersDiff, applyWorkersDiff } from './panel/workers';
 
 export type Owner = 'kernel' | 'panel' | 'process' | string;
 
@@ -41,8 +42,15 @@ export interface IWorker {
   memory: number;
   memory_limit: number;
   cpu: number;
+  /** tasks running (lease tasks waiting for a map not counted) */
   executing: number;
   resources: { [key: string]: number };
+  /** the engine's lease tasks it holds (older servers send none) */
+  leases?: number;
+  /** those of them waiting for a map: the worker is idle */
+  idle_leases?: number;
+  /** fields a batch backend adds (a SLURM worker's job id, node, …) */
+  [extra: string]: unknown;
 }
 
 /** One cluster's details and workers (GET clusters/NAME). */
@@ -78,6 +86,12 @@ export interface IJob {
   failures: IJobFailure[];
   /** the Jupyter kernel running it (the browser's kernel id), or null outside a kernel */
   kernel_id: string | null;
+  /** its run's fields (newer kernels): run id, notebook path, cell, config, context */
+  run?: string;
+  notebook?: string | null;
+  cell?: { execution_count?: number | null; cell_id?: string | null; first_line?: string } | null;
+  config?: { [key: string]: unknown };
+  context?: { [key: string]: unknown };
 }
 
 /** A stopped cluster whose jobs and metrics the server kept (name: "NAME.stopped-HHMMSS"). */
@@ -113,6 +127,7 @@ export type ServerMessage =
   | { type: 'clusters'; clusters: IClusterSummary[] }
   | ({ type: 'jobs' } & IJobs)
   | { type: 'cluster'; name: string; model: IClusterModel }
+  | ({ type: 'workers'; name: string } & IWorkersDiff)
   | { type: 'topics'; cluster: string; topics: ITopicSummary[] }
   | { type: 'metrics'; cluster: string; topic: string; data: IMetricsModel & { version?: number } }
   | { type: 'error'; message: string };
@@ -145,6 +160,8 @@ export interface IPanelState {
   overlayTopics: string[];
   /** their latest models */
   overlayMetrics: { [topic: string]: IMetricsModel };
+  /** the active notebook's cluster, shown when it stopped: its kept history is shown next, or nothing */
+  stoppedOwn: string | null;
 }
 
 export function initialState(): IPanelState {
@@ -165,7 +182,8 @@ export function initialState(): IPanelState {
     activeKernel: null,
     kernelCluster: null,
     overlayTopics: [],
-    overlayMetrics: {}
+    overlayMetrics: {},
+    stoppedOwn: null
   };
 }
 
@@ -240,10 +258,11 @@ function keepSelection(state: IPanelState, clusters: IClusterSummary[]): IPanelS
   if (sel !== null && (names.includes(sel) || state.history.some(h => h.name === sel))) {
     return next;
   }
-  if (sel !== null && state.topics.length > 0) {
+  if (sel !== null && (state.topics.length > 0 || sel === state.kernelCluster)) {
     // the selected cluster stopped: keep its curves; the jobs message that
-    // follows names the history the server kept for it
-    return { ...next, detail: null };
+    // follows names the history the server kept for it (the active notebook's
+    // own cluster is not swapped for another notebook's meanwhile)
+    return { ...next, detail: null, stoppedOwn: sel === state.kernelCluster ? sel : state.stoppedOwn };
   }
   return names[0] === sel ? next : cleared(next, names[0] ?? null);
 }
@@ -267,6 +286,14 @@ export function reduce(state: IPanelState, msg: ServerMessage): IPanelState {
       );
     case 'cluster':
       return msg.name === state.selected ? { ...state, detail: msg.model } : state;
+    case 'workers': {
+      // only what changed since the full list ('cluster'); a diff for another cluster is stale
+      if (msg.name !== state.selected || !state.detail || state.detail.name !== msg.name) {
+        return state;
+      }
+      const detail = applyWorkersDiff(state.detail, msg);
+      return detail === state.detail ? state : { ...state, detail };
+    }
     case 'topics': {
       if (msg.cluster !== state.selected) {
         return state;
@@ -311,7 +338,10 @@ export function followJobs(state: IPanelState, before: IJob[]): IPanelState {
   const sel = state.selected;
   if (sel !== null && !live.includes(sel) && !state.history.some(h => h.name === sel)) {
     const kept = state.history.find(h => h.cluster === sel);
-    next = kept ? { ...state, selected: kept.name, detail: null } : cleared(state, live[0] ?? null);
+    // nothing kept of the active notebook's own cluster: show nothing rather than another notebook's
+    const fallback = sel === state.stoppedOwn ? null : (live[0] ?? null);
+    next = kept ? { ...state, selected: kept.name, detail: null } : cleared(state, fallback);
+    next = { ...next, stoppedOwn: null };
   }
   if (next.pinned || next.kernelCluster !== null) {
     // pinned, or the active notebook has a cluster: that one is shown, not where other notebooks work

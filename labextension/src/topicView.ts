@@ -1,21 +1,22 @@
 /**
  * One metrics topic in the main area (a dockable tab, as dask-labextension
  * does for its plots): the same charts as the sidebar with room to read
- * them.  It watches its own cluster and topic on an events socket of its
- * own, so the sidebar can show something else; a stopped cluster's kept
- * history is read once over REST.
+ * them.  It watches its own cluster and topic on an events connection of
+ * its own (the same EventsClient as the sidebar's, with its back-off), so
+ * the sidebar can show something else; a stopped cluster's kept history is
+ * read once over REST.
  */
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { eventsURL, requestAPI } from './api';
+import { requestAPI } from './api';
 import { IMetricsModel, MetricsCharts } from './charts/charts';
 import { ServerMessage } from './model';
+import { EventsClient } from './panel/events';
 
 export class TopicView extends Widget {
   private readonly charts: MetricsCharts;
-  private socket: WebSocket | null = null;
-  private retry = 0;
+  private readonly events = new EventsClient({ onMessage: msg => this.onMessage(msg) });
 
   constructor(
     readonly cluster: string,
@@ -71,45 +72,30 @@ export class TopicView extends Widget {
     if (this.isDisposed) {
       return;
     }
-    window.clearTimeout(this.retry);
-    const socket = this.socket;
-    this.socket = null;
-    socket?.close();
+    this.events.dispose();
     this.charts.dispose();
     super.dispose();
   }
 
   private watch(): void {
     const topics = [this.topic, ...this.overlayTopics.filter(t => t !== this.topic)].slice(0, 20);
-    if (this.socket?.readyState === WebSocket.OPEN) {
-      this.socket.send(JSON.stringify({ type: 'watch', cluster: this.cluster, topics }));
-    }
+    this.events.watch(this.cluster, topics);
   }
 
   private connect(): void {
-    if (this.isDisposed || this.socket) {
-      return;
+    this.watch();
+    this.events.connect();
+  }
+
+  private onMessage(msg: ServerMessage): void {
+    if (msg.type === 'metrics' && msg.cluster === this.cluster) {
+      if (msg.topic === this.topic) {
+        this.charts.update(msg.data);
+      } else if (this.overlayTopics.includes(msg.topic)) {
+        this.charts.setSource(msg.data);
+      }
+    } else if (msg.type === 'topics' && msg.cluster === this.cluster) {
+      this.charts.setCatalog(msg.topics.map(t => ({ topic: t.topic, scalars: t.scalars })));
     }
-    const socket = new WebSocket(eventsURL());
-    this.socket = socket;
-    socket.onopen = () => this.watch();
-    socket.onmessage = event => {
-      const msg = JSON.parse(String(event.data)) as ServerMessage;
-      if (msg.type === 'metrics' && msg.cluster === this.cluster) {
-        if (msg.topic === this.topic) {
-          this.charts.update(msg.data);
-        } else if (this.overlayTopics.includes(msg.topic)) {
-          this.charts.setSource(msg.data);
-        }
-      } else if (msg.type === 'topics' && msg.cluster === this.cluster) {
-        this.charts.setCatalog(msg.topics.map(t => ({ topic: t.topic, scalars: t.scalars })));
-      }
-    };
-    socket.onclose = () => {
-      if (this.socket === socket) {
-        this.socket = null;
-        this.retry = window.setTimeout(() => this.connect(), 2000);
-      }
-    };
   }
 }

@@ -18,6 +18,32 @@ def shot(page: Any, artifacts: str, name: str, selector: str | None = None) -> s
     return path
 
 
+# Run All only once the kernel has answered kernel_info: a request sent while
+# the kernel is still connecting can be lost.  With a true argument, the
+# notebook is then saved.
+RUN_ALL_WHEN_READY_JS = """
+async (save) => {
+  const app = window.jupyterapp;
+  const panel = app.shell.currentWidget;
+  await panel.sessionContext.ready;
+  await panel.sessionContext.session.kernel.info;
+  await app.commands.execute('notebook:run-all-cells');
+  if (save) {
+    await app.commands.execute('docmanager:save');
+  }
+}
+"""
+
+
+# Run ``code`` in the active notebook's kernel, outside any cell; the promise ends once it has run.
+EXECUTE_JS = """
+async (code) => {
+  const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+  await kernel.requestExecute({ code }).done;
+}
+"""
+
+
 @contextmanager
 def lab_page(
     browser: Any,
@@ -71,3 +97,12 @@ def open_panel(page: Any, command: str = "jupyter-cluster:open", panel: str = "#
         except PlaywrightTimeout as e:
             last = e
     raise AssertionError(f"{panel} stayed hidden after running {command} 5 times") from last
+
+
+def notebook_ready(page: Any) -> None:
+    """Wait until the open notebook shows its cells and its kernel is idle; a kernel picker, if shown, takes the default."""
+    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=90_000)
+    page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90_000)
+    picker = page.locator(".jp-Dialog .jp-mod-accept")
+    if picker.count():  # a kernel picker despite autoStartDefaultKernel: take the default
+        picker.click()

@@ -19,7 +19,7 @@ import re
 import nbformat
 import pytest
 
-from .pages import lab_page, open_panel, shot
+from .pages import RUN_ALL_WHEN_READY_JS, lab_page, notebook_ready, open_panel, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -57,19 +57,6 @@ COLOURED_PIXELS_JS = """
     }
   }
   return n;
-}
-"""
-
-
-# Run All only once the kernel has answered kernel_info: a request sent while
-# the kernel is still connecting can be lost.
-RUN_ALL_WHEN_READY_JS = """
-async () => {
-  const app = window.jupyterapp;
-  const panel = app.shell.currentWidget;
-  await panel.sessionContext.ready;
-  await panel.sessionContext.session.kernel.info;
-  await app.commands.execute('notebook:run-all-cells');
 }
 """
 
@@ -161,10 +148,25 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         page.wait_for_selector("#jupyter-cluster-panel .jc-clusters", timeout=30_000)
         # another cluster, which the panel will show when the notebook starts its work
         page.click("#jupyter-cluster-panel .jc-new")
+        # the backends configured on this server, the default first; threads and memory per worker
+        backends = page.locator(".jp-Dialog select.jc-input-backend option").evaluate_all("os => os.map(o => o.value)")
+        assert backends and backends[0] == "local", backends
         page.fill(".jp-Dialog .jc-input-name", OTHER)
         page.fill(".jp-Dialog .jc-input-workers", "1")
+        page.fill(".jp-Dialog .jc-input-memory", "lots")
+        page.wait_for_selector(".jp-Dialog .jc-form-error >> text=not a size", timeout=5_000)
+        page.fill(".jp-Dialog .jc-input-memory", "1GiB")
+        page.fill(".jp-Dialog .jc-input-threads", "1")
         page.click(".jp-Dialog .jp-mod-accept")
+        # a card says it is starting while the server starts it (seconds), then the cluster's own
+        page.wait_for_selector("#jupyter-cluster-panel .jc-cluster-starting", timeout=10_000)
         page.locator(f'#jupyter-cluster-panel .jc-cluster[data-name="{OTHER}"]').wait_for(timeout=120_000)
+        page.wait_for_selector("#jupyter-cluster-panel .jc-cluster-starting", state="detached", timeout=10_000)
+        page.wait_for_function(
+            f"document.querySelector('#jupyter-cluster-panel .jc-cluster[data-name=\"{OTHER}\"] .jc-cluster-stats')"
+            ".textContent.startsWith('1 workers · 1 threads')",
+            timeout=30_000,
+        )
         page.click("#jupyter-cluster-panel .jc-new")
         page.fill(".jp-Dialog .jc-input-name", CLUSTER)
         page.fill(".jp-Dialog .jc-input-workers", "2")
@@ -181,11 +183,7 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
 
         # -- a notebook that attaches to it, maps a cell and reports metrics ------------
         page.goto(f"{lab.url}lab/tree/ui.ipynb", timeout=90_000)
-        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=90_000)
-        page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90_000)
-        picker = page.locator(".jp-Dialog .jp-mod-accept")
-        if picker.count():  # a kernel picker despite autoStartDefaultKernel: take the default
-            picker.click()
+        notebook_ready(page)
         open_panel(page)
         # the panel shows another cluster than the notebook's ...
         page.click(f'#jupyter-cluster-panel .jc-cluster[data-name="{OTHER}"] .jc-cluster-name', timeout=30_000)
@@ -270,24 +268,27 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         page.mouse.move(5, 5)
         # toolbar: EMA smoothing and a log y axis redraw the line chart (and back)
         toolbar = page.locator("#jupyter-cluster-panel .jc-metrics-toolbar")
-        toolbar.locator("select.jc-smoothing").select_option("0.9")
-        toolbar.locator("input.jc-log-y").check()
+        toolbar.locator("input.jc-smoothing").fill("0.9")
+        toolbar.locator("select.jc-y-scale").select_option("log")
         _wait_coloured(page, "#jupyter-cluster-panel .jc-charts .jc-metrics-panel", 200)
         shot(page, artifacts, "panel-smoothing-log-y.png", "#jupyter-cluster-panel .jc-metrics-line")
-        toolbar.locator("select.jc-smoothing").select_option("0")
-        toolbar.locator("input.jc-log-y").uncheck()
+        toolbar.locator("input.jc-smoothing").fill("0")
+        toolbar.locator("select.jc-y-scale").select_option("linear")
         # series selection: switching a member off redraws without it
         series = page.locator("#jupyter-cluster-panel .jc-series-item")
         assert series.count() == 3
         line = panels.nth(0)
-        blue = line.evaluate(COLOUR_PIXELS_JS, [80, 112, 221])  # the palette's first colour: member 0
+        # member 0's colour (from its key, the same in every chart): drawn, then gone once it is off
+        hex0 = line.get_attribute("data-colors").split("|")[0]
+        rgb0 = [int(hex0[i : i + 2], 16) for i in (1, 3, 5)]
+        blue = line.evaluate(COLOUR_PIXELS_JS, rgb0)
         assert blue > 30, blue
         series.nth(0).locator("input").uncheck()
         assert series.nth(0).locator("input").is_checked() is False
         # the other members keep their colours: nothing is drawn in member 0's blue any more
         page.wait_for_function(
             f"(() => {{ const f = {COLOUR_PIXELS_JS}; "
-            "return f(document.querySelector('#jupyter-cluster-panel .jc-metrics-line'), [80, 112, 221]) < 5; })()",
+            f"return f(document.querySelector('#jupyter-cluster-panel .jc-metrics-line'), {rgb0}) < 5; }})()",
             timeout=5_000,
         )
         shot(page, artifacts, "panel-workers-jobs-metrics.png", "#jupyter-cluster-panel")

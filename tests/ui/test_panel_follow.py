@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import time
 
 import nbformat
 import pytest
@@ -139,6 +140,17 @@ def _wait_idle(page) -> None:
         " return !!w && !!w.sessionContext && w.sessionContext.session?.kernel?.status === 'idle'; })()",
         timeout=120_000,
     )
+
+
+def _jobs_of(page, check, timeout: float = 30.0) -> list[str]:
+    """Wait until the panel's job labels (in their order) pass ``check``; the labels."""
+    deadline = time.monotonic() + timeout
+    while True:
+        labels = page.locator("#jupyter-cluster-panel .jc-job .jc-job-label").all_inner_texts()
+        if check(labels):
+            return labels
+        assert time.monotonic() < deadline, f"the job list is {labels}"
+        page.wait_for_timeout(250)
 
 
 def _x_axis(page, choice: str, label: str) -> tuple[float, float]:
@@ -304,7 +316,15 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
         _tab(page, "c.ipynb", shows=A)
         page.evaluate(RUN_CELL_JS, 1)
         _stays_on(page, A)
+        # two notebooks on one cluster keep their own jobs: the active one's come first, or alone
+        _jobs_of(page, lambda labels: labels and "range(4)" in labels[0])
+        page.select_option("#jupyter-cluster-panel select.jc-jobs-scope", "notebook")
+        _jobs_of(page, lambda labels: labels and all("range(4)" in t for t in labels))
+        shot(page, artifacts, "panel-jobs-this-notebook.png", "#jupyter-cluster-panel")
         _tab(page, "a.ipynb", shows=A)
+        _jobs_of(page, lambda labels: labels and not any("range(4)" in t for t in labels))
+        page.select_option("#jupyter-cluster-panel select.jc-jobs-scope", "all")
+        _jobs_of(page, lambda labels: len(labels) >= 2 and "range(4)" not in labels[0])
 
         # -- lag: when the panel shows k/N against when the k-th item ended -----------------------
         page.evaluate(WATCH_PROGRESS_JS, LAG_ITEMS)

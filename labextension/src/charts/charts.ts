@@ -22,15 +22,10 @@ import {
 } from 'echarts/components';
 import { CanvasRenderer } from 'echarts/renderers';
 
+import { colorLookup } from './colors';
 import type { IMetricsModel, IVectorSeries, Point, XAxisMode } from './data';
 import {
-  absMax,
-  diffVectors,
-  ema,
   emptyModel,
-  escapeHTML,
-  formatNumber,
-  formatX,
   matchSeries,
   metricsCode,
   naturalCompare,
@@ -41,14 +36,20 @@ import {
   truncatedText,
   vectorAxisName,
   X_AXIS_NAMES,
-  withoutSeries,
-  xAxisOption
+  withoutSeries
 } from './data';
-import { el } from './dom';
+import { ChartControls, IChartsState, controlStyle } from './controls';
+import { el, isDark } from './dom';
+export { isDark } from './dom';
+export type { IChartsState } from './controls';
+import { COMPACT_WIDTH, heatmapLayout, heatmapOption } from './heatmaps';
+import type { ILineView, ITopK, YScale } from './lines';
+import { lineChart } from './lines';
 
 import type { IOverlay, IOverlayPick, OverlayAxes } from './overlay';
 import {
   addPick,
+  lineColorKey,
   overlayLegend,
   overlayLines,
   overlayOption,
@@ -64,6 +65,10 @@ export type { IMetricsModel, IVectorSeries, Point, XAxisMode } from './data';
 export { emptyModel } from './data';
 export type { IOverlayPick, OverlayAxes } from './overlay';
 export { overlayOption } from './overlay';
+export type { ILineView, YScale } from './lines';
+export { lineChart } from './lines';
+export { COMPACT_WIDTH, heatmapLayout, heatmapOption } from './heatmaps';
+export { assignColors, colorLookup } from './colors';
 
 echarts.use([
   LineChart,
@@ -81,325 +86,43 @@ echarts.use([
 export interface IChartOptions {
   /** height of each line chart in pixels */
   height?: number;
-  /** series above which the legend scrolls and the tooltip shows one line only */
+  /** series above which a chart has no legend and the tooltip lists the series nearest the pointer */
   manySeries?: number;
   /** the charts' initial theme (default: JupyterLab's body attribute) */
   dark?: boolean;
 }
 
-/** How a line chart is drawn (the toolbar's choices). */
-export interface ILineView {
-  /** EMA weight in [0, 1) */
-  smoothing: number;
-  logY: boolean;
-  /** what the x axis shows; the points are already on it (pointsOnAxis) */
-  x?: XAxisMode;
-  /** narrow host: fewer ticks, no paging legend */
-  compact: boolean;
-}
-
-/** Below this chart width the layout is compact (the sidebar's default is 250 px). */
-export const COMPACT_WIDTH = 420;
-
-/** ECharts 6's series palette (light and dark themes alike), fixed per series key here. */
-const PALETTE = ['#5070dd', '#b6d634', '#505372', '#ff994d', '#0ca8df', '#ffd10a', '#fb628b', '#785db0', '#3fbe95'];
-const VIRIDIS = ['#440154', '#3b528b', '#21918c', '#5ec962', '#fde725'];
-const DIVERGING = ['#2166ac', '#92c5de', '#f7f7f7', '#f4a582', '#b2182b'];
-
-/** Whether JupyterLab's current theme is dark (from the body attribute it sets). */
-export function isDark(): boolean {
-  const body = typeof document !== 'undefined' ? document.body : null;
-  return !!body && body.getAttribute('data-jp-theme-light') === 'false';
-}
-
 /** Summary line: topic, received reports and series. */
 export function statusText(model: IMetricsModel): string {
   const received = model.received ?? 0;
-  const nSeries = new Set<string>();
-  for (const bySeries of Object.values(model.scalars)) {
-    Object.keys(bySeries).forEach(k => nSeries.add(k));
+  return `${model.topic}: ${received.toLocaleString()} reports, ${allSeriesKeys(model).length} series`;
+}
+
+/** Every series key of a model (scalars and vectors), in natural order: the keys colours are assigned over. */
+export function allSeriesKeys(model: IMetricsModel): string[] {
+  const keys = new Set<string>();
+  for (const bySeries of [...Object.values(model.scalars), ...Object.values(model.vectors)]) {
+    Object.keys(bySeries).forEach(k => keys.add(k));
   }
-  for (const bySeries of Object.values(model.vectors)) {
-    Object.keys(bySeries).forEach(k => nSeries.add(k));
-  }
-  return `${model.topic}: ${received.toLocaleString()} reports, ${nSeries.size} series`;
-}
-
-interface IAxisParam {
-  seriesId?: string;
-  seriesName?: string;
-  marker?: string;
-  value?: unknown;
-  axisValue?: unknown;
-}
-
-function axisTooltip(params: unknown, limit: number, mode: XAxisMode = 'step'): string {
-  const list = (Array.isArray(params) ? params : [params]) as IAxisParam[];
-  const shown = list.filter(p => !(p.seriesId ?? '').startsWith('raw:'));
-  const x = Number(shown[0]?.axisValue ?? (shown[0]?.value as Point | undefined)?.[0]);
-  const rows = shown
-    .map(p => ({ p, y: (p.value as Point | undefined)?.[1] ?? null }))
-    .sort((a, b) => (b.y ?? -Infinity) - (a.y ?? -Infinity));
-  const lines = rows
-    .slice(0, limit)
-    .map(({ p, y }) => `${p.marker ?? ''}${escapeHTML(p.seriesName ?? '')}: <b>${formatNumber(y)}</b>`);
-  if (rows.length > limit) {
-    lines.push(`… ${rows.length - limit} more`);
-  }
-  return [formatX(x, mode), ...lines].join('<br/>');
-}
-
-/** Option for one scalar value's line chart. */
-export function lineOption(
-  name: string,
-  bySeries: { [series: string]: Point[] },
-  manySeries = 12,
-  view: Partial<ILineView> = {},
-  colorOf: (key: string) => string | undefined = () => undefined
-): echarts.EChartsCoreOption {
-  const keys = Object.keys(bySeries).sort(naturalCompare);
-  const many = keys.length > manySeries;
-  const compact = !!view.compact;
-  const smoothing = view.smoothing ?? 0;
-  const mode = view.x ?? 'step';
-  const legend = keys.length > 1 && (compact ? keys.length <= 3 : true);
-  const series: object[] = [];
-  for (const key of keys) {
-    const data = bySeries[key];
-    // one colour per series, the same for its raw and smoothed lines and whichever series are hidden
-    const color = colorOf(key);
-    if (smoothing > 0) {
-      series.push({
-        id: `raw:${key}`,
-        name: seriesLabel(key),
-        type: 'line',
-        data,
-        showSymbol: false,
-        silent: true,
-        itemStyle: { color },
-        lineStyle: { width: 1, opacity: 0.25, color },
-        tooltip: { show: false },
-        z: 1
-      });
-    }
-    series.push({
-      id: key,
-      name: seriesLabel(key),
-      type: 'line',
-      data: smoothing > 0 ? ema(data, smoothing) : data,
-      showSymbol: data.length < 2,
-      symbolSize: 4,
-      sampling: 'lttb',
-      large: true,
-      connectNulls: false,
-      itemStyle: { color },
-      lineStyle: { width: many ? 1 : 1.5, color },
-      emphasis: { focus: 'series' },
-      z: 2
-    });
-  }
-  return {
-    animation: false,
-    backgroundColor: 'transparent',
-    title: { text: name, left: 4, top: 2, textStyle: { fontSize: 12 } },
-    tooltip: many
-      ? { trigger: 'item', confine: true, valueFormatter: (v: unknown) => formatNumber(Number(v)) }
-      : {
-          trigger: 'axis',
-          axisPointer: { type: 'line' },
-          confine: true,
-          formatter: (p: unknown) => axisTooltip(p, compact ? 6 : 12, mode)
-        },
-    toolbox: {
-      right: 4,
-      top: 0,
-      itemSize: 12,
-      itemGap: 6,
-      feature: {
-        dataZoom: { yAxisIndex: 'none', title: { zoom: 'zoom (drag)', back: 'reset zoom' } },
-        saveAsImage: { title: 'PNG', name: name.replace(/\W+/g, '_'), pixelRatio: 2 }
-      }
-    },
-    legend: {
-      show: legend,
-      type: 'scroll',
-      bottom: 0,
-      itemWidth: 14,
-      itemHeight: 8,
-      textStyle: { fontSize: 10 },
-      data: keys.map(seriesLabel)
-    },
-    grid: { left: compact ? 44 : 56, right: compact ? 10 : 16, top: 26, bottom: legend ? 52 : 34 },
-    xAxis: xAxisOption(mode, compact),
-    yAxis: {
-      type: view.logY ? 'log' : 'value',
-      scale: true,
-      splitNumber: compact ? 3 : 5,
-      axisLabel: { fontSize: 10, formatter: (v: number) => formatNumber(v) }
-    },
-    dataZoom: [{ type: 'inside', filterMode: 'none' }],
-    series
-  };
-}
-
-/** How the small multiples of one vector value are laid out in a chart of `width` pixels. */
-export function heatmapLayout(
-  n: number,
-  width: number
-): { cols: number; rows: number; cellHeight: number; height: number } {
-  const cols = Math.max(1, Math.min(n, Math.floor(width / 300)));
-  const rows = Math.ceil(n / cols);
-  const cellHeight = width < COMPACT_WIDTH ? 96 : 130;
-  return { cols, rows, cellHeight, height: HEAT_TOP + rows * (cellHeight + HEAT_BLOCK) + HEAT_BOTTOM };
-}
-
-const HEAT_TOP = 24; // the value's title
-const HEAT_BLOCK = 44; // a run's label above its grid and the step labels below
-const HEAT_BOTTOM = 40; // the colour bars
-
-/** An echarts visualMap: the draggable colour bar of the heatmaps ``seriesIndex``, from ``min`` to ``max``. */
-function colourBar(
-  seriesIndex: number[],
-  min: number,
-  max: number,
-  colours: string[],
-  side: { left: number } | { right: number },
-  length: number
-): object {
-  return {
-    seriesIndex,
-    min,
-    max,
-    calculable: true,
-    orient: 'horizontal',
-    ...side,
-    bottom: 4,
-    itemWidth: 10,
-    itemHeight: length,
-    textStyle: { fontSize: 10 },
-    formatter: (v: number) => formatNumber(v),
-    inRange: { color: colours }
-  };
+  return [...keys].sort(naturalCompare);
 }
 
 /**
- * Option for one vector value: one heatmap per run (steps across, vector
- * index down) sharing one colour scale, plus `diff` (a - b) on a diverging
- * scale of its own when given.
+ * What a chart's data looks like, cheaply: per series its length and its
+ * first and last points.  Pushes that change none of it are not drawn.
  */
-export function heatmapOption(
-  name: string,
-  bySeries: { [series: string]: IVectorSeries },
-  width: number,
-  diff: [string, string] | null = null
-): echarts.EChartsCoreOption {
-  const keys = Object.keys(bySeries).sort(naturalCompare);
-  const panels: { title: string; data: IVectorSeries; isDiff: boolean }[] = keys.map(k => ({
-    title: seriesLabel(k),
-    data: bySeries[k],
-    isDiff: false
-  }));
-  if (diff && bySeries[diff[0]] && bySeries[diff[1]]) {
-    panels.push({
-      title: `${seriesLabel(diff[0])} − ${seriesLabel(diff[1])}`,
-      data: diffVectors(bySeries[diff[0]], bySeries[diff[1]]),
-      isDiff: true
-    });
+export function dataSignature(bySeries: { [series: string]: Point[] | IVectorSeries }): string {
+  const parts: string[] = [];
+  for (const key of Object.keys(bySeries).sort(naturalCompare)) {
+    const s = bySeries[key];
+    if (Array.isArray(s)) {
+      parts.push(`${key}:${s.length}:${s[0]?.join()}:${s[s.length - 1]?.join()}`);
+    } else {
+      const last = s.rows[s.rows.length - 1];
+      parts.push(`${key}:${s.steps.length}:${s.steps[0]}:${s.steps[s.steps.length - 1]}:${last?.join()}`);
+    }
   }
-  const layout = heatmapLayout(panels.length, width);
-  const [lo, hi] = sharedRange(bySeries);
-  const axisName = vectorAxisName(name);
-  const colWidth = width / layout.cols;
-  const left = 40;
-  const titles: object[] = [{ text: name, left: 4, top: 2, textStyle: { fontSize: 12 } }];
-  const grids: object[] = [];
-  const xAxes: object[] = [];
-  const yAxes: object[] = [];
-  const series: object[] = [];
-  const runIndices: number[] = [];
-  const diffIndices: number[] = [];
-  panels.forEach((p, i) => {
-    const col = i % layout.cols;
-    const row = Math.floor(i / layout.cols);
-    const x = col * colWidth + left;
-    const y = HEAT_TOP + row * (layout.cellHeight + HEAT_BLOCK) + 16;
-    const gridWidth = Math.max(40, colWidth - left - 10);
-    titles.push({
-      text: p.title,
-      left: x,
-      top: y - 16,
-      textStyle: { fontSize: 11, fontWeight: 'normal' }
-    });
-    grids.push({ left: x, top: y, width: gridWidth, height: layout.cellHeight });
-    const vecWidth = p.data.rows.reduce((m, r) => Math.max(m, r.length), 0);
-    xAxes.push({
-      type: 'category',
-      gridIndex: i,
-      data: p.data.steps.map(s => formatNumber(s)),
-      axisLabel: { fontSize: 10, hideOverlap: true },
-      axisTick: { show: false }
-    });
-    yAxes.push({
-      type: 'category',
-      gridIndex: i,
-      name: axisName,
-      nameLocation: 'middle',
-      nameGap: 24,
-      nameTextStyle: { fontSize: 10 },
-      data: Array.from({ length: vecWidth }, (_, j) => String(j)),
-      axisLabel: { fontSize: 9, hideOverlap: true }
-    });
-    const cells: [number, number, number][] = [];
-    p.data.rows.forEach((r, si) =>
-      r.forEach((v, j) => {
-        if (v !== null && Number.isFinite(v)) {
-          cells.push([si, j, v]);
-        }
-      })
-    );
-    (p.isDiff ? diffIndices : runIndices).push(i);
-    series.push({
-      id: p.isDiff ? 'diff' : `run:${keys[i]}`,
-      name: p.title,
-      type: 'heatmap',
-      xAxisIndex: i,
-      yAxisIndex: i,
-      data: cells,
-      progressive: 10000
-    });
-  });
-  const barLength = Math.max(60, Math.min(180, (diffIndices.length ? width / 2 : width) - 110));
-  // the runs' shared scale at the bottom left; the difference's, centred on 0, at the bottom right
-  const visualMap: object[] = [colourBar(runIndices, lo, hi, VIRIDIS, { left: 4 }, barLength)];
-  if (diffIndices.length) {
-    const m = absMax((panels[panels.length - 1] as { data: IVectorSeries }).data);
-    visualMap.push(colourBar(diffIndices, -m, m, DIVERGING, { right: 4 }, barLength));
-  }
-  return {
-    animation: false,
-    backgroundColor: 'transparent',
-    title: titles,
-    tooltip: {
-      confine: true,
-      formatter: (p: unknown) => {
-        const { seriesIndex, value } = p as { seriesIndex: number; value: [number, number, number] };
-        const panel = panels[seriesIndex];
-        const step = panel ? panel.data.steps[value[0]] : value[0];
-        return `${escapeHTML(panel?.title ?? '')}<br/>step ${formatNumber(step)}, ${axisName} ${value[1]}: <b>${formatNumber(value[2])}</b>`;
-      }
-    },
-    toolbox: {
-      right: 4,
-      top: 0,
-      itemSize: 12,
-      feature: { saveAsImage: { title: 'PNG', name: name.replace(/\W+/g, '_'), pixelRatio: 2 } }
-    },
-    grid: grids,
-    xAxis: xAxes,
-    yAxis: yAxes,
-    visualMap,
-    series
-  };
+  return parts.join('|');
 }
 
 interface IPanel {
@@ -410,6 +133,12 @@ interface IPanel {
   chart: echarts.EChartsType;
   /** what the last full draw depended on (series keys, layout, view) */
   drawn: string;
+  /** the data and view last drawn: a push that changes neither draws nothing */
+  data: string;
+  /** the pointer's y (data units) while it is over the chart: the tooltip lists the nearest series */
+  pointerY: number | null;
+  /** how often its data was drawn (tests read it as data-draws: pushes that change nothing draw nothing) */
+  draws: number;
   /** heatmaps: the "difference of two runs" picker */
   diff?: HTMLSelectElement;
 }
@@ -422,8 +151,6 @@ function download(filename: string, blob: Blob): void {
   a.click();
   window.setTimeout(() => URL.revokeObjectURL(url), 1000);
 }
-
-const SMOOTHING = [0, 0.6, 0.8, 0.9, 0.95, 0.99];
 
 /**
  * Charts of one metrics topic inside `host`.  Call update() with every new
@@ -440,18 +167,14 @@ export class MetricsCharts {
   private model: IMetricsModel = emptyModel();
   private shown: IMetricsModel = emptyModel();
   private dark: boolean;
-  private smoothing = 0;
-  private logY = false;
-  private xMode: XAxisMode = 'step';
-  private filter = '';
+  /** the toolbar's view choices: smoothing, y scale, x axis, top-k, series filter */
+  private readonly controls: ChartControls;
+  private colorOf: (key: string) => string = colorLookup([]);
+  private colorKeys = '';
   private hidden: string[] = [];
   private frame = 0;
   private themeFrame = 0;
   private readonly resized = new Set<Element>();
-  private readonly smoothingSelect: HTMLSelectElement;
-  private readonly logInput: HTMLInputElement;
-  private readonly xSelect: HTMLSelectElement;
-  private readonly filterInput: HTMLInputElement;
   /** the overlay: chosen metrics, the models of other topics they come from, and what else could be chosen */
   private picks: IOverlayPick[] = [];
   private overlayAxes: OverlayAxes = 'auto';
@@ -460,6 +183,8 @@ export class MetricsCharts {
   private readonly overlayAdd: HTMLSelectElement;
   private readonly overlayAxesSelect: HTMLSelectElement;
   private readonly overlayPicks: HTMLElement;
+  /** Called after the user changed a choice of the toolbar or the overlay (viewState). */
+  onViewState: ((state: IChartsState) => void) | null = null;
   /** Called with the topics besides this one that the overlay draws from (the host should feed them). */
   onOverlayTopics: ((topics: string[]) => void) | null = null;
   /** Called with the kept clusters' topics the overlay draws from (the host should read them once). */
@@ -477,49 +202,7 @@ export class MetricsCharts {
     this.toolbar = el('div', 'jc-metrics-toolbar');
     this.toolbar.style.cssText =
       'display: flex; flex-wrap: wrap; align-items: center; gap: 4px 10px; font-size: 11px; margin-bottom: 4px;';
-    const smoothLabel = el('label', 'jc-tool', 'smooth ');
-    this.smoothingSelect = el('select', 'jc-smoothing');
-    this.smoothingSelect.title = 'Exponential moving average, as in TensorBoard (raw data stays faint behind)';
-    for (const w of SMOOTHING) {
-      const o = el('option', '', w === 0 ? 'off' : String(w));
-      o.value = String(w);
-      this.smoothingSelect.append(o);
-    }
-    this.smoothingSelect.addEventListener('change', () => {
-      this.smoothing = Number(this.smoothingSelect.value) || 0;
-      this.redraw();
-    });
-    smoothLabel.append(this.smoothingSelect);
-    const logLabel = el('label', 'jc-tool');
-    this.logInput = el('input', 'jc-log-y');
-    this.logInput.type = 'checkbox';
-    this.logInput.addEventListener('change', () => {
-      this.logY = this.logInput.checked;
-      this.redraw();
-    });
-    logLabel.append(this.logInput, document.createTextNode(' log y'));
-    const xLabel = el('label', 'jc-tool', 'x ');
-    this.xSelect = el('select', 'jc-x-axis');
-    this.xSelect.title =
-      'The x axis: the reported step, the wall-clock time of each report, or the time since the first';
-    for (const mode of Object.keys(X_AXIS_NAMES) as XAxisMode[]) {
-      const o = el('option', '', X_AXIS_NAMES[mode]);
-      o.value = mode;
-      this.xSelect.append(o);
-    }
-    this.xSelect.addEventListener('change', () => {
-      this.xMode = this.xSelect.value as XAxisMode;
-      this.redraw();
-    });
-    xLabel.append(this.xSelect);
-    this.filterInput = el('input', 'jc-series-filter');
-    this.filterInput.type = 'search';
-    this.filterInput.placeholder = 'filter series';
-    this.filterInput.style.cssText = 'width: 8em; font-size: 11px;';
-    this.filterInput.addEventListener('input', () => {
-      this.filter = this.filterInput.value;
-      this.redraw();
-    });
+    this.controls = new ChartControls(() => this.changed());
     const csv = el('button', 'jc-export-csv', 'CSV');
     csv.title = 'Download the drawn data as CSV';
     csv.addEventListener('click', () =>
@@ -528,9 +211,6 @@ export class MetricsCharts {
     const copy = el('button', 'jc-copy-code', 'copy code');
     copy.title = 'Copy the notebook code that loads the full history as a DataFrame';
     copy.addEventListener('click', () => void this.copyCode(copy));
-    for (const b of [csv, copy]) {
-      b.style.cssText = 'font-size: 11px; padding: 0 4px;';
-    }
     // overlay: add a metric (this topic's values and series, other topics' values), shown as chips
     this.overlayAdd = el('select', 'jc-overlay-add');
     this.overlayAdd.title = 'Draw chosen metrics together on one chart (from this topic, or others of the cluster)';
@@ -558,26 +238,17 @@ export class MetricsCharts {
     }
     this.overlayAxesSelect.addEventListener('change', () => {
       this.overlayAxes = this.overlayAxesSelect.value as OverlayAxes;
-      this.redraw();
+      this.changed();
     });
     this.overlayPicks = el('span', 'jc-overlay-picks');
     this.overlayPicks.style.cssText = 'display: contents;';
-    this.toolbar.append(
-      smoothLabel,
-      logLabel,
-      xLabel,
-      this.filterInput,
-      csv,
-      copy,
-      this.overlayAdd,
-      this.overlayPicks,
-      this.overlayAxesSelect
-    );
+    this.toolbar.append(...this.controls.nodes, csv, copy, this.overlayAdd, this.overlayPicks, this.overlayAxesSelect);
 
     this.grid = el('div', 'jc-metrics-grid');
     this.grid.style.cssText =
       'display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 360px), 1fr)); gap: 8px;';
     this.node.append(this.status, this.toolbar, this.grid);
+    this.styleControls();
     host.appendChild(this.node);
     this.resizer = typeof ResizeObserver !== 'undefined' ? new ResizeObserver(entries => this.onResize(entries)) : null;
   }
@@ -630,7 +301,33 @@ export class MetricsCharts {
     this.picks = picks;
     this.onOverlayTopics?.(pickTopics(picks, this.model.topic));
     this.onOverlayKept?.(pickKept(picks));
+    this.changed();
+  }
+
+  /** The toolbar's choices and the overlay's picks (a host keeps them, e.g. across a re-rendered output). */
+  get viewState(): IChartsState {
+    return { ...this.controls.state, picks: this.picks, overlayAxes: this.overlayAxes };
+  }
+
+  /** Restore choices from viewState (unknown or missing ones stay as they are). */
+  setViewState(state: Partial<IChartsState>): void {
+    this.controls.set(state);
+    if (state.overlayAxes) {
+      this.overlayAxes = state.overlayAxes;
+      this.overlayAxesSelect.value = state.overlayAxes;
+    }
+    if (Array.isArray(state.picks)) {
+      this.picks = state.picks.map(p => parsePick(pickKey(p))).filter((p): p is IOverlayPick => p !== null);
+      this.onOverlayTopics?.(pickTopics(this.picks, this.model.topic));
+      this.onOverlayKept?.(pickKept(this.picks));
+    }
     this.redraw();
+  }
+
+  /** A choice of the user's: redraw, and tell the host. */
+  private changed(): void {
+    this.redraw();
+    this.onViewState?.(this.viewState);
   }
 
   /** Switch between the dark and the light look; existing charts are re-styled. */
@@ -640,6 +337,8 @@ export class MetricsCharts {
     }
     this.dark = dark;
     this.node.dataset.theme = dark ? 'dark' : 'light';
+    this.styleControls();
+    this.colorKeys = ''; // the dark palette
     // chart.setTheme() leaves components already laid out in the old colours:
     // draw each chart anew in the new theme, in the next frame (while JupyterLab
     // swaps its theme's CSS the boxes may measure 0 for a moment)
@@ -649,9 +348,51 @@ export class MetricsCharts {
         p.chart.dispose();
         p.chart = echarts.init(p.box, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
         p.drawn = '';
-        this.draw(p);
+        p.data = '';
+        this.track(p);
       });
+      this.redraw(); // in the theme's palette
     });
+  }
+
+  private get smoothing(): number {
+    return this.controls.smoothing;
+  }
+
+  private get yScale(): YScale {
+    return this.controls.yScale;
+  }
+
+  private get xMode(): XAxisMode {
+    return this.controls.x;
+  }
+
+  private get topK(): ITopK | null {
+    return this.controls.topK;
+  }
+
+  private get filter(): string {
+    return this.controls.filter;
+  }
+
+  /** The colour of a series key in every chart of this topic (for a series list's swatches). */
+  seriesColor(key: string): string {
+    return this.colorOf(key);
+  }
+
+  /** The toolbar's buttons, menus and inputs in the theme's colours. */
+  private styleControls(): void {
+    const style = controlStyle(this.dark);
+    this.toolbar.querySelectorAll('button, select, input[type="search"]').forEach(c => {
+      const keep = (c as HTMLElement).style.display;
+      const width = (c as HTMLElement).style.maxWidth || (c as HTMLElement).style.width;
+      (c as HTMLElement).style.cssText = style;
+      (c as HTMLElement).style.display = keep;
+      if (width) {
+        (c as HTMLElement).style.maxWidth = width;
+      }
+    });
+    this.overlayPicks.style.cssText = 'display: contents;';
   }
 
   /** Fit every chart to its box now (e.g. after the host was shown or resized). */
@@ -683,6 +424,14 @@ export class MetricsCharts {
   private redraw(): void {
     const model = matchSeries(withoutSeries(this.model, this.hidden), this.filter);
     this.shown = model;
+    // one colour per series key over the whole topic, whichever series are hidden or filtered
+    const keys = allSeriesKeys(this.model);
+    const signature = `${this.dark}\u0000${keys.join('\u0000')}`;
+    if (signature !== this.colorKeys) {
+      this.colorKeys = signature;
+      this.colorOf = colorLookup(keys, this.dark);
+      this.panels.forEach(p => (p.data = ''));
+    }
     this.status.textContent = statusText(this.model);
     if (this.model.dropped > 0) {
       const dropped = el('span', '', `, ${this.model.dropped.toLocaleString()} dropped`);
@@ -801,12 +550,28 @@ export class MetricsCharts {
     const overlay = this.overlay();
     const view: ILineView = {
       smoothing: this.smoothing,
-      logY: this.logY,
+      logY: this.yScale === 'log',
       x: this.xMode,
       compact: this.width(panel) < COMPACT_WIDTH
     };
     const width = this.width(panel);
-    const option = overlayOption(overlay, { ...view, width }, i => PALETTE[i % PALETTE.length]);
+    const data = JSON.stringify([
+      overlay.lines.map(l => [l.id, l.axis, l.points.length, l.points[0], l.points[l.points.length - 1]]),
+      overlay.axes,
+      view,
+      width
+    ]);
+    if (panel.data === data) {
+      return; // nothing this chart shows changed: no redraw
+    }
+    panel.data = data;
+    panel.root.dataset.draws = String(++panel.draws);
+    // a line's colour is its run's, as in the topic's own charts (the overlay's own topic uses its colours)
+    const own = this.colorOf;
+    const others = colorLookup(overlay.lines.map(lineColorKey), this.dark);
+    const option = overlayOption(overlay, { ...view, width }, line =>
+      !line.cluster && line.metric.startsWith(`${this.model.topic}/`) ? own(line.series) : others(lineColorKey(line))
+    );
     // a wrapped legend gets room of its own rather than squeezing the plot
     const { rows } = overlayLegend(
       overlay.lines.map(l => l.name),
@@ -867,10 +632,26 @@ export class MetricsCharts {
       this.grid.appendChild(root);
     }
     const chart = echarts.init(box, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
-    const panel: IPanel = { kind, name, root, box, chart, drawn: '', diff };
+    const panel: IPanel = { kind, name, root, box, chart, drawn: '', data: '', pointerY: null, draws: 0, diff };
+    this.track(panel);
     this.panels.set(id, panel);
     this.resizer?.observe(box);
     return panel;
+  }
+
+  /** Keep the pointer's y in data units (the many-series tooltip lists the series nearest it). */
+  private track(panel: IPanel): void {
+    if (panel.kind !== 'line') {
+      return;
+    }
+    const zr = panel.chart.getZr();
+    zr.on('mousemove', e => {
+      const y = panel.chart.convertFromPixel({ gridIndex: 0 }, [e.offsetX, e.offsetY]) as number[] | undefined;
+      panel.pointerY = y && Number.isFinite(y[1]) ? y[1] : null;
+    });
+    zr.on('globalout', () => {
+      panel.pointerY = null;
+    });
   }
 
   private onResize(entries: ResizeObserverEntry[]): void {
@@ -920,29 +701,41 @@ export class MetricsCharts {
     if (!bySeries) {
       return;
     }
+    const width = this.width(panel);
     const view: ILineView = {
       smoothing: this.smoothing,
-      logY: this.logY,
+      yScale: this.yScale,
       x: this.xMode,
-      compact: this.width(panel) < COMPACT_WIDTH
+      compact: width < COMPACT_WIDTH,
+      width,
+      topK: this.topK
     };
-    const keys = Object.keys(bySeries).sort(naturalCompare).join('\u0000');
-    const drawn = JSON.stringify([keys, view]);
-    const all = Object.keys(this.model.scalars[panel.name] ?? bySeries).sort(naturalCompare);
-    const colorOf = (key: string): string => PALETTE[Math.max(0, all.indexOf(key)) % PALETTE.length];
+    const data = JSON.stringify([dataSignature(bySeries), view]);
+    if (panel.data === data) {
+      return; // nothing this chart shows changed: no redraw
+    }
+    panel.data = data;
+    panel.root.dataset.draws = String(++panel.draws);
     const points = onAxis(bySeries, this.model, this.xMode);
-    const option = lineOption(panel.name, points, this.options.manySeries, view, colorOf);
-    // what is drawn, for tests and for the curious: the x axis and the span of its points
+    const line = lineChart(panel.name, points, view, this.colorOf, this.options.manySeries, () => panel.pointerY);
+    const drawn = JSON.stringify([line.keys, { ...view, width: line.legend }, line.notice]);
+    // what is drawn, for tests and for the curious: the x axis and its span, the series, what log y dropped
     const xs = Object.values(points).flatMap(ps => ps.map(p => p[0]));
     Object.assign(panel.root.dataset, {
       xAxis: X_AXIS_NAMES[this.xMode],
-      xRange: xs.length ? `${Math.min(...xs)},${Math.max(...xs)}` : ''
+      xRange: xs.length ? `${Math.min(...xs)},${Math.max(...xs)}` : '',
+      series: line.keys.join('|'),
+      colors: line.keys.map(k => this.colorOf(k)).join('|'),
+      yScale: this.yScale,
+      logDropped: String(Object.values(line.dropped).reduce((a, b) => a + b, 0)),
+      notice: line.notice,
+      legend: String(line.legend)
     });
     if (panel.drawn === drawn) {
       // same series and view: replace the data only, so the user's zoom survives
-      panel.chart.setOption({ series: option.series }, { lazyUpdate: true });
+      panel.chart.setOption({ series: line.option.series }, { lazyUpdate: true });
     } else {
-      panel.chart.setOption(option, { notMerge: true });
+      panel.chart.setOption(line.option, { notMerge: true });
       panel.drawn = drawn;
     }
   }
@@ -979,6 +772,12 @@ export class MetricsCharts {
     select.style.display = keys.length > 1 ? '' : 'none';
     const diff = select.value ? (JSON.parse(select.value) as [string, string]) : null;
     const width = this.width(panel);
+    const data = JSON.stringify([dataSignature(bySeries), width, diff]);
+    if (panel.data === data) {
+      return; // nothing this chart shows changed: no redraw
+    }
+    panel.data = data;
+    panel.root.dataset.draws = String(++panel.draws);
     const layout = heatmapLayout(keys.length + (diff ? 1 : 0), width);
     const height = `${layout.height}px`;
     if (panel.box.style.height !== height) {

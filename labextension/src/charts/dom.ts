@@ -18,3 +18,9 @@ export function el<K extends keyof HTMLElementTagNameMap>(
   }
   return node;
 }
+
+/** Whether JupyterLab's current theme is dark (from the body attribute it sets). */
+export function isDark(): boolean {
+  const body = typeof document !== 'undefined' ? document.body : null;
+  return !!body && body.getAttribute('data-jp-theme-light') === 'false';
+}

@@ -3,11 +3,13 @@
  * trait (the shared metrics data model) with the chart code in charts.ts.
  * Bundled by `jlpm build:widget` into jupyter_cluster/widgets/static/metrics.js.
  */
-import { IMetricsModel, MetricsCharts, emptyModel, isDark } from './charts';
+import { IChartsState, IMetricsModel, MetricsCharts, emptyModel, isDark } from './charts';
 
 /** The part of anywidget's model API this module uses. */
 interface IWidgetModel {
   get(name: string): unknown;
+  set(name: string, value: unknown): void;
+  save_changes(): void;
   on(event: string, callback: () => void): void;
   off(event: string, callback: () => void): void;
 }
@@ -33,6 +35,17 @@ function render({ model, el }: IRenderProps): () => void {
       charts.update(data && data.scalars ? data : emptyModel(String(model.get('topic') ?? '')));
     });
   };
+  // the toolbar's choices live in the model (when it has the trait): a re-rendered output keeps them
+  const saved = model.get('view_state') as Partial<IChartsState> | undefined;
+  if (saved && typeof saved === 'object' && Object.keys(saved).length) {
+    charts.setViewState(saved);
+  }
+  if (saved !== undefined) {
+    charts.onViewState = state => {
+      model.set('view_state', state);
+      model.save_changes();
+    };
+  }
   redraw();
   model.on('change:data', redraw);
   // JupyterLab marks its theme on <body>; charts drawn before a theme switch are re-styled

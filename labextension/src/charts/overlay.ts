@@ -4,14 +4,20 @@
  * ECharts option as plain data.
  *
  * How the y axes are shared is decided by what was picked, as a researcher
- * reads it: lines of one metric (say `reward` of three runs) share one axis,
- * its real unit.  Two different metrics (`reward` and `loss`) most often
- * have different units and scales, so each gets its own axis (left and
- * right) and keeps its real values.  Three or more different metrics cannot
- * be told apart on as many axes: each is rescaled to 0-1 over its own
- * range, so their shapes (when each rises, flattens, collapses) compare, and
- * the tooltip still shows the real values.  The toolbar can force any of
- * the three.
+ * reads it: metrics of one unit share one axis, their real values.  The
+ * unit is not known, so it is judged from the data: metrics whose ranges
+ * overlap and whose magnitudes are within a factor of ten (`reward` of three
+ * runs; `policy_mean` 0-500 and `population_mean` 20-160) are one unit and
+ * share the axis.  Two metrics of two units (`reward` 0-400 and `loss` 0-1)
+ * get an axis each, left and right.  Three or more metrics of more than one
+ * unit cannot be told apart on as many axes (and a unit guessed from the
+ * magnitudes is only a guess): each metric is rescaled to 0-1 over its own
+ * range, so their shapes compare, and the tooltip still shows the real
+ * values.  The toolbar can force any of the three.
+ *
+ * A line's colour is its run's (series key, and kept cluster), the same as
+ * in every other chart; which metric it is shows in its dash (the first
+ * metric solid, the second dashed, the third dotted).
  */
 import type { IMetricsModel, Point, XAxisMode } from './data';
 import { ema, escapeHTML, formatNumber, formatX, naturalCompare, pointsOnAxis, seriesLabel, xAxisOption } from './data';
@@ -54,6 +60,11 @@ export interface IOverlayLine {
   raw: Point[];
   /** 0: left axis, 1: right axis */
   axis: 0 | 1;
+  /** the series key the line draws and the kept cluster it comes from (its colour) */
+  series: string;
+  cluster: string | null;
+  /** the metric's place among those picked (its dash) */
+  metricIndex: number;
 }
 
 export interface IOverlay {
@@ -124,9 +135,36 @@ export function pickKept(picks: IOverlayPick[]): { cluster: string; topic: strin
   return [...seen.values()];
 }
 
-/** The sharing of y axes that 'auto' means for `metrics` distinct metrics (see the module's comment). */
-export function autoAxes(metrics: number): Exclude<OverlayAxes, 'auto'> {
-  return metrics <= 1 ? 'shared' : metrics === 2 ? 'dual' : 'normalised';
+/** The sharing of y axes that 'auto' means for `groups` groups of metrics of one unit (see the module's comment). */
+export function autoAxes(groups: number): Exclude<OverlayAxes, 'auto'> {
+  return groups <= 1 ? 'shared' : groups === 2 ? 'dual' : 'normalised';
+}
+
+/** Whether two value ranges look like one unit: they overlap and their magnitudes are within 10x. */
+export function sameUnit(a: [number, number] | null, b: [number, number] | null): boolean {
+  if (!a || !b) {
+    return true; // nothing drawn yet: no reason to split
+  }
+  if (a[0] > b[1] || b[0] > a[1]) {
+    return false;
+  }
+  const mag = (r: [number, number]): number => Math.max(Math.abs(r[0]), Math.abs(r[1]));
+  const [x, y] = [mag(a), mag(b)];
+  return Math.max(x, y) <= 10 * Math.min(x, y) || Math.max(x, y) === 0;
+}
+
+/** Each metric's unit group (0, 1, ...): a metric joins the first group all of whose metrics look like its unit. */
+export function unitGroups(ranges: ([number, number] | null)[]): number[] {
+  const groups: ([number, number] | null)[][] = [];
+  return ranges.map(r => {
+    let g = groups.findIndex(members => members.every(m => sameUnit(m, r)));
+    if (g < 0) {
+      g = groups.length;
+      groups.push([]);
+    }
+    groups[g].push(r);
+    return g;
+  });
 }
 
 function range(lines: Point[][]): [number, number] | null {
@@ -173,7 +211,8 @@ export function overlayLines(
   }
   const metricOrder: string[] = [];
   const metricLabel = new Map<string, string>();
-  const found: { id: string; name: string; metric: string; points: Point[] }[] = [];
+  const found: { id: string; name: string; metric: string; points: Point[]; series: string; cluster: string | null }[] =
+    [];
   const seen = new Set<string>();
   for (const pick of picks) {
     const model = sources[sourceKey(pick.topic, pick.cluster)];
@@ -200,43 +239,70 @@ export function overlayLines(
         id,
         name: pick.cluster ? `${pick.cluster} · ${name}` : name,
         metric,
+        series: key,
+        cluster: pick.cluster ?? null,
         points: pointsOnAxis(bySeries[key], model.times?.[key], mode, origins.get(pick.cluster ?? '') ?? null)
       });
     }
   }
-  const used = axes === 'auto' ? autoAxes(metricOrder.length) : axes;
+  const metricRanges = metricOrder.map(metric => range(found.filter(f => f.metric === metric).map(f => f.points)));
+  const unit = unitGroups(metricRanges);
+  const groupCount = new Set(unit).size;
+  // one unit: one axis; two metrics of two units: an axis each; else each scaled to 0-1 (a unit judged
+  // from magnitudes alone is a guess: memory and reward can both run to 100, so no third metric joins an axis)
+  const used = axes === 'auto' ? (groupCount <= 1 ? 'shared' : autoAxes(metricOrder.length)) : axes;
+  // forced onto two axes: the metrics of the first unit on the left, the others on the right
+  const side = (metric: string): 0 | 1 => {
+    const i = metricOrder.indexOf(metric);
+    return groupCount > 1 ? (unit[i] === 0 ? 0 : 1) : i === 0 ? 0 : 1;
+  };
   const valueName = (metric: string): string => metricLabel.get(metric) ?? metric;
   const ranges = new Map<string, [number, number] | null>();
   if (used === 'normalised') {
-    for (const metric of metricOrder) {
-      ranges.set(metric, range(found.filter(f => f.metric === metric).map(f => f.points)));
-    }
+    metricOrder.forEach((metric, i) => ranges.set(metric, metricRanges[i]));
   }
   const lines: IOverlayLine[] = found.map(f => {
-    const axis: 0 | 1 = used === 'dual' && f.metric !== metricOrder[0] ? 1 : 0;
+    const axis: 0 | 1 = used === 'dual' ? side(f.metric) : 0;
     let points = f.points;
     const r = ranges.get(f.metric);
     if (used === 'normalised' && r) {
       const span = r[1] - r[0];
       points = f.points.map(([x, y]) => [x, y === null ? null : span > 0 ? (y - r[0]) / span : 0.5]);
     }
-    return { id: f.id, name: f.name, metric: f.metric, points, raw: f.points, axis };
+    return {
+      id: f.id,
+      name: f.name,
+      metric: f.metric,
+      points,
+      raw: f.points,
+      axis,
+      series: f.series,
+      cluster: f.cluster,
+      metricIndex: metricOrder.indexOf(f.metric)
+    };
   });
   let axisNames: string[];
   if (used === 'normalised') {
     axisNames = ['each metric scaled to 0–1'];
   } else if (used === 'dual') {
-    axisNames = [
-      valueName(metricOrder[0] ?? ''),
+    const onSide = (a: 0 | 1): string =>
       metricOrder
-        .slice(1)
-        .map(m => valueName(m))
-        .join(', ')
-    ];
+        .filter(m => side(m) === a)
+        .map(valueName)
+        .join(', ');
+    axisNames = [onSide(0), onSide(1)];
   } else {
     axisNames = [[...new Set(metricOrder.map(valueName))].join(', ')];
   }
   return { lines, axes: used, axisNames };
+}
+
+/** Each metric's dash, in the order picked. */
+export const OVERLAY_DASHES = ['solid', 'dashed', 'dotted'];
+
+/** The key an overlay line's colour comes from: its series, of its kept cluster (the same as in the other charts). */
+export function lineColorKey(line: IOverlayLine): string {
+  return line.cluster ? `${line.cluster} · ${line.series}` : line.series;
 }
 
 /** Most rows the overlay's legend wraps onto; beyond, it pages (one row). */
@@ -274,7 +340,7 @@ export function overlayLegend(names: string[], width = 360): { rows: number; pag
 export function overlayOption(
   overlay: IOverlay,
   view: { smoothing?: number; logY?: boolean; x?: XAxisMode; compact?: boolean; width?: number },
-  colorOf: (index: number) => string
+  colorOf: (line: IOverlayLine, index: number) => string
 ): { [key: string]: unknown } {
   const compact = !!view.compact;
   const mode = view.x ?? 'step';
@@ -359,9 +425,9 @@ export function overlayOption(
       showSymbol: l.points.length < 2,
       symbolSize: 4,
       connectNulls: false,
-      itemStyle: { color: colorOf(i) },
-      // the right axis's lines dashed, so which axis a line reads on shows without the legend
-      lineStyle: { width: 1.5, color: colorOf(i), type: dual && l.axis === 1 ? 'dashed' : 'solid' },
+      itemStyle: { color: colorOf(l, i) },
+      // the colour is the run's; the dash is the metric's (the right axis's metrics dashed or dotted)
+      lineStyle: { width: 1.5, color: colorOf(l, i), type: OVERLAY_DASHES[l.metricIndex % OVERLAY_DASHES.length] },
       emphasis: { focus: 'series' }
     }))
   };

@@ -1,0 +1,996 @@
+"""Runs: one map, ``%%spmd`` cell or :func:`run` block, with its notebook, cell and hyperparameters.
+
+A *run* is what a researcher compares: the jobs of one cell (or of one named
+``with jc.run(name, config=...)`` block), the notebook and cell that started
+them, when, for how long, how it ended, and the hyperparameters it was given.
+For ``%%parallel cfg in grid`` each *item* is a row of the sweep table: its
+config is the item's value (a dict, or the named targets of
+``%%parallel lr, mom in grid``), to which ``report(..., config=...)`` adds.
+
+How the pieces meet::
+
+    kernel: the map's job message (jobs topic) carries run, kind, notebook, cell, config
+            and, at its end, the items' configs, states and durations  (:func:`job_context`,
+            :func:`job_items`)
+    task:   report() inside a %%parallel item tags each record with the run and the item's
+            key (:func:`current_item`, set by the cell's first statement: :meth:`ItemTag.enter`),
+            so every TopicStore keeps the item's final/best
+            values (:meth:`jupyter_cluster.telemetry.store.TopicStore.run_items`)
+    table:  :func:`table` joins the two: one row per item (or per run), config columns,
+            then ``<metric>`` (final) and ``<metric>.best`` columns.  The kernel's
+            :func:`runs` and the server's ``GET …/api/runs/<id>`` build it alike.
+
+An item is known on the workers by its *key* (its config as ``"lr=0.1, mom=0.9"``),
+not by its index, which the engine does not hand to the cell: two items of one
+run with equal configs share their metrics.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import math
+import os
+import sys
+import threading
+import time
+import uuid
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+#: item configs (and states) a run keeps and publishes, and about how many bytes of them; the rest
+#: of a long map is counted only
+MAX_ITEMS = 2000
+MAX_ITEMS_BYTES = 512_000
+#: config entries per item or run
+MAX_CONFIG_KEYS = 64
+#: characters of a config value that is not a number, bool or short string (its repr, clipped)
+MAX_VALUE_TEXT = 120
+#: characters of a cell's first line in a run's record
+MAX_LINE = 160
+#: job messages a kernel keeps for :func:`runs` (oldest dropped first), and sweep items listed in them
+KEEP_RUNS = 500
+KEEP_ITEMS = 50_000
+
+RUN_KINDS = ("map", "spmd", "run")
+
+#: the name under which a %%parallel cell's run tag reaches the workers' cell namespace
+TAG_NAME = "__jc_run__"
+
+
+# -- where the kernel is -------------------------------------------------------------
+def notebook_path() -> str | None:
+    """The notebook this kernel runs (its path under the server's root), or None.
+
+    A Jupyter server starts a session's kernel with ``JPY_SESSION_NAME`` set to
+    the session's path, which ipykernel also puts in the namespace as
+    ``__session__``; a kernel started otherwise (a script, nbclient) has neither.
+    """
+    path = os.environ.get("JPY_SESSION_NAME")
+    if not path:
+        main = sys.modules.get("__main__")
+        ip = _shell()
+        ns = getattr(ip, "user_ns", None) or getattr(main, "__dict__", {})
+        path = ns.get("__session__") if isinstance(ns, dict) else None
+    return _clip(path, 1000) if isinstance(path, str) and path else None
+
+
+def _shell() -> Any:
+    if "IPython" not in sys.modules:  # a plain script or a worker: no shell, and no import cost
+        return None
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return None
+    return get_ipython()
+
+
+def cell_info() -> dict[str, Any] | None:
+    """The cell being run: ``{"execution_count", "cell_id", "first_line"}``, or None outside IPython.
+
+    IPython keeps the running cell's text and the id the front end gave it on
+    the result it is filling (``displayhook.exec_result.info``).
+    """
+    ip = _shell()
+    if ip is None:
+        return None
+    result = getattr(getattr(ip, "displayhook", None), "exec_result", None)
+    info = getattr(result, "info", None)
+    raw = getattr(info, "raw_cell", None)
+    count = getattr(result, "execution_count", None)
+    cell_id = getattr(info, "cell_id", None)
+    first = next((line.strip() for line in str(raw or "").splitlines() if line.strip()), "")
+    return {
+        "execution_count": count if isinstance(count, int) and not isinstance(count, bool) else None,
+        "cell_id": _clip(cell_id, 128) if isinstance(cell_id, str) and cell_id else None,
+        "first_line": _clip(first, MAX_LINE),
+    }
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# -- configs ------------------------------------------------------------------------
+def config_value(v: Any) -> Any:
+    """``v`` as a config cell holds it: a number, bool, None or short string; anything else its clipped repr."""
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        return v if -(2**63) <= v < 2**64 else float(v)
+    if isinstance(v, float):
+        return v if math.isfinite(v) else str(v)
+    if isinstance(v, str):
+        return _clip(v, MAX_VALUE_TEXT)
+    shape = getattr(v, "shape", None)
+    if shape is not None and tuple(shape) == () and hasattr(v, "item"):  # numpy / torch scalars
+        try:
+            return config_value(v.item())
+        except Exception:
+            pass
+    try:
+        text = repr(v)
+    except Exception:
+        text = f"<{type(v).__name__}>"
+    return _clip(text, MAX_VALUE_TEXT)
+
+
+def clean_config(config: Any, what: str = "config") -> dict[str, Any]:
+    """A checked copy of a user's ``config=``: string keys, values as :func:`config_value` keeps them.
+
+    Raises
+    ------
+    TypeError
+        When ``config`` is not a mapping with string keys, or has too many entries.
+    """
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise TypeError(f"{what} must be a dict of hyperparameters such as {{'lr': 0.1}}, not {type(config).__name__}.")
+    if len(config) > MAX_CONFIG_KEYS:
+        raise TypeError(f"{what} has {len(config)} entries; at most {MAX_CONFIG_KEYS} are kept per run or item.")
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        if not isinstance(k, str) or not k or len(k) > 200:
+            raise TypeError(f"{what} keys must be non-empty strings of at most 200 characters, not {k!r:.40}.")
+        out[k] = config_value(v)
+    return out
+
+
+def target_names(targets: str | None) -> list[Any] | None:
+    """The structure of ``%%parallel`` targets: ``"lr, mom"`` -> ``["lr", "mom"]``, ``"cfg"`` -> ``"cfg"``.
+
+    Nested tuples give nested lists; a starred or other target gives None (the item is then one value).
+    """
+    if not targets:
+        return None
+    import ast
+
+    try:
+        node = ast.parse(f"{targets} = None").body[0]
+    except SyntaxError:
+        return None
+    if not isinstance(node, ast.Assign):
+        return None
+
+    def walk(t: ast.AST) -> Any:
+        if isinstance(t, ast.Name):
+            return t.id
+        if isinstance(t, (ast.Tuple, ast.List)):
+            parts = [walk(e) for e in t.elts]
+            return None if any(p is None for p in parts) else parts
+        return None
+
+    return walk(node.targets[0])
+
+
+def item_config(structure: Any, item: Any) -> dict[str, Any]:
+    """The config of one ``%%parallel`` item: a dict item's entries, or the targets it binds.
+
+    ``%%parallel cfg in grid`` with ``cfg = {"lr": .1}`` gives ``{"lr": .1}``;
+    ``%%parallel lr, mom in grid`` with ``(0.1, 0.9)`` gives ``{"lr": 0.1, "mom": 0.9}``;
+    ``%%parallel seed in range(9)`` with ``3`` gives ``{"seed": 3}``.
+    """
+    out: dict[str, Any] = {}
+
+    def bind(s: Any, v: Any) -> None:
+        if len(out) >= MAX_CONFIG_KEYS:
+            return
+        if isinstance(s, str):
+            if isinstance(v, Mapping) and structure == s:  # the whole item is one dict: its entries
+                for k, x in list(v.items())[:MAX_CONFIG_KEYS]:
+                    out[str(k)] = config_value(x)
+            else:
+                out[s] = config_value(v)
+        elif isinstance(s, list):
+            try:
+                values = list(v)
+            except TypeError:
+                values = []
+            if len(values) != len(s):
+                out[_clip(str(s), 60)] = config_value(v)
+                return
+            for sub, x in zip(s, values):
+                bind(sub, x)
+
+    if structure is None:
+        out["item"] = config_value(item)
+    else:
+        bind(structure, item)
+    return out
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    """The key an item is known by: ``"lr=0.1, mom=0.9"`` (sorted), a hash past 200 characters."""
+    text = ", ".join(f"{k}={config[k]}" for k in sorted(config)) or "-"
+    if len(text) > 200:
+        text = text[:180] + "…#" + hashlib.sha1(text.encode("utf-8", "replace")).hexdigest()[:12]
+    return text
+
+
+# -- the tag a %%parallel cell's items carry to the workers --------------------------------
+#: the item running in this thread: (weak reference to its namespace's token, the namespace's id, run, key, config)
+_item = threading.local()
+
+
+class _Live:
+    """Put in an item's namespace: alive exactly as long as the namespace (the item) is."""
+
+    __slots__ = ("__weakref__",)
+
+
+class ItemTag:
+    """A run's id and its targets' structure, sent with a ``%%parallel`` cell as ``__jc_run__``.
+
+    The cell's first statement (on the magic's line) is
+    ``__jc_run__.enter(__jc_item__, globals())``: it derives the item's config
+    and key and marks this thread as running that item for as long as the
+    item's namespace lives, so ``report()`` anywhere below it (any depth, any
+    module) says which run and item a value belongs to (:func:`current_item`).
+    """
+
+    def __init__(self, run: str, targets: str | None):
+        self.run = run
+        self.structure = target_names(targets)
+        self._last: tuple[Any, str, dict[str, Any]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"run": self.run, "structure": self.structure}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.run = state["run"]
+        self.structure = state["structure"]
+        self._last = None
+
+    def describe(self, item: Any) -> tuple[str, dict[str, Any]]:
+        """``(key, config)`` of ``item`` (cached for the item last asked about)."""
+        last = self._last
+        if last is not None and last[0] is item:
+            return last[1], last[2]
+        config = item_config(self.structure, item)
+        key = config_key(config)
+        self._last = (item, key, config)
+        return key, config
+
+    def enter(self, item: Any, namespace: dict[str, Any]) -> None:
+        """Worker side, first in the item's cell: this thread runs ``item`` of this run until its namespace goes."""
+        try:
+            key, config = self.describe(item)
+        except Exception:  # an item whose config cannot be read still runs, untagged
+            _item.ctx = None
+            return
+        token = _Live()
+        namespace["__jc_live__"] = token
+        _item.ctx = (weakref.ref(token), id(namespace), self.run, key, config)
+
+
+def current_item() -> tuple[str, str, dict[str, Any]] | None:
+    """``(run, item key, item config)`` of the ``%%parallel`` item running in this thread, or None.
+
+    Set by :meth:`ItemTag.enter`; it holds while the item's cell is on this
+    thread's stack (report() called from the cell or anything below it), and
+    lapses at the item's end.  A thread the item starts is not tagged.
+    """
+    ctx = getattr(_item, "ctx", None)
+    if ctx is None:
+        return None
+    # The token lives as long as the item's namespace; that may be longer than the item (a function
+    # the cell defined refers to it, until the garbage collector breaks the cycle), so the item's
+    # cell must also be on this thread's stack.  While the token lives, its namespace's id is its own.
+    if ctx[0]() is not None:
+        frame: Any = sys._getframe(1)
+        while frame is not None:
+            if id(frame.f_globals) == ctx[1]:
+                return ctx[2], ctx[3], ctx[4]
+            frame = frame.f_back
+    _item.ctx = None
+    return None
+
+
+class ItemTap:
+    """An iterable's items as they are read, their configs noted (the first :data:`MAX_ITEMS`).
+
+    Wraps the ``%%parallel`` iterable without changing what the engine sees:
+    the same items, and the same ``len()`` where the iterable has one.
+    """
+
+    def __init__(self, iterable: Iterable, tag: ItemTag):
+        self._source = iterable
+        self._it: Iterator | None = None
+        self.tag = tag
+        self.items: list[tuple[str, dict[str, Any]]] = []
+        self.count = 0
+        #: what :func:`job_items` found once the job ended
+        self.final: dict[str, Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self._source)  # type: ignore[arg-type]  # TypeError where it has none, as len() would raise
+
+    def __iter__(self) -> ItemTap:
+        if self._it is None:
+            self._it = iter(self._source)
+        return self
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            self._it = iter(self._source)
+        try:
+            item = next(self._it)
+        except StopIteration:
+            self.release()
+            raise
+        if self.count < MAX_ITEMS:
+            try:
+                self.items.append(self.tag.describe(item))
+            except Exception:  # an item whose config cannot be read still runs
+                self.items.append(("?", {}))
+        self.count += 1
+        return item
+
+    def release(self) -> None:
+        """Let go of the user's iterable: a tap is kept after its map (:func:`job_items`), its inputs are not."""
+        self._source = ()
+        self._it = iter(())
+        self.tag._last = None  # the describe() cache holds the last item
+
+
+# -- named runs: with jc.run(name, config=...) ------------------------------------------
+_active: contextvars.ContextVar[Run | None] = contextvars.ContextVar("jupyter_cluster_run", default=None)
+#: the %%parallel run whose MapJob is being made in this thread (its observer reads it)
+_pending = threading.local()
+
+
+class Run:
+    """A named run: every map, ``%%spmd`` cell and kernel-side ``report()`` inside its ``with`` block.
+
+    Made by :func:`run`.  Its record is published on the jobs topic like a
+    job's (kind ``"run"``), so the panel and ``GET …/api/runs`` list it, and
+    the maps started inside carry its id as their ``run``.
+
+    Attributes
+    ----------
+    id, name : str
+    config : dict
+        The hyperparameters given, plus those ``report(config=...)`` added in the kernel.
+    state : str
+        ``"running"``, then ``"finished"``, ``"failed"`` or ``"cancelled"``.
+    """
+
+    def __init__(self, name: str, config: Mapping[str, Any] | None = None):
+        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+            raise TypeError(f"run() needs a name of 1 to 200 characters, such as 'baseline', not {name!r:.40}.")
+        self.id = uuid.uuid4().hex[:12]
+        self.name = name.strip()
+        self.config = clean_config(config, "run(config=...)")
+        self.state = "running"
+        self.started = time.time()
+        self.ended: float | None = None
+        self.jobs: list[str] = []
+        #: what :meth:`set` gave: carried in the context of the jobs started after it
+        self.context: dict[str, Any] = {}
+        self.notebook = notebook_path()
+        self.cell = cell_info()
+        self._token: contextvars.Token | None = None
+
+    def __repr__(self) -> str:
+        return f"<Run {self.name!r} {self.state}: {self.config}>"
+
+    def __enter__(self) -> Run:
+        self._token = _active.set(self)
+        self.publish()
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        self.ended = time.time()
+        if kind is None:
+            self.state = "finished"
+        elif issubclass(kind, KeyboardInterrupt):
+            self.state = "cancelled"
+        else:
+            self.state = "failed"
+        if self._token is not None:
+            _active.reset(self._token)
+            self._token = None
+        self.publish()
+
+    def set(self, **context: Any) -> None:
+        """Context the run's next jobs carry (``run.set(generation=g)``: the panel shows it with each job).
+
+        Raises
+        ------
+        TypeError
+            For more than 16 fields.
+        """
+        if len(self.context) + len(context) > 16:
+            raise TypeError("run.set() keeps at most 16 context fields.")
+        self.context.update(clean_config(context, "run.set()"))
+
+    def add_config(self, config: Mapping[str, Any]) -> None:
+        """Add hyperparameters (``report(config=...)`` in the kernel calls it)."""
+        self.config.update(clean_config(config))
+        if len(self.config) > MAX_CONFIG_KEYS:
+            raise TypeError(
+                f"a run keeps at most {MAX_CONFIG_KEYS} config entries; {self.name!r} has {len(self.config)}."
+            )
+
+    def message(self) -> dict[str, Any]:
+        """The run's record as the jobs topic carries it."""
+        from .models import job_message
+
+        msg: dict[str, Any] = dict(
+            job_message(
+                job=self.id,
+                label=self.name,
+                kernel=os.getpid(),
+                cluster=_cluster_name(),
+                total=None,
+                done=0,
+                failed=0,
+                state=self.state,
+                started=self.started,
+                updated=time.time(),
+                kernel_id=_kernel_id(),
+            )
+        )
+        msg.update(
+            run=self.id,
+            kind="run",
+            name=self.name,
+            notebook=self.notebook,
+            cell=self.cell,
+            config=dict(self.config),
+            context=dict(self.context, jobs=len(self.jobs)),
+        )
+        if self.ended is not None:
+            msg["ended"] = self.ended
+        return msg
+
+    def publish(self) -> None:
+        """Keep the record here (:func:`runs`) and send it on the jobs topic (when a cluster is connected)."""
+        msg = self.message()
+        keep(msg)
+        try:
+            from . import session
+            from .telemetry.report import publish
+            from .telemetry.topics import JOBS_TOPIC
+
+            h = session.current()
+            if h is not None and not h.closed:
+                publish(h.client, JOBS_TOPIC, msg)
+        except Exception:  # no cluster, or one going away: the kernel keeps the record all the same
+            pass
+
+
+def run(name: str, config: Mapping[str, Any] | None = None) -> Run:
+    """A named run, for use as ``with jc.run("baseline", config={"lr": 0.1}):``.
+
+    Every map and ``%%spmd`` cell inside the block belongs to it, and
+    ``report()`` calls made in the notebook inside it are tagged with it, so
+    :func:`runs` and the panel show it as one row with its config.
+
+    Parameters
+    ----------
+    name : str
+        What the run is called in the tables.
+    config : dict, optional
+        Its hyperparameters (numbers, strings, bools; other values are kept as text).
+
+    Raises
+    ------
+    TypeError
+        For a missing name or a config that is not a dict with string keys.
+    """
+    return Run(name, config)
+
+
+def active_run() -> Run | None:
+    """The innermost :func:`run` block this code is in, or None."""
+    return _active.get()
+
+
+def _cluster_name() -> str | None:
+    try:
+        from . import session
+
+        h = session.current()
+        return None if h is None or h.closed else h.name
+    except Exception:
+        return None
+
+
+def _kernel_id() -> str | None:
+    try:
+        from .registry import current_kernel_id
+
+        return current_kernel_id()
+    except Exception:
+        return None
+
+
+# -- a map's or %%spmd cell's record --------------------------------------------------
+class starting:
+    """``with starting(tap):`` around making a ``%%parallel`` MapJob: its record names the tap's run."""
+
+    def __init__(self, tap: ItemTap):
+        self.tap = tap
+
+    def __enter__(self) -> ItemTap:
+        _pending.tap = self.tap
+        return self.tap
+
+    def __exit__(self, *exc: Any) -> None:
+        _pending.tap = None
+
+
+#: job id -> the ItemTap of a %%parallel map (for its items at the end), newest last
+_taps: OrderedDict[str, ItemTap] = OrderedDict()
+
+
+#: the cell whose maps form one run: (id of IPython's result being filled, prompt number, run id, jobs so far)
+_cell_run: list[Any] = [None, None, "", 0]
+
+
+def _run_of_cell(job_id: str) -> tuple[str, int]:
+    """The run of the maps of the cell now running (its id, and this job's number in it).
+
+    Every map a cell makes (an ES loop's ``evaluate`` per generation) belongs
+    to one run; outside IPython each map is a run of its own.
+    """
+    ip = _shell()
+    result = getattr(getattr(ip, "displayhook", None), "exec_result", None) if ip is not None else None
+    if result is None:
+        return job_id, 1
+    mark = (id(result), getattr(result, "execution_count", None))
+    if (_cell_run[0], _cell_run[1]) != mark:
+        _cell_run[:] = [mark[0], mark[1], job_id, 0]
+    _cell_run[3] += 1
+    return _cell_run[2], _cell_run[3]
+
+
+def job_context(job: Any) -> dict[str, Any]:
+    """The run fields of ``job``'s messages: run, kind, notebook, cell, config, context.
+
+    Called once per job, in the kernel, when its observer is made (the cell is
+    still running then).  ``context`` holds ``job`` (the job's number in its
+    run: the generation of an ES loop), and inside :func:`run` the run's name
+    and what :meth:`Run.set` gave.
+    """
+    tap: ItemTap | None = getattr(_pending, "tap", None)
+    named = active_run()
+    kind = "spmd" if type(job).__name__ == "SpmdJob" else "map"
+    job_id = str(getattr(job, "id", ""))
+    number = 1
+    if tap is not None:  # a sweep: a run of its own (inside a named run too; its context names that)
+        run_id = tap.tag.run
+        _taps[job_id] = tap
+        while len(_taps) > 64:
+            _taps.popitem(last=False)
+    elif named is not None:
+        run_id = named.id
+    else:
+        run_id, number = _run_of_cell(job_id)
+    ctx: dict[str, Any] = {
+        "run": run_id,
+        "kind": kind,
+        "notebook": notebook_path(),
+        "cell": cell_info(),
+        "config": {},
+        "context": {"job": number},
+    }
+    if named is not None:
+        named.jobs.append(job_id)
+        ctx["context"] = dict(named.context, run=named.name, run_id=named.id, job=len(named.jobs))
+        ctx["config"] = dict(named.config)
+    return ctx
+
+
+def job_items(job: Any) -> dict[str, Any]:
+    """The end-of-job fields of a ``%%parallel`` map: ``items`` (key, config, state, seconds) and ``item_count``.
+
+    At most :data:`MAX_ITEMS` items and about :data:`MAX_ITEMS_BYTES` of
+    their configs (the message goes through the scheduler's event log).
+    """
+    tap = _taps.get(str(getattr(job, "id", "")))
+    if tap is None:
+        return {}
+    if tap.final is not None:
+        return tap.final
+    errors = getattr(job, "errors", None) or {}
+    try:
+        durations = job.durations if hasattr(job, "durations") else {}
+    except Exception:
+        durations = {}
+    job_state = getattr(job, "state", "")
+    results_known = getattr(job, "done", 0) + getattr(job, "failed", 0)
+    items = []
+    size = 0
+    for index, (key, config) in enumerate(tap.items):
+        if index in errors:
+            state = "failed"
+        elif index in durations or (job_state == "finished" and index < results_known):
+            state = "finished"
+        else:
+            state = "cancelled" if job_state != "running" else "running"
+        size += 60 + len(key) + sum(len(k) + len(str(v)) + 6 for k, v in config.items())
+        if size > MAX_ITEMS_BYTES:
+            break
+        items.append({"index": index, "key": key, "config": config, "state": state, "duration": durations.get(index)})
+    out = {"items": items, "item_count": tap.count}
+    if job_state != "running":
+        tap.final = out  # the job ended: its items no longer change
+        tap.release()
+    return out
+
+
+# -- what this kernel keeps -----------------------------------------------------------
+_kept: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_kept_lock = threading.Lock()
+
+
+def keep(msg: dict[str, Any]) -> None:
+    """Keep a job or run message (its newest version) for :func:`runs`.
+
+    The oldest go beyond :data:`KEEP_RUNS` messages; beyond
+    :data:`KEEP_ITEMS` sweep items in all, the oldest sweeps lose their
+    item lists (the table then has a row for each item that reported only).
+    """
+    with _kept_lock:
+        old = _kept.pop(msg["job"], None)
+        merged = dict(old or {}, **msg)
+        if old is not None and "items" not in msg and "items" in old:
+            merged["items"] = old["items"]
+        _kept[msg["job"]] = merged
+        while len(_kept) > KEEP_RUNS:
+            _kept.popitem(last=False)
+        if "items" in msg:
+            total = sum(len(m.get("items") or ()) for m in _kept.values())
+            for m in _kept.values():
+                if total <= KEEP_ITEMS or m is merged:
+                    break
+                total -= len(m.pop("items", None) or ())
+
+
+def kept_jobs() -> list[dict[str, Any]]:
+    """The job and run messages this kernel keeps, oldest first."""
+    with _kept_lock:
+        return [dict(m) for m in _kept.values()]
+
+
+# -- the table ----------------------------------------------------------------------------
+def group_runs(jobs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Job messages grouped into run records: ``run id -> record``.
+
+    A record has the run's fields (name, kind, notebook, cell, cluster, kernel,
+    started, ended, duration, state, total/done/failed, failures, config,
+    context), the ids of its ``jobs`` and its ``items`` (from its maps'
+    end-of-job messages).  A map outside any named run is a run of its own.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for j in sorted(jobs, key=lambda j: float(j.get("started") or 0)):
+        tag = j.get("run")
+        run_id = tag if isinstance(tag, str) and tag else str(j["job"])
+        rec = out.get(run_id)
+        named = j.get("kind") == "run"
+        if rec is None:
+            rec = out[run_id] = {
+                "run": run_id,
+                "name": None,
+                "kind": j.get("kind") if j.get("kind") in RUN_KINDS else "map",
+                "label": j.get("label"),
+                "notebook": j.get("notebook"),
+                "cell": j.get("cell"),
+                "cluster": j.get("cluster"),
+                "kernel_id": j.get("kernel_id"),
+                "started": j.get("started"),
+                "ended": None,
+                "duration": None,
+                "state": j.get("state"),
+                "total": 0,
+                "done": 0,
+                "failed": 0,
+                "failures": [],
+                "config": {},
+                "context": {},
+                "jobs": [],
+                "items": [],
+                "item_count": 0,
+            }
+        if named:
+            rec.update(kind="run", label=j.get("label"), state=j.get("state"), notebook=j.get("notebook"))
+            rec["cell"] = j.get("cell") or rec["cell"]
+            rec["config"] = dict(j.get("config") or {}, **rec["config"])
+            rec["started"] = j.get("started")
+            if j.get("ended") is not None:
+                rec["ended"] = j.get("ended")
+            continue
+        rec["jobs"].append(j["job"])
+        for k in ("total", "done", "failed"):
+            rec[k] += int(j.get(k) or 0)
+        rec["failures"] = (rec["failures"] + list(j.get("failures") or []))[:5]
+        if not rec["config"]:
+            rec["config"] = dict(j.get("config") or {})
+        if j.get("context"):
+            rec["context"] = dict(j.get("context") or {})
+        if rec["kind"] != "run":
+            rec["state"] = _worse(rec["state"], j.get("state"), first=len(rec["jobs"]) == 1)
+            if j.get("state") != "running":
+                rec["ended"] = max(float(rec["ended"] or 0), float(j.get("updated") or 0)) or None
+        for it in j.get("items") or []:
+            if len(rec["items"]) < MAX_ITEMS:
+                rec["items"].append(dict(it))
+        rec["item_count"] += int(j.get("item_count") or 0)
+    for rec in out.values():
+        if rec["name"] is None:
+            rec["name"] = run_name(rec)
+        if rec["state"] == "running":  # one of its jobs still runs: not ended, whatever the others did
+            rec["ended"] = None
+        start = rec["started"]
+        end = rec["ended"]
+        if isinstance(start, (int, float)):
+            rec["duration"] = (end if isinstance(end, (int, float)) else time.time()) - start
+    return out
+
+
+def _worse(a: Any, b: Any, first: bool) -> Any:
+    if first or a is None:
+        return b
+    order = ["finished", "cancelled", "lost", "failed", "running"]
+    rank = {s: i for i, s in enumerate(order)}
+    return a if rank.get(a, 0) >= rank.get(b, 0) else b
+
+
+def run_name(rec: Mapping[str, Any]) -> str:
+    """What a run is called: ``"02-sweep.ipynb · In [7] · %%parallel cfg in grid"`` (the parts known)."""
+    parts = []
+    nb = rec.get("notebook")
+    if nb:
+        parts.append(os.path.basename(str(nb)))
+    cell = rec.get("cell") or {}
+    if cell.get("execution_count") is not None:
+        parts.append(f"In [{cell['execution_count']}]")
+    label = rec.get("label") if rec.get("kind") == "run" else (cell.get("first_line") or rec.get("label"))
+    if label:
+        parts.append(str(label))
+    return " · ".join(parts) or str(rec.get("run"))
+
+
+def table(
+    records: Iterable[Mapping[str, Any]],
+    metrics: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+) -> list[dict[str, Any]]:
+    """The sweep table: one row per item of a sweep, one per run otherwise.
+
+    Parameters
+    ----------
+    records : iterable of dict
+        Run records (:func:`group_runs`).
+    metrics : dict
+        ``run id -> item key ("" for the run itself) -> summary`` as
+        :meth:`TopicStore.run_items` gives it (merged over topics).
+
+    Returns
+    -------
+    list of dict
+        Each row: ``run``, ``name``, ``notebook``, ``cell``, ``state``,
+        ``item`` (index or None), ``key``, ``started``, ``duration``, then
+        ``config`` (dict), ``final`` and ``best`` (metric -> value) and ``steps``.
+    """
+    metrics = metrics or {}
+    rows: list[dict[str, Any]] = []
+    for rec in records:
+        by_item = metrics.get(rec["run"]) or {}
+        run_level = by_item.get("") or {}
+        cell = rec.get("cell") or {}
+        base = {
+            "run": rec["run"],
+            "name": rec.get("name"),
+            "notebook": rec.get("notebook"),
+            "cell": cell.get("execution_count"),
+            "cluster": rec.get("cluster"),
+            "started": rec.get("started"),
+        }
+        items = rec.get("items") or []
+        keys = {it.get("key") for it in items}
+        extra = [k for k in by_item if k and k not in keys]  # items that reported but were not listed (a long map)
+        if not items and not extra:
+            rows.append(
+                dict(
+                    base,
+                    item=None,
+                    key=None,
+                    state=rec.get("state"),
+                    duration=rec.get("duration"),
+                    config=dict(rec.get("config") or {}, **(run_level.get("config") or {})),
+                    final=dict(run_level.get("final") or {}),
+                    best=dict(run_level.get("best") or {}),
+                    steps=run_level.get("steps"),
+                )
+            )
+            continue
+        listed = [
+            (it.get("index"), it.get("key"), it.get("config") or {}, it.get("state"), it.get("duration"))
+            for it in items
+        ]
+        listed += [(None, k, {}, "finished", None) for k in extra]
+        for index, key, config, state, duration in listed:
+            m = by_item.get(key) or {}
+            rows.append(
+                dict(
+                    base,
+                    item=index,
+                    key=key,
+                    state=state,
+                    duration=duration,
+                    config=dict(rec.get("config") or {}, **config, **(m.get("config") or {})),
+                    final=dict(m.get("final") or {}),
+                    best=dict(m.get("best") or {}),
+                    steps=m.get("steps"),
+                )
+            )
+    return rows
+
+
+def merge_metrics(stores: Iterable[Any], runs: Iterable[str] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """``run -> item key -> {"config", "final", "best", "steps"}`` over several TopicStores.
+
+    A metric reported on two topics is named ``topic/metric`` in both.
+    """
+    wanted = set(runs) if runs is not None else None
+    per_topic = [(s.topic, s.run_items(wanted)) for s in stores]
+    counts: dict[str, int] = {}
+    for _, data in per_topic:
+        names = {m for items in data.values() for it in items.values() for m in it["final"]}
+        for m in names:
+            counts[m] = counts.get(m, 0) + 1
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for topic, data in per_topic:
+        for run_id, items in data.items():
+            for key, it in items.items():
+                dst = out.setdefault(run_id, {}).setdefault(key, {"config": {}, "final": {}, "best": {}, "steps": None})
+                dst["config"].update(it["config"])
+                for m, v in it["final"].items():
+                    dst["final"][m if counts.get(m, 0) < 2 else f"{topic}/{m}"] = v
+                for m, v in it["best"].items():
+                    dst["best"][m if counts.get(m, 0) < 2 else f"{topic}/{m}"] = v
+                if it.get("steps") is not None:
+                    dst["steps"] = max(dst["steps"] or 0, it["steps"])
+    return out
+
+
+def merge_curves(stores: Iterable[Any], run: str) -> dict[str, dict[str, list[list[Any]]]]:
+    """``metric -> item key -> [step, value] points`` of one run over several TopicStores.
+
+    Each item keeps its own curve per metric (at most
+    ``store.CURVE_POINTS`` points, spread over the run), whatever series its
+    reports went to, so the rows of a sweep can be overlaid.  A metric on two
+    topics is named ``topic/metric``, as in :func:`merge_metrics`.
+    """
+    per_topic = [(s.topic, s.run_items({run}, curves=True).get(run) or {}) for s in stores]
+    counts: dict[str, int] = {}
+    for _, items in per_topic:
+        for m in {m for it in items.values() for m in it.get("curves") or {}}:
+            counts[m] = counts.get(m, 0) + 1
+    out: dict[str, dict[str, list[list[Any]]]] = {}
+    for topic, items in per_topic:
+        for key, it in items.items():
+            for m, points in (it.get("curves") or {}).items():
+                out.setdefault(m if counts.get(m, 0) < 2 else f"{topic}/{m}", {})[key] = points
+    return out
+
+
+def frame(rows: list[dict[str, Any]]) -> Any:
+    """The sweep table as a pandas DataFrame: config columns, then each metric's final and ``.best`` value."""
+    import pandas as pd
+
+    config_cols: list[str] = []
+    metric_cols: list[str] = []
+    flat = []
+    for r in rows:
+        d = {k: r.get(k) for k in ("run", "name", "notebook", "cell", "item", "state", "duration")}
+        for k, v in r["config"].items():
+            if k not in config_cols:
+                config_cols.append(k)
+            d[k] = v
+        for k, v in r["final"].items():
+            if k not in metric_cols:
+                metric_cols.append(k)
+            d[k] = v
+        for k, v in r["best"].items():
+            d[f"{k}.best"] = v
+        flat.append(d)
+    fixed = ["run", "name", "notebook", "cell", "item", "state", "duration"]
+    taken = set(fixed)
+    config_cols = [c for c in config_cols if c not in taken]
+    metric_cols = [c for c in metric_cols if c not in taken and c not in config_cols]
+    columns = fixed + config_cols + [c for m in metric_cols for c in (m, f"{m}.best")]
+    df = pd.DataFrame(flat, columns=columns)
+    for col in ("cell", "item"):  # whole numbers with gaps (a run has no item index)
+        df[col] = df[col].astype("Int64")
+    return df
+
+
+def runs(notebook: str | None = None, cluster: str | None = None, run: str | None = None) -> Any:
+    """This kernel's runs as the sweep table: a pandas DataFrame, one row per item (or run).
+
+    Columns: ``run``, ``name``, ``notebook``, ``cell``, ``item``, ``state``,
+    ``duration``, one per config key, then for each reported metric its final
+    value (``loss``) and its best (``loss.best``: the lowest for names with
+    loss/error/err/regret in them, else the highest).  The server's
+    ``GET …/api/runs/<id>`` serves the same rows to the panel.
+
+    Parameters
+    ----------
+    notebook, cluster : str, optional
+        Only runs of this notebook path / cluster.
+    run : str, optional
+        Only this run (its id).
+    """
+    # the reports of a map that just ended are at the scheduler, perhaps not yet here (as for metrics())
+    from . import session
+    from .telemetry.hub import attach, sync
+    from .telemetry.store import all_stores
+
+    handle = session.current()
+    if handle is not None and not handle.closed:
+        attach(handle.client)
+    sync()
+    records = group_runs(kept_jobs())
+    chosen = [
+        r
+        for r in records.values()
+        if (notebook is None or _same_notebook(r.get("notebook"), notebook))
+        and (cluster is None or r.get("cluster") == cluster)
+        and (run is None or r["run"] == run)
+    ]
+    return frame(table(chosen, merge_metrics(all_stores(), [r["run"] for r in chosen])))
+
+
+def _same_notebook(kept: Any, asked: str) -> bool:
+    """Whether the notebook a run names (absolute where the server gave the kernel its full path) is ``asked``."""
+    if not isinstance(kept, str):
+        return False
+    return kept == asked or kept.endswith("/" + asked.lstrip("/"))
+
+
+def tag_record(record: dict[str, Any], config: Mapping[str, Any] | None) -> None:
+    """Say in a ``report()`` record which run (and ``%%parallel`` item) it belongs to, and its ``config=``.
+
+    Raises
+    ------
+    TypeError
+        When ``config`` is not a dict of hyperparameters (before anything is sent).
+    """
+    cfg = clean_config(config, "report(config=...)") if config is not None else None
+    found = current_item()
+    if found is not None:
+        record["run"], record["item"] = found[0], found[1]
+    else:
+        named = _active.get()
+        if named is not None:
+            record["run"], record["item"] = named.id, ""
+            if cfg:
+                named.add_config(cfg)
+    if cfg:
+        record["config"] = cfg

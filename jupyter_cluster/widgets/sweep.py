@@ -1,0 +1,382 @@
+"""The sweep table in the notebook: one row per sweep item or run, its config and metrics, and its curves.
+
+:func:`show_runs` draws what :func:`jupyter_cluster.runs` returns as a DataFrame,
+live: a sortable, filterable table; ticked rows overlaid on one chart; curves
+grouped by a config key as mean ± sd bands; a parallel-coordinates view of
+config -> metric.  The drawing is the ES module ``static/sweep.js``, bundled
+from ``labextension/src/sweep`` (the same code as the sidebar's main-area
+view).  This side only sends the ``data`` trait: the rows of
+:func:`jupyter_cluster.runs.table` and, per metric, each row's curve.
+
+A row's curve is its item's own (each topic keeps every sweep item's curves,
+:func:`jupyter_cluster.runs.merge_curves`), else the topic's series that
+belongs to it: the series whose key is the item's key (``"lr=0.1, aux=True"``),
+or whose identity fields (e.g. ``report(step, trial=3, loss=...)``) all equal
+the row's config values.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .. import context, ticker
+
+STATIC = pathlib.Path(__file__).parent / "static"
+BUNDLE = STATIC / "sweep.js"
+#: seconds between checks for new runs or reports while the widget is shown
+REFRESH = 1.0
+#: points per curve sent to the browser (evenly thinned beyond)
+MAX_POINTS = 2000
+
+MISSING_BUNDLE = (
+    "The sweep table needs the widget bundle jupyter_cluster/widgets/static/sweep.js, which is not built; "
+    "build it with `jlpm build:widget` in the source tree, or reinstall jupyter-cluster."
+)
+
+
+def _row_id(row: Mapping[str, Any]) -> str:
+    key = row.get("key")
+    item = row.get("item")
+    suffix = key if key else ("" if item is None else str(item))
+    return f"{row.get('run')}:{suffix}"
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if isinstance(v, float) and v.is_integer():
+        return str(v)
+    return str(v)
+
+
+def _series_fields(key: str) -> dict[str, str] | None:
+    """``"trial=3, member=1"`` -> ``{"trial": "3", "member": "1"}``; None for ``all`` or a key that is not fields."""
+    if key == "all":
+        return None
+    out: dict[str, str] = {}
+    for part in key.split(", "):
+        name, eq, value = part.partition("=")
+        if not eq or not name:
+            return None
+        out[name] = value
+    return out
+
+
+def series_of(row: Mapping[str, Any], keys: Iterable[str]) -> str | None:
+    """The series key (of ``keys``) that holds ``row``'s curve, or None.
+
+    Its key is the row's item key, or its identity fields all equal config values of the row.
+    """
+    keys = sorted(keys)
+    if row.get("key") and row["key"] in keys:
+        return str(row["key"])
+    config = row.get("config") or {}
+    for k in keys:
+        fields = _series_fields(k)
+        if fields and all(name in config and _text(config[name]) == value for name, value in fields.items()):
+            return k
+    return None
+
+
+def _thin(points: list[list[Any]]) -> list[list[Any]]:
+    if len(points) <= MAX_POINTS:
+        return points
+    step = len(points) / MAX_POINTS
+    return [points[int(i * step)] for i in range(MAX_POINTS - 1)] + [points[-1]]
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def sweep_data(
+    rows: list[dict[str, Any]],
+    models: Iterable[Mapping[str, Any]],
+    title: str = "",
+    item_curves: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """What the widget draws: ``{"title", "rows", "curves"}`` (see ``labextension/src/sweep/model.ts``).
+
+    Parameters
+    ----------
+    rows : list of dict
+        Rows of :func:`jupyter_cluster.runs.table`: ``run``, ``key``, ``item``,
+        ``name``, ``state``, ``duration``, ``config``, ``final``, ``best``.
+    models : iterable of dict
+        Metrics models (:meth:`TopicStore.model`) the curves of rows without their own are taken from.
+    item_curves : dict, optional
+        ``run -> metric -> item key -> points`` (:func:`jupyter_cluster.runs.merge_curves` per run).
+    """
+    out_rows: list[dict[str, Any]] = []
+    for r in rows:
+        name = r.get("key") or r.get("name") or str(r.get("run"))
+        out_rows.append(
+            {
+                "id": _row_id(r),
+                "name": str(name),
+                "state": r.get("state"),
+                "duration": _number(r.get("duration")),
+                "config": {
+                    k: (v if v is None or isinstance(v, (bool, int, float, str)) else str(v))
+                    for k, v in (r.get("config") or {}).items()
+                },
+                "final": {k: _number(v) for k, v in (r.get("final") or {}).items()},
+                "best": {k: _number(v) for k, v in (r.get("best") or {}).items()},
+            }
+        )
+    curves: dict[str, dict[str, list[list[Any]]]] = {}
+    for r, out in zip(rows, out_rows, strict=True):
+        if not r.get("key") and r.get("item") is not None:
+            continue  # an item whose key is not known (a DataFrame row): matched by its series below
+        for metric, by_key in ((item_curves or {}).get(str(r.get("run"))) or {}).items():
+            points = by_key.get(r.get("key") or "")
+            if points:
+                curves.setdefault(metric, {})[out["id"]] = _thin(list(points))
+    for model in models:
+        for metric, by_series in (model.get("scalars") or {}).items():
+            for r, out in zip(rows, out_rows, strict=True):
+                if out["id"] in curves.get(metric, {}):
+                    continue
+                key = series_of(r, by_series)
+                if key is not None:
+                    curves.setdefault(metric, {})[out["id"]] = _thin(by_series[key])
+    return {"title": title, "rows": out_rows, "curves": curves}
+
+
+def _select(records: Iterable[Mapping[str, Any]], notebook: str | None, run: str | None) -> list[Mapping[str, Any]]:
+    return [
+        r
+        for r in records
+        if (notebook is None or r.get("notebook") == notebook) and (run is None or r.get("run") == run)
+    ]
+
+
+def current_rows(notebook: str | None = None, run: str | None = None) -> list[dict[str, Any]]:
+    """This kernel's sweep table rows (as :func:`jupyter_cluster.runs` has them), newest run last."""
+    from ..runs import group_runs, kept_jobs, merge_metrics, table
+    from ..telemetry.store import all_stores
+
+    chosen = _select(group_runs(kept_jobs()).values(), notebook, run)
+    return table(chosen, merge_metrics(all_stores(), [r["run"] for r in chosen]))
+
+
+def _stores(topic: str | None) -> list[Any]:
+    from ..telemetry.store import all_stores
+
+    return [s for s in all_stores() if topic is None or s.topic == topic]
+
+
+def _curves(rows: list[dict[str, Any]], topic: str | None) -> tuple[dict[str, Any], list[Mapping[str, Any]]]:
+    """The rows' own curves per run, and the topics' models when some row has none (matched by series)."""
+    from ..runs import merge_curves
+
+    stores = _stores(topic)
+    own = {run: merge_curves(stores, run) for run in {str(r.get("run")) for r in rows}}
+    covered = all(
+        any((r.get("key") or "") in by_key for by_key in own.get(str(r.get("run")), {}).values()) for r in rows
+    )
+    return own, ([] if covered else [s.model() for s in stores])
+
+
+def _version(topic: str | None) -> tuple:
+    from ..runs import kept_jobs
+    from ..telemetry.store import all_stores
+
+    jobs = kept_jobs()
+    stores = [(s.topic, s.version) for s in all_stores() if topic is None or s.topic == topic]
+    return (len(jobs), repr(jobs[-1]) if jobs else "", tuple(stores))
+
+
+#: rows a static copy lists
+STATIC_ROWS = 100
+
+
+def static_bundle(data: Mapping[str, Any]) -> dict[str, str]:
+    """The sweep's static copy: ``text/plain`` and ``text/html`` (the first metric's curves and the table)."""
+    import html
+
+    from .static_render import fmt_num, line_chart_svg, svg_img
+
+    rows = list(data.get("rows") or [])
+    config_keys = list(dict.fromkeys(k for r in rows for k in r["config"]))
+    metrics = list(dict.fromkeys(m for r in rows for m in r["final"]))
+    header = ["run", "state", *config_keys, *metrics]
+
+    def cells(r: Mapping[str, Any]) -> list[str]:
+        conf = [fmt_num(v) if isinstance(v, float) else str(v) for v in (r["config"].get(k, "") for k in config_keys)]
+        return [str(r["name"]), str(r.get("state") or ""), *conf, *(fmt_num(r["final"].get(m)) for m in metrics)]
+
+    body = [cells(r) for r in rows[:STATIC_ROWS]]
+    more = f"… {len(rows) - STATIC_ROWS} more rows" if len(rows) > STATIC_ROWS else ""
+    title = f"{data.get('title') or 'runs'}: {len(rows)} rows"
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
+    text = [title, "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    text += ["  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) for b in body]
+    parts = [f"<p><b>{html.escape(title)}</b></p>"]
+    curves = (data.get("curves") or {}).get(metrics[0]) if metrics else None
+    if curves:
+        names = {r["id"]: r["name"] for r in rows}
+        svg = line_chart_svg(metrics[0], {names.get(k, k): v for k, v in curves.items()})
+        parts.append(svg_img(svg, f"{metrics[0]} of each run"))
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in b) + "</tr>" for b in body)
+    parts.append(f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>")
+    if more:
+        text.append(more)
+        parts.append(f"<p>{html.escape(more)}</p>")
+    return {"text/plain": "\n".join(text), "text/html": "".join(parts)}
+
+
+_widget_class: Any = None
+
+
+def widget_class():
+    """The anywidget class of the sweep table (built on first use; needs the JS bundle)."""
+    global _widget_class
+    if _widget_class is not None:
+        return _widget_class
+    if not BUNDLE.is_file():
+        raise FileNotFoundError(MISSING_BUNDLE)
+    import anywidget
+    import traitlets as t
+
+    from .static_render import StaticOutput
+
+    class SweepWidget(StaticOutput, anywidget.AnyWidget):
+        """The sweep table: rows of config and metrics, curves overlaid or grouped, parallel coordinates.
+
+        Its outputs also carry a static copy (the table and the first metric's curves), so a saved
+        notebook shows them without the kernel.
+        """
+
+        _esm = BUNDLE
+        data = t.Dict().tag(sync=True)
+        chart_height = t.Int(280).tag(sync=True)
+        #: the browser's sort, filter, grouping and ticked rows (kept so a re-rendered output keeps them)
+        view_state = t.Dict().tag(sync=True)
+
+        def __init__(
+            self, rows: list | None, where: dict[str, Any], topic: str | None, title: str, **kwargs: Any
+        ) -> None:
+            super().__init__(data={"title": title, "rows": [], "curves": {}}, **kwargs)
+            self._rows = rows
+            self._where = where
+            self._topic = topic
+            self._title = title
+            self._seen: tuple | None = None
+            self._refreshed = 0
+            self._lock = threading.Lock()
+            self.refresh()
+            if rows is None:  # following this kernel's runs: new runs and reports appear
+                ticker.every(REFRESH, self._tick)
+
+        def refresh(self) -> None:
+            """Rebuild the table from the runs and curves now."""
+            with self._lock:
+                rows = current_rows(**self._where) if self._rows is None else self._rows
+                own, models = _curves(rows, self._topic)
+                self.data = sweep_data(rows, models, self._title, own)
+                self._refreshed += 1
+
+        def static_version(self) -> Any:
+            return self._refreshed
+
+        def static_bundle(self) -> dict[str, str]:
+            return static_bundle(self.data)
+
+        def _tick(self) -> bool:
+            if self.comm is None:
+                return False  # closed: stop
+            seen = _version(self._topic)
+            if seen != self._seen:
+                self._seen = seen
+                self.refresh()
+            return True
+
+        def __repr__(self) -> str:
+            rows = self.data.get("rows") or []
+            return f"<sweep table: {len(rows)} rows>"
+
+    SweepWidget.__module__ = __name__
+    _widget_class = SweepWidget
+    return SweepWidget
+
+
+def _rows_from(runs: Any) -> list[dict[str, Any]]:
+    """Rows given by the caller: :func:`jupyter_cluster.runs.table` rows, or a DataFrame of :func:`jupyter_cluster.runs`."""
+    if isinstance(runs, list):
+        if not all(isinstance(r, Mapping) and "run" in r for r in runs):
+            raise TypeError("show_runs(runs=...): a list must hold the row dicts of jupyter_cluster.runs.table().")
+        return [dict(r) for r in runs]
+    columns = getattr(runs, "columns", None)
+    if columns is None or "run" not in columns:
+        raise TypeError(
+            f"show_runs(runs=...) takes the DataFrame of jc.runs() (or its rows), not {type(runs).__name__}."
+        )
+    fixed = {"run", "name", "notebook", "cell", "item", "state", "duration"}
+    metrics = [c[: -len(".best")] for c in columns if str(c).endswith(".best")]
+    config_cols = [c for c in columns if c not in fixed and c not in metrics and not str(c).endswith(".best")]
+    out = []
+    for rec in runs.to_dict("records"):
+        clean = {k: (None if isinstance(v, float) and v != v else v) for k, v in rec.items()}
+        clean = {k: (None if str(v) == "<NA>" else v) for k, v in clean.items()}
+        out.append(
+            {
+                "run": clean.get("run"),
+                "key": None,
+                "item": clean.get("item"),
+                "name": clean.get("name"),
+                "state": clean.get("state"),
+                "duration": clean.get("duration"),
+                "config": {c: clean.get(c) for c in config_cols if clean.get(c) is not None},
+                "final": {m: clean.get(m) for m in metrics},
+                "best": {m: clean.get(f"{m}.best") for m in metrics},
+            }
+        )
+    return out
+
+
+def show_runs(
+    runs: Any = None, *, topic: str | None = None, notebook: str | None = None, run: str | None = None
+) -> Any:
+    """The sweep table: one row per sweep item (or run) with its config and final/best metrics.
+
+    Sort by a click on a column, filter (``lr>0.01 aux=True``), tick rows to
+    overlay their curves, group by a config key (mean ± sd bands), and read
+    config -> metric in parallel coordinates.  Without ``runs`` it follows
+    this kernel's runs as they start and report.
+
+    Parameters
+    ----------
+    runs : pandas.DataFrame or list of dict, optional
+        What :func:`jupyter_cluster.runs` returned (a fixed table).  Default:
+        this kernel's runs, live.
+    topic : str, optional
+        The metrics topic the curves come from (default: every topic).
+    notebook, run : str, optional
+        Only the runs of this notebook path, or this run id.
+
+    Returns
+    -------
+    SweepWidget
+        In a kernel with ipywidgets; elsewhere the DataFrame of :func:`jupyter_cluster.runs`.
+
+    Examples
+    --------
+    >>> import jupyter_cluster as jc
+    >>> jc.show_runs(topic="sweep")   # doctest: +SKIP
+    """
+    if topic is not None and (not isinstance(topic, str) or not topic):
+        raise TypeError(f"show_runs(): topic must be a non-empty string, not {topic!r}.")
+    rows = _rows_from(runs) if runs is not None else None
+    if not (context.in_kernel() and context.widgets_available()):
+        from ..runs import frame
+
+        return frame(rows if rows is not None else current_rows(notebook, run))
+    return widget_class()(rows, {"notebook": notebook, "run": run}, topic, topic or "runs")

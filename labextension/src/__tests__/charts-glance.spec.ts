@@ -1,0 +1,235 @@
+/**
+ * Charts a researcher reads at a glance: one colour per run everywhere, one
+ * axis for metrics of one unit, log y that says what it dropped, top-k and
+ * the nearest-series hover list, round heatmap ticks.
+ */
+import { DARK_PALETTE, LIGHT_PALETTE, assignColors, colorLookup, hashKey } from '../charts/colors';
+import type { IMetricsModel, Point } from '../charts/data';
+import { niceRange, niceStep, roundTickIndices, heatmapOption } from '../charts/heatmaps';
+import {
+  lineChart,
+  logDropped,
+  logDroppedText,
+  onScale,
+  symexp,
+  symlog,
+  symlogConstant,
+  tooltipRows,
+  topKeys
+} from '../charts/lines';
+import { OVERLAY_DASHES, overlayLines, overlayOption, sameUnit, unitGroups } from '../charts/overlay';
+
+const line = (...ys: (number | null)[]): Point[] => ys.map((y, i) => [i, y]);
+
+describe('colour per run', () => {
+  const keys = ['run=a', 'run=b', 'run=c', 'run=d', 'run=e', 'run=f'];
+
+  it('is the same for a key whichever chart or order asks, and distinct up to the palette size', () => {
+    const a = assignColors(keys);
+    const b = assignColors([...keys].reverse());
+    expect([...a.entries()].sort()).toEqual([...b.entries()].sort());
+    const many = Array.from({ length: LIGHT_PALETTE.length }, (_, i) => `member=${i}`);
+    expect(new Set(assignColors(many).values()).size).toBe(LIGHT_PALETTE.length);
+    // beyond the palette colours repeat, every key still gets one
+    const more = assignColors([...many, 'member=99']);
+    expect(more.size).toBe(LIGHT_PALETTE.length + 1);
+  });
+
+  it('comes from the key: a lone key gets its hash slot, on both themes the same hue index', () => {
+    const slot = hashKey('walk=walk 0') % LIGHT_PALETTE.length;
+    expect(colorLookup(['walk=walk 0'])('walk=walk 0')).toBe(LIGHT_PALETTE[slot]);
+    expect(colorLookup(['walk=walk 0'], true)('walk=walk 0')).toBe(DARK_PALETTE[slot]);
+    // a chart that draws only some of the runs looks them up in the topic's key set: same colours
+    const all = colorLookup(keys);
+    const light = assignColors(keys);
+    expect(keys.map(all)).toEqual(keys.map(k => light.get(k)));
+    expect(hashKey('abc')).toBe(0x1a47e90b); // FNV-1a, as the Python sweep widget computes it
+  });
+
+  it('dark palette colours are light enough to read on a dark background', () => {
+    const lum = (hex: string): number => {
+      const [r, g, b] = [1, 3, 5].map(i => parseInt(hex.slice(i, i + 2), 16) / 255);
+      return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+    };
+    expect(Math.min(...DARK_PALETTE.map(lum))).toBeGreaterThan(0.35);
+  });
+});
+
+describe('overlay axes: one axis for metrics of one unit', () => {
+  const es: IMetricsModel = {
+    topic: 'es',
+    scalars: {
+      policy_mean: { all: line(0, 120, 480) },
+      population_mean: { all: line(20, 90, 160) },
+      loss: { all: line(0.9, 0.3, 0.1) },
+      grad_norm: { all: line(1e4, 3e4, 2e4) }
+    },
+    vectors: {},
+    dropped: 0
+  };
+  const pick = (value: string) => ({ topic: 'es', value, series: null });
+
+  it('judges the unit from overlapping ranges within a factor of ten', () => {
+    expect(sameUnit([0, 500], [20, 160])).toBe(true);
+    expect(sameUnit([0, 400], [0, 1])).toBe(false);
+    expect(sameUnit([10, 20], [30, 40])).toBe(false);
+    expect(unitGroups([[0, 500], [20, 160], [0, 1], null])).toEqual([0, 0, 1, 0]);
+  });
+
+  it('two returns share one axis (defect 8); reward and loss get two; the user can force two', () => {
+    const returns = overlayLines({ es }, [pick('policy_mean'), pick('population_mean')]);
+    expect(returns.axes).toBe('shared');
+    expect(returns.axisNames).toEqual(['policy_mean, population_mean']);
+    expect(overlayLines({ es }, [pick('policy_mean'), pick('loss')]).axes).toBe('dual');
+    // three metrics of two units: each scaled to 0-1, unless two axes are asked for (by unit then)
+    const mixed = overlayLines({ es }, [pick('policy_mean'), pick('population_mean'), pick('loss')]);
+    expect(mixed.axes).toBe('normalised');
+    const two = overlayLines({ es }, [pick('policy_mean'), pick('population_mean'), pick('loss')], 'step', 'dual');
+    expect(two.axisNames).toEqual(['policy_mean, population_mean', 'loss']);
+    expect(two.lines.map(l => l.axis)).toEqual([0, 0, 1]);
+    const three = overlayLines({ es }, [pick('policy_mean'), pick('loss'), pick('grad_norm')]);
+    expect(three.axes).toBe('normalised');
+    const forced = overlayLines({ es }, [pick('policy_mean'), pick('population_mean')], 'step', 'dual');
+    expect(forced.lines.map(l => l.axis)).toEqual([0, 1]);
+  });
+
+  it("draws a line in its run's colour and its metric's dash", () => {
+    const o = overlayLines({ es }, [pick('policy_mean'), pick('loss')]);
+    const option = overlayOption(o, {}, l => (l.series === 'all' ? '#123456' : '#000')) as {
+      series: { lineStyle: { color: string; type: string } }[];
+    };
+    expect(option.series.map(s => [s.lineStyle.color, s.lineStyle.type])).toEqual([
+      ['#123456', OVERLAY_DASHES[0]],
+      ['#123456', OVERLAY_DASHES[1]]
+    ]);
+  });
+});
+
+describe('log y and symlog', () => {
+  const walks = { 'walk=walk 0': line(0, -1, -3, -2), 'walk=walk 1': line(1, 2, 0, 4) };
+
+  it('counts what a log axis cannot draw, per series, and says so', () => {
+    expect(logDropped(walks)).toEqual({ 'walk=walk 0': 4, 'walk=walk 1': 1 });
+    expect(logDroppedText(logDropped(walks), { 'walk=walk 0': 4, 'walk=walk 1': 4 })).toBe(
+      'log y: 5 points ≤ 0 not drawn (walk 0: all 4; walk 1: 1) — try symlog'
+    );
+    expect(onScale(walks['walk=walk 1'], 'log').map(p => p[1])).toEqual([1, 2, null, 4]);
+    const chart = lineChart('position', walks, { yScale: 'log', compact: false });
+    expect(chart.notice).toContain('5 points ≤ 0 not drawn');
+    expect((chart.option.yAxis as { type: string }).type).toBe('log');
+  });
+
+  it('symlog draws zero and negative values and inverts for the labels', () => {
+    expect(symlogConstant(walks)).toBe(1);
+    expect(symlogConstant({ a: line(0.003, -0.2) })).toBe(0.001);
+    for (const y of [-300, -1, 0, 0.5, 42]) {
+      expect(symexp(symlog(y, 1), 1)).toBeCloseTo(y, 9);
+    }
+    const chart = lineChart('position', walks, { yScale: 'symlog', compact: false });
+    expect(chart.notice).toBe('');
+    const drawn = (chart.option.series as { id: string; data: Point[] }[]).find(s => s.id === 'walk=walk 0');
+    expect(drawn?.data.every(([, y]) => y !== null)).toBe(true);
+  });
+});
+
+describe('many series', () => {
+  const bySeries: { [k: string]: Point[] } = {};
+  for (let i = 0; i < 200; i++) {
+    bySeries[`member=${i}`] = line(0, i % 7 === 0 ? null : i);
+  }
+
+  it('keeps the top or bottom k by last value, series without a value last', () => {
+    expect(topKeys(bySeries, { k: 3, order: 'top' })).toEqual(['member=197', 'member=198', 'member=199']);
+    // the last finite value counts: members 0, 7, 14, ... end in a gap after 0
+    expect(topKeys(bySeries, { k: 3, order: 'bottom' })).toEqual(['member=0', 'member=7', 'member=14']);
+    const gaps = { a: line(null, null), b: line(5), c: line(1, null) };
+    expect(topKeys(gaps, { k: 2, order: 'top' })).toEqual(['b', 'c']);
+    expect(topKeys(gaps, { k: 2, order: 'bottom' })).toEqual(['b', 'c']);
+    expect(topKeys(bySeries, null)).toHaveLength(200);
+    const chart = lineChart('reward', bySeries, { topK: { k: 10, order: 'top' }, compact: false, width: 800 });
+    expect(chart.keys).toHaveLength(10);
+    expect(chart.hiddenByTopK).toBe(190);
+    expect(chart.notice).toBe('top 10 of 200 by last value');
+  });
+
+  it('has no legend when it would not fit; the tooltip lists the series nearest the pointer', () => {
+    const chart = lineChart('reward', bySeries, { compact: true, width: 250 });
+    expect(chart.legend).toBe(false);
+    const few = lineChart('reward', { a: line(1), b: line(2) }, { compact: true, width: 250 });
+    expect(few.legend).toBe(true);
+    // more than manySeries (12): no legend, however short the names
+    const thirteen = Object.fromEntries(Array.from({ length: 13 }, (_, i) => [`m=${i}`, line(i)]));
+    expect(lineChart('r', thirteen, { compact: false, width: 2000 }).legend).toBe(false);
+    expect(lineChart('r', thirteen, { compact: false, width: 2000 }, () => undefined, 20).legend).toBe(true);
+    const rows = [10, 50, 52, 90].map(v => ({ key: `k${v}`, name: `k${v}`, marker: '', value: v, raw: v }));
+    const [near, rest] = tooltipRows(rows, 2, 51);
+    expect(near.map(r => r.value)).toEqual([50, 52]);
+    expect(rest).toBe(2);
+    expect(tooltipRows(rows, 2, null)[0].map(r => r.value)).toEqual([90, 52]);
+  });
+
+  it("shows smoothed and raw values in the tooltip, and a many-series chart's nearest ones", () => {
+    const chart = lineChart('loss', { a: line(10, 0, 10), b: line(1, 1, 1) }, { smoothing: 0.5, compact: false });
+    const tooltip = (chart.option.tooltip as { formatter: (p: unknown) => string }).formatter;
+    const html = tooltip([
+      { seriesId: 'a', seriesName: 'a', axisValue: 1, value: [1, 0], dataIndex: 1 },
+      { seriesId: 'raw:a', seriesName: 'a', axisValue: 1, value: [1, 0], dataIndex: 1 },
+      { seriesId: 'b', seriesName: 'b', axisValue: 1, value: [1, 1], dataIndex: 1 }
+    ]);
+    expect(html).toContain('a: <b>3.333</b> <span style="opacity:0.7">(raw 0)</span>');
+    expect(html).toContain('b: <b>1</b>');
+    let pointer: number | null = 150;
+    const many = lineChart(
+      'reward',
+      bySeries,
+      { compact: false },
+      () => undefined,
+      12,
+      () => pointer
+    );
+    const params = Object.keys(bySeries).map(k => ({
+      seriesId: k,
+      seriesName: k,
+      axisValue: 1,
+      value: bySeries[k][1],
+      dataIndex: 1
+    }));
+    const near = (many.option.tooltip as { formatter: (p: unknown) => string }).formatter(params);
+    expect(near.split('<br/>')[1]).toContain('member=150');
+    expect(near).toContain('more further from the pointer');
+    pointer = null;
+    expect((many.option.tooltip as { formatter: (p: unknown) => string }).formatter(params)).toContain('member=199');
+  });
+});
+
+describe('heatmaps: round ticks, one colour bar per scale', () => {
+  it('picks round steps and ranges', () => {
+    expect([niceStep(199, 5), niceStep(1, 5), niceStep(7000, 4)]).toEqual([50, 0.2, 2000]);
+    expect(niceRange(0.013, 0.87)).toEqual([0, 1]);
+    const steps = Array.from({ length: 200 }, (_, i) => i);
+    expect([...roundTickIndices(steps)]).toEqual([0, 50, 100, 150]);
+    // thinned steps: the first step at or after each multiple
+    expect([...roundTickIndices([0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 31], 3)]).toEqual([0, 7]); // steps 0 and 21 for a round step of 20
+  });
+
+  it('puts one bar per scale right of the grid, not under the last heatmap', () => {
+    const v = {
+      steps: [0, 1],
+      rows: [
+        [0.1, 0.9],
+        [0.2, 0.8]
+      ]
+    };
+    const option = heatmapOption('tokens_per_expert', { 'run=a': v, 'run=b': v, 'run=c': v }, 900, [
+      'run=a',
+      'run=b'
+    ]) as {
+      visualMap: { orient: string; right: number; min: number; max: number; seriesIndex: number[] }[];
+    };
+    expect(option.visualMap.map(m => [m.orient, m.right, m.seriesIndex])).toEqual([
+      ['vertical', 8, [0, 1, 2]],
+      ['vertical', 8, [3]]
+    ]);
+    expect([option.visualMap[0].min, option.visualMap[0].max]).toEqual([0, 1]);
+  });
+});

@@ -1,0 +1,302 @@
+/**
+ * The panel's pure parts: worker diffs, numeric sorting, the worker summary,
+ * the virtual list's window, stable card and job orders, the New dialog's
+ * checks, and the active notebook's stopped cluster not swapped for another's.
+ */
+import { IClusterModel, IClusterSummary, IJob, IWorker, initialState, reduce, select, setActiveKernel } from '../model';
+import { checkNewCluster, newClusterFields, newClusterRequest } from '../panel/newCluster';
+import { orderClusters, orderJobs, scopedJobs } from '../panel/order';
+import { batchText } from '../panel/workersView';
+import { jobContextText } from '../panel/jobs';
+import { applyWorkersDiff, hostOf, nextSort, sortWorkers, summarize, tasksText, visibleRange } from '../panel/workers';
+
+const GIB = 2 ** 30;
+
+function worker(i: number, extra: Partial<IWorker> = {}): IWorker {
+  return {
+    name: String(i),
+    address: `tcp://10.0.0.${i % 3}:${4000 + i}`,
+    status: 'running',
+    nthreads: 1,
+    memory: GIB,
+    memory_limit: 4 * GIB,
+    cpu: 2,
+    executing: 0,
+    resources: {},
+    ...extra
+  };
+}
+
+function cluster(name: string, extra: Partial<IClusterSummary> = {}): IClusterSummary {
+  return {
+    name,
+    backend: 'local',
+    address: 'tcp://127.0.0.1:1',
+    dashboard_link: null,
+    owner_kind: 'kernel',
+    owner_pid: 42,
+    attached: false,
+    started: 0,
+    status: 'running',
+    error: null,
+    n_workers: 2,
+    cores: 2,
+    memory_limit: 0,
+    jobs_running: 0,
+    topics: [],
+    kernels: [],
+    ...extra
+  };
+}
+
+function model(workers: IWorker[]): IClusterModel {
+  return {
+    ...cluster('c'),
+    owns_cluster: true,
+    workers,
+    memory: workers.reduce((m, w) => m + w.memory, 0),
+    n_workers: workers.length
+  };
+}
+
+function job(id: string, kernel: string | null, extra: Partial<IJob> = {}): IJob {
+  return {
+    job: id,
+    label: id,
+    kernel: 1,
+    cluster: 'c',
+    total: 10,
+    done: 0,
+    failed: 0,
+    state: 'running',
+    started: 1,
+    updated: 1,
+    failures: [],
+    kernel_id: kernel,
+    ...extra
+  };
+}
+
+describe('worker diffs', () => {
+  it('replace changed rows in place, append new ones, drop removed ones, recompute totals', () => {
+    const m = model([worker(0), worker(1), worker(2)]);
+    const next = applyWorkersDiff(m, {
+      changed: [worker(1, { executing: 1, memory: 2 * GIB }), worker(7)],
+      removed: [worker(0).address]
+    });
+    expect(next.workers.map(w => w.name)).toEqual(['1', '2', '7']);
+    expect(next.workers[0].executing).toBe(1);
+    expect(next.n_workers).toBe(3);
+    expect(next.memory).toBe(4 * GIB);
+    expect(next.cores).toBe(3);
+    expect(m.workers).toHaveLength(3); // the old model is not changed
+  });
+
+  it('return the same model for an empty diff, and take cluster fields from the summary', () => {
+    const m = model([worker(0)]);
+    expect(applyWorkersDiff(m, { changed: [], removed: [] })).toBe(m);
+    expect(applyWorkersDiff(m, { changed: [], removed: [], summary: { status: 'unreachable' } }).status).toBe(
+      'unreachable'
+    );
+  });
+
+  it('apply through the reducer only to the selected cluster with a full list', () => {
+    let s = reduce(initialState(), { type: 'clusters', clusters: [cluster('c'), cluster('d')] });
+    const diff = { type: 'workers' as const, name: 'c', changed: [worker(5)], removed: [] };
+    expect(reduce(s, diff)).toBe(s); // no full list yet
+    s = reduce(s, { type: 'cluster', name: 'c', model: model([worker(0)]) });
+    s = reduce(s, diff);
+    expect(s.detail?.workers.map(w => w.name)).toEqual(['0', '5']);
+    expect(reduce(s, { ...diff, name: 'd' })).toBe(s);
+  });
+});
+
+describe('worker sorting', () => {
+  const ws = [219, 22, 220, 3, 100].map(i => worker(i, { cpu: i % 7, memory: (i % 5) * GIB }));
+
+  it('sorts names naturally, not as text', () => {
+    expect(sortWorkers(ws, { column: 'name', descending: false }).map(w => w.name)).toEqual([
+      '3',
+      '22',
+      '100',
+      '219',
+      '220'
+    ]);
+  });
+
+  it('sorts numbers as numbers, ties by name, either way', () => {
+    const byMemory = sortWorkers(ws, { column: 'memory', descending: true });
+    expect(byMemory.map(w => w.memory / GIB)).toEqual([4, 3, 2, 0, 0]);
+    expect(byMemory.map(w => w.name)).toEqual(['219', '3', '22', '100', '220']); // ties by name
+    const byCpu = sortWorkers(ws, { column: 'cpu', descending: false }).map(w => w.cpu);
+    expect(byCpu).toEqual([...byCpu].sort((a, b) => a - b));
+  });
+
+  it('flips on a second click; numbers start largest first', () => {
+    expect(nextSort({ column: 'name', descending: false }, 'cpu')).toEqual({ column: 'cpu', descending: true });
+    expect(nextSort({ column: 'cpu', descending: true }, 'cpu')).toEqual({ column: 'cpu', descending: false });
+    expect(nextSort({ column: 'cpu', descending: true }, 'name')).toEqual({ column: 'name', descending: false });
+  });
+});
+
+describe('worker summary', () => {
+  it('counts threads, tasks, idle leases, statuses, hosts and the memory distribution', () => {
+    const ws = [
+      worker(0, { executing: 2, memory: 0.5 * GIB }),
+      worker(1, { idle_leases: 1, leases: 1, memory: 3.9 * GIB, cpu: 50 }),
+      worker(2, { status: 'paused', nthreads: 4 }),
+      worker(3)
+    ];
+    const s = summarize(ws);
+    expect(s.workers).toBe(4);
+    expect(s.threads).toBe(7);
+    expect(s.tasks).toBe(2);
+    expect(s.idleLeases).toBe(1);
+    expect(s.statuses).toEqual({ running: 3, paused: 1 });
+    expect(s.memoryHistogram).toEqual([0, 1, 2, 0, 0, 0, 0, 0, 0, 1]);
+    expect(s.cpu.max).toBe(50);
+    expect(s.hosts.map(h => [h.host, h.workers])).toEqual([
+      ['10.0.0.0', 2],
+      ['10.0.0.1', 1],
+      ['10.0.0.2', 1]
+    ]);
+  });
+
+  it('reads hosts from addresses of any protocol, IPv6 too', () => {
+    expect(hostOf('tls://node-7.cluster:4012')).toBe('node-7.cluster');
+    expect(hostOf('tcp://[::1]:4012')).toBe('[::1]');
+    expect(hostOf('tcp://127.0.0.1:4012')).toBe('127.0.0.1');
+  });
+
+  it('shows a worker whose only tasks are waiting leases as idle', () => {
+    expect(tasksText(worker(0, { executing: 0, idle_leases: 2 }))).toBe('idle');
+    expect(tasksText(worker(0, { executing: 3, idle_leases: 0 }))).toBe('3');
+    expect(tasksText(worker(0))).toBe('0');
+  });
+});
+
+describe('the virtual list', () => {
+  it('draws a bounded window whatever the length', () => {
+    for (const n of [10, 256, 10000]) {
+      for (const scroll of [0, 1000, 22 * n]) {
+        const { start, end } = visibleRange(scroll, 264, 22, n, 4);
+        expect(end - start).toBeLessThanOrEqual(12 + 8);
+        expect(start).toBeGreaterThanOrEqual(0);
+        expect(end).toBeLessThanOrEqual(n);
+      }
+    }
+    expect(visibleRange(0, 264, 22, 2)).toEqual({ start: 0, end: 2 });
+    // scrolled to the end: the last rows are drawn
+    expect(visibleRange(22 * 246, 264, 22, 256, 4).end).toBe(256);
+  });
+});
+
+describe('stable orders', () => {
+  it('orders cards by start time, the pinned one first, whatever the order pushed', () => {
+    const cs = [cluster('b', { started: 2 }), cluster('a', { started: 1 }), cluster('c', { started: 3 })];
+    expect(orderClusters(cs, null).map(c => c.name)).toEqual(['a', 'b', 'c']);
+    expect(orderClusters([...cs].reverse(), null).map(c => c.name)).toEqual(['a', 'b', 'c']);
+    expect(orderClusters(cs, 'c').map(c => c.name)).toEqual(['c', 'a', 'b']);
+  });
+
+  it("puts the active notebook's jobs first, keeping each part's order", () => {
+    const jobs = [job('x1', 'k2'), job('m1', 'k1'), job('x2', null), job('m2', 'k1')];
+    expect(orderJobs(jobs, 'k1').map(j => j.job)).toEqual(['m1', 'm2', 'x1', 'x2']);
+    expect(orderJobs(jobs, null)).toBe(jobs);
+    expect(orderJobs(jobs, 'k9')).toBe(jobs);
+  });
+});
+
+describe('the New dialog', () => {
+  it('offers the configured backends, the default first', () => {
+    const fields = newClusterFields(['local', 'slurm', 'ssh'], 'slurm', 4);
+    const backend = fields.find(f => f.name === 'backend');
+    expect(backend?.choices?.map(c => c.value)).toEqual(['slurm', 'local', 'ssh']);
+    expect(fields.map(f => f.name)).toEqual(['name', 'backend', 'workers', 'threads', 'memory']);
+    expect(fields.find(f => f.name === 'workers')?.value).toBe('4');
+  });
+
+  it('checks every field before sending, and sends only what was given', () => {
+    expect(checkNewCluster({ name: 'bad name', workers: '', threads: '', memory: '' })).toMatch(/not a valid/);
+    expect(checkNewCluster({ name: '', workers: '0', threads: '', memory: '' })).toMatch(/workers must be/);
+    expect(checkNewCluster({ name: '', workers: '2', threads: 'x', memory: '' })).toMatch(/threads must be/);
+    expect(checkNewCluster({ name: '', workers: '2', threads: '2', memory: 'lots' })).toMatch(/not a size/);
+    const ok = { name: 'a', workers: '2', threads: '3', memory: '4 GiB', backend: 'local' };
+    expect(checkNewCluster(ok)).toBeNull();
+    expect(newClusterRequest(ok)).toEqual({
+      name: 'a',
+      workers: 2,
+      threads: 3,
+      memory_limit: '4GiB',
+      backend: 'local'
+    });
+    expect(newClusterRequest({ name: '', workers: '', threads: '', memory: '' })).toEqual({});
+  });
+});
+
+describe("the active notebook's cluster stops", () => {
+  it("shows its kept history, or nothing, never another notebook's cluster", () => {
+    let s = reduce(initialState(), {
+      type: 'clusters',
+      clusters: [cluster('one', { started: 1 }), cluster('four', { started: 4, kernels: ['k4'] })]
+    });
+    s = setActiveKernel(s, 'k4');
+    expect(s.selected).toBe('four');
+    s = reduce(s, { type: 'clusters', clusters: [cluster('one', { started: 1 })] });
+    expect(s.selected).toBe('four'); // until the jobs message says what was kept
+    s = reduce(s, { type: 'jobs', running: [], recent: [], history: [] });
+    expect(s.selected).toBeNull();
+    // another notebook's cluster is still one click away
+    expect(select(s, 'one').selected).toBe('one');
+  });
+});
+
+describe('jobs per notebook', () => {
+  it("keeps the active notebook's finished jobs in the list however many others finish later", () => {
+    const mine = [job('m1', 'k1', { state: 'finished', updated: 5 })];
+    const others = Array.from({ length: 8 }, (_, i) => job(`o${i}`, 'k2', { state: 'finished', updated: 10 + i }));
+    const state = {
+      ...initialState(),
+      jobs: { running: [job('r', 'k2')], recent: [...others].reverse().concat(mine) },
+      activeKernel: 'k1',
+      selected: 'c'
+    };
+    const all = scopedJobs(state, 'all', 4);
+    expect(all.rows.map(j => j.job)).toEqual(['r', 'm1', 'o7', 'o6', 'o5']);
+    expect(all.more).toBe(5);
+    expect(scopedJobs(state, 'notebook', 4).rows.map(j => j.job)).toEqual(['m1']);
+    expect(scopedJobs({ ...state, activeKernel: 'k2' }, 'notebook', 4).rows[0].job).toBe('r');
+    expect(scopedJobs({ ...state, selected: 'elsewhere' }, 'cluster', 4).rows).toEqual([]);
+  });
+});
+
+describe('batch facts', () => {
+  it("say how many jobs run and wait, with SLURM's reasons and the walltime left", () => {
+    expect(batchText(undefined)).toBe('');
+    expect(
+      batchText({
+        system: 'slurm',
+        running: 2,
+        pending: 1,
+        pending_jobs: [{ job_id: '17', reason: 'Resources' }],
+        walltime_left: '1:02:03'
+      })
+    ).toBe('slurm: 2 jobs running, 1 pending (job 17: Resources) · walltime left 1:02:03');
+  });
+});
+
+describe('job context', () => {
+  it("names the notebook, the cell, the job's number in its run and the duration", () => {
+    const j = job('e', 'k1', {
+      state: 'finished',
+      started: 100,
+      updated: 104.2,
+      notebook: 'examples/03-es.ipynb',
+      cell: { execution_count: 7 },
+      context: { job: 3 }
+    });
+    expect(jobContextText(j)).toBe('03-es.ipynb · In [7] · job 3 · 4.2 s');
+    expect(jobContextText({ ...j, context: { job: 1 } })).toBe('03-es.ipynb · In [7] · 4.2 s');
+    expect(jobContextText(job('x', null, { started: 10, updated: 105, state: 'finished' }))).toBe('1 min 35 s');
+  });
+});

@@ -1,0 +1,162 @@
+/**
+ * The sweep table's data: sorting (numbers as numbers), filtering, grouping
+ * with mean ± sd bands, and the options of the curves and parallel views.
+ */
+import type { Point } from '../charts/data';
+import {
+  ISweep,
+  ISweepRow,
+  columns,
+  compareValues,
+  curvesOption,
+  filterRows,
+  groupRows,
+  meanBand,
+  parallelOption,
+  seriesOfRow,
+  sortRows,
+  sweepFromTable
+} from '../sweep/model';
+
+const row = (i: number, lr: number, aux: boolean, loss: number): ISweepRow => ({
+  id: `r:${i}`,
+  name: `lr=${lr}, aux=${aux}`,
+  state: i === 3 ? 'error' : 'finished',
+  config: { lr, aux, opt: i % 2 ? 'adam' : 'sgd' },
+  final: { loss },
+  best: { loss: loss - 0.1 }
+});
+
+const rows = [row(0, 0.1, true, 0.5), row(1, 0.01, false, 0.2), row(2, 0.001, true, 1.5), row(3, 0.02, false, 10)];
+const curve = (...ys: number[]): Point[] => ys.map((y, x) => [x, y]);
+const sweep: ISweep = {
+  rows,
+  curves: { loss: { 'r:0': curve(1, 0.5), 'r:1': curve(1, 0.2), 'r:2': curve(2, 1.5), 'r:3': curve(3, 10) } }
+};
+
+describe('sweep table', () => {
+  it('has the name, state, each config key and each metric final and best as columns', () => {
+    expect(columns(sweep).map(c => c.id)).toEqual([
+      'name',
+      'state',
+      'config:lr',
+      'config:aux',
+      'config:opt',
+      'final:loss',
+      'best:loss'
+    ]);
+  });
+
+  it('sorts numbers as numbers and text naturally, empty cells last either way', () => {
+    const lr = columns(sweep).find(c => c.id === 'config:lr')!;
+    expect(sortRows(rows, lr).map(r => r.config.lr)).toEqual([0.001, 0.01, 0.02, 0.1]);
+    expect(sortRows(rows, lr, true).map(r => r.config.lr)).toEqual([0.1, 0.02, 0.01, 0.001]);
+    expect([compareValues(2, 10), compareValues('run 2', 'run 10'), compareValues(null, 1)].map(Math.sign)).toEqual([
+      -1, -1, 1
+    ]);
+    const withEmpty = [...rows, { ...row(4, 0.5, true, 0), final: {} }];
+    const loss = columns(sweep).find(c => c.id === 'final:loss')!;
+    expect(sortRows(withEmpty, loss, true).map(r => r.id)).toEqual(['r:3', 'r:2', 'r:0', 'r:1', 'r:4']);
+    expect(sortRows(withEmpty, loss).map(r => r.id)).toEqual(['r:1', 'r:0', 'r:2', 'r:3', 'r:4']);
+  });
+
+  it('filters by key=value, comparisons and text; all terms must hold', () => {
+    expect(filterRows(rows, 'aux=true').map(r => r.id)).toEqual(['r:0', 'r:2']);
+    expect(filterRows(rows, 'lr>=0.01 loss<1').map(r => r.id)).toEqual(['r:0', 'r:1']);
+    expect(filterRows(rows, 'opt!=adam').map(r => r.id)).toEqual(['r:0', 'r:2']);
+    expect(filterRows(rows, 'state=error').map(r => r.id)).toEqual(['r:3']);
+    expect(filterRows(rows, 'adam').map(r => r.id)).toEqual(['r:1', 'r:3']);
+    expect(filterRows(rows, 'momentum=0.9')).toEqual([]);
+    expect(filterRows(rows, '  ')).toBe(rows);
+  });
+
+  it('groups by a config value and draws each group mean ± sd', () => {
+    expect(groupRows(rows, 'aux').map(g => [g.value, g.rows.length])).toEqual([
+      ['false', 2],
+      ['true', 2]
+    ]);
+    const band = meanBand([curve(1, 2, 3), curve(3, 4)]);
+    expect(band.map(b => [b.x, b.mean, b.lo, b.hi, b.n])).toEqual([
+      [0, 2, 1, 3, 2],
+      [1, 3, 2, 4, 2],
+      [2, 3, 3, 3, 1]
+    ]);
+    const grouped = curvesOption(sweep, rows, 'loss', () => '#000', 'aux');
+    expect(grouped.lines).toEqual(['aux=false (n=2)', 'aux=true (n=2)']);
+    const series = grouped.option.series as { id: string; stack?: string; data: Point[] }[];
+    // per group: the band's floor, its spread stacked on it, the mean
+    expect(series.map(s => s.id)).toEqual([
+      'band:false:lo',
+      'band:false:spread',
+      'mean:false',
+      'band:true:lo',
+      'band:true:spread',
+      'mean:true'
+    ]);
+    expect(series[2].data).toEqual([
+      [0, 2],
+      [1, 5.1]
+    ]);
+  });
+
+  it('overlays the chosen rows, each in its colour', () => {
+    const chosen = curvesOption(sweep, [rows[1], rows[2]], 'loss', id => (id === 'r:1' ? '#111' : '#222'));
+    expect(chosen.lines).toEqual(['lr=0.01, aux=false', 'lr=0.001, aux=true']);
+    expect((chosen.option.series as { itemStyle: { color: string } }[]).map(s => s.itemStyle.color)).toEqual([
+      '#111',
+      '#222'
+    ]);
+  });
+
+  it('maps config to the metric in parallel coordinates: numbers on value axes, the rest as categories', () => {
+    const option = parallelOption(rows, 'loss') as {
+      parallelAxis: { name: string; type: string; data?: string[] }[];
+      series: { data: { value: unknown[] }[] }[];
+      visualMap: { dimension: number; min: number; max: number };
+    };
+    expect(option.parallelAxis.map(a => [a.name, a.type])).toEqual([
+      ['lr', 'value'],
+      ['aux', 'category'],
+      ['opt', 'category'],
+      ['loss', 'value']
+    ]);
+    expect(option.parallelAxis[1].data).toEqual(['false', 'true']);
+    expect(option.series[0].data[0].value).toEqual([0.1, 'true', 'sgd', 0.5]);
+    expect([option.visualMap.dimension, option.visualMap.min, option.visualMap.max]).toEqual([3, 0.2, 10]);
+  });
+});
+
+describe('sweep from the runs table', () => {
+  it("finds a row's curve by its item key or its identity fields, as the Python widget does", () => {
+    const table = [
+      { run: 'r1', key: 'aux=True, lr=0.1, trial=0', config: { trial: 0, lr: 0.1, aux: true }, final: { loss: 1 } },
+      { run: 'r1', key: 'aux=False, lr=0.1, trial=1', config: { trial: 1, lr: 0.1, aux: false }, final: { loss: 2 } },
+      { run: 'r2', key: null, item: null, name: 'baseline', config: {}, final: { loss: 3 } }
+    ];
+    expect(seriesOfRow(table[0], ['trial=0', 'trial=1', 'all'])).toBe('trial=0');
+    expect(seriesOfRow(table[1], ['aux=False, lr=0.1, trial=1', 'trial=1'])).toBe('aux=False, lr=0.1, trial=1');
+    expect(seriesOfRow(table[0], ['aux=False'])).toBeNull();
+    expect(seriesOfRow(table[0], ['aux=True'])).toBe('aux=True'); // Python's str(True)
+    expect(seriesOfRow(table[2], ['all'])).toBeNull();
+    const s = sweepFromTable(table, [{ scalars: { loss: { 'trial=0': curve(3, 1), 'trial=1': curve(4, 2) } } }], 'es');
+    expect(s.rows.map(r => [r.id, r.name])).toEqual([
+      ['r1:aux=True, lr=0.1, trial=0', 'aux=True, lr=0.1, trial=0'],
+      ['r1:aux=False, lr=0.1, trial=1', 'aux=False, lr=0.1, trial=1'],
+      ['r2:', 'baseline']
+    ]);
+    // an item's own curve (GET runs/RUN/curves) comes first; the series fill in the rest
+    const own = sweepFromTable(table, [{ scalars: { loss: { 'trial=0': curve(3, 1), 'trial=1': curve(4, 2) } } }], '', {
+      r1: { loss: { 'aux=True, lr=0.1, trial=0': curve(9, 9) } },
+      r2: { loss: { '': curve(7) } }
+    });
+    expect(own.curves.loss).toEqual({
+      'r1:aux=True, lr=0.1, trial=0': curve(9, 9),
+      'r1:aux=False, lr=0.1, trial=1': curve(4, 2),
+      'r2:': curve(7)
+    });
+    expect(s.curves.loss).toEqual({
+      'r1:aux=True, lr=0.1, trial=0': curve(3, 1),
+      'r1:aux=False, lr=0.1, trial=1': curve(4, 2)
+    });
+  });
+});

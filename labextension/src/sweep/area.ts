@@ -1,0 +1,186 @@
+/**
+ * The sweep table of one run in JupyterLab's main area (a dockable tab, like
+ * a metrics topic's view): the run's rows from `GET runs/RUN`, the curves
+ * from its cluster's metrics topics, drawn by the same SweepView as the
+ * notebook widget.  Read again every few seconds while the run is running.
+ *
+ * `registerSweep()` adds the command that opens it
+ * (`jupyter-cluster:open-sweep`, args `{run}`; without a run it asks which,
+ * newest first) and its palette entry; index.ts calls it once.
+ */
+import type { JupyterFrontEnd } from '@jupyterlab/application';
+import { ICommandPalette, InputDialog, MainAreaWidget } from '@jupyterlab/apputils';
+import type { LabIcon } from '@jupyterlab/ui-components';
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { requestAPI } from '../api';
+import type { IMetricsModel } from '../charts/data';
+import type { ITableRow, ItemCurves } from './model';
+import { sweepFromTable } from './model';
+import { SweepView } from './view';
+
+export const OPEN_SWEEP = 'jupyter-cluster:open-sweep';
+
+/** Seconds between reads while the run is running. */
+const POLL_SECONDS = 3;
+
+/** A run as `GET runs` lists it (the fields used here). */
+export interface IRunRecord {
+  run: string;
+  name?: string | null;
+  notebook?: string | null;
+  state?: string | null;
+  started?: number | null;
+  cluster?: string | null;
+  history?: string | null;
+  metrics?: string[];
+}
+
+interface IRunDetail {
+  run: IRunRecord;
+  rows: ITableRow[];
+}
+
+/** How a run is offered in the picker: its name (or id), notebook and start time. */
+export function runLabel(r: IRunRecord): string {
+  const when = r.started ? new Date(r.started * 1000).toLocaleTimeString() : '';
+  const where = r.notebook ? ` · ${r.notebook}` : '';
+  return `${r.name || r.run}${where}${when ? ` · ${when}` : ''} [${r.run}]`;
+}
+
+export class SweepArea extends Widget {
+  private readonly view: SweepView;
+  private timer = 0;
+  private loading = false;
+
+  constructor(
+    readonly run: string,
+    dark?: boolean
+  ) {
+    super();
+    this.addClass('jc-sweep-area');
+    this.id = `jupyter-cluster-sweep-${run}`.replace(/[^A-Za-z0-9_-]/g, '_');
+    this.title.label = `Sweep ${run}`;
+    this.title.closable = true;
+    this.node.style.overflow = 'auto';
+    this.node.style.padding = '8px';
+    this.view = new SweepView(this.node, { dark, height: 320 });
+  }
+
+  setDark(dark: boolean): void {
+    this.view.setDark(dark);
+  }
+
+  /** Read the run's rows and curves now; again in a few seconds while it runs. */
+  async load(): Promise<void> {
+    if (this.loading || this.isDisposed) {
+      return;
+    }
+    this.loading = true;
+    let running = false;
+    try {
+      const detail = await requestAPI<IRunDetail>(`runs/${encodeURIComponent(this.run)}`);
+      const rec = detail.run;
+      running = rec.state === 'running';
+      this.title.label = `Sweep: ${rec.name || rec.run}`;
+      // each item's own curves; the cluster's topics only for rows that have none (older servers)
+      const { curves } = await requestAPI<{ curves: ItemCurves[string] }>(
+        `runs/${encodeURIComponent(this.run)}/curves`
+      ).catch(() => ({ curves: {} as ItemCurves[string] }));
+      const covered = (r: ITableRow): boolean => Object.values(curves).some(byKey => !!byKey[r.key ?? '']);
+      const cluster = rec.history || rec.cluster;
+      const models: IMetricsModel[] = [];
+      if (cluster && !detail.rows.every(covered)) {
+        const wanted = new Set(detail.rows.flatMap(r => Object.keys(r.final ?? {})));
+        const { topics } = await requestAPI<{ topics: { topic: string; scalars: string[] }[] }>(
+          `clusters/${encodeURIComponent(cluster)}/metrics`
+        );
+        for (const t of topics.filter(t => t.scalars.some(s => wanted.has(s)))) {
+          models.push(
+            await requestAPI<IMetricsModel>(
+              `clusters/${encodeURIComponent(cluster)}/metrics/${encodeURIComponent(t.topic)}`
+            )
+          );
+        }
+      }
+      this.view.update(sweepFromTable(detail.rows, models, rec.name || rec.run, { [rec.run]: curves }));
+    } catch (error) {
+      console.warn('jupyter-cluster:', (error as Error).message);
+    } finally {
+      this.loading = false;
+    }
+    window.clearTimeout(this.timer);
+    if (running && !this.isDisposed) {
+      this.timer = window.setTimeout(() => void this.load(), POLL_SECONDS * 1000);
+    }
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    void this.load();
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    window.clearTimeout(this.timer);
+    this.view.dispose();
+    super.dispose();
+  }
+}
+
+/**
+ * Register the command that opens a run's sweep table in the main area.
+ * Returns a function that re-styles the open tables for a theme.
+ */
+export function registerSweep(
+  app: JupyterFrontEnd,
+  palette: ICommandPalette | null,
+  dark: () => boolean | undefined,
+  icon?: LabIcon
+): (dark: boolean) => void {
+  const open = new Set<SweepArea>();
+  app.commands.addCommand(OPEN_SWEEP, {
+    label: args => (args.run ? `Open the Sweep Table of Run ${String(args.run)}` : 'Open a Sweep Table…'),
+    execute: async args => {
+      let run = typeof args.run === 'string' ? args.run : '';
+      if (!run) {
+        const { runs } = await requestAPI<{ runs: IRunRecord[] }>('runs');
+        if (!runs.length) {
+          console.warn('jupyter-cluster: no runs yet; a %%parallel sweep, a map or jc.run() makes one');
+          return;
+        }
+        const labels = runs.map(runLabel);
+        const picked = await InputDialog.getItem({ title: 'Sweep table of run', items: labels });
+        if (!picked.button.accept || picked.value === null) {
+          return;
+        }
+        run = runs[labels.indexOf(picked.value)]?.run ?? '';
+      }
+      if (!run) {
+        return;
+      }
+      const existing = [...open].find(a => a.run === run);
+      if (existing) {
+        app.shell.activateById(existing.parent?.id ?? existing.id);
+        return;
+      }
+      const content = new SweepArea(run, dark());
+      const widget = new MainAreaWidget({ content });
+      widget.id = `${content.id}-area`;
+      widget.title.label = content.title.label;
+      content.title.changed.connect(() => (widget.title.label = content.title.label));
+      if (icon) {
+        widget.title.icon = icon;
+      }
+      open.add(content);
+      content.disposed.connect(() => open.delete(content));
+      app.shell.add(widget, 'main', { mode: 'split-right' });
+      app.shell.activateById(widget.id);
+    }
+  });
+  palette?.addItem({ command: OPEN_SWEEP, category: 'Dask Clusters' });
+  return (isDark: boolean) => open.forEach(a => a.setDark(isDark));
+}

@@ -1,0 +1,532 @@
+/**
+ * The sweep table and its comparisons, as plain data (no DOM, no ECharts
+ * import, unit-tested with Jest): one row per sweep item or run, with its
+ * config and each metric's final and best value (the rows of
+ * `jupyter_cluster.runs.table()`, which `jc.runs()` shows as a DataFrame);
+ * sorting, filtering, grouping by a config key with mean ± spread bands, and
+ * the ECharts options of the curves overlay and the parallel-coordinates
+ * (config -> metric) view.
+ */
+import type { Point } from '../charts/data';
+import { escapeHTML, formatNumber, naturalCompare } from '../charts/data';
+
+/** A config value as a table cell holds it. */
+export type ConfigValue = string | number | boolean | null;
+
+/** One row of the sweep table. */
+export interface ISweepRow {
+  /** unique in the table: the run id, and the item's key for a sweep item */
+  id: string;
+  /** what the row is called: the item's key ("lr=0.1, aux=on") or the run's name */
+  name: string;
+  state?: string | null;
+  duration?: number | null;
+  config: { [key: string]: ConfigValue };
+  /** each metric's value at its last step */
+  final: { [metric: string]: number | null };
+  /** each metric's best value (lowest for loss-like names, else highest) */
+  best: { [metric: string]: number | null };
+}
+
+/** What the sweep widget and view draw: the rows and, per metric, each row's curve. */
+export interface ISweep {
+  title?: string;
+  rows: ISweepRow[];
+  curves: { [metric: string]: { [rowId: string]: Point[] } };
+}
+
+/** A column of the table: the row's name, state or duration, a config key, or a metric's final or best value. */
+export interface IColumn {
+  id: string;
+  label: string;
+  kind: 'name' | 'state' | 'duration' | 'config' | 'final' | 'best';
+  key: string;
+}
+
+/** The config keys of the rows, in order of first appearance. */
+export function configKeys(rows: ISweepRow[]): string[] {
+  const out: string[] = [];
+  for (const r of rows) {
+    for (const k of Object.keys(r.config)) {
+      if (!out.includes(k)) {
+        out.push(k);
+      }
+    }
+  }
+  return out;
+}
+
+/** The metrics of the rows (final values and curves), in natural order. */
+export function metricKeys(sweep: ISweep): string[] {
+  const names = new Set<string>(Object.keys(sweep.curves));
+  for (const r of sweep.rows) {
+    Object.keys(r.final).forEach(m => names.add(m));
+  }
+  return [...names].sort(naturalCompare);
+}
+
+/** The table's columns: name, state, each config key, each metric's final and best value. */
+export function columns(sweep: ISweep): IColumn[] {
+  const cols: IColumn[] = [{ id: 'name', label: 'run', kind: 'name', key: 'name' }];
+  if (sweep.rows.some(r => r.state)) {
+    cols.push({ id: 'state', label: 'state', kind: 'state', key: 'state' });
+  }
+  if (sweep.rows.some(r => typeof r.duration === 'number')) {
+    cols.push({ id: 'duration', label: 'time (s)', kind: 'duration', key: 'duration' });
+  }
+  for (const k of configKeys(sweep.rows)) {
+    cols.push({ id: `config:${k}`, label: k, kind: 'config', key: k });
+  }
+  for (const m of metricKeys(sweep)) {
+    if (sweep.rows.some(r => m in r.final)) {
+      cols.push({ id: `final:${m}`, label: m, kind: 'final', key: m });
+      cols.push({ id: `best:${m}`, label: `${m} (best)`, kind: 'best', key: m });
+    }
+  }
+  return cols;
+}
+
+/** A row's value in a column. */
+export function cellValue(row: ISweepRow, col: IColumn): ConfigValue | undefined {
+  switch (col.kind) {
+    case 'name':
+      return row.name;
+    case 'state':
+      return row.state ?? null;
+    case 'duration':
+      return row.duration ?? null;
+    case 'config':
+      return row.config[col.key];
+    case 'final':
+      return row.final[col.key];
+    case 'best':
+      return row.best[col.key];
+  }
+}
+
+/** A cell's text. */
+export function cellText(v: ConfigValue | undefined): string {
+  if (v === null || v === undefined) {
+    return '';
+  }
+  return typeof v === 'number' ? formatNumber(v) : String(v);
+}
+
+/** Compare two cells: numbers as numbers, text naturally (so 2 < 10 and "run 2" < "run 10"), empty last. */
+export function compareValues(a: ConfigValue | undefined, b: ConfigValue | undefined): number {
+  const empty = (v: ConfigValue | undefined): boolean =>
+    v === null || v === undefined || v === '' || (typeof v === 'number' && !Number.isFinite(v));
+  if (empty(a) || empty(b)) {
+    return empty(a) ? (empty(b) ? 0 : 1) : -1;
+  }
+  if (typeof a === 'number' && typeof b === 'number') {
+    return a - b;
+  }
+  return naturalCompare(String(a), String(b));
+}
+
+/** The rows sorted by a column (stable; empty cells last in either direction). */
+export function sortRows(rows: ISweepRow[], col: IColumn | null, descending = false): ISweepRow[] {
+  if (!col) {
+    return rows;
+  }
+  const sign = descending ? -1 : 1;
+  return rows
+    .map((row, i) => ({ row, i, v: cellValue(row, col) }))
+    .sort((a, b) => {
+      const emptyA = a.v === null || a.v === undefined || a.v === '';
+      const emptyB = b.v === null || b.v === undefined || b.v === '';
+      if (emptyA !== emptyB) {
+        return emptyA ? 1 : -1;
+      }
+      return sign * compareValues(a.v, b.v) || a.i - b.i;
+    })
+    .map(x => x.row);
+}
+
+/**
+ * The rows a filter keeps.  Terms are separated by spaces and all must hold:
+ * `key=value` (a config key, metric or column equal to value), `key!=value`,
+ * `key>n`, `key>=n`, `key<n`, `key<=n` (numbers), or plain text found in
+ * the row's name or any config value.  A term on an unknown key keeps nothing.
+ */
+export function filterRows(rows: ISweepRow[], text: string): ISweepRow[] {
+  const terms = text
+    .trim()
+    .split(/\s+/)
+    .filter(t => t);
+  if (!terms.length) {
+    return rows;
+  }
+  const tests = terms.map(term => {
+    const m = /^([^<>=!]+?)\s*(!=|>=|<=|=|>|<)\s*(.*)$/.exec(term);
+    if (!m) {
+      const needle = term.toLowerCase();
+      return (r: ISweepRow): boolean =>
+        r.name.toLowerCase().includes(needle) ||
+        Object.values(r.config).some(v => cellText(v).toLowerCase().includes(needle));
+    }
+    const [, key, op, raw] = m;
+    return (r: ISweepRow): boolean => {
+      const v = key in r.config ? r.config[key] : key in r.final ? r.final[key] : key === 'state' ? r.state : undefined;
+      if (v === undefined) {
+        return false;
+      }
+      if (op === '=' || op === '!=') {
+        const same = cellText(v).toLowerCase() === raw.toLowerCase() || (typeof v === 'number' && v === Number(raw));
+        return op === '=' ? same : !same;
+      }
+      const n = Number(raw);
+      if (typeof v !== 'number' || !Number.isFinite(n)) {
+        return false;
+      }
+      return op === '>' ? v > n : op === '>=' ? v >= n : op === '<' ? v < n : v <= n;
+    };
+  });
+  return rows.filter(r => tests.every(t => t(r)));
+}
+
+/** The rows grouped by a config key's value (groups in natural order of their value's text). */
+export function groupRows(rows: ISweepRow[], key: string): { value: string; rows: ISweepRow[] }[] {
+  const groups = new Map<string, ISweepRow[]>();
+  for (const r of rows) {
+    const value = cellText(r.config[key]) || '(none)';
+    const list = groups.get(value);
+    if (list) {
+      list.push(r);
+    } else {
+      groups.set(value, [r]);
+    }
+  }
+  return [...groups.entries()].sort(([a], [b]) => naturalCompare(a, b)).map(([value, list]) => ({ value, rows: list }));
+}
+
+/** The mean of a group's curves at each x, and the spread (± one standard deviation), from the curves that have x. */
+export interface IBandPoint {
+  x: number;
+  mean: number;
+  lo: number;
+  hi: number;
+  n: number;
+}
+
+/**
+ * Mean ± standard deviation of several curves, at every x any of them has
+ * (each x from the curves with a finite value there; n says how many).
+ */
+export function meanBand(curves: Point[][]): IBandPoint[] {
+  const byX = new Map<number, number[]>();
+  for (const curve of curves) {
+    for (const [x, y] of curve) {
+      if (y === null || !Number.isFinite(y)) {
+        continue;
+      }
+      const list = byX.get(x);
+      if (list) {
+        list.push(y);
+      } else {
+        byX.set(x, [y]);
+      }
+    }
+  }
+  return [...byX.entries()]
+    .sort((a, b) => a[0] - b[0])
+    .map(([x, ys]) => {
+      const mean = ys.reduce((s, y) => s + y, 0) / ys.length;
+      const sd = Math.sqrt(ys.reduce((s, y) => s + (y - mean) ** 2, 0) / ys.length);
+      return { x, mean, lo: mean - sd, hi: mean + sd, n: ys.length };
+    });
+}
+
+/** What the curves chart draws: its lines (a row or a group's mean) and bands, for the tests and the legend. */
+export interface ICurvesChart {
+  option: { [key: string]: unknown };
+  lines: string[];
+}
+
+/**
+ * The curves of `metric` for `rows`, each in its colour; or, grouped by a
+ * config key, each group's mean with a ± one standard deviation band.
+ */
+export function curvesOption(
+  sweep: ISweep,
+  rows: ISweepRow[],
+  metric: string,
+  colorOf: (key: string) => string,
+  groupBy: string | null = null
+): ICurvesChart {
+  const curves = sweep.curves[metric] ?? {};
+  const series: object[] = [];
+  const lines: string[] = [];
+  if (groupBy) {
+    for (const g of groupRows(rows, groupBy)) {
+      const band = meanBand(g.rows.map(r => curves[r.id] ?? []));
+      if (!band.length) {
+        continue;
+      }
+      const name = `${groupBy}=${g.value} (n=${g.rows.length})`;
+      const color = colorOf(`${groupBy}=${g.value}`);
+      const stack = `band:${g.value}`;
+      lines.push(name);
+      // the band: an invisible line at mean - sd, and the spread stacked on it as a filled area
+      series.push({
+        id: `${stack}:lo`,
+        type: 'line',
+        data: band.map(b => [b.x, b.lo]),
+        stack,
+        lineStyle: { opacity: 0 },
+        showSymbol: false,
+        silent: true,
+        tooltip: { show: false }
+      });
+      series.push({
+        id: `${stack}:spread`,
+        type: 'line',
+        data: band.map(b => [b.x, b.hi - b.lo]),
+        stack,
+        lineStyle: { opacity: 0 },
+        areaStyle: { color, opacity: 0.2 },
+        showSymbol: false,
+        silent: true,
+        tooltip: { show: false }
+      });
+      series.push({
+        id: `mean:${g.value}`,
+        name,
+        type: 'line',
+        data: band.map(b => [b.x, b.mean]),
+        showSymbol: band.length < 2,
+        itemStyle: { color },
+        lineStyle: { width: 2, color }
+      });
+    }
+  } else {
+    for (const r of rows) {
+      const data = curves[r.id];
+      if (!data || !data.length) {
+        continue;
+      }
+      lines.push(r.name);
+      series.push({
+        id: `row:${r.id}`,
+        name: r.name,
+        type: 'line',
+        data,
+        showSymbol: data.length < 2,
+        sampling: 'lttb',
+        itemStyle: { color: colorOf(r.id) },
+        lineStyle: { width: 1.5, color: colorOf(r.id) },
+        emphasis: { focus: 'series' }
+      });
+    }
+  }
+  const option = {
+    animation: false,
+    backgroundColor: 'transparent',
+    title: {
+      text: groupBy ? `${metric}: mean ± sd by ${groupBy}` : metric,
+      left: 4,
+      top: 2,
+      textStyle: { fontSize: 12 }
+    },
+    tooltip: {
+      trigger: 'axis',
+      confine: true,
+      formatter: (params: unknown) => {
+        const list = (Array.isArray(params) ? params : [params]) as {
+          seriesName?: string;
+          marker?: string;
+          value?: Point;
+          axisValue?: unknown;
+        }[];
+        const rowsHtml = list
+          .filter(p => p.seriesName)
+          .sort((a, b) => (b.value?.[1] ?? -Infinity) - (a.value?.[1] ?? -Infinity))
+          .slice(0, 12)
+          .map(p => `${p.marker ?? ''}${escapeHTML(p.seriesName ?? '')}: <b>${formatNumber(p.value?.[1] ?? null)}</b>`);
+        return [`step ${formatNumber(Number(list[0]?.axisValue))}`, ...rowsHtml].join('<br/>');
+      }
+    },
+    legend: { show: lines.length > 1 && lines.length <= 8, type: 'plain', bottom: 0, textStyle: { fontSize: 10 } },
+    grid: { left: 56, right: 16, top: 28, bottom: lines.length > 1 && lines.length <= 8 ? 52 : 30 },
+    xAxis: { type: 'value', name: 'step', nameLocation: 'middle', nameGap: 20, min: 'dataMin', max: 'dataMax' },
+    yAxis: { type: 'value', scale: true, axisLabel: { formatter: (v: number) => formatNumber(v) } },
+    dataZoom: [{ type: 'inside', filterMode: 'none' }],
+    series
+  };
+  return { option, lines };
+}
+
+/** A parallel axis of the parallel-coordinates view: numbers on a value axis, anything else as categories. */
+export function parallelAxis(
+  rows: ISweepRow[],
+  key: string,
+  dim: number,
+  isMetric: boolean
+): { [key: string]: unknown } {
+  const values = rows.map(r => (isMetric ? r.final[key] : r.config[key]));
+  const numeric = values.every(v => v === null || v === undefined || typeof v === 'number');
+  if (numeric) {
+    return { dim, name: key, type: 'value', scale: true, nameTextStyle: { fontSize: 10 } };
+  }
+  const cats = [...new Set(values.map(v => cellText(v) || '(none)'))].sort(naturalCompare);
+  return { dim, name: key, type: 'category', data: cats, nameTextStyle: { fontSize: 10 } };
+}
+
+/**
+ * The parallel-coordinates view (as TensorBoard's HParams): an axis per
+ * config key and a last one for `metric`'s final value; a line per row,
+ * coloured by that value on one scale.
+ */
+export function parallelOption(rows: ISweepRow[], metric: string, dark = false): { [key: string]: unknown } {
+  const keys = configKeys(rows);
+  const axes = keys.map((k, i) => parallelAxis(rows, k, i, false));
+  axes.push(parallelAxis(rows, metric, keys.length, true));
+  const data = rows.map(r => ({
+    name: r.name,
+    value: [
+      ...keys.map((k, i) =>
+        (axes[i] as { type: string }).type === 'value' ? (r.config[k] ?? null) : cellText(r.config[k]) || '(none)'
+      ),
+      r.final[metric] ?? null
+    ]
+  }));
+  const finals = rows.map(r => r.final[metric]).filter((v): v is number => typeof v === 'number' && Number.isFinite(v));
+  const lo = finals.length ? Math.min(...finals) : 0;
+  const hi = finals.length ? Math.max(...finals) : 1;
+  return {
+    animation: false,
+    backgroundColor: 'transparent',
+    title: { text: `config → ${metric}`, left: 4, top: 2, textStyle: { fontSize: 12 } },
+    tooltip: { trigger: 'item', confine: true },
+    // room on the right for the metric axis's labels and then the colour bar
+    parallel: { left: 40, right: 110, top: 50, bottom: 24 },
+    parallelAxis: axes,
+    visualMap: {
+      type: 'continuous',
+      dimension: keys.length,
+      min: lo,
+      max: hi === lo ? lo + 1 : hi,
+      right: 6,
+      top: 50,
+      itemHeight: 100,
+      itemWidth: 10,
+      calculable: true,
+      textStyle: { fontSize: 10 },
+      formatter: (v: number) => formatNumber(Number(Number(v).toPrecision(3))),
+      inRange: { color: ['#440154', '#21918c', '#fde725'] }
+    },
+    series: [
+      {
+        type: 'parallel',
+        lineStyle: { width: 1.5, opacity: 0.6 },
+        emphasis: { lineStyle: { width: 3, opacity: 1 } },
+        inactiveOpacity: dark ? 0.1 : 0.05,
+        data
+      }
+    ]
+  };
+}
+
+/** A row of `jupyter_cluster.runs.table()` as the server's `GET runs/RUN` and `jc.runs()` have it. */
+export interface ITableRow {
+  run: string;
+  key?: string | null;
+  item?: number | null;
+  name?: string | null;
+  state?: string | null;
+  duration?: number | null;
+  config?: { [key: string]: unknown };
+  final?: { [metric: string]: number | null };
+  best?: { [metric: string]: number | null };
+}
+
+/** A config value as a series key writes it (Python's str(): True, 0.1, 3). */
+function keyText(v: unknown): string {
+  if (typeof v === 'boolean') {
+    return v ? 'True' : 'False';
+  }
+  return String(v);
+}
+
+/**
+ * The series (of `keys`) that holds a row's curve: the one named by the
+ * row's item key, or the first (natural order) whose identity fields
+ * ("trial=3, member=1") all equal the row's config values; null when none.
+ * The same rule as jupyter_cluster/widgets/sweep.py's series_of().
+ */
+export function seriesOfRow(row: ITableRow, keys: string[]): string | null {
+  const sorted = [...keys].sort();
+  if (row.key && sorted.includes(row.key)) {
+    return row.key;
+  }
+  const config = row.config ?? {};
+  for (const k of sorted) {
+    if (k === 'all') {
+      continue;
+    }
+    const parts = k.split(', ').map(p => {
+      const eq = p.indexOf('=');
+      return eq > 0 ? [p.slice(0, eq), p.slice(eq + 1)] : null;
+    });
+    if (parts.every(p => p !== null && p[0] in config && keyText(config[p[0]]) === p[1])) {
+      return k;
+    }
+  }
+  return null;
+}
+
+function toNumber(v: unknown): number | null {
+  return typeof v === 'number' && Number.isFinite(v) ? v : null;
+}
+
+/** Each run's items' own curves: run id -> metric -> item key ("" for the run itself) -> points. */
+export type ItemCurves = { [run: string]: { [metric: string]: { [key: string]: Point[] } } };
+
+/**
+ * The sweep the view draws from table rows: a row's curve is its item's own
+ * (`itemCurves`, as `GET runs/RUN/curves` and `runs.merge_curves()` give
+ * them), else the series of `models` that seriesOfRow() finds.
+ */
+export function sweepFromTable(
+  rows: ITableRow[],
+  models: { scalars: { [value: string]: { [series: string]: Point[] } } }[],
+  title = '',
+  itemCurves: ItemCurves = {}
+): ISweep {
+  const out: ISweepRow[] = rows.map(r => ({
+    id: `${r.run}:${r.key ? r.key : r.item === null || r.item === undefined ? '' : String(r.item)}`,
+    name: String(r.key || r.name || r.run),
+    state: r.state ?? null,
+    duration: toNumber(r.duration),
+    config: Object.fromEntries(
+      Object.entries(r.config ?? {}).map(([k, v]) => [
+        k,
+        v === null || ['string', 'number', 'boolean'].includes(typeof v) ? (v as ConfigValue) : String(v)
+      ])
+    ),
+    final: Object.fromEntries(Object.entries(r.final ?? {}).map(([k, v]) => [k, toNumber(v)])),
+    best: Object.fromEntries(Object.entries(r.best ?? {}).map(([k, v]) => [k, toNumber(v)]))
+  }));
+  const curves: ISweep['curves'] = {};
+  rows.forEach((r, i) => {
+    for (const [metric, byKey] of Object.entries(itemCurves[r.run] ?? {})) {
+      const points = byKey[r.key ?? ''];
+      if (points?.length) {
+        (curves[metric] ??= {})[out[i].id] = points;
+      }
+    }
+  });
+  for (const model of models) {
+    for (const [metric, bySeries] of Object.entries(model.scalars)) {
+      const keys = Object.keys(bySeries);
+      rows.forEach((r, i) => {
+        const key = curves[metric]?.[out[i].id] ? null : seriesOfRow(r, keys);
+        if (key !== null) {
+          (curves[metric] ??= {})[out[i].id] = bySeries[key];
+        }
+      });
+    }
+  }
+  return { title, rows: out, curves };
+}

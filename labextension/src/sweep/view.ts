@@ -1,0 +1,368 @@
+/**
+ * The sweep table and its comparison charts in one box: used by the notebook
+ * widget (sweepWidget.ts, bundled to jupyter_cluster/widgets/static/sweep.js)
+ * and by the main-area view of the sidebar.
+ *
+ * A table of one row per item/run (config, final and best metrics), sorted
+ * by a click on a column's header and filtered by the box above it
+ * ("lr>0.01 aux=on"); ticked rows are overlaid on the curves chart (none
+ * ticked: every row shown); "group by" draws each config value's mean ± sd
+ * band instead; the parallel-coordinates chart maps config to the metric.
+ * A row's swatch is its colour in the curves chart.
+ */
+import * as echarts from 'echarts/core';
+import { LineChart, ParallelChart } from 'echarts/charts';
+import {
+  DataZoomComponent,
+  GridComponent,
+  LegendComponent,
+  ParallelComponent,
+  TitleComponent,
+  TooltipComponent,
+  VisualMapComponent
+} from 'echarts/components';
+import { CanvasRenderer } from 'echarts/renderers';
+
+import { colorLookup } from '../charts/colors';
+import { el } from '../charts/dom';
+import type { IColumn, ISweep, ISweepRow } from './model';
+import {
+  cellText,
+  cellValue,
+  columns,
+  configKeys,
+  curvesOption,
+  filterRows,
+  groupRows,
+  metricKeys,
+  parallelOption,
+  sortRows
+} from './model';
+
+echarts.use([
+  LineChart,
+  ParallelChart,
+  GridComponent,
+  LegendComponent,
+  ParallelComponent,
+  TitleComponent,
+  TooltipComponent,
+  VisualMapComponent,
+  DataZoomComponent,
+  CanvasRenderer
+]);
+
+/** Rows drawn on the curves chart when none is ticked (the first in the table's order). */
+export const MAX_DEFAULT_CURVES = 30;
+
+function controlStyle(dark: boolean): string {
+  return (
+    'font-size: 11px; padding: 0 4px; border-radius: 2px; ' +
+    `background: var(--jp-layout-color1, ${dark ? '#2b2b2b' : '#fff'}); ` +
+    `color: var(--jp-ui-font-color1, ${dark ? '#ddd' : '#222'}); ` +
+    `border: 1px solid var(--jp-border-color1, ${dark ? '#555' : '#bbb'});`
+  );
+}
+
+/** What the user chose (kept by the notebook widget, so a re-rendered output keeps it). */
+export interface ISweepViewState {
+  sortBy: string | null;
+  descending: boolean;
+  filter: string;
+  groupBy: string;
+  metric: string;
+  selected: string[];
+}
+
+export class SweepView {
+  /** Called after the user changed the sort, filter, grouping, metric or ticked rows. */
+  onState: ((state: ISweepViewState) => void) | null = null;
+  readonly node: HTMLElement;
+  private sweep: ISweep = { rows: [], curves: {} };
+  private dark: boolean;
+  private sortBy: string | null = null;
+  private descending = false;
+  private filter = '';
+  private groupBy = '';
+  private metric = '';
+  private readonly selected = new Set<string>();
+  private readonly status = el('div', 'jc-sweep-status');
+  private readonly filterInput = el('input', 'jc-sweep-filter');
+  private readonly metricSelect = el('select', 'jc-sweep-metric');
+  private readonly groupSelect = el('select', 'jc-sweep-group');
+  private readonly clearButton = el('button', 'jc-sweep-clear', 'clear selection');
+  private readonly table = el('table', 'jc-sweep-table');
+  private readonly curvesBox = el('div', 'jc-sweep-curves');
+  private readonly parallelBox = el('div', 'jc-sweep-parallel');
+  private curves: echarts.EChartsType | null = null;
+  private parallel: echarts.EChartsType | null = null;
+  private readonly resizer: ResizeObserver | null;
+  private drawn = { table: '', curves: '', parallel: '' };
+
+  constructor(host: HTMLElement, options: { dark?: boolean; height?: number } = {}) {
+    this.dark = !!options.dark;
+    this.node = el('div', 'jc-sweep');
+    this.node.style.cssText = 'font-size: 12px; color: var(--jp-ui-font-color1, inherit);';
+    const tools = el('div', 'jc-sweep-toolbar');
+    tools.style.cssText = 'display: flex; flex-wrap: wrap; gap: 4px 10px; align-items: center; margin: 4px 0;';
+    this.filterInput.type = 'search';
+    this.filterInput.placeholder = 'filter: lr>0.01 aux=on';
+    this.filterInput.title =
+      'Keep the rows where every term holds: key=value, key!=value, key>n, key<n (config keys and metrics), or text';
+    this.filterInput.addEventListener('input', () => {
+      this.filter = this.filterInput.value;
+      this.changed();
+    });
+    this.metricSelect.title = 'The metric the charts draw';
+    this.metricSelect.addEventListener('change', () => {
+      this.metric = this.metricSelect.value;
+      this.changed();
+    });
+    this.groupSelect.title = "Group the curves by a config key's value: each group's mean ± one standard deviation";
+    this.groupSelect.addEventListener('change', () => {
+      this.groupBy = this.groupSelect.value;
+      this.changed();
+    });
+    this.clearButton.addEventListener('click', () => {
+      this.selected.clear();
+      this.changed();
+    });
+    const metricLabel = el('label', '', 'metric ');
+    metricLabel.append(this.metricSelect);
+    const groupLabel = el('label', '', 'group by ');
+    groupLabel.append(this.groupSelect);
+    tools.append(this.filterInput, metricLabel, groupLabel, this.clearButton);
+    const charts = el('div', 'jc-sweep-charts');
+    charts.style.cssText =
+      'display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 380px), 1fr)); gap: 8px;';
+    const height = options.height ?? 280;
+    for (const box of [this.curvesBox, this.parallelBox]) {
+      box.style.cssText = `width: 100%; height: ${height}px; min-width: 0;`;
+    }
+    charts.append(this.curvesBox, this.parallelBox);
+    const scroller = el('div', 'jc-sweep-table-box');
+    scroller.style.cssText = 'max-height: 340px; overflow: auto; margin-top: 6px;';
+    this.table.style.cssText = 'border-collapse: collapse; font-size: 11px; white-space: nowrap;';
+    scroller.append(this.table);
+    this.status.style.cssText = 'margin: 2px 0;';
+    this.node.append(this.status, tools, charts, scroller);
+    host.appendChild(this.node);
+    this.style();
+    this.resizer =
+      typeof ResizeObserver !== 'undefined'
+        ? new ResizeObserver(() => {
+            this.curves?.resize();
+            this.parallel?.resize();
+          })
+        : null;
+    this.resizer?.observe(this.curvesBox);
+  }
+
+  /** Draw a new sweep (rows and curves); the user's sort, filter, grouping and ticks stay. */
+  update(sweep: ISweep): void {
+    this.sweep = sweep;
+    const ids = new Set(sweep.rows.map(r => r.id));
+    if (sweep.rows.length) {
+      [...this.selected].forEach(id => !ids.has(id) && this.selected.delete(id));
+    }
+    this.render();
+  }
+
+  /** Switch between the dark and the light look. */
+  setDark(dark: boolean): void {
+    if (dark === this.dark) {
+      return;
+    }
+    this.dark = dark;
+    this.style();
+    this.curves?.dispose();
+    this.parallel?.dispose();
+    this.curves = this.parallel = null;
+    this.drawn = { table: '', curves: '', parallel: '' };
+    this.render();
+  }
+
+  /** The user's choices now. */
+  get state(): ISweepViewState {
+    return {
+      sortBy: this.sortBy,
+      descending: this.descending,
+      filter: this.filter,
+      groupBy: this.groupBy,
+      metric: this.metric,
+      selected: [...this.selected]
+    };
+  }
+
+  /** Restore choices (e.g. those of an earlier view of the same widget). */
+  setState(state: Partial<ISweepViewState>): void {
+    this.sortBy = state.sortBy ?? this.sortBy;
+    this.descending = state.descending ?? this.descending;
+    this.filter = state.filter ?? this.filter;
+    this.filterInput.value = this.filter;
+    this.groupBy = state.groupBy ?? this.groupBy;
+    this.metric = state.metric ?? this.metric;
+    if (state.selected) {
+      this.selected.clear();
+      state.selected.forEach(id => this.selected.add(id));
+    }
+    this.render();
+  }
+
+  /** Select rows by id (as a click on their boxes would). */
+  select(ids: string[]): void {
+    ids.forEach(id => this.selected.add(id));
+    this.render();
+  }
+
+  dispose(): void {
+    this.resizer?.disconnect();
+    this.curves?.dispose();
+    this.parallel?.dispose();
+    this.node.remove();
+  }
+
+  private changed(): void {
+    this.render();
+    this.onState?.(this.state);
+  }
+
+  private style(): void {
+    this.node.dataset.theme = this.dark ? 'dark' : 'light';
+    for (const c of [this.filterInput, this.metricSelect, this.groupSelect, this.clearButton]) {
+      c.style.cssText = controlStyle(this.dark);
+    }
+    this.filterInput.style.width = '14em';
+  }
+
+  private render(): void {
+    const sweep = this.sweep;
+    const metrics = metricKeys(sweep);
+    // (no rows yet: the choices restored from an earlier view are kept for when they come)
+    if (!metrics.includes(this.metric) && sweep.rows.length) {
+      this.metric = metrics[0] ?? '';
+    }
+    const keys = configKeys(sweep.rows);
+    if (this.groupBy && !keys.includes(this.groupBy) && sweep.rows.length) {
+      this.groupBy = '';
+    }
+    this.options(
+      this.metricSelect,
+      metrics.map(m => [m, m] as [string, string]),
+      this.metric
+    );
+    this.options(this.groupSelect, [['', 'none'], ...keys.map(k => [k, k] as [string, string])], this.groupBy);
+    const cols = columns(sweep);
+    const col = cols.find(c => c.id === this.sortBy) ?? null;
+    const rows = sortRows(filterRows(sweep.rows, this.filter), col, this.descending);
+    const ticked = rows.filter(r => this.selected.has(r.id));
+    const drawn = ticked.length ? ticked : rows.slice(0, MAX_DEFAULT_CURVES);
+    const colorOf = colorLookup(
+      this.groupBy
+        ? groupRows(sweep.rows, this.groupBy).map(g => `${this.groupBy}=${g.value}`)
+        : sweep.rows.map(r => r.id),
+      this.dark
+    );
+    this.status.textContent =
+      `${sweep.title ? `${sweep.title}: ` : ''}${rows.length} of ${sweep.rows.length} rows` +
+      (ticked.length ? `, ${ticked.length} selected` : '') +
+      (this.groupBy ? `, grouped by ${this.groupBy}` : '');
+    this.clearButton.style.display = this.selected.size ? '' : 'none';
+    this.renderTable(cols, rows, colorOf);
+    Object.assign(this.node.dataset, {
+      rows: String(rows.length),
+      order: rows.map(r => r.id).join('|'),
+      selected: ticked.map(r => r.id).join('|'),
+      groupBy: this.groupBy
+    });
+    if (!this.metric) {
+      return;
+    }
+    const curves = curvesOption(sweep, drawn, this.metric, colorOf, this.groupBy || null);
+    const signature = JSON.stringify([this.metric, this.groupBy, drawn.map(r => r.id), sweep.curves[this.metric]]);
+    if (signature !== this.drawn.curves) {
+      this.drawn.curves = signature;
+      this.curves ??= echarts.init(this.curvesBox, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
+      this.curves.setOption(curves.option, { notMerge: true });
+      this.curvesBox.dataset.lines = curves.lines.join('|');
+    }
+    const parallelRows = rows.filter(r => typeof r.final[this.metric] === 'number');
+    const psig = JSON.stringify([this.metric, parallelRows]);
+    if (psig !== this.drawn.parallel) {
+      this.drawn.parallel = psig;
+      this.parallel ??= echarts.init(this.parallelBox, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
+      this.parallel.setOption(parallelOption(parallelRows, this.metric, this.dark), { notMerge: true });
+      this.parallelBox.dataset.lines = String(parallelRows.length);
+    }
+  }
+
+  private options(select: HTMLSelectElement, choices: [string, string][], value: string): void {
+    const signature = JSON.stringify(choices);
+    if (select.dataset.choices !== signature) {
+      select.dataset.choices = signature;
+      select.replaceChildren(
+        ...choices.map(([v, label]) => {
+          const o = el('option', '', label);
+          o.value = v;
+          return o;
+        })
+      );
+    }
+    select.value = value;
+  }
+
+  private renderTable(cols: IColumn[], rows: ISweepRow[], colorOf: (key: string) => string): void {
+    const signature = JSON.stringify([cols, rows, [...this.selected], this.sortBy, this.descending, this.groupBy]);
+    if (signature === this.drawn.table) {
+      return;
+    }
+    this.drawn.table = signature;
+    const border = `1px solid var(--jp-border-color2, ${this.dark ? '#444' : '#ddd'})`;
+    const head = el('tr');
+    const pick = el('th', '', '');
+    head.append(pick);
+    for (const c of cols) {
+      const arrow = this.sortBy === c.id ? (this.descending ? ' ▼' : ' ▲') : '';
+      const th = el('th', 'jc-sweep-col', c.label + arrow);
+      th.dataset.col = c.id;
+      th.title = `Sort by ${c.label} (click again to reverse)`;
+      th.style.cssText = `cursor: pointer; text-align: left; padding: 2px 6px; border-bottom: ${border}; position: sticky; top: 0; background: var(--jp-layout-color1, ${this.dark ? '#111' : '#fff'});`;
+      th.addEventListener('click', () => {
+        this.descending = this.sortBy === c.id ? !this.descending : c.kind === 'final' || c.kind === 'best';
+        this.sortBy = c.id;
+        this.changed();
+      });
+      head.append(th);
+    }
+    const body = rows.map(r => {
+      const tr = el('tr', 'jc-sweep-row');
+      tr.dataset.id = r.id;
+      const box = el('input');
+      box.type = 'checkbox';
+      box.checked = this.selected.has(r.id);
+      box.title = 'Overlay this row’s curves';
+      box.addEventListener('change', () => {
+        if (box.checked) {
+          this.selected.add(r.id);
+        } else {
+          this.selected.delete(r.id);
+        }
+        this.changed();
+      });
+      const swatch = el('span', 'jc-swatch');
+      const key = this.groupBy ? `${this.groupBy}=${cellText(r.config[this.groupBy]) || '(none)'}` : r.id;
+      swatch.style.cssText = `display: inline-block; width: 10px; height: 10px; margin-left: 3px; border-radius: 2px; background: ${colorOf(key)};`;
+      const first = el('td');
+      first.append(box, swatch);
+      tr.append(first);
+      for (const c of cols) {
+        const v = cellValue(r, c);
+        const td = el('td', '', cellText(v));
+        td.style.cssText = `padding: 1px 6px; border-bottom: ${border};${typeof v === 'number' ? ' text-align: right; font-variant-numeric: tabular-nums;' : ''}`;
+        tr.append(td);
+      }
+      return tr;
+    });
+    this.table.replaceChildren(head, ...body);
+  }
+}

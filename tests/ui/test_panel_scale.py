@@ -1,0 +1,170 @@
+"""The panel with 256 workers, in a real JupyterLab driven through Debian's Chromium.
+
+A scheduler process and 256 workers packed 64 to a process (benchmarks/scale_sim.py's
+simulated cluster: cheap on 2 cores); this test process attaches to it by
+address, as a kernel would.  The panel must show the workers as a
+summary and a virtualised list (a bounded number of rows in the DOM, sorted
+naturally, every worker reachable by scrolling); while the cluster is idle the
+events socket sends nothing and the panel's DOM does not change, with no
+main-thread stall over 50 ms; a cluster started elsewhere adds its card
+without moving or replacing the others.  Screenshots go to test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from .conftest import ROOT
+from .pages import lab_page, open_panel, shot
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
+
+N = 256
+PER_HOST = 64
+#: worker names as the simulated cluster gives them ("h<host>-<i>"), in natural order
+NAMES = [f"h{h}-{i}" for h in range(N // PER_HOST) for i in range(PER_HOST)]
+#: seconds of idle watched for frames, DOM changes and long tasks
+IDLE = 12
+
+IDLE_WATCH_JS = """
+() => {
+  const w = (window.__jcIdle = { mutations: 0, longtasks: [] });
+  const root = document.querySelector('#jupyter-cluster-panel');
+  w.observer = new MutationObserver(records => { w.mutations += records.length; w.last = records.map(
+    r => (r.target.className || r.target.parentElement?.className || '') + ':' + r.type).slice(0, 5); });
+  w.observer.observe(root, { subtree: true, childList: true, characterData: true, attributes: true });
+  w.perf = new PerformanceObserver(list => { for (const e of list.getEntries()) w.longtasks.push(e.duration); });
+  w.perf.observe({ type: 'longtask' });
+}
+"""
+
+IDLE_READ_JS = """
+() => { const w = window.__jcIdle; w.observer.disconnect(); w.perf.disconnect();
+        return { mutations: w.mutations, longtasks: w.longtasks, last: w.last || [] }; }
+"""
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    """benchmarks/scale_sim.py's cluster: a scheduler process and 4 processes of 64 workers on loopback."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        from scale_sim import SimCluster
+    finally:
+        sys.path.pop(0)
+    cluster = SimCluster(N, PER_HOST, str(tmp_path_factory.mktemp("sim")))
+    try:
+        cluster.start(timeout=240)
+        yield cluster.address
+    finally:
+        cluster.close()
+
+
+def _row_names(page) -> list[str]:
+    """The worker rows' names in their drawn order (rows are placed by their top offset)."""
+    return page.evaluate(
+        "[...document.querySelectorAll('#jupyter-cluster-panel .jc-worker')]"
+        ".sort((a, b) => parseFloat(a.style.top) - parseFloat(b.style.top))"
+        ".map(r => r.querySelector('.jc-worker-name').textContent)"
+    )
+
+
+def test_256_workers_bounded_rows_idle_silence_and_stable_cards(lab, browser, artifacts, sim):
+    import jupyter_cluster as jc
+
+    handle = jc.connect(sim)
+    other = None
+    frames: list[float] = []
+    try:
+        with lab_page(browser, lab, "lab", artifacts=artifacts, last_shot="panel-scale-last-state.png") as page:
+
+            def on_socket(ws):
+                if "jupyter-cluster/api/events" in ws.url:
+                    ws.on("framereceived", lambda payload: frames.append(time.monotonic()))
+
+            page.on("websocket", on_socket)
+            page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
+            open_panel(page)
+            card = f'#jupyter-cluster-panel .jc-cluster[data-name="{handle.name}"]'
+            page.click(f"{card} .jc-cluster-name", timeout=60_000)
+            page.wait_for_selector(f"{card}.jc-selected", timeout=30_000)
+            # the summary first: every worker counted, with threads and hosts
+            page.wait_for_function(
+                f"(document.querySelector('#jupyter-cluster-panel .jc-summary-totals') || {{}})"
+                f".textContent?.startsWith('{N} workers · {N} threads')",
+                timeout=60_000,
+            )
+            assert "127.0.0.1" in page.locator("#jupyter-cluster-panel .jc-hosts").inner_text()
+            # a bounded number of rows, in natural order (h0-2 before h0-10)
+            height = page.locator("#jupyter-cluster-panel .jc-worker-viewport").evaluate("e => e.clientHeight")
+            assert height >= 10 * 22, f"the worker list shows {height} px"
+            rows = page.locator("#jupyter-cluster-panel .jc-worker").count()
+            assert 0 < rows <= 24, rows
+            assert _row_names(page)[:12] == NAMES[:12]
+            # the charts' section starts within a screen or so, not below the worker list
+            top = page.evaluate(
+                "document.querySelector('#jupyter-cluster-panel .jc-section-metrics').getBoundingClientRect().top"
+                " - document.querySelector('#jupyter-cluster-panel').getBoundingClientRect().top"
+            )
+            assert top < 1000, f"the metrics section starts {top} px down"
+            shot(page, artifacts, "panel-256-workers.png", "#jupyter-cluster-panel")
+            # every worker is reachable: scrolled to the end, the last ones are drawn, still few rows
+            page.evaluate(
+                "(() => { const v = document.querySelector('#jupyter-cluster-panel .jc-worker-viewport');"
+                " v.scrollTop = v.scrollHeight; })()"
+            )
+            page.wait_for_function(
+                f"[...document.querySelectorAll('#jupyter-cluster-panel .jc-worker-name')]"
+                f".some(e => e.textContent === '{NAMES[-1]}')",
+                timeout=10_000,
+            )
+            assert page.locator("#jupyter-cluster-panel .jc-worker").count() <= 24
+            # sorting by name the other way round: numerically, the last worker first
+            page.click("#jupyter-cluster-panel .jc-col-name")
+            page.evaluate("document.querySelector('#jupyter-cluster-panel .jc-worker-viewport').scrollTop = 0")
+            page.wait_for_function(
+                "(() => { const r = [...document.querySelectorAll('#jupyter-cluster-panel .jc-worker')]"
+                ".find(r => parseFloat(r.style.top) === 0);"
+                f" return r && r.querySelector('.jc-worker-name').textContent === '{NAMES[-1]}'; }})()",
+                timeout=10_000,
+            )
+            assert _row_names(page)[:3] == NAMES[-1:-4:-1]
+            page.click("#jupyter-cluster-panel .jc-col-name")
+
+            # -- idle: nothing sent, nothing redrawn, no long task ----------------------------
+            time.sleep(3)  # let the sort's redraw and the first pushes settle before watching
+            page.evaluate(IDLE_WATCH_JS)
+            before = len(frames)
+            assert before > 0, "no frame of the events socket was seen: the counter watches nothing"
+            time.sleep(IDLE)
+            idle = page.evaluate(IDLE_READ_JS)
+            sent = len(frames) - before
+            assert sent == 0, f"{sent} websocket frames in {IDLE} s of idle"
+            assert idle["mutations"] == 0, idle
+            assert not [t for t in idle["longtasks"] if t > 50], idle["longtasks"]
+
+            # -- a cluster started elsewhere: the cards there stay where they are -------------
+            page.evaluate(f"document.querySelector('{card}').__jcMark = 1")
+            order = page.evaluate(
+                "[...document.querySelectorAll('#jupyter-cluster-panel .jc-clusters .jc-cluster')]"
+                ".map(e => e.dataset.name)"
+            )
+            other = jc.start(workers=1, threads=1, processes=False)
+            page.wait_for_selector(f'#jupyter-cluster-panel .jc-cluster[data-name="{other.name}"]', timeout=60_000)
+            after = page.evaluate(
+                "[...document.querySelectorAll('#jupyter-cluster-panel .jc-clusters .jc-cluster')]"
+                ".map(e => e.dataset.name)"
+            )
+            assert after[: len(order)] == order and after[-1] == other.name, (order, after)
+            # the same card node (a click target is never replaced), still selected
+            assert page.evaluate(f"document.querySelector('{card}').__jcMark === 1")
+            assert page.locator(f"{card}.jc-selected").count() == 1
+            shot(page, artifacts, "panel-256-workers-new-cluster.png", "#jupyter-cluster-panel")
+    finally:
+        if other is not None:
+            jc.stop(other.name)
+        jc.stop(handle.name)  # detaches: the simulated cluster is the fixture's to end

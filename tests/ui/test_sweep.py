@@ -1,0 +1,146 @@
+"""The sweep table in a real JupyterLab: a 30-item ``%%parallel`` sweep, a real kernel and cluster.
+
+The notebook sweeps ``lr`` x ``aux`` over 30 items, each reporting a loss
+curve, then shows ``jc.show_runs()``.  In the browser the table must sort by
+a metric (numbers as numbers), filter by config terms, group the curves by a
+config key (one mean ± sd band per value) and overlay the ticked rows'
+curves; the parallel-coordinates view draws one line per row.  Screenshots
+go to test-artifacts/sweep-*.png.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import nbformat
+import pytest
+
+from .pages import EXECUTE_JS, RUN_ALL_WHEN_READY_JS, lab_page, notebook_ready, shot
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+
+ITEMS = 30
+LRS = [0.001, 0.01, 0.1]
+
+NOTEBOOK_CELLS = [
+    "import jupyter_cluster as jc\n%load_ext jupyter_cluster\n%cluster start --name ui-sweep --workers 2 --threads 1",
+    f"grid = [{{'trial': i, 'lr': {LRS}[i % 3], 'aux': i % 2 == 0}} for i in range({ITEMS})]",
+    """%%parallel cfg in grid
+import math
+import jupyter_cluster as jc
+for step in range(10):
+    loss = math.exp(-step * cfg['lr'] * 10) + (0.1 if cfg['aux'] else 0.3) + cfg['trial'] / 1000
+    jc.report(step=step, topic='sweep', trial=cfg['trial'], loss=loss)""",
+    "jc.show_runs(topic='sweep')",
+]
+
+
+def _final_loss(i: int) -> float:
+    lr = LRS[i % 3]
+    return math.exp(-9 * lr * 10) + (0.1 if i % 2 == 0 else 0.3) + i / 1000
+
+
+def _data(page, attr: str) -> str:
+    return page.locator(".jc-sweep").first.get_attribute(f"data-{attr}") or ""
+
+
+def _wait_attr(page, selector: str, attr: str, js_test: str, timeout: float = 15_000) -> None:
+    """Wait until ``js_test`` (an expression of ``v``, the attribute's value) holds."""
+    page.wait_for_function(
+        f"(() => {{ const e = document.querySelector({selector!r}); if (!e) return false;"
+        f" const v = e.dataset[{attr!r}] ?? ''; return {js_test}; }})()",
+        timeout=timeout,
+    )
+
+
+def test_sweep_table_sorts_filters_groups_and_overlays(lab, browser, artifacts):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS]
+    nb.cells.append(nbformat.v4.new_code_cell("%cluster stop ui-sweep"))
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, os.path.join(lab.root_dir, "sweep.ipynb"))
+    with lab_page(browser, lab, "lab/tree/sweep.ipynb", artifacts=artifacts, last_shot="sweep-last-state.png") as page:
+        notebook_ready(page)
+        page.evaluate(RUN_ALL_WHEN_READY_JS)
+
+        # -- one row per item, with its config and its loss --------------------------------------
+        _wait_attr(page, ".jc-sweep", "rows", f"v === '{ITEMS}'", timeout=180_000)
+        sweep = page.locator(".jc-sweep").first
+        headers = sweep.locator("th.jc-sweep-col").all_inner_texts()
+        assert headers[:1] == ["run"] and {"trial", "lr", "aux", "loss", "loss (best)"} <= set(headers), headers
+        _wait_attr(page, ".jc-sweep-parallel", "lines", f"v === '{ITEMS}'")
+        _wait_attr(page, ".jc-sweep-curves", "lines", f"v.split('|').length === {ITEMS}")
+        sweep.scroll_into_view_if_needed()
+        shot(page, artifacts, "sweep-table.png", ".jc-sweep")
+
+        # -- sort by the final loss: highest first, then lowest first (numbers, not text) ---------
+        loss_header = sweep.locator('th[data-col="final:loss"]')
+        loss_header.click()
+        by_loss = sorted(range(ITEMS), key=_final_loss)
+        _wait_attr(page, ".jc-sweep", "order", f"v.split('|')[0].endsWith('trial={by_loss[-1]}')")
+        loss_header.click()
+        _wait_attr(page, ".jc-sweep", "order", f"v.split('|')[0].endsWith('trial={by_loss[0]}')")
+        col = headers.index("loss") + 1  # the first cell holds the tick box and swatch
+        shown = [float(t) for t in sweep.locator(f"tr.jc-sweep-row td:nth-child({col + 1})").all_inner_texts()]
+        assert shown == sorted(shown) and len(shown) == ITEMS, shown
+        trial_header = sweep.locator('th[data-col="config:trial"]')
+        trial_header.click()  # ascending by trial: 0, 1, 2, ..., 10 (not 0, 1, 10, 11)
+        _wait_attr(page, ".jc-sweep", "order", "v.split('|')[10].endsWith('trial=10')")
+        shot(page, artifacts, "sweep-sorted.png", ".jc-sweep")
+
+        # -- filter by config terms ---------------------------------------------------------------
+        box = sweep.locator("input.jc-sweep-filter")
+        box.fill("aux=True")
+        _wait_attr(page, ".jc-sweep", "rows", f"v === '{ITEMS // 2}'")
+        box.fill("aux=True lr>0.005")
+        want = sum(1 for i in range(ITEMS) if i % 2 == 0 and LRS[i % 3] > 0.005)
+        _wait_attr(page, ".jc-sweep", "rows", f"v === '{want}'")
+        _wait_attr(page, ".jc-sweep-parallel", "lines", f"v === '{want}'")
+        shot(page, artifacts, "sweep-filtered.png", ".jc-sweep")
+        box.fill("")
+        _wait_attr(page, ".jc-sweep", "rows", f"v === '{ITEMS}'")
+
+        # -- group by lr: one mean ± sd band per value ----------------------------------------------
+        sweep.locator("select.jc-sweep-group").select_option("lr")
+        _wait_attr(
+            page,
+            ".jc-sweep-curves",
+            "lines",
+            "v === 'lr=0.001 (n=10)|lr=0.01 (n=10)|lr=0.1 (n=10)'",
+        )
+        shot(page, artifacts, "sweep-grouped.png", ".jc-sweep")
+        sweep.locator("select.jc-sweep-group").select_option("")
+
+        # -- tick three rows: only their curves are overlaid ------------------------------------------
+        rows = sweep.locator("tr.jc-sweep-row")
+        picked = [rows.nth(i).get_attribute("data-id") for i in (0, 5, 9)]
+        for i in (0, 5, 9):
+            rows.nth(i).locator("input[type=checkbox]").check()
+        _wait_attr(page, ".jc-sweep", "selected", "v.split('|').length === 3")
+        assert _data(page, "selected").split("|") == picked
+        _wait_attr(page, ".jc-sweep-curves", "lines", "v.split('|').length === 3")
+        names = page.locator(".jc-sweep-curves").get_attribute("data-lines").split("|")
+        assert [n.split("trial=")[1] for n in names] == [p.split("trial=")[1] for p in picked], (names, picked)
+        shot(page, artifacts, "sweep-overlay.png", ".jc-sweep")
+
+        # -- the output re-rendered at a cell's end (its static copy is brought up to date): choices kept ---------
+        page.evaluate("document.querySelector('.jc-sweep').dataset.old = 'yes'")
+        page.evaluate(EXECUTE_JS, 'import time\njc.report(step=0, topic="sweep", extra=1.0)\ntime.sleep(3)')
+        page.wait_for_function(
+            "(() => { const e = document.querySelector('.jc-sweep'); return !!e && e.dataset.old !== 'yes'; })()",
+            timeout=30_000,
+        )
+        _wait_attr(page, ".jc-sweep", "selected", "v.split('|').length === 3")
+        assert _data(page, "selected").split("|") == picked
+        assert _data(page, "order").split("|")[10].endswith("trial=10")  # still sorted by trial
+
+        # -- the same run's table in the main area, from the server (GET runs/RUN and the topic) ------
+        run_id = _data(page, "order").split("|")[0].split(":")[0]
+        page.evaluate(f"window.jupyterapp.commands.execute('jupyter-cluster:open-sweep', {{ run: '{run_id}' }})")
+        _wait_attr(page, ".jc-sweep-area .jc-sweep", "rows", f"v === '{ITEMS}'", timeout=30_000)
+        _wait_attr(page, ".jc-sweep-area .jc-sweep-curves", "lines", f"v.split('|').length === {ITEMS}")
+        area = page.locator(".jc-sweep-area .jc-sweep")
+        area.locator("select.jc-sweep-group").select_option("aux")
+        _wait_attr(page, ".jc-sweep-area .jc-sweep-curves", "lines", "v === 'aux=false (n=15)|aux=true (n=15)'")
+        shot(page, artifacts, "sweep-main-area.png", ".jc-sweep-area")
