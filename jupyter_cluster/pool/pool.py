@@ -39,8 +39,8 @@ from ..engine.cluster import (
     task_key,
     translate_error,
 )
-from ..engine.job import MapJob
 from ..engine.worker import stop_group
+from ..mapping import MapJob  # the one front door of every map
 from .results import (
     _PLAIN_INPUTS,
     CLOSE,
