@@ -16,6 +16,11 @@ that name or by this machine's registry name (:func:`attach`, used by
 ``%cluster connect NAME``), and ``%cluster list`` also shows the gateway's
 clusters (:func:`list_clusters`).  ``%cluster stop`` shuts the gateway cluster
 down when this kernel started it, and only detaches otherwise.
+
+A gateway cluster's dashboard link is the Jupyter server's authenticated route
+(``<base_url>jupyter-cluster/dashboard/<name>/status``, as for local
+clusters): the server forwards it to the gateway's dashboard of that cluster,
+logging into the gateway itself (:mod:`jupyter_cluster.server.gateway_dashboard`).
 """
 
 from __future__ import annotations
@@ -138,6 +143,19 @@ def _check_password_transport(address: str, auth: Any) -> None:
     )
 
 
+def _proxied_link(name: str | None, own: str | None) -> str | None:
+    """The dashboard link of registry cluster ``name``: the Jupyter server's route to the gateway's ``own``.
+
+    Without a registry name (a cluster attached by the gateway's name only)
+    the server has no record to forward by, so the gateway's own link stays.
+    """
+    if not name or not own:
+        return own
+    from ..dashboard_socket import link, parent_server_base_url
+
+    return link(parent_server_base_url(), name)
+
+
 def _close(gateway: Any) -> None:
     """Close a ``dask_gateway.Gateway`` client for good.
 
@@ -230,7 +248,7 @@ class GatewayBackend(Backend):
     """A cluster made by a dask-gateway server."""
 
     name = "gateway"
-    options = ("address", "workers", "adapt_min", "adapt_max")
+    options = ("address", "workers", "adapt_min", "adapt_max", "name")
 
     def start(
         self,
@@ -238,6 +256,7 @@ class GatewayBackend(Backend):
         workers: int | None = None,
         adapt_min: int | None = None,
         adapt_max: int | None = None,
+        name: str | None = None,
         **options: Any,
     ) -> StartedCluster:
         self.check_options(options)
@@ -270,7 +289,7 @@ class GatewayBackend(Backend):
             raise
         return StartedCluster(
             address=cluster.scheduler_address,
-            dashboard_link=cluster.dashboard_link,
+            dashboard_link=_proxied_link(name, cluster.dashboard_link),
             cluster=cluster,
             security=cluster.security,
             extra={"gateway": {"address": gateway.address, "cluster": cluster.name}},
@@ -314,7 +333,7 @@ def attach(target: str, record: Any = None) -> StartedCluster | None:
             )
         return StartedCluster(
             address=report.scheduler_address,
-            dashboard_link=report.dashboard_link,
+            dashboard_link=_proxied_link(record.name if record is not None else None, report.dashboard_link),
             security=report.security,
             extra={"gateway": {"address": gateway.address, "cluster": cluster_name}},
         )

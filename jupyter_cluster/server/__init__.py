@@ -6,7 +6,7 @@ Kept import-light: tornado and jupyter_server are imported only by :func:`load`.
 * :mod:`.jobs` - the latest state of every map job and the history of stopped clusters
 * :mod:`.host` - the process that owns clusters started from the panel
 * :mod:`.handlers` - REST and websocket routes under ``<base_url>/jupyter-cluster/api/``
-* :mod:`.dashboard` - the Dask dashboards of local clusters, under ``<base_url>/jupyter-cluster/dashboard/``
+* :mod:`.dashboard` - the Dask dashboards of local and dask-gateway clusters, under ``<base_url>/jupyter-cluster/dashboard/``
 """
 
 from __future__ import annotations

@@ -11,10 +11,16 @@ proxy strips the prefix (the dashboard's pages use relative links, as they do
 behind jupyter-server-proxy), never forwards the user's Jupyter cookies or
 token, and only connects to sockets owned by this user in a folder only this
 user can enter.  The kernel side (the socket, its link, its checks) is :mod:`jupyter_cluster.dashboard_socket`.
+
+A dask-gateway cluster's dashboard comes through the same route: the proxy
+forwards to ``<gateway address>/clusters/<cluster>/<path>``, the gateway and
+cluster this machine's registry recorded for ``<name>``, with the gateway's
+own login from the server's dask.config (:mod:`.gateway_dashboard`).
 """
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Awaitable
 from typing import Any
@@ -22,6 +28,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from .. import registry
 from ..dashboard_socket import ROUTE, link, socket_is_ours
+from . import gateway_dashboard
 
 __all__ = ["ROUTE", "link", "make_handler", "route", "socket_is_ours"]
 
@@ -83,38 +90,47 @@ def make_handler():
 
         upstream: Any = None
 
-        def _socket(self, name: str) -> str:
+        def _upstream(self, name: str, path: str) -> tuple[str, Any, dict[str, str]]:
+            """(URL, resolver or None, login headers) of ``path`` on cluster ``name``'s dashboard."""
             record = registry.read(name) if registry.valid_name(name) else None
-            path = (record.extra or {}).get("dashboard_socket") if record is not None else None
-            if not socket_is_ours(path):
-                raise tornado.web.HTTPError(404, f"cluster {name!r} has no dashboard served through this server")
-            return path
-
-        def _target(self, path: str) -> str:
+            extra = (record.extra or {}) if record is not None else {}
             # Jupyter's ?token= stays here (Bokeh's page copies its query onto its websocket URL)
             query = urlencode(
                 [(k, v) for k, v in parse_qsl(self.request.query, keep_blank_values=True) if k != "token"]
             )
-            return f"http://dashboard/{path}" + (f"?{query}" if query else "")
+            sock = extra.get("dashboard_socket")
+            if socket_is_ours(sock):
+                return f"http://dashboard/{path}" + (f"?{query}" if query else ""), _resolver(sock), {}
+            target = gateway_dashboard.gateway_target(extra) if record is not None else None
+            if target is None:
+                raise tornado.web.HTTPError(404, f"cluster {name!r} has no dashboard served through this server")
+            try:
+                url = gateway_dashboard.upstream_url(*target, path, query)
+                return url, None, gateway_dashboard.auth_headers(target[0])
+            except gateway_dashboard.Refused as exc:
+                raise tornado.web.HTTPError(400, str(exc)) from None
 
-        def _upstream_headers(self) -> dict[str, str]:
-            return {
+        def _upstream_headers(self, login: dict[str, str]) -> dict[str, str]:
+            headers = {
                 k: v
                 for k, v in self.request.headers.get_all()
                 if k.lower() not in _DROP_REQUEST and not k.lower().startswith("sec-websocket")
             }
+            headers.update(login)  # the gateway's login, never the request's
+            return headers
 
         # -- plain HTTP --------------------------------------------------------------
         async def _proxy(self, name: str, path: str) -> None:
-            sock = self._socket(name)
-            client = SimpleAsyncHTTPClient(force_instance=True, resolver=_resolver(sock))
+            url, resolver, login = self._upstream(name, path)
+            upstream_prefixes = gateway_dashboard.dashboard_prefixes(url) if resolver is None else ()
+            client = SimpleAsyncHTTPClient(force_instance=True, resolver=resolver)
             try:
                 body = self.request.body if self.request.method in ("POST", "PUT", "PATCH") else None
                 response = await client.fetch(
                     HTTPRequest(
-                        self._target(path),
+                        url,
                         method=self.request.method,
-                        headers=self._upstream_headers(),
+                        headers=self._upstream_headers(login),
                         body=body,
                         follow_redirects=False,
                         request_timeout=60,
@@ -133,8 +149,14 @@ def make_handler():
             for key, value in response.headers.get_all():
                 if key.lower() in _DROP_RESPONSE:
                     continue
-                if key.lower() == "location" and value.startswith("/"):
-                    value = prefix + value.lstrip("/")
+                if key.lower() == "location":
+                    # the gateway's own links to this cluster's dashboard, and the dashboard's host-relative
+                    # ones (it does not know it is behind a prefix), stay under the route
+                    inside = next((value[len(p) :] for p in upstream_prefixes if value.startswith(p)), None)
+                    if inside is not None:
+                        value = prefix + inside
+                    elif value.startswith("/"):
+                        value = prefix + value.lstrip("/")
                 self.add_header(key, value)
             if response.body and response.code not in (204, 304):
                 self.write(response.body)
@@ -161,18 +183,18 @@ def make_handler():
         # -- websockets (Bokeh's live updates) ---------------------------------------------
         @ws_authenticated
         async def _websocket(self, name: str, path: str) -> None:
-            sock = self._socket(name)
+            url, resolver, login = self._upstream(name, path)
             protocols = [
                 p.strip() for p in self.request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()
             ]
             request = HTTPRequest(
-                self._target(path).replace("http://", "ws://", 1), headers=self._upstream_headers(), connect_timeout=10
+                re.sub(r"^http", "ws", url), headers=self._upstream_headers(login), connect_timeout=10
             )
             try:
                 self.upstream = await tornado.websocket.websocket_connect(
                     request,
                     subprotocols=protocols or None,
-                    resolver=_resolver(sock),
+                    resolver=resolver,
                     on_message_callback=self._from_upstream,
                     max_message_size=256 * 2**20,
                 )

@@ -50,6 +50,7 @@ from ..runs import table as run_table
 from ..telemetry.hub import Hub, follow
 from ..telemetry.store import TopicStore
 from ..telemetry.topics import CONTROL_TOPIC, JOBS_TOPIC
+from .gateway_dashboard import gateway_target
 from .history import HistoryFolder, KeptCluster, check_live, live_snapshot, restore_live, same_cluster
 from .jobs import LIST_PER_OWNER, JobsStore
 from .workers import lease_counts, split_leases
@@ -285,8 +286,9 @@ class Connection:
     # -- views -----------------------------------------------------------------
     @property
     def dashboard_link(self) -> str | None:
-        """The dashboard as the browser reaches it: through this server when it listens on a private socket."""
-        if (self.record.extra or {}).get("dashboard_socket"):
+        """The dashboard as the browser reaches it: through this server (a private socket, a gateway's)."""
+        extra = self.record.extra or {}
+        if extra.get("dashboard_socket") or gateway_target(extra) is not None:
             return link(self.base_url, self.name)
         return self.record.dashboard_link
 
