@@ -8,6 +8,7 @@ for real in tests/test_slurm.py.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import stat
@@ -18,7 +19,10 @@ import jupyter_cluster as jc
 from jupyter_cluster.backends import jobqueue
 from jupyter_cluster.errors import ClusterError
 
-pytest.importorskip("dask_jobqueue")
+# Not importorskip: importing dask_jobqueue here, at collection, would replace the test process's SIGINT
+# handler with sys.exit for every later test; the backend imports it through jobqueue._import_dask_jobqueue.
+if importlib.util.find_spec("dask_jobqueue") is None:
+    pytest.skip("dask-jobqueue is not installed (the hpc extra)", allow_module_level=True)
 
 OPTIONS = dict(
     workers=1,

@@ -70,6 +70,8 @@ def test_parallel_cell_on_ssh_hosts_over_tls_then_stop_leaves_nothing(ip, hosts)
     handle = jc.session.get("ssh-cell")
     try:
         assert handle.address.startswith(f"tls://{hosts.addresses[0]}:")
+        # start returns once the workers' processes run; on a loaded machine one may register a moment later
+        handle.client.wait_for_workers(len(hosts.addresses) - 1, timeout=60)
         workers = handle.client.scheduler_info()["workers"]
         assert sorted(w.split("//")[1].rsplit(":", 1)[0] for w in workers) == hosts.addresses[1:]
         # the credentials on the hosts: this user's only

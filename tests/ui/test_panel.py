@@ -149,6 +149,8 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         # another cluster, which the panel will show when the notebook starts its work
         page.click("#jupyter-cluster-panel .jc-new")
         # the backends configured on this server, the default first; threads and memory per worker
+        # (the dialog opens once the server's config has come back: wait for it, not for a fixed time)
+        page.wait_for_selector(".jp-Dialog select.jc-input-backend", timeout=30_000)
         backends = page.locator(".jp-Dialog select.jc-input-backend option").evaluate_all("os => os.map(o => o.value)")
         assert backends and backends[0] == "local", backends
         page.fill(".jp-Dialog .jc-input-name", OTHER)
