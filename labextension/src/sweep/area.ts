@@ -24,6 +24,8 @@ export const OPEN_SWEEP = 'jupyter-cluster:open-sweep';
 
 /** Seconds between reads while the run is running. */
 const POLL_SECONDS = 3;
+/** Reads in a row that may find no run or no rows before the view stops asking (about a minute). */
+const MAX_MISSES = 20;
 
 /** A run as `GET runs` lists it (the fields used here). */
 export interface IRunRecord {
@@ -52,6 +54,7 @@ export function runLabel(r: IRunRecord): string {
 export class SweepArea extends Widget {
   private readonly view: SweepView;
   private timer = 0;
+  private misses = 0;
   private loading = false;
 
   constructor(
@@ -79,6 +82,9 @@ export class SweepArea extends Widget {
     }
     this.loading = true;
     let running = false;
+    // A view opened right after its run's cell may ask before the server has heard of the run (its
+    // job messages reach the server through the scheduler): a miss is read again, a bounded number of times.
+    let missed = true;
     try {
       const detail = await requestAPI<IRunDetail>(`runs/${encodeURIComponent(this.run)}`);
       const rec = detail.run;
@@ -105,13 +111,15 @@ export class SweepArea extends Widget {
         }
       }
       this.view.update(sweepFromTable(detail.rows, models, rec.name || rec.run, { [rec.run]: curves }));
+      missed = detail.rows.length === 0;
     } catch (error) {
       console.warn('jupyter-cluster:', (error as Error).message);
     } finally {
       this.loading = false;
     }
     window.clearTimeout(this.timer);
-    if (running && !this.isDisposed) {
+    this.misses = missed ? this.misses + 1 : 0;
+    if ((running || (missed && this.misses < MAX_MISSES)) && !this.isDisposed) {
       this.timer = window.setTimeout(() => void this.load(), POLL_SECONDS * 1000);
     }
   }
