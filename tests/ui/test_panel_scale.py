@@ -8,10 +8,22 @@ naturally, every worker reachable by scrolling); while the cluster is idle the
 events socket sends nothing and the panel's DOM does not change, with no
 main-thread stall over 50 ms; a cluster started elsewhere adds its card
 without moving or replacing the others.  Screenshots go to test-artifacts/.
+
+The idle window is watched with a 200-series chart shown (a map on the
+simulated workers reports ``reward`` for 200 members): before, every push of
+the worker list (~0.8 a second) redrew the whole panel and that chart, 22
+main-thread stalls of 51-235 ms in 30 s (render -> renderMetrics -> redraw ->
+echarts setOption).  At that rate IDLE seconds hold ~10 pushes and ~9 such
+stalls, so the window fails on the old behaviour without costing a minute.
+The chart must stay readable: no legend, a hover list of the series nearest
+the pointer, top-k by last value and a search.  The figures (frames and bytes
+sent, DOM changes, chart draws, long tasks, series rows) go to
+test-artifacts/panel-scale-idle.json.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -29,6 +41,9 @@ PER_HOST = 64
 NAMES = [f"h{h}-{i}" for h in range(N // PER_HOST) for i in range(PER_HOST)]
 #: seconds of idle watched for frames, DOM changes and long tasks
 IDLE = 12
+#: series of the many-series chart (members reporting ``reward``), and their steps
+SERIES, STEPS = 200, 4
+LINE = '#jupyter-cluster-panel .jc-metrics-line[data-value="reward"]'
 
 IDLE_WATCH_JS = """
 () => {
@@ -73,18 +88,89 @@ def _row_names(page) -> list[str]:
     )
 
 
+def _report_many(jc) -> None:
+    """A map on the simulated workers: SERIES members report ``reward`` (member m ends at 10 m) for STEPS steps."""
+    import dask
+
+    def member(m: int) -> int:
+        import jupyter_cluster
+
+        for step in range(STEPS):
+            jupyter_cluster.report(step=step, topic="many", member=m, reward=float(m * (step + 1)) * 10 / STEPS)
+        return m
+
+    # the task path: no leases linger on the workers (their end, a minute on, would be news on the socket)
+    with dask.config.set({"jupyter-cluster.engine.path": "tasks"}):
+        assert jc.map(member, range(SERIES)) == list(range(SERIES))
+
+
+def _quiet(page, frames: list, quiet: float = 3.0, timeout: float = 60.0) -> None:
+    """Wait until the events socket has sent nothing for ``quiet`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        last = frames[-1][0] if frames else 0.0
+        if time.monotonic() - last >= quiet:
+            return
+        assert time.monotonic() < deadline, f"the events socket never went quiet for {quiet} s"
+        page.wait_for_timeout(500)
+
+
+def _tooltip(page, fx: float, fy: float) -> str:
+    """Hover the many-series chart at (fx, fy) of its size; the tooltip's text."""
+    line = page.locator(LINE)
+    line.scroll_into_view_if_needed()
+    box = line.locator("canvas").first.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * fx, box["y"] + box["height"] * fy)
+    tip = page.wait_for_function(
+        f"[...document.querySelector('{LINE}').querySelectorAll('div')].map(d => d.innerText || '')"
+        ".find(t => t.startsWith('step ')) || null",
+        timeout=10_000,
+    ).json_value()
+    page.mouse.move(2, 2)
+    return tip
+
+
+def _readable(page, artifacts: str) -> dict:
+    """The 200-series chart in the sidebar: no legend, a hover list of the nearest series, top-k and a search."""
+    assert page.locator(LINE).get_attribute("data-legend") == "false"
+    series_rows = page.locator("#jupyter-cluster-panel .jc-series-item").count()
+    shot(page, artifacts, "panel-200-series.png", "#jupyter-cluster-panel .jc-section-metrics")
+    # the last step, in the middle of the y range: members around 100, not the top or bottom ones
+    rows = _tooltip(page, 0.9, 0.5).strip().split("\n")
+    assert len(rows) <= 10 and "further from the pointer" in rows[-1], rows
+    near = [int(r.split("member ")[1].split(":")[0]) for r in rows[1:-1]]
+    assert near and all(50 < m < 150 for m in near), rows
+    toolbar = page.locator("#jupyter-cluster-panel .jc-metrics-toolbar")
+    toolbar.locator("select.jc-top-k").select_option("top5")
+    page.wait_for_function(f"document.querySelector('{LINE}').dataset.series.split('|').length === 5", timeout=10_000)
+    top = page.locator(LINE).get_attribute("data-series").split("|")
+    assert top == [f"member={m}" for m in range(SERIES - 5, SERIES)], top
+    assert page.locator(LINE).get_attribute("data-notice") == f"top 5 of {SERIES} by last value"
+    shot(page, artifacts, "panel-200-series-top5.png", "#jupyter-cluster-panel .jc-section-metrics")
+    toolbar.locator("select.jc-top-k").select_option("all")
+    toolbar.locator("input.jc-series-filter").fill("member=17")
+    page.wait_for_function(f"document.querySelector('{LINE}').dataset.series.split('|').length === 11", timeout=10_000)
+    found = page.locator(LINE).get_attribute("data-series").split("|")
+    assert found == ["member=17", *[f"member={m}" for m in range(170, 180)]], found
+    toolbar.locator("input.jc-series-filter").fill("")
+    page.wait_for_function(
+        f"document.querySelector('{LINE}').dataset.series.split('|').length === {SERIES}", timeout=10_000
+    )
+    return {"series": SERIES, "series_list_rows": series_rows}
+
+
 def test_256_workers_bounded_rows_idle_silence_and_stable_cards(lab, browser, artifacts, sim):
     import jupyter_cluster as jc
 
     handle = jc.connect(sim)
     other = None
-    frames: list[float] = []
+    frames: list[tuple[float, int]] = []
     try:
         with lab_page(browser, lab, "lab", artifacts=artifacts, last_shot="panel-scale-last-state.png") as page:
 
             def on_socket(ws):
                 if "jupyter-cluster/api/events" in ws.url:
-                    ws.on("framereceived", lambda payload: frames.append(time.monotonic()))
+                    ws.on("framereceived", lambda payload: frames.append((time.monotonic(), len(payload))))
 
             page.on("websocket", on_socket)
             page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
@@ -135,16 +221,45 @@ def test_256_workers_bounded_rows_idle_silence_and_stable_cards(lab, browser, ar
             assert _row_names(page)[:3] == NAMES[-1:-4:-1]
             page.click("#jupyter-cluster-panel .jc-col-name")
 
+            # -- a 200-series chart: drawn, and readable ---------------------------------------
+            _report_many(jc)
+            page.wait_for_function(
+                f"(document.querySelector('{LINE}') || {{dataset: {{}}}}).dataset.series?.split('|').length"
+                f" === {SERIES}",
+                timeout=60_000,
+            )
+            page.wait_for_function(
+                "(document.querySelector('#jupyter-cluster-panel .jc-metrics-status') || {}).textContent"
+                f"?.includes('{SERIES * STEPS} reports')",
+                timeout=60_000,
+            )
+            figures = _readable(page, artifacts)
+
             # -- idle: nothing sent, nothing redrawn, no long task ----------------------------
-            time.sleep(3)  # let the sort's redraw and the first pushes settle before watching
+            _quiet(page, frames)  # the sort's redraw, the map's last pushes and the chart's draws are over
             page.evaluate(IDLE_WATCH_JS)
+            draws = page.locator(LINE).get_attribute("data-draws")
             before = len(frames)
             assert before > 0, "no frame of the events socket was seen: the counter watches nothing"
             time.sleep(IDLE)
             idle = page.evaluate(IDLE_READ_JS)
-            sent = len(frames) - before
-            assert sent == 0, f"{sent} websocket frames in {IDLE} s of idle"
+            sent = frames[before:]
+            figures.update(
+                idle_s=IDLE,
+                frames_sent=len(sent),
+                bytes_sent=sum(n for _, n in sent),
+                dom_mutations=idle["mutations"],
+                chart_draws=int(page.locator(LINE).get_attribute("data-draws")) - int(draws),
+                longtasks_ms=[round(t) for t in idle["longtasks"]],
+                worker_rows=page.locator("#jupyter-cluster-panel .jc-worker").count(),
+                load_1min=round(os.getloadavg()[0], 2),
+            )
+            with open(os.path.join(artifacts, "panel-scale-idle.json"), "w") as f:
+                json.dump(figures, f, indent=2)
+            print("panel at scale, idle:", figures)
+            assert not sent, f"{len(sent)} websocket frames in {IDLE} s of idle"
             assert idle["mutations"] == 0, idle
+            assert figures["chart_draws"] == 0, figures
             assert not [t for t in idle["longtasks"] if t > 50], idle["longtasks"]
 
             # -- a cluster started elsewhere: the cards there stay where they are -------------
