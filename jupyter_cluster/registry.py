@@ -4,7 +4,8 @@ Every cluster that a kernel, a script or the Jupyter server starts or attaches
 to is written to ``<jupyter runtime dir>/jupyter-cluster/<name>.json``.  A record
 names its owner process (pid and start time, so a recycled pid is not mistaken
 for the owner); records whose owner is gone are reported as dead and removed by
-:func:`live_records`.  The sidebar panel and ``%cluster list`` read it.
+:func:`live_records`, which runs the clean-up hook of the record's backend
+(:mod:`jupyter_cluster.orphans`: the registry imports no backend).  The sidebar panel and ``%cluster list`` read it.
 
 A process that attaches to a registered cluster by name writes no record (the
 cluster has one, its owner's) but an :class:`Attachment` beside it,
@@ -27,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from . import config
+from . import config, orphans
 from .dashboard_socket import socket_is_ours
 from .errors import ClusterError
 from .models import KERNEL_ID_RE, NAME_RE, kernel_id_or_none
@@ -202,23 +203,6 @@ def _remove_dashboard_socket(path: object) -> None:
             pass
 
 
-def _cancel_batch_jobs(extra: object) -> None:
-    """Cancel a dead owner's batch jobs (SLURM), which would otherwise wait in the queue for nobody."""
-    if isinstance(extra, dict) and isinstance(extra.get("batch"), dict):
-        from .backends.jobqueue import cancel_jobs
-
-        cancel_jobs(extra["batch"])
-
-
-def _stop_gateway_cluster(record: ClusterRecord) -> None:
-    """Shut down a dead owner's dask-gateway cluster, which would otherwise run until the gateway's idle timeout."""
-    info = record.extra.get("gateway") if isinstance(record.extra, dict) and not record.attached else None
-    if isinstance(info, dict):
-        from .backends.gateway import stop_orphan
-
-        stop_orphan(info)
-
-
 def read(name: str) -> ClusterRecord | None:
     """The live record called ``name``, or None."""
     for record in live_records():
@@ -271,8 +255,7 @@ def live_records(cleanup: bool = True) -> list[ClusterRecord]:
             records.append(record)
         elif cleanup:
             remove(record.name)
-            _cancel_batch_jobs(record.extra)
-            _stop_gateway_cluster(record)
+            orphans.clean_up(record)  # its backend's hook: cancel batch jobs, stop a gateway cluster
             _remove_dashboard_socket(
                 (record.extra or {}).get("dashboard_socket") if isinstance(record.extra, dict) else None
             )

@@ -116,6 +116,50 @@ def test_a_record_naming_a_path_outside_the_folder_is_ignored_and_nothing_outsid
     assert victim.exists()
 
 
+def test_a_fresh_process_runs_the_dead_owners_backend_clean_up_without_having_imported_it(tmp_path):
+    """The registry imports no backend: a new process (a new kernel, the panel's server) that finds a dead
+    batch cluster's record still cancels its jobs and deletes what they were given (issue 28)."""
+    jobs = tmp_path / "jobs"
+    given = jobs / "jc-dead-0a1b2c"
+    given.mkdir(parents=True)
+    (given / "cluster.pem").write_text("credentials the jobs were given")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    env = dict(
+        os.environ,
+        DASK_JUPYTER_CLUSTER__REGISTRY_DIR=str(tmp_path / "reg"),
+        DASK_JUPYTER_CLUSTER__JOBQUEUE__SHARED_DIRECTORY=str(jobs),
+    )
+    extra = {"batch": {"system": "slurm", "job_name": given.name}}
+    code = f"""
+import json, os, sys
+from jupyter_cluster import registry
+rec = registry.ClusterRecord(name="hpc-dead", backend="slurm", address="tcp://127.0.0.1:7", owner_pid={dead.pid},
+                             extra={extra!r})
+registry.write(rec)
+before = sorted(m for m in sys.modules if m.startswith("jupyter_cluster.backends."))
+print(json.dumps([before, [r.name for r in registry.live_records()], os.listdir(registry.registry_dir())]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    backends_before, live, left = json.loads(out.stdout.strip().splitlines()[-1])
+    assert backends_before == [] and live == [] and left == []
+    assert not given.exists() and jobs.exists()
+
+
+def test_a_record_names_a_backend_not_code_to_run(tmp_path):
+    import dask
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with dask.config.set({"jupyter-cluster.registry-dir": str(tmp_path / "reg3")}):
+        d = registry.registry_dir()
+        for name, backend in [("a", "os:system"), ("b", ["slurm"]), ("c", "no-such-backend")]:
+            with open(os.path.join(d, f"{name}.json"), "w") as f:
+                json.dump({"name": name, "backend": backend, "address": "x", "owner_pid": dead.pid, "extra": {}}, f)
+        assert registry.live_records() == [] and os.listdir(d) == []
+
+
 def test_records_that_are_links_or_belong_to_another_user_are_ignored(tmp_path):
     import dask
 

@@ -365,6 +365,16 @@ def list_clusters(address: str | None = None) -> list[dict[str, Any]]:
     ]
 
 
+def cleanup_orphan(record: Any) -> None:
+    """The registry's clean-up hook for a gateway cluster whose owner died (see :mod:`jupyter_cluster.orphans`).
+
+    A record of a kernel that only attached to the cluster stops nothing.
+    """
+    info = record.extra.get("gateway") if isinstance(record.extra, dict) and not record.attached else None
+    if isinstance(info, dict):
+        stop_orphan(info)
+
+
 def stop_orphan(info: dict[str, Any]) -> None:
     """Shut down the gateway cluster of a registry record whose owner died (``kill -9`` of its kernel).
 

@@ -420,6 +420,12 @@ def cancel_jobs(info: Any) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def cleanup_orphan(record: Any) -> None:
+    """The registry's clean-up hook for a batch cluster whose owner died (see :mod:`jupyter_cluster.orphans`)."""
+    if isinstance(record.extra, dict):
+        cancel_jobs(record.extra.get("batch"))
+
+
 #: The watchdog: a small process (standard library only) that waits for the notebook's process to
 #: end, however it ends, and then cancels the cluster's jobs (pending ones too, which no worker's
 #: death timeout ends) and deletes the credentials and logs the jobs were given.

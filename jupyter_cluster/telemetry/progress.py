@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .. import config, context, ticker
+from .. import config, context, static_output, ticker
 from ..models import MAX_JOB_FAILURES, JobFailure, JobMessage, job_failure, job_message
 from ..registry import current_kernel_id
 from .hub import attach, attached
@@ -280,13 +280,14 @@ class WidgetRenderer:
     @staticmethod
     def static(snap: dict[str, Any]) -> dict[str, str]:
         """The line as ``text/plain`` and ``text/html`` (what a reader without the kernel sees)."""
-        from ..widgets.static_render import progress_html
-
         line = format_line(snap, width=0)
         total = snap["total"]
         fraction = min(snap["processed"], total) / total if total else None
         # a line of its own, as the text renderer ends it (text after it in the cell starts a new line)
-        return {"text/plain": format_line(snap) + "\n", "text/html": progress_html(line, snap["state"], fraction)}
+        return {
+            "text/plain": format_line(snap) + "\n",
+            "text/html": static_output.progress_html(line, snap["state"], fraction),
+        }
 
     def update(self, snap: dict[str, Any]) -> None:
         total = snap["total"]
@@ -305,17 +306,13 @@ class WidgetRenderer:
             self._displayed = True
             from IPython.display import display
 
-            from ..widgets import static_render
-
-            data = static_render.bundle(self.box, self.static(snap))
-            display(data, raw=True, metadata=static_render.metadata(), display_id=self.display_id)
+            data = static_output.bundle(self.box, self.static(snap))
+            display(data, raw=True, metadata=static_output.metadata(), display_id=self.display_id)
 
     def close(self, snap: dict[str, Any]) -> None:
         self.update(snap)
         try:
-            from ..widgets import static_render
-
-            static_render.replace(self.display_id, self.static(snap))
+            static_output.replace(self.display_id, self.static(snap))
         except Exception:  # the live bar stays; a static copy must never fail a map
             logger.debug("static progress line failed", exc_info=True)
             return

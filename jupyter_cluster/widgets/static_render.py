@@ -46,15 +46,20 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-#: output metadata key that marks our outputs (the pre-save hook touches only those)
-MARK = "jupyter_cluster"
+# an output's static part, defined a layer down (telemetry's progress bar uses it too); named here too
+from ..static_output import MARK as MARK
+from ..static_output import bundle as bundle
+from ..static_output import metadata as metadata
+from ..static_output import progress_html as progress_html
+from ..static_output import replace as replace
+
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 #: the same 12 hues as the panel's charts (labextension/src/charts/colors.ts, light theme)
 PALETTE = [
-    "#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#b07aa1", "#76b7b2",
-    "#edc948", "#9c755f", "#ff9da7", "#6f4e7c", "#86bcb6", "#d37295",
+    "#4e79a7", "#d9730d", "#e15759", "#59a14f", "#b07aa1", "#3f9b94",
+    "#b8860b", "#9c755f", "#8a8a1a", "#6f4e7c", "#2f95b8", "#d37295",
 ]  # fmt: skip
 #: the panel's heatmap scale (labextension/src/charts/heatmaps.ts)
 VIRIDIS = ["#440154", "#3b528b", "#21918c", "#5ec962", "#fde725"]
@@ -446,36 +451,7 @@ def metrics_html(model: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-def progress_html(line: str, state: str, fraction: float | None) -> str:
-    """The final progress line as HTML: a small bar in the state's colour and the text."""
-    colour = {"finished": "#5cb85c", "failed": "#d9534f", "cancelled": "#f0ad4e"}.get(state, "#337ab7")
-    bar = ""
-    if fraction is not None:
-        pct = max(0.0, min(1.0, fraction)) * 100
-        bar = (
-            "<span style='display:inline-block;width:160px;height:0.9em;background:#e6e6e6;"
-            "vertical-align:middle;margin-right:8px;border-radius:2px'>"
-            f"<span style='display:block;width:{pct:.0f}%;height:100%;background:{colour};border-radius:2px'></span>"
-            "</span>"
-        )
-    return f"<div class='jupyter-cluster-static jupyter-cluster-progress'>{bar}<code>{_e(line)}</code></div>"
-
-
 # -- displaying widgets with their static part -----------------------------------------------
-def bundle(widget: Any, static: Mapping[str, str]) -> dict[str, Any]:
-    """The widget's own mimebundle (the view reference) with ``static`` beside it."""
-    data = widget._repr_mimebundle_()
-    if isinstance(data, tuple):
-        data = data[0]
-    data = dict(data or {})
-    data.update(static)
-    return data
-
-
-def metadata() -> dict[str, Any]:
-    return {MARK: {"static": True}}
-
-
 class StaticOutput:
     """Mixin for a widget whose outputs carry a static copy, kept current at each cell's end.
 
@@ -559,13 +535,6 @@ def _install_hook() -> None:
             return
         _hooked.add(id(shell))
     shell.events.register("post_run_cell", _after_cell)
-
-
-def replace(display_id: str, static: Mapping[str, str]) -> None:
-    """Replace every output under ``display_id`` with ``static`` alone (the widget's work is over)."""
-    from IPython.display import update_display
-
-    update_display(dict(static), raw=True, metadata=metadata(), display_id=display_id)
 
 
 # -- saving ----------------------------------------------------------------------------------
