@@ -20,22 +20,10 @@ pytestmark = [pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    try:
-        import dask_gateway  # noqa: F401  (its config defaults must be in place before dask.config.set)
-        import dask_gateway_server  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"dask-gateway and dask-gateway-server are not installed ({exc}); pip install -e '.[test]'")
-    import dask
+    from tests.hpc.gateway_server import running_gateway
 
-    from tests.hpc.gateway_server import GatewayServer
-
-    server = GatewayServer(tmp_path_factory.mktemp("gateway"))
-    try:
-        server.start()
-        with dask.config.set(server.dask_config()):
-            yield server
-    finally:
-        server.stop()
+    with running_gateway(tmp_path_factory.mktemp("gateway")) as server:
+        yield server
 
 
 def _gateway_names() -> set[str]:

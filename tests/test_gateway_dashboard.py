@@ -26,41 +26,29 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    try:
-        import dask_gateway  # noqa: F401  (its config defaults must be in place before dask.config.set)
-        import dask_gateway_server  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"dask-gateway and dask-gateway-server are not installed ({exc}); pip install -e '.[test]'")
-    import dask
+    from tests.hpc.gateway_server import PASSWORD, running_gateway
 
-    from tests.hpc.gateway_server import PASSWORD, GatewayServer
-
-    server = GatewayServer(tmp_path_factory.mktemp("gateway-dash"))
-    try:
-        server.start()
-        with dask.config.set(server.dask_config()):
-            # the Jupyter server's own dask.config logs into the gateway (as a site's jupyter-cluster.yaml would)
-            env = {
-                "DASK_GATEWAY__AUTH__TYPE": "basic",
-                "DASK_GATEWAY__AUTH__KWARGS__USERNAME": "alice",
-                "DASK_GATEWAY__AUTH__KWARGS__PASSWORD": PASSWORD,
-            }
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
-                jupyter = JupyterProcess(str(tmp_path_factory.mktemp("gw-dash-root")), base_url="/jc/").start()
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-            try:
-                yield server, jupyter
-            finally:
-                jupyter.stop()
-    finally:
-        server.stop()
+    with running_gateway(tmp_path_factory.mktemp("gateway-dash")) as server:
+        # the Jupyter server's own dask.config logs into the gateway (as a site's jupyter-cluster.yaml would)
+        env = {
+            "DASK_GATEWAY__AUTH__TYPE": "basic",
+            "DASK_GATEWAY__AUTH__KWARGS__USERNAME": "alice",
+            "DASK_GATEWAY__AUTH__KWARGS__PASSWORD": PASSWORD,
+        }
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            jupyter = JupyterProcess(str(tmp_path_factory.mktemp("gw-dash-root")), base_url="/jc/").start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        try:
+            yield server, jupyter
+        finally:
+            jupyter.stop()
 
 
 @pytest.fixture(scope="module")

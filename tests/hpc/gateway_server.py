@@ -9,6 +9,7 @@ certificates made by the gateway).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 PASSWORD = "gateway-test-password"
@@ -114,3 +116,27 @@ class GatewayServer:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def running_gateway(workdir: Path) -> Iterator[GatewayServer]:
+    """A started :class:`GatewayServer` whose login is in dask.config meanwhile; stopped after.
+
+    Skips the test where dask-gateway or dask-gateway-server is not installed.
+    """
+    import pytest
+
+    try:
+        import dask_gateway  # noqa: F401  (its config defaults must be in place before dask.config.set)
+        import dask_gateway_server  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"dask-gateway and dask-gateway-server are not installed ({exc}); pip install -e '.[test]'")
+    import dask
+
+    server = GatewayServer(workdir)
+    try:
+        server.start()
+        with dask.config.set(server.dask_config()):
+            yield server
+    finally:
+        server.stop()
