@@ -3,7 +3,18 @@
  * axis for metrics of one unit, log y that says what it dropped, top-k and
  * the nearest-series hover list, round heatmap ticks.
  */
-import { DARK_PALETTE, LIGHT_PALETTE, assignColors, colorLookup, hashKey } from '../charts/colors';
+import { readFileSync } from 'fs';
+import { join } from 'path';
+
+import {
+  DARK_PALETTE,
+  LIGHT_PALETTE,
+  THEME_BACKGROUNDS,
+  assignColors,
+  colorLookup,
+  contrastRatio,
+  hashKey
+} from '../charts/colors';
 import type { IMetricsModel, Point } from '../charts/data';
 import { niceRange, niceStep, roundTickIndices, heatmapOption } from '../charts/heatmaps';
 import {
@@ -17,6 +28,7 @@ import {
   tooltipRows,
   topKeys
 } from '../charts/lines';
+import { axesToggleState, toggledAxes } from '../charts/controls';
 import { OVERLAY_DASHES, overlayLines, overlayOption, sameUnit, unitGroups } from '../charts/overlay';
 
 const line = (...ys: (number | null)[]): Point[] => ys.map((y, i) => [i, y]);
@@ -46,12 +58,35 @@ describe('colour per run', () => {
     expect(hashKey('abc')).toBe(0x1a47e90b); // FNV-1a, as the Python sweep widget computes it
   });
 
-  it('dark palette colours are light enough to read on a dark background', () => {
-    const lum = (hex: string): number => {
-      const [r, g, b] = [1, 3, 5].map(i => parseInt(hex.slice(i, i + 2), 16) / 255);
-      return 0.2126 * r + 0.7152 * g + 0.0722 * b;
-    };
-    expect(Math.min(...DARK_PALETTE.map(lum))).toBeGreaterThan(0.35);
+  it('every colour reads on its theme background (contrast >= 3:1); the gold reads on both', () => {
+    expect(contrastRatio('#ffffff', '#000000')).toBeCloseTo(21, 5);
+    for (const c of LIGHT_PALETTE) {
+      for (const bg of THEME_BACKGROUNDS.light) {
+        expect([c, bg, contrastRatio(c, bg) >= 3]).toEqual([c, bg, true]);
+      }
+    }
+    for (const c of DARK_PALETTE) {
+      for (const bg of THEME_BACKGROUNDS.dark) {
+        expect([c, bg, contrastRatio(c, bg) >= 3]).toEqual([c, bg, true]);
+      }
+    }
+    // the slot that was Tableau's weak yellow (#edc948, 1.6:1 on white): one gold for both themes
+    expect(LIGHT_PALETTE).not.toContain('#edc948');
+    const gold = LIGHT_PALETTE[6];
+    expect(DARK_PALETTE[6]).toBe(gold);
+    for (const bg of [...THEME_BACKGROUNDS.light, ...THEME_BACKGROUNDS.dark]) {
+      expect(contrastRatio(gold, bg)).toBeGreaterThanOrEqual(3);
+    }
+    // twelve different colours in each palette
+    expect(new Set(LIGHT_PALETTE).size).toBe(12);
+    expect(new Set(DARK_PALETTE).size).toBe(12);
+  });
+
+  it("is the static copies' palette too (a saved notebook's chart keeps the live chart's colours)", () => {
+    const py = readFileSync(join(__dirname, '../../../jupyter_cluster/widgets/static_render.py'), 'utf8');
+    const block = /^PALETTE = \[([^\]]*)\]/m.exec(py);
+    expect(block).not.toBeNull();
+    expect(block![1].match(/#[0-9a-f]{6}/gi)).toEqual(LIGHT_PALETTE);
   });
 });
 
@@ -76,21 +111,40 @@ describe('overlay axes: one axis for metrics of one unit', () => {
     expect(unitGroups([[0, 500], [20, 160], [0, 1], null])).toEqual([0, 0, 1, 0]);
   });
 
-  it('two returns share one axis (defect 8); reward and loss get two; the user can force two', () => {
+  it('two returns share one axis (defect 8); two units stay on one axis until two are asked for', () => {
     const returns = overlayLines({ es }, [pick('policy_mean'), pick('population_mean')]);
-    expect(returns.axes).toBe('shared');
+    expect([returns.axes, returns.units]).toEqual(['shared', 1]);
     expect(returns.axisNames).toEqual(['policy_mean, population_mean']);
-    expect(overlayLines({ es }, [pick('policy_mean'), pick('loss')]).axes).toBe('dual');
-    // three metrics of two units: each scaled to 0-1, unless two axes are asked for (by unit then)
+    // reward and loss: one axis by default, the chart offers two (units > 1)
+    const mixed2 = overlayLines({ es }, [pick('policy_mean'), pick('loss')]);
+    expect([mixed2.axes, mixed2.units]).toEqual(['shared', 2]);
+    expect(mixed2.lines.map(l => l.axis)).toEqual([0, 0]);
+    expect(overlayLines({ es }, [pick('policy_mean'), pick('loss')], 'step', 'dual').axes).toBe('dual');
+    // three metrics of two units: one axis; two on request, split by unit (the first unit left)
     const mixed = overlayLines({ es }, [pick('policy_mean'), pick('population_mean'), pick('loss')]);
-    expect(mixed.axes).toBe('normalised');
+    expect([mixed.axes, mixed.units]).toEqual(['shared', 2]);
     const two = overlayLines({ es }, [pick('policy_mean'), pick('population_mean'), pick('loss')], 'step', 'dual');
     expect(two.axisNames).toEqual(['policy_mean, population_mean', 'loss']);
     expect(two.lines.map(l => l.axis)).toEqual([0, 0, 1]);
     const three = overlayLines({ es }, [pick('policy_mean'), pick('loss'), pick('grad_norm')]);
-    expect(three.axes).toBe('normalised');
+    expect([three.axes, three.units]).toEqual(['shared', 3]);
+    // one unit forced onto two axes: the first metric left, the rest right
     const forced = overlayLines({ es }, [pick('policy_mean'), pick('population_mean')], 'step', 'dual');
     expect(forced.lines.map(l => l.axis)).toEqual([0, 1]);
+  });
+
+  it('the two-axes toggle: shown only for two units or more, pressed while two axes are drawn', () => {
+    expect(axesToggleState(1, 'shared')).toEqual({ shown: false, pressed: false, label: 'two axes' });
+    expect(axesToggleState(2, 'shared')).toEqual({ shown: true, pressed: false, label: 'two axes' });
+    expect(axesToggleState(2, 'dual')).toEqual({ shown: true, pressed: true, label: 'two axes ✓' });
+    // forced onto two axes with one unit (the toolbar's menu): still shown, so it can be undone there
+    expect(axesToggleState(1, 'dual').shown).toBe(true);
+    // a click asks for two axes, a second one for the default (one axis); from 0-1 it asks for two
+    expect([toggledAxes('auto'), toggledAxes('dual'), toggledAxes('normalised')]).toEqual(['dual', 'auto', 'dual']);
+    const mixed = overlayLines({ es }, [pick('policy_mean'), pick('loss')]);
+    expect(axesToggleState(mixed.units, mixed.axes).shown).toBe(true);
+    const again = overlayLines({ es }, [pick('policy_mean'), pick('loss')], 'step', toggledAxes(mixed.axes));
+    expect([again.axes, again.axisNames]).toEqual(['dual', ['policy_mean', 'loss']]);
   });
 
   it("draws a line in its run's colour and its metric's dash", () => {

@@ -6,7 +6,6 @@ import type { IMetricsModel } from '../charts/data';
 import {
   IOverlayPick,
   addPick,
-  autoAxes,
   overlayLegend,
   overlayLines,
   overlayOption,
@@ -169,8 +168,11 @@ describe('the overlay lines and their y axes', () => {
     expect(o.lines.every(l => l.axis === 0)).toBe(true);
   });
 
-  it('two metrics: the second on its own (right) axis, values unchanged', () => {
-    const o = overlayLines({ rl }, [pick('rl', 'reward', 'member=0'), pick('rl', 'loss')]);
+  it('two metrics of two units: one axis by default, two (the second on the right) on request', () => {
+    const one = overlayLines({ rl }, [pick('rl', 'reward', 'member=0'), pick('rl', 'loss')]);
+    expect([one.axes, one.units, one.axisNames]).toEqual(['shared', 2, ['reward, loss']]);
+    expect(one.lines.every(l => l.axis === 0)).toBe(true);
+    const o = overlayLines({ rl }, [pick('rl', 'reward', 'member=0'), pick('rl', 'loss')], 'step', 'dual');
     expect(o.axes).toBe('dual');
     expect(o.axisNames).toEqual(['reward', 'loss']);
     expect(o.lines.map(l => [l.name, l.axis])).toEqual([
@@ -180,8 +182,10 @@ describe('the overlay lines and their y axes', () => {
     expect(o.lines[1].points).toEqual(rl.scalars.loss.all);
   });
 
-  it('three metrics from two topics: each scaled to 0-1 over its own range, the real values kept', () => {
-    const o = overlayLines({ rl, sys }, [pick('rl', 'reward'), pick('rl', 'loss'), pick('sys', 'gpu_mem')]);
+  it('three metrics from two topics, scaled to 0-1 on request: each over its own range, the real values kept', () => {
+    const picks = [pick('rl', 'reward'), pick('rl', 'loss'), pick('sys', 'gpu_mem')];
+    expect(overlayLines({ rl, sys }, picks).axes).toBe('shared');
+    const o = overlayLines({ rl, sys }, picks, 'step', 'normalised');
     expect(o.axes).toBe('normalised');
     // names say the topic when the picks span topics
     expect(o.lines.map(l => l.name)).toEqual([
@@ -227,7 +231,6 @@ describe('the overlay lines and their y axes', () => {
       [1, 0.5]
     ]);
     expect(overlayLines({ rl }, [pick('rl', 'reward'), pick('rl', 'loss')], 'step', 'shared').axes).toBe('shared');
-    expect([autoAxes(0), autoAxes(1), autoAxes(2), autoAxes(5)]).toEqual(['shared', 'shared', 'dual', 'normalised']);
   });
 
   it('puts lines of several topics on one time origin, and draws nothing for what is not there yet', () => {
@@ -271,8 +274,8 @@ describe('the overlay lines and their y axes', () => {
     expect(many.legend.type).toBe('scroll');
   });
 
-  it('the chart option has one y axis per side, the right-axis lines dashed', () => {
-    const o = overlayLines({ rl }, [pick('rl', 'reward', 'member=0'), pick('rl', 'loss')]);
+  it('the chart option (two axes asked for) has one y axis per side, the right-axis lines dashed', () => {
+    const o = overlayLines({ rl }, [pick('rl', 'reward', 'member=0'), pick('rl', 'loss')], 'step', 'dual');
     const option = overlayOption(o, { compact: false }, () => '#000') as {
       yAxis: { name: string; position: string }[];
       series: { yAxisIndex: number; lineStyle: { type: string } }[];

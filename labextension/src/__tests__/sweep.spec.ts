@@ -2,6 +2,7 @@
  * The sweep table's data: sorting (numbers as numbers), filtering, grouping
  * with mean ± sd bands, and the options of the curves and parallel views.
  */
+import { THEME_BACKGROUNDS, contrastRatio } from '../charts/colors';
 import type { Point } from '../charts/data';
 import {
   ISweep,
@@ -12,6 +13,7 @@ import {
   filterRows,
   groupRows,
   meanBand,
+  parallelColours,
   parallelOption,
   seriesOfRow,
   sortRows,
@@ -123,6 +125,18 @@ describe('sweep table', () => {
     expect(option.parallelAxis[1].data).toEqual(['false', 'true']);
     expect(option.series[0].data[0].value).toEqual([0.1, 'true', 'sgd', 0.5]);
     expect([option.visualMap.dimension, option.visualMap.min, option.visualMap.max]).toEqual([3, 0.2, 10]);
+  });
+
+  it("colours the parallel lines on a scale whose every stop reads on the theme's background", () => {
+    for (const dark of [false, true]) {
+      const option = parallelOption(rows, 'loss', dark) as { visualMap: { inRange: { color: string[] } } };
+      expect(option.visualMap.inRange.color).toEqual(parallelColours(dark));
+      for (const c of parallelColours(dark)) {
+        for (const bg of THEME_BACKGROUNDS[dark ? 'dark' : 'light']) {
+          expect([c, bg, contrastRatio(c, bg) >= 3]).toEqual([c, bg, true]);
+        }
+      }
+    }
   });
 });
 

@@ -38,7 +38,7 @@ import {
   X_AXIS_NAMES,
   withoutSeries
 } from './data';
-import { ChartControls, IChartsState, controlStyle } from './controls';
+import { ChartControls, IChartsState, axesToggle, controlStyle, showAxesToggle, toggledAxes } from './controls';
 import { el, isDark } from './dom';
 export { isDark } from './dom';
 export type { IChartsState } from './controls';
@@ -141,6 +141,8 @@ interface IPanel {
   draws: number;
   /** heatmaps: the "difference of two runs" picker */
   diff?: HTMLSelectElement;
+  /** the overlay: the "two axes" toggle (shown when its metrics are of two units) */
+  twoAxes?: HTMLButtonElement;
 }
 
 function download(filename: string, blob: Blob): void {
@@ -224,7 +226,7 @@ export class MetricsCharts {
     });
     this.overlayAxesSelect = el('select', 'jc-overlay-axes');
     this.overlayAxesSelect.title =
-      "The overlay's y axes: automatic (one metric: one axis; two: left and right; more: each scaled to 0-1), or forced";
+      "The overlay's y axes: one (the default), two (by unit: the first on the left), or each metric scaled to 0-1";
     this.overlayAxesSelect.style.cssText = 'font-size: 11px;';
     for (const [value, label] of [
       ['auto', 'axes: auto'],
@@ -236,10 +238,9 @@ export class MetricsCharts {
       o.value = value;
       this.overlayAxesSelect.append(o);
     }
-    this.overlayAxesSelect.addEventListener('change', () => {
-      this.overlayAxes = this.overlayAxesSelect.value as OverlayAxes;
-      this.changed();
-    });
+    this.overlayAxesSelect.addEventListener('change', () =>
+      this.setOverlayAxes(this.overlayAxesSelect.value as OverlayAxes)
+    );
     this.overlayPicks = el('span', 'jc-overlay-picks');
     this.overlayPicks.style.cssText = 'display: contents;';
     this.toolbar.append(...this.controls.nodes, csv, copy, this.overlayAdd, this.overlayPicks, this.overlayAxesSelect);
@@ -297,6 +298,13 @@ export class MetricsCharts {
     this.setPicks(picks);
   }
 
+  /** The user's choice of the overlay's axes (the toolbar's menu or the chart's toggle). */
+  private setOverlayAxes(axes: OverlayAxes): void {
+    this.overlayAxes = axes;
+    this.overlayAxesSelect.value = axes;
+    this.changed();
+  }
+
   private setPicks(picks: IOverlayPick[]): void {
     this.picks = picks;
     this.onOverlayTopics?.(pickTopics(picks, this.model.topic));
@@ -338,7 +346,10 @@ export class MetricsCharts {
     this.dark = dark;
     this.node.dataset.theme = dark ? 'dark' : 'light';
     this.styleControls();
-    this.colorKeys = ''; // the dark palette
+    // the theme's palette now, so that a host's series list can re-colour its swatches at once
+    const keys = allSeriesKeys(this.model);
+    this.colorKeys = `${dark}\u0000${keys.join('\u0000')}`;
+    this.colorOf = colorLookup(keys, dark);
     // chart.setTheme() leaves components already laid out in the old colours:
     // draw each chart anew in the new theme, in the next frame (while JupyterLab
     // swaps its theme's CSS the boxes may measure 0 for a moment)
@@ -393,6 +404,12 @@ export class MetricsCharts {
       }
     });
     this.overlayPicks.style.cssText = 'display: contents;';
+    // the charts' own controls: the heatmaps' difference pickers and the overlay's axes toggle
+    this.grid.querySelectorAll<HTMLElement>('select.jc-diff, button.jc-overlay-two-axes').forEach(c => {
+      const { display, fontWeight } = c.style;
+      c.style.cssText = `${style} margin-bottom: 2px; max-width: 100%;`;
+      Object.assign(c.style, { display, fontWeight });
+    });
   }
 
   /** Fit every chart to its box now (e.g. after the host was shown or resized). */
@@ -561,6 +578,7 @@ export class MetricsCharts {
       view,
       width
     ]);
+    showAxesToggle(panel.twoAxes!, overlay.units, overlay.axes);
     if (panel.data === data) {
       return; // nothing this chart shows changed: no redraw
     }
@@ -593,6 +611,7 @@ export class MetricsCharts {
     Object.assign(panel.root.dataset, {
       lines: overlay.lines.map(l => l.name).join('|'),
       axes: overlay.axes,
+      units: String(overlay.units),
       axisNames: overlay.axisNames.join('|'),
       right: overlay.lines
         .filter(l => l.axis === 1)
@@ -614,7 +633,7 @@ export class MetricsCharts {
     if (kind === 'heat') {
       diff = el('select', 'jc-diff');
       diff.title = 'Show the difference of two runs on its own colour scale';
-      diff.style.cssText = 'font-size: 11px; margin-bottom: 2px; max-width: 100%;';
+      diff.style.cssText = `${controlStyle(this.dark)} margin-bottom: 2px; max-width: 100%;`;
       diff.addEventListener('change', () => {
         const p = this.panels.get(id);
         if (p) {
@@ -622,6 +641,11 @@ export class MetricsCharts {
         }
       });
       root.appendChild(diff);
+    }
+    let twoAxes: HTMLButtonElement | undefined;
+    if (kind === 'overlay') {
+      twoAxes = axesToggle(this.dark, () => this.setOverlayAxes(toggledAxes(this.overlayAxes)));
+      root.appendChild(twoAxes);
     }
     const box = el('div', 'jc-chart-box');
     box.style.cssText = `width: 100%; height: ${this.options.height}px;`;
@@ -632,7 +656,19 @@ export class MetricsCharts {
       this.grid.appendChild(root);
     }
     const chart = echarts.init(box, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
-    const panel: IPanel = { kind, name, root, box, chart, drawn: '', data: '', pointerY: null, draws: 0, diff };
+    const panel: IPanel = {
+      kind,
+      name,
+      root,
+      box,
+      chart,
+      drawn: '',
+      data: '',
+      pointerY: null,
+      draws: 0,
+      diff,
+      twoAxes
+    };
     this.track(panel);
     this.panels.set(id, panel);
     this.resizer?.observe(box);

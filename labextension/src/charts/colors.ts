@@ -12,23 +12,35 @@
  */
 import { naturalCompare } from './data';
 
-/** 12 hues that stay apart for readers with the common colour-vision deficiencies (Tableau 10 and two more). */
+/**
+ * The light theme's 12 colours: Tableau 10's hues and two more, each at least
+ * 3:1 against white (WCAG's contrast for graphics), so no line is a faint
+ * tint: the light tints of Tableau 10 (orange, teal, pink, light teal) are
+ * darkened or replaced, and its yellow (1.6:1 on white) is a dark gold that
+ * reads on white and on JupyterLab's dark backgrounds alike.  The static
+ * copies of the charts (jupyter_cluster/widgets/static_render.py, PALETTE)
+ * use the same list, in the same order.
+ */
 export const LIGHT_PALETTE = [
   '#4e79a7',
-  '#f28e2b',
+  '#d9730d',
   '#e15759',
   '#59a14f',
   '#b07aa1',
-  '#76b7b2',
-  '#edc948',
+  '#3f9b94',
+  '#b8860b',
   '#9c755f',
-  '#ff9da7',
+  '#8a8a1a',
   '#6f4e7c',
-  '#86bcb6',
+  '#2f95b8',
   '#d37295'
 ];
 
-/** The same hues, lightened for a dark background (none darker than 50 % lightness). */
+/**
+ * The same hues for a dark background, each at least 3:1 against JupyterLab
+ * dark's backgrounds (#111 and #212121): lighter, so that no line is a dark
+ * slate on black; the gold is the light palette's, which reads on both.
+ */
 export const DARK_PALETTE = [
   '#7aa6d6',
   '#ffaa55',
@@ -36,13 +48,31 @@ export const DARK_PALETTE = [
   '#86cf7b',
   '#d5a2c8',
   '#9fe0da',
-  '#ffe27a',
+  '#b8860b',
   '#d1a98c',
-  '#ffc2c8',
+  '#c9c95a',
   '#b08cc0',
-  '#b1e3dd',
+  '#7cc6e6',
   '#f59dbd'
 ];
+
+/** The backgrounds the palettes must read on: JupyterLab light's and dark's layout colours 0 and 1. */
+export const THEME_BACKGROUNDS = { light: ['#ffffff'], dark: ['#111111', '#212121'] };
+
+/** WCAG's relative luminance of a #rrggbb colour. */
+export function luminance(hex: string): number {
+  const [r, g, b] = [1, 3, 5].map(i => {
+    const c = parseInt(hex.slice(i, i + 2), 16) / 255;
+    return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4);
+  });
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+}
+
+/** WCAG's contrast ratio of two #rrggbb colours (1 to 21; 3 is the least for lines and marks). */
+export function contrastRatio(a: string, b: string): number {
+  const [hi, lo] = [luminance(a), luminance(b)].sort((x, y) => y - x);
+  return (hi + 0.05) / (lo + 0.05);
+}
 
 /** FNV-1a: a stable 32-bit hash of a string (the same in every browser and in Python's sweep widget). */
 export function hashKey(key: string): number {

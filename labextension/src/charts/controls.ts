@@ -43,6 +43,42 @@ export function controlStyle(dark: boolean): string {
   );
 }
 
+/**
+ * The overlay's "two axes" toggle, on the chart: the overlay starts on one
+ * axis, and the button is shown only when its metrics look like two units
+ * or more (see overlay.ts), pressed while two axes are drawn.
+ */
+export function axesToggle(dark: boolean, toggled: () => void): HTMLButtonElement {
+  const button = el('button', 'jc-overlay-two-axes', 'two axes');
+  button.title =
+    'The metrics look like two units: draw the first on the left axis and the others on a right axis ' +
+    '(click again for one axis)';
+  button.style.cssText = `${controlStyle(dark)} margin-bottom: 2px;`;
+  button.setAttribute('aria-pressed', 'false');
+  button.addEventListener('click', toggled);
+  return button;
+}
+
+/** How the toggle looks: shown when the metrics are of `units` > 1 units (or two axes are drawn), pressed while they are. */
+export function axesToggleState(units: number, axes: OverlayAxes): { shown: boolean; pressed: boolean; label: string } {
+  const pressed = axes === 'dual';
+  return { shown: units > 1 || pressed, pressed, label: pressed ? 'two axes ✓' : 'two axes' };
+}
+
+/** Show and press the toggle as axesToggleState() says. */
+export function showAxesToggle(button: HTMLButtonElement, units: number, axes: OverlayAxes): void {
+  const { shown, pressed, label } = axesToggleState(units, axes);
+  button.style.display = shown ? '' : 'none';
+  button.setAttribute('aria-pressed', String(pressed));
+  button.textContent = label;
+  button.style.fontWeight = pressed ? 'bold' : '';
+}
+
+/** What the toggle asks for after a click: two axes, or back to the default (one). */
+export function toggledAxes(axes: OverlayAxes): OverlayAxes {
+  return axes === 'dual' ? 'auto' : 'dual';
+}
+
 /** The view controls; `changed` is called after the user changed one. */
 export class ChartControls {
   smoothing = 0;

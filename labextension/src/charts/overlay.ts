@@ -3,17 +3,17 @@
  * one or several topics and runs, as lines on one chart, and the chart's
  * ECharts option as plain data.
  *
- * How the y axes are shared is decided by what was picked, as a researcher
- * reads it: metrics of one unit share one axis, their real values.  The
- * unit is not known, so it is judged from the data: metrics whose ranges
- * overlap and whose magnitudes are within a factor of ten (`reward` of three
- * runs; `policy_mean` 0-500 and `population_mean` 20-160) are one unit and
- * share the axis.  Two metrics of two units (`reward` 0-400 and `loss` 0-1)
- * get an axis each, left and right.  Three or more metrics of more than one
- * unit cannot be told apart on as many axes (and a unit guessed from the
- * magnitudes is only a guess): each metric is rescaled to 0-1 over its own
- * range, so their shapes compare, and the tooltip still shows the real
- * values.  The toolbar can force any of the three.
+ * How the y axes are shared, as a researcher reads it: one axis, with the
+ * real values, unless two are asked for.  Metrics of one unit belong on one
+ * axis (`reward` of three runs; `policy_mean` 0-500 and `population_mean`
+ * 20-160: two axes would draw the lower one above).  The unit is not known,
+ * so it is judged from the data: metrics whose ranges overlap and whose
+ * magnitudes are within a factor of ten are one unit.  When the metrics are
+ * of two units or more (`reward` 0-400 and `loss` 0-1) the chart still
+ * starts on one axis and offers a "two axes" toggle (the first unit on the
+ * left, the others on the right); the toolbar can also scale each metric to
+ * 0-1 over its own range, so that their shapes compare (the tooltip still
+ * shows the real values).
  *
  * A line's colour is its run's (series key, and kept cluster), the same as
  * in every other chart; which metric it is shows in its dash (the first
@@ -43,7 +43,7 @@ function sameValue(a: IOverlayPick, b: IOverlayPick): boolean {
   return a.topic === b.topic && a.value === b.value && (a.cluster ?? null) === (b.cluster ?? null);
 }
 
-/** How the overlay's y axes are shared: decided from the picks ('auto') or forced by the user. */
+/** How the overlay's y axes are shared: 'auto' is one axis; the others are the user's request. */
 export type OverlayAxes = 'auto' | 'shared' | 'dual' | 'normalised';
 
 /** One line of the overlay. */
@@ -73,6 +73,8 @@ export interface IOverlay {
   axes: Exclude<OverlayAxes, 'auto'>;
   /** the y axes' names: one, or left and right */
   axisNames: string[];
+  /** how many units the metrics are of (judged from their ranges): above 1 the chart offers two axes */
+  units: number;
 }
 
 /** A pick as a string (for a <select> value and for de-duplication). */
@@ -133,11 +135,6 @@ export function pickKept(picks: IOverlayPick[]): { cluster: string; topic: strin
     }
   }
   return [...seen.values()];
-}
-
-/** The sharing of y axes that 'auto' means for `groups` groups of metrics of one unit (see the module's comment). */
-export function autoAxes(groups: number): Exclude<OverlayAxes, 'auto'> {
-  return groups <= 1 ? 'shared' : groups === 2 ? 'dual' : 'normalised';
 }
 
 /** Whether two value ranges look like one unit: they overlap and their magnitudes are within 10x. */
@@ -248,9 +245,9 @@ export function overlayLines(
   const metricRanges = metricOrder.map(metric => range(found.filter(f => f.metric === metric).map(f => f.points)));
   const unit = unitGroups(metricRanges);
   const groupCount = new Set(unit).size;
-  // one unit: one axis; two metrics of two units: an axis each; else each scaled to 0-1 (a unit judged
-  // from magnitudes alone is a guess: memory and reward can both run to 100, so no third metric joins an axis)
-  const used = axes === 'auto' ? (groupCount <= 1 ? 'shared' : autoAxes(metricOrder.length)) : axes;
+  // one axis unless two (or 0-1) are asked for: a second axis makes lines of two units look
+  // comparable when they are not, so the chart offers it (groupCount > 1) and the reader asks
+  const used = axes === 'auto' ? 'shared' : axes;
   // forced onto two axes: the metrics of the first unit on the left, the others on the right
   const side = (metric: string): 0 | 1 => {
     const i = metricOrder.indexOf(metric);
@@ -294,7 +291,7 @@ export function overlayLines(
   } else {
     axisNames = [[...new Set(metricOrder.map(valueName))].join(', ')];
   }
-  return { lines, axes: used, axisNames };
+  return { lines, axes: used, axisNames, units: Math.max(1, groupCount) };
 }
 
 /** Each metric's dash, in the order picked. */

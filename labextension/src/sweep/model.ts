@@ -374,6 +374,16 @@ export function parallelAxis(
 }
 
 /**
+ * The parallel-coordinates lines' colour scale, low to high final value:
+ * viridis-like, with ends that read as lines on the theme's background
+ * (viridis's own ends, a dark purple and a pale yellow, vanish on dark and on
+ * white backgrounds respectively).
+ */
+export function parallelColours(dark: boolean): string[] {
+  return dark ? ['#7b6fd6', '#2fb5a5', '#fde725'] : ['#440154', '#21918c', '#b8860b'];
+}
+
+/**
  * The parallel-coordinates view (as TensorBoard's HParams): an axis per
  * config key and a last one for `metric`'s final value; a line per row,
  * coloured by that value on one scale.
@@ -414,7 +424,7 @@ export function parallelOption(rows: ISweepRow[], metric: string, dark = false):
       calculable: true,
       textStyle: { fontSize: 10 },
       formatter: (v: number) => formatNumber(Number(Number(v).toPrecision(3))),
-      inRange: { color: ['#440154', '#21918c', '#fde725'] }
+      inRange: { color: parallelColours(dark) }
     },
     series: [
       {
