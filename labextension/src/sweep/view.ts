@@ -24,6 +24,7 @@ import {
 import { CanvasRenderer } from 'echarts/renderers';
 
 import { colorLookup } from '../charts/colors';
+import { controlStyle } from '../charts/controls';
 import { el } from '../charts/dom';
 import type { IColumn, ISweep, ISweepRow } from './model';
 import {
@@ -54,15 +55,6 @@ echarts.use([
 
 /** Rows drawn on the curves chart when none is ticked (the first in the table's order). */
 export const MAX_DEFAULT_CURVES = 30;
-
-function controlStyle(dark: boolean): string {
-  return (
-    'font-size: 11px; padding: 0 4px; border-radius: 2px; ' +
-    `background: var(--jp-layout-color1, ${dark ? '#2b2b2b' : '#fff'}); ` +
-    `color: var(--jp-ui-font-color1, ${dark ? '#ddd' : '#222'}); ` +
-    `border: 1px solid var(--jp-border-color1, ${dark ? '#555' : '#bbb'});`
-  );
-}
 
 /** What the user chose (kept by the notebook widget, so a re-rendered output keeps it). */
 export interface ISweepViewState {
