@@ -57,6 +57,10 @@ export class MetricsView {
   setDark(dark: boolean): void {
     this.dark = dark;
     this.charts?.setDark(dark);
+    // the series list's swatches in the new theme's palette (its list is not rebuilt for a theme)
+    this.seriesNode.querySelectorAll<HTMLElement>('.jc-swatch').forEach(swatch => {
+      swatch.style.background = this.charts?.seriesColor(swatch.dataset.key ?? '') ?? '';
+    });
   }
 
   resize(): void {
@@ -124,6 +128,7 @@ export class MetricsView {
           box.checked = !off.includes(key);
           box.addEventListener('change', () => this.host.toggleSeries(topic, key));
           const swatch = el('span', 'jc-swatch');
+          swatch.dataset.key = key;
           swatch.style.background = charts.seriesColor(key);
           label.title = key;
           const name = el('span', 'jc-series-name');
