@@ -8,7 +8,8 @@ a run on the second is overlaid with the first's kept curves.  The
 first notebook maps a cell that reports two metrics and fails on two items
 (collect mode): a click on the job lists the failed items with their error
 and worker; the x axis switches to wall time and to time since start; an
-overlay draws two chosen metrics on one chart with an axis each.  Then a
+overlay draws two chosen metrics of two units on one chart, on one axis
+until its "two axes" toggle is clicked, then an axis each.  Then a
 longer map measures how far the panel's progress trails the items' ends
 (written to test-artifacts/panel-lag.json, with the machine's load).
 Screenshots go to test-artifacts/.
@@ -234,16 +235,26 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
         shot(page, artifacts, "panel-x-relative.png", '#jupyter-cluster-panel .jc-metrics-line[data-value="reward"]')
         _x_axis(page, "step", "step")
 
-        # -- an overlay of two chosen metrics: one chart, an axis each ----------------------------
+        # -- an overlay of two chosen metrics of two units: one axis, two on request ---------------
         add = page.locator("#jupyter-cluster-panel .jc-metrics-toolbar select.jc-overlay-add")
         add.select_option(label="reward (all series)")
         add.select_option(label="loss (all series)")
         overlay = page.locator("#jupyter-cluster-panel .jc-metrics-overlay")
         overlay.wait_for(timeout=10_000)
         page.wait_for_function(
+            "document.querySelector('#jupyter-cluster-panel .jc-metrics-overlay').dataset.units === '2'",
+            timeout=10_000,
+        )
+        assert overlay.get_attribute("data-axes") == "shared"
+        assert overlay.get_attribute("data-axis-names") == "reward, loss"
+        two_axes = overlay.locator("button.jc-overlay-two-axes")
+        assert two_axes.is_visible() and two_axes.get_attribute("aria-pressed") == "false"
+        two_axes.click()
+        page.wait_for_function(
             "document.querySelector('#jupyter-cluster-panel .jc-metrics-overlay').dataset.axes === 'dual'",
             timeout=10_000,
         )
+        assert two_axes.get_attribute("aria-pressed") == "true"
         assert overlay.get_attribute("data-axis-names") == "reward|loss"
         assert overlay.get_attribute("data-right") == "loss · member 0|loss · member 1"
         assert page.locator("#jupyter-cluster-panel .jc-overlay-pick").count() == 2
@@ -253,8 +264,9 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
             timeout=10_000,
         )
         shot(page, artifacts, "panel-overlay.png", "#jupyter-cluster-panel .jc-metrics-overlay")
-        # a value of another topic of the cluster: three metrics, each scaled to 0-1
+        # a value of another topic of the cluster: three metrics, each scaled to 0-1 on request
         add.select_option(label="follow-sys: mem")
+        page.locator("#jupyter-cluster-panel .jc-metrics-toolbar select.jc-overlay-axes").select_option("normalised")
         page.wait_for_function(
             "document.querySelector('#jupyter-cluster-panel .jc-metrics-overlay').dataset.axes === 'normalised'",
             timeout=15_000,
@@ -265,6 +277,7 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
             timeout=15_000,
         )
         shot(page, artifacts, "panel-overlay-two-topics.png", "#jupyter-cluster-panel .jc-metrics-overlay")
+        page.locator("#jupyter-cluster-panel .jc-metrics-toolbar select.jc-overlay-axes").select_option("auto")
         page.locator("#jupyter-cluster-panel .jc-overlay-pick", has_text="follow-sys").click()
         page.locator("#jupyter-cluster-panel .jc-overlay-pick").first.click()
         page.wait_for_function(
