@@ -372,10 +372,7 @@ class Pool:
         error_callback: Callable | None = None,
     ) -> MapResult:
         """Start :meth:`map`; returns a :class:`MapResult` whose ``get()`` is the list."""
-        self._check_running()
-        return self._map_async(
-            self._task(func), iterable, chunksize, callback, error_callback, f"Pool.map_async({_funcname(func)})"
-        )
+        return self._map_async(func, iterable, chunksize, callback, error_callback, "map_async")
 
     def starmap_async(
         self,
@@ -386,21 +383,16 @@ class Pool:
         error_callback: Callable | None = None,
     ) -> MapResult:
         """Start :meth:`starmap`; returns a :class:`MapResult`."""
-        self._check_running()
-        return self._map_async(
-            self._task(func, star=True),
-            iterable,
-            chunksize,
-            callback,
-            error_callback,
-            f"Pool.starmap_async({_funcname(func)})",
-        )
+        return self._map_async(func, iterable, chunksize, callback, error_callback, "starmap_async")
 
     def _map_async(
-        self, task: _PoolTask, iterable: Iterable, chunksize: Any, callback: Any, error_callback: Any, label: str
+        self, func: Callable, iterable: Iterable, chunksize: Any, callback: Any, error_callback: Any, method: str
     ) -> MapResult:
+        self._check_running()
+        task = self._task(func, star=method == "starmap_async")
         if not hasattr(iterable, "__len__"):
             iterable = list(iterable)  # as multiprocessing: a failing generator raises here, in the caller
+        label = f"Pool.{method}({_funcname(func)})"
         job = self._job(task, iterable, chunksize, label, ordered=True, errors="collect", retain=True)
         result = MapResult(self, callback, error_callback)
         with self._lock:
