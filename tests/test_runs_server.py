@@ -204,3 +204,57 @@ def test_runs_and_jobs_refuse_unauthenticated_requests(setup):
         assert r.status_code == 403, (path, r.status_code)
         r = requests.get(server.api(path), params=params, headers={"Authorization": "token wrong"}, timeout=30)
         assert r.status_code == 403, (path, r.status_code)
+
+
+def _job(job: str, run: str, state: str, updated: float) -> dict:
+    from jupyter_cluster.models import job_message
+
+    msg = dict(job_message(job, "f", None, "slow", 1, int(state != "running"), 0, state, updated - 1, updated))
+    msg.update(run=run, kind="map", notebook="slow.ipynb", cell=None, config={}, context={})
+    return msg
+
+
+async def test_a_run_published_before_the_server_subscribed_to_a_slow_scheduler_is_listed():
+    """A scheduler too slow to answer within a panel action's wait still gives the server its runs.
+
+    The map's job messages are at the scheduler before the server connects (a cell right after
+    ``%cluster start``), so the server hears of them only from the scheduler's backlog.  The
+    scheduler answers the backlog request late (a loaded machine); a panel action waiting for the
+    connection (``reach``) gives up first.  Before the fix that cancelled the subscription
+    halfway: the client counted as connected, the backlog was never read and every later job
+    message was held back for ever, so the run was never listed.
+    """
+    import asyncio
+
+    from distributed import Client, Scheduler
+
+    from jupyter_cluster import registry
+    from jupyter_cluster.server.manager import Connection
+    from jupyter_cluster.telemetry.topics import JOBS_TOPIC
+
+    async with Scheduler(host="127.0.0.1", port=0, dashboard=False) as s:
+        async with Client(s.address, asynchronous=True) as kernel:
+            await kernel.log_event(JOBS_TOPIC, _job("j1", "run-early", "finished", time.time()))
+            answer = s.handlers["events"]
+
+            async def late_events(**kwargs):
+                await asyncio.sleep(1.5)
+                return answer(**kwargs)
+
+            s.handlers["events"] = late_events
+            conn = Connection(registry.ClusterRecord(name="slow", backend="address", address=s.address, attached=True))
+            try:
+                await conn.reach(timeout=0.3)  # the panel's action stops waiting; the connection must go on
+                deadline = time.monotonic() + 30
+                while "j1" not in conn.jobs.jobs and time.monotonic() < deadline:
+                    await conn.tick()  # what the server's refresh loop does every 0.5 s
+                    await asyncio.sleep(0.2)
+                assert "j1" in conn.jobs.jobs, f"the backlog's job never arrived ({conn.status}, {conn.error})"
+                await kernel.log_event(JOBS_TOPIC, _job("j2", "run-late", "running", time.time()))
+                for _ in range(300):  # live now: within a moment
+                    if "j2" in conn.jobs.jobs:
+                        break
+                    await asyncio.sleep(0.1)
+                assert {r["run"] for r in conn.jobs.runs().values()} == {"run-early", "run-late"}
+            finally:
+                await conn.close()

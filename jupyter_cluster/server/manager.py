@@ -144,7 +144,7 @@ class Connection:
         self._pending: dict[str, asyncio.Future] = {}
         self._next_attempt = 0.0
         self._backoff = 0.25
-        self._connecting = asyncio.Lock()
+        self._connect_task: asyncio.Task | None = None
         self.connects = 0  # how many times a client was (re)connected
         #: kernels attached to this scheduler by records of their own (hidden from the list)
         self.attached_kernels: list[str] = []
@@ -178,12 +178,23 @@ class Connection:
             self.status = "unreachable"
 
     async def _connect(self) -> None:
-        # the refresh loop's tick and a panel action (reach) may both want a client: make one
-        async with self._connecting:
-            if self.client is None:
-                await self._connect_once()
+        """Connect and subscribe, in one task that whoever stops waiting for it does not cancel.
+
+        The refresh loop's tick and a panel action (:meth:`reach`) may both want a
+        client, each with a wait of its own: they share one attempt.  On a loaded
+        machine the subscriptions can take longer than either wait; cancelling them
+        halfway once left a client that counted as connected while its jobs
+        subscription held every event back and its backlog was never read (the
+        server then never listed the runs of that cluster).
+        """
+        task = self._connect_task
+        if task is None or task.done():
+            task = self._connect_task = asyncio.get_running_loop().create_task(self._connect_once())
+        await asyncio.shield(task)
 
     async def _connect_once(self) -> None:
+        if self.client is not None:
+            return
         security = None
         if self.record.address.startswith("tls://"):
             security = saved_security(self.record.name)
@@ -198,24 +209,27 @@ class Connection:
         try:
             client = Client(self.record.address, asynchronous=True, timeout=3, set_as_default=False, security=security)
             await client
-        except Exception as exc:  # OSError, TimeoutError, or a scheduler that speaks another version
+            # Subscribe everything before the client counts as connected: a client without its
+            # subscriptions would never be replaced.  A restarted scheduler's events carry newer
+            # timestamps than anything kept, and a re-reached one's older events are skipped.
+            client.subscribe_topic(CONTROL_TOPIC, self._on_control)
+            await self._subscribe_jobs(client)
+            await self._subscribe_metrics(client)
+        except BaseException as exc:  # OSError, TimeoutError, a scheduler of another version; closing
+            if client is not None:
+                await asyncio.shield(_quietly_close(client))
+            if not isinstance(exc, Exception):
+                raise
             self.error = str(exc) or type(exc).__name__
             self.status = "unreachable" if self.connects or self.record.attached else "connecting"
             self._next_attempt = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, 5.0)
-            if client is not None:
-                await _quietly_close(client)
             return
         self.client = client
         self.connects += 1
         self._backoff = 0.25
         self.status = "running"
         self.error = None
-        # Re-subscribe everything; a restarted scheduler's events carry newer
-        # timestamps than anything kept, and a re-reached one's older events are skipped.
-        client.subscribe_topic(CONTROL_TOPIC, self._on_control)
-        await self._subscribe_jobs()
-        await self._subscribe_metrics()
 
     async def _drop_client(self) -> None:
         client, self.client = self.client, None
@@ -227,6 +241,13 @@ class Connection:
             await _quietly_close(client)
 
     async def close(self) -> None:
+        task, self._connect_task = self._connect_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except BaseException:  # cancelled, as asked
+                pass
         await self._drop_client()
 
     async def reach(self, timeout: float = 10.0) -> None:
@@ -243,22 +264,26 @@ class Connection:
         except asyncio.TimeoutError:
             pass
 
-    async def _subscribe_jobs(self) -> None:
-        """Follow the jobs topic, replaying the scheduler's backlog once (:func:`.telemetry.hub.follow`)."""
-        await follow(self.client, JOBS_TOPIC, self._job_event, seen=self._jobs_seen)
+    async def _subscribe_jobs(self, client: Any) -> None:
+        """Follow the jobs topic, replaying the scheduler's backlog once (:func:`.telemetry.hub.follow`).
+
+        ``strict``: a backlog the scheduler does not give in time fails the connection
+        (it is tried again), since job messages sent before the subscription are in it only.
+        """
+        await follow(client, JOBS_TOPIC, self._job_event, seen=self._jobs_seen, strict=True)
 
     def _job_event(self, dask_topic: str, msg: Any) -> None:
         if isinstance(msg, dict):
             self.jobs.add(dict(msg, cluster=self.name))
 
-    async def _subscribe_metrics(self) -> None:
+    async def _subscribe_metrics(self, client: Any) -> None:
         """Every metrics topic through the index topic, then each topic's backlog.
 
         The stores number reports per producer, so the overlap between the
         backlog and the live feed (or a second backlog after a reconnect) is
         dropped there, and only real gaps count as dropped.
         """
-        await Hub(self.client, stores=self.metrics).follow()
+        await Hub(client, stores=self.metrics).follow(strict=True)
 
     def _on_control(self, event: tuple[float, Any]) -> None:
         msg = event[1]

@@ -33,6 +33,7 @@ async def follow(
     backlog: Callable[[str], bool] | None = None,
     seen: dict[str, float] | None = None,
     timeout: float = 10.0,
+    strict: bool = False,
 ) -> None:
     """Subscribe ``on_event`` to the Dask event ``topic``, replay the scheduler's backlog, each event once.
 
@@ -61,11 +62,23 @@ async def follow(
         a reconnect so nothing is handed on twice.
     timeout : float
         Seconds to wait for the marker and for the backlog.
+    strict : bool
+        Raise ``TimeoutError`` (or the scheduler's error) when the backlog
+        cannot be read, instead of following the live feed without it: the
+        Jupyter server then connects again, since what was sent before its
+        subscription (a map that ended right after the cluster started) is
+        in the backlog only.
+
+    When it fails (an error, a cancelled caller) it hands nothing more on:
+    the events it held back are in the scheduler's backlog for the next
+    ``follow`` with the same ``seen``, and handing them on first would make
+    that backlog look already seen.
     """
     seen = {} if seen is None else seen
     token = uuid.uuid4().hex
     confirmed = asyncio.Event()
     held: list[tuple[str, tuple[float, Any]]] | None = []
+    failed = False
 
     def hand_on(dask_topic: str, event: tuple[float, Any]) -> None:
         ts, msg = event
@@ -78,41 +91,55 @@ async def follow(
         msg = event[1]
         if isinstance(msg, dict) and msg.get("sync") == token:
             confirmed.set()
+        elif failed:
+            return
         elif held is not None:
             held.append((topic, event))
         else:
             hand_on(topic, event)
 
     client.subscribe_topic(topic, live)
-    deadline = time.monotonic() + timeout
-    wait = 0.005
-    while not confirmed.is_set():
-        await client.scheduler.log_event(topic=topic, msg={"sync": token})
+    try:
+        deadline = time.monotonic() + timeout
+        wait = 0.005
+        while not confirmed.is_set():
+            await client.scheduler.log_event(topic=topic, msg={"sync": token})
+            try:
+                await asyncio.wait_for(confirmed.wait(), wait)
+            except asyncio.TimeoutError:
+                if time.monotonic() > deadline:
+                    if strict:
+                        raise TimeoutError(
+                            f"the scheduler did not confirm the subscription to {topic} in {timeout} s"
+                        ) from None
+                    logger.warning(
+                        "subscription to %s not confirmed after %s s; early events may be missing", topic, timeout
+                    )
+                    break
+                wait = min(0.1, wait * 2)
         try:
-            await asyncio.wait_for(confirmed.wait(), wait)
-        except asyncio.TimeoutError:
-            if time.monotonic() > deadline:
-                logger.warning(
-                    "subscription to %s not confirmed after %s s; early events may be missing", topic, timeout
-                )
-                break
-            wait = min(0.1, wait * 2)
-    want = backlog or (lambda t: t == topic)
-    try:
-        everything = await asyncio.wait_for(client.scheduler.events(), max(deadline - time.monotonic(), 1.0))
-    except Exception:  # no backlog is no reason to stop following the live feed
-        logger.debug("no backlog of %s", topic, exc_info=True)
-        everything = {}
-    try:
+            # one topic's backlog when one is wanted: a smaller answer than every topic's, from a busy scheduler
+            ask = client.scheduler.events() if backlog is not None else client.scheduler.events(topic=topic)
+            answer = await asyncio.wait_for(ask, max(deadline - time.monotonic(), 1.0 if not strict else timeout / 2))
+        except Exception:  # no backlog is no reason to stop following the live feed (unless strict)
+            if strict:
+                raise
+            logger.debug("no backlog of %s", topic, exc_info=True)
+            answer = {}
+        everything = answer if isinstance(answer, dict) else {topic: answer}
+        want = backlog or (lambda t: t == topic)
         for dask_topic, events in everything.items():
             if want(dask_topic):
                 for event in events:
                     if not _is_marker(event[1]):  # the markers of this and earlier follows stay in the backlog
                         hand_on(dask_topic, tuple(event))
-    finally:
-        pending, held = held or [], None
-        for dask_topic, event in pending:
-            hand_on(dask_topic, event)
+    except BaseException:
+        failed = True
+        held = None
+        raise
+    pending, held = held or [], None
+    for dask_topic, event in pending:
+        hand_on(dask_topic, event)
 
 
 def _is_marker(msg: Any) -> bool:
@@ -204,9 +231,16 @@ class Hub:
             logger.debug("could not register the flush plugin", exc_info=True)
         self.client.sync(self.follow, timeout=timeout)
 
-    async def follow(self, timeout: float = 10.0) -> None:
+    async def follow(self, timeout: float = 10.0, strict: bool = False) -> None:
         """:func:`follow` the index topic into the stores, on the client's event loop."""
-        await follow(self.client, INDEX_TOPIC, self._on_event, backlog=lambda t: t.startswith(PREFIX), timeout=timeout)
+        await follow(
+            self.client,
+            INDEX_TOPIC,
+            self._on_event,
+            backlog=lambda t: t.startswith(PREFIX),
+            timeout=timeout,
+            strict=strict,
+        )
 
     def _announce(self, topic: str) -> None:
         for cb in list(self.callbacks):

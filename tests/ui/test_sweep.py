@@ -142,14 +142,11 @@ def test_sweep_table_sorts_filters_groups_and_overlays(lab, browser, artifacts):
         try:
             _wait_attr(page, ".jc-sweep-area .jc-sweep", "rows", f"v === '{ITEMS}'", timeout=30_000)
         except PlaywrightTimeout:
-            # Known open defect (issue 27, closing note of 2026-12-02): on a loaded machine the server
-            # sometimes never lists the run the kernel's widget shows, so the main-area view stays
-            # empty.  Reported as an expected failure with what the server knew, not hidden as a pass.
             known = page.evaluate(
                 "fetch(document.baseURI.split('/lab')[0] + '/jupyter-cluster/api/runs')"
                 ".then(r => r.text()).catch(e => String(e))"
             )
-            pytest.xfail(f"the server does not list run {run_id} yet (known defect); GET runs: {known[:500]}")
+            raise AssertionError(f"the server does not list run {run_id}; GET runs: {known[:500]}") from None
         _wait_attr(page, ".jc-sweep-area .jc-sweep-curves", "lines", f"v.split('|').length === {ITEMS}")
         area = page.locator(".jc-sweep-area .jc-sweep")
         area.locator("select.jc-sweep-group").select_option("aux")
