@@ -107,6 +107,16 @@ class RelayEntry(NamedTuple):
     budget: float | None
 
 
+class Relayed(NamedTuple):
+    """One batch a relay forwards to its worker's ``jc_relayed``: a :class:`RelayEntry` less the address."""
+
+    lease: str
+    secret: str
+    run: Any  # Run, as a list off the wire
+    items: Any  # as pack() made it
+    budget: float | None
+
+
 class Packed:
     """A value that travels over the comm pickled in one piece.
 
@@ -215,21 +225,22 @@ def pack_group(entries: list[RelayEntry]) -> Any:
     before the lease's secret is checked.  Otherwise (items that travel as
     frames) the plain list, which Dask sends without copying their buffers.
     """
-    if not all(isinstance(e[4], bytes) for e in entries):
+    named = [RelayEntry._make(e) for e in entries]
+    if not all(isinstance(e.items, bytes) for e in named):
         return entries
     try:
         pairs = [
-            (addr, msgpack.packb((lease, secret, run, items, budget), use_bin_type=True))
-            for addr, lease, secret, run, items, budget in entries
+            (e.addr, msgpack.packb(Relayed(e.lease, e.secret, e.run, e.items, e.budget), use_bin_type=True))
+            for e in named
         ]
         return msgpack.packb(pairs, use_bin_type=True)
     except (TypeError, ValueError):  # a run that msgpack cannot take (not made by MapJob): the plain list
         return entries
 
 
-def unpack_relayed(payload: bytes) -> tuple:
-    """``(lease, secret, run, items, budget)`` of one batch :func:`pack_group` made."""
-    return msgpack.unpackb(payload, use_list=False)
+def unpack_relayed(payload: bytes) -> Relayed:
+    """The :class:`Relayed` batch of one payload :func:`pack_group` made."""
+    return Relayed._make(msgpack.unpackb(payload, use_list=False))
 
 
 def unpack_group(entries: bytes) -> tuple:

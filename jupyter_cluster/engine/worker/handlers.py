@@ -19,6 +19,7 @@ from ..protocol import (
     Batch,
     Op,
     Packed,
+    RelayEntry,
     Status,
     answer,
     forwardable,
@@ -160,13 +161,13 @@ async def _relay(worker, comm=None, entries=None):
     here = worker.address
     pool = worker.rpc
 
-    async def one(addr, lease_id, secret, run, items, budget):
-        if addr == here:
-            got = await _batch(lease=lease_id, secret=secret, run=run, items=items, budget=budget)
+    async def one(e: RelayEntry):
+        if e.addr == here:
+            got = await _batch(lease=e.lease, secret=e.secret, run=e.run, items=e.items, budget=e.budget)
         else:
             got = await _ask_member(
-                pool, addr, op=Op.BATCH, lease=lease_id, secret=secret, run=wire_run(run),
-                items=forwardable(items), budget=budget,
+                pool, e.addr, op=Op.BATCH, lease=e.lease, secret=e.secret, run=wire_run(e.run),
+                items=forwardable(e.items), budget=e.budget,
             )  # fmt: skip
         if isinstance(got, dict) and got.get("result") is not None:
             got = {**got, "result": forwardable(got["result"])}
@@ -182,7 +183,7 @@ async def _relay(worker, comm=None, entries=None):
         answers = await asyncio.gather(*(forward(addr, payload) for addr, payload in pairs))
     else:
         group = entries.value if isinstance(entries, Packed) else entries
-        answers = await asyncio.gather(*(one(*e) for e in group))
+        answers = await asyncio.gather(*(one(RelayEntry._make(e)) for e in group))
     return answer(Status.OK, answers=pack_answers(answers))
 
 
@@ -208,8 +209,8 @@ async def _ask_member(pool, addr: str, **msg: Any) -> Any:
 
 async def _relayed(comm=None, p=None):
     """``jc_batch`` for a batch a relay forwarded: its fields in one msgpack (:func:`.protocol.pack_group`)."""
-    lease, secret, run, items, budget = unpack_relayed(p)
-    return await _batch(lease=lease, secret=secret, run=run, items=items, budget=budget)
+    r = unpack_relayed(p)
+    return await _batch(lease=r.lease, secret=r.secret, run=r.run, items=r.items, budget=r.budget)
 
 
 async def _close(comm=None, lease=None, secret=None, wait=0.0):

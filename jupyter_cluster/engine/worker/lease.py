@@ -26,7 +26,7 @@ from __future__ import annotations
 import queue
 import time
 
-from ..protocol import Batch, Packed, Status
+from ..protocol import Batch, Packed, Run, Status
 from . import registry
 from .groups import took_stop
 from .handlers import install
@@ -137,16 +137,14 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
 
 def _run_entry(entry: Batch, big: dict | None, loop) -> int:
     """Run one batch from a lease's mailbox and answer its ``jc_batch`` call; 1 if it ran, 0 if not."""
-    run, items, budget, fut = entry
-    token, blob, star, options = run.value if isinstance(run, Packed) else run  # a Run off the wire
-    if isinstance(items, Packed):
-        items = items.value
-    if blob is None and token not in _STATE.cache and not (big and "__fn__" in big):
-        loop.call_soon_threadsafe(_set, fut, Status.NEED_FN)  # evicted from the cache: the client resends it
+    run = Run._make(entry.run.value if isinstance(entry.run, Packed) else entry.run)  # a list off the wire
+    items = entry.items.value if isinstance(entry.items, Packed) else entry.items
+    if run.blob is None and run.token not in _STATE.cache and not (big and "__fn__" in big):
+        loop.call_soon_threadsafe(_set, entry.reply, Status.NEED_FN)  # evicted from the cache: the client resends it
         return 0
-    opts = options if budget is None else {**options, "budget": budget}
-    result = run_chunk(token, blob, big, items, star, opts)
-    loop.call_soon_threadsafe(_set, fut, result)
+    opts = run.options if entry.budget is None else {**run.options, "budget": entry.budget}
+    result = run_chunk(run.token, run.blob, big, items, run.star, opts)
+    loop.call_soon_threadsafe(_set, entry.reply, result)
     return 1
 
 
