@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import session
 from .capture import pickled_size
@@ -36,6 +36,9 @@ from .engine.cluster import workers_now
 from .engine.worker import error_info
 from .errors import ClusterError
 from .telemetry.progress import observer_factory
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 #: seconds a collective waits for its peers before it fails (``--timeout``)
 DEFAULT_TIMEOUT = 300.0
@@ -128,7 +131,7 @@ class SpmdJob:
     lists it with the maps.
     """
 
-    def __init__(self, label: str, world_size: int, client: Any, cluster: str | None):
+    def __init__(self, label: str, world_size: int, client: Client, cluster: str | None):
         self.id = uuid.uuid4().hex[:12]
         self.label = label
         self.total = world_size
@@ -203,7 +206,7 @@ def _host(address: str) -> str:
     return get_address_host(address)
 
 
-def _run_on(client, fn: Callable, *args, workers: list[str], timeout: float = 30.0) -> dict[str, Any]:
+def _run_on(client: Client, fn: Callable, *args, workers: list[str], timeout: float = 30.0) -> dict[str, Any]:
     """``Client.run`` in a worker thread (not on the worker's event loop), bounded by ``timeout``.
 
     ``fn`` gets the worker as ``dask_worker=`` when its signature names it, as with ``Client.run``.
@@ -377,7 +380,7 @@ def _make_group(handle, members: list[str], live: dict[str, dict], requested: st
 class _OutputRouter:
     """One subscription per client to the ranks' live output; chunks are queued per job."""
 
-    def __init__(self, client):
+    def __init__(self, client: Client):
         self.queues: dict[str, Any] = {}
         self.lock = threading.Lock()
         client.subscribe_topic(_worker_module().OUTPUT_TOPIC, self._on_event)
@@ -407,7 +410,7 @@ class _OutputRouter:
 _routers: dict[str, _OutputRouter] = {}
 
 
-def _router(client) -> _OutputRouter | None:
+def _router(client: Client) -> _OutputRouter | None:
     with _lock:
         router = _routers.get(client.id)
         if router is None:
@@ -744,7 +747,7 @@ def _result_of(fut, rank: int) -> dict:
         }
 
 
-def _ship(client, group: Group, payload: dict[str, Any]) -> dict[str, Any]:
+def _ship(client: Client, group: Group, payload: dict[str, Any]) -> dict[str, Any]:
     """Large captured values travel once per rank's worker, scattered ahead of the tasks."""
     large = payload.get("large") or {}
     if not large:
