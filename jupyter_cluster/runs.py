@@ -252,7 +252,9 @@ class ItemTag:
     """
 
     def __init__(self, run: str, targets: str | None):
-        self.run = run
+        named = _active.get()
+        #: inside ``with jc.run(...)`` the sweep's items are that run's items (its id, not ``run``)
+        self.run = named.id if named is not None else run
         self.structure = target_names(targets)
         self._last: tuple[Any, str, dict[str, Any]] | None = None
 
@@ -472,15 +474,67 @@ class Run:
         msg = self.message()
         keep(msg)
         try:
-            from . import session
             from .telemetry.report import publish
             from .telemetry.topics import JOBS_TOPIC
 
-            h = session.current()
-            if h is not None and not h.closed:
+            h = _current_handle()
+            if h is not None:
                 publish(h.client, JOBS_TOPIC, msg)
         except Exception:  # no cluster, or one going away: the kernel keeps the record all the same
             pass
+
+
+#: the named run whose map's function this worker thread is running (set by RunCall)
+_call = threading.local()
+
+
+class RunCall:
+    """A map's function as sent from inside ``with jc.run(...)``: on the worker, its reports are the run's.
+
+    The named run lives in the notebook (a context variable); a task on a
+    worker knows it only from what travels with the function.  Calling this
+    marks the worker thread as running the run's work until ``func`` returns,
+    so ``report()`` below it (any depth) is tagged with the run
+    (:func:`tag_record`).
+
+    Attributes
+    ----------
+    func : callable
+        What the user mapped (a ``functools.partial``'s own ``func``), for the
+        job's name; the call goes to the callable given.
+    run : str
+        The run's id.
+    """
+
+    __slots__ = ("_fn", "func", "run")
+
+    def __init__(self, fn: Any, run: str):
+        self._fn = fn
+        self.func = getattr(fn, "func", fn)
+        self.run = run
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        outer = getattr(_call, "run", None)
+        _call.run = self.run
+        try:
+            return self._fn(*args, **kwargs)
+        finally:
+            _call.run = outer
+
+    def __repr__(self) -> str:
+        return f"<RunCall {self.func!r} of run {self.run}>"
+
+
+def in_run(fn: Any) -> Any:
+    """``fn`` as a map sends it: inside ``with jc.run(...)``, a :class:`RunCall` of the run; else ``fn`` itself.
+
+    A ``%%parallel`` cell (anything with a ``cell_text``) is left as it is: its
+    items are tagged by its :class:`ItemTag`, which names the same run.
+    """
+    named = _active.get()
+    if named is None or isinstance(fn, RunCall) or hasattr(fn, "cell_text"):
+        return fn
+    return RunCall(fn, named.id)
 
 
 def run(name: str, config: Mapping[str, Any] | None = None) -> Run:
@@ -510,12 +564,21 @@ def active_run() -> Run | None:
     return _active.get()
 
 
+def _current_handle() -> Any:
+    """The kernel's current cluster handle (None: none, or closed).
+
+    Asked of the report producer's kernel sink, which :mod:`jupyter_cluster.session`
+    installs when it is imported: runs are below sessions and do not import them.
+    """
+    from .telemetry.report import current_handle
+
+    return current_handle()
+
+
 def _cluster_name() -> str | None:
     try:
-        from . import session
-
-        h = session.current()
-        return None if h is None or h.closed else h.name
+        h = _current_handle()
+        return None if h is None else h.name
     except Exception:
         return None
 
@@ -582,7 +645,7 @@ def job_context(job: Any) -> dict[str, Any]:
     kind = "spmd" if type(job).__name__ == "SpmdJob" else "map"
     job_id = str(getattr(job, "id", ""))
     number = 1
-    if tap is not None:  # a sweep: a run of its own (inside a named run too; its context names that)
+    if tap is not None:  # a sweep: a run of its own, or inside a named run that run (ItemTag took its id)
         run_id = tap.tag.run
         _taps[job_id] = tap
         while len(_taps) > 64:
@@ -948,12 +1011,11 @@ def runs(notebook: str | None = None, cluster: str | None = None, run: str | Non
         Only this run (its id).
     """
     # the reports of a map that just ended are at the scheduler, perhaps not yet here (as for metrics())
-    from . import session
     from .telemetry.hub import attach, sync
     from .telemetry.store import all_stores
 
-    handle = session.current()
-    if handle is not None and not handle.closed:
+    handle = _current_handle()
+    if handle is not None:
         attach(handle.client)
     sync()
     records = group_runs(kept_jobs())
@@ -984,8 +1046,11 @@ def tag_record(record: dict[str, Any], config: Mapping[str, Any] | None) -> None
     """
     cfg = clean_config(config, "report(config=...)") if config is not None else None
     found = current_item()
+    call_run = getattr(_call, "run", None)
     if found is not None:
         record["run"], record["item"] = found[0], found[1]
+    elif call_run is not None:  # on a worker, in a map made inside a named run
+        record["run"], record["item"] = call_run, ""
     else:
         named = _active.get()
         if named is not None:

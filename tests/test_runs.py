@@ -359,3 +359,35 @@ def test_the_kernel_keeps_a_bounded_number_of_sweep_items(monkeypatch):
     kept = {m["job"]: m for m in runs_module.kept_jobs() if m["job"] in ids}
     assert [len(kept[j].get("items") or ()) for j in ids] == [0, 10, 10]  # the oldest sweep's list went
     assert kept[ids[0]]["item_count"] == 10 and kept[ids[0]]["state"] == "finished"  # its record stays
+
+
+def report_named(topic, name, x):
+    """A plain map's function: reports ``name = x`` at step ``x`` from a worker."""
+    jc.report(step=x, topic=topic, **{name: float(x)})
+    return x
+
+
+def test_reports_from_maps_pools_and_sweeps_inside_a_named_run_are_the_runs(ip, cluster):
+    import functools
+
+    topic = unique_topic("in-run")
+    with jc.run("tied", config={"opt": "adam"}) as run:
+        jc.map(functools.partial(report_named, topic, "v"), [1, 2, 3], client=cluster)
+        with jc.Pool(cluster=cluster) as pool:
+            pool.map(functools.partial(report_named, topic, "w"), [4, 5])
+    jc.map(functools.partial(report_named, topic, "v"), [9], client=cluster)  # after the block: not the run's
+    [row] = jc.runs(run=run.id).to_dict("records")
+    assert (row["opt"], row["v"], row["w"], row["state"]) == ("adam", 3.0, 5.0, "finished")
+
+    # a %%parallel sweep inside the block: its items are the named run's rows, with the run's config
+    ip.user_ns.update(TOPIC=topic)
+    cell = (
+        "with jc.run('swept', config={'opt': 'sgd'}) as swept:\n"
+        "    get_ipython().run_cell_magic('parallel', 'seed in range(3)',\n"
+        "        'import jupyter_cluster as jc\\njc.report(step=0, topic=TOPIC, u=float(seed))')\n"
+    )
+    assert ip.run_cell("import jupyter_cluster as jc\n" + cell).error_in_exec is None
+    df = jc.runs(run=ip.user_ns["swept"].id)
+    assert list(df["seed"]) == [0, 1, 2] and list(df["u"]) == [0.0, 1.0, 2.0]
+    assert set(df["opt"]) == {"sgd"} and set(df["name"]) == {df["name"].iloc[0]}
+    assert df["name"].iloc[0].endswith("swept")

@@ -61,6 +61,7 @@ import cloudpickle
 from .. import config
 from ..capture import LARGE_VALUE_BYTES
 from ..errors import ClusterError, WorkerLostError
+from ..runs import in_run
 from . import planner
 from .cluster import (
     Scattered,
@@ -214,6 +215,7 @@ class MapJob:
             raise ValueError(f"concurrency must be a positive integer or None, not {concurrency!r}.")
         if not iterables:
             raise TypeError("map() needs at least one iterable.")
+        fn = in_run(fn)  # inside `with jc.run(...)`: what the workers report is the run's (jupyter_cluster.runs)
         #: Most chunks running at once (``Pool(processes=N)``); None: every worker thread.
         self.concurrency = concurrency
         self.client, self.cluster = client_of(client)
