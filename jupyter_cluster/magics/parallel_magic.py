@@ -355,12 +355,12 @@ class ParallelMagics(Magics):
         if args.all_workers:
             return self._run_all_workers(func, handle, analysis, args, options)
         printer = _OutputPrinter()
-        # The engine takes a callable or an object with prepare() (a CellFunction, prepared once per
-        # worker process); MapJob's annotation names only the first.
+        # The engine takes a callable or a CellFunction (prepared once per worker process, by the
+        # worker); imap's annotation names only the first.  Not started: it runs in _drive.
         with starting(cast(ItemTap, tap)):
-            job = mapping.MapJob(
+            job = mapping.imap(
                 cast(Callable, func),
-                (iterable,),
+                iterable,
                 label=f"%%parallel {header}",
                 on_output=printer,
                 retain=True,
