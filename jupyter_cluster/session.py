@@ -160,7 +160,17 @@ class ClusterHandle:
         if minimum < 0 or (maximum is not None and maximum < minimum):
             raise ClusterError("adapt needs 0 <= --minimum <= --maximum.")
         self._check_limit(maximum if maximum is not None else minimum)
-        self.cluster.adapt(minimum=minimum, maximum=maximum if maximum is not None else max(minimum, 1) * 4)
+        upper = maximum if maximum is not None else max(minimum, 1) * 4
+        self.cluster.adapt(minimum=minimum, maximum=upper)
+        # The panel draws an adaptive cluster's card apart, from the bounds in the registry record the
+        # server reads (%cluster adapt, jc.adapt and the panel's Adapt alike all come here).
+        import time  # here, so that this method stays the one hunk of session.py about adaptivity
+
+        self.extra["adaptive"] = {"minimum": minimum, "maximum": upper, "since": time.time()}
+        record = registry.read(self.name)
+        if record is not None and record.address == self.address and not record.attached:
+            record.extra = dict(record.extra or {}, adaptive=self.extra["adaptive"])
+            registry.write(record)
 
     def restart(self) -> None:
         """Restart every worker process (their memory and namespaces are cleared)."""

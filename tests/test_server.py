@@ -725,3 +725,27 @@ def test_jobs_store_keeps_latest_state_and_recent_history():
     store.add(msg("g", kernel=2**22 + 12345))  # a kernel pid that does not exist
     store.mark_lost(lambda pid: pid == os.getpid())
     assert store.jobs["g"]["state"] == "lost" and store.jobs["a"]["state"] == "running"
+
+
+def test_a_cluster_adapted_by_its_owner_shows_as_adaptive(api):
+    """``%cluster adapt``, ``jc.adapt`` and a handle's ``.adapt`` draw the card apart, as the panel's Adapt does."""
+    import jupyter_cluster as jc
+
+    handle = jc.start(name="own-adapt", workers=1, threads=1, processes=False)
+    try:
+
+        def listed() -> dict[str, Any]:
+            return {c["name"]: c for c in api.ok("GET", "clusters")["clusters"]}.get("own-adapt") or {}
+
+        wait_for(lambda: listed().get("status") == "running", 60, interval=0.2, message="own-adapt listed")
+        assert "adaptive" not in listed()
+        handle.adapt(0, 3)
+        wait_for(lambda: listed().get("adaptive") == {"minimum": 0, "maximum": 3}, 30, interval=0.2, message="adaptive")
+        handle.adapt(1)  # no maximum: the bounds it adapts between, as Dask was given them
+        wait_for(lambda: listed().get("adaptive") == {"minimum": 1, "maximum": 4}, 30, interval=0.2, message="1-4")
+        assert api.ok("POST", "clusters/own-adapt/scale", json={"workers": 1})["workers"] == 1
+        assert "adaptive" not in listed()  # the panel's Scale, newer than the owner's adapt: a fixed size
+        handle.adapt(0, 2)
+        wait_for(lambda: listed().get("adaptive") == {"minimum": 0, "maximum": 2}, 30, interval=0.2, message="0-2")
+    finally:
+        handle.close()

@@ -150,6 +150,8 @@ class Connection:
         self.attached_kernels: list[str] = []
         #: the bounds its owner adapts between, as last asked through this server (None: a fixed size)
         self.adaptive: dict[str, int | None] | None = None
+        #: when this server last asked for a size or bounds (0: never): an owner's newer adapt wins
+        self.adaptive_at = 0.0
 
     # -- connection ------------------------------------------------------------
     async def tick(self) -> None:
@@ -328,9 +330,29 @@ class Connection:
             self.metrics,
             self.attached_kernels,
         )
-        if self.adaptive is not None:  # the panel draws an adaptive cluster's card apart
-            summary["adaptive"] = self.adaptive  # type: ignore[typeddict-unknown-key]
+        adaptive = self.adaptive_bounds()
+        if adaptive is not None:  # the panel draws an adaptive cluster's card apart
+            summary["adaptive"] = adaptive  # type: ignore[typeddict-unknown-key]
         return summary
+
+    def adaptive_bounds(self) -> dict[str, int | None] | None:
+        """The bounds the cluster adapts between, or None for a fixed size.
+
+        The newer of what this server last asked (the panel's Adapt or Scale)
+        and what the owner wrote in its registry record when it adapted
+        (``%cluster adapt``, ``jc.adapt``, a handle's ``.adapt``, the panel's
+        Adapt carried out: :meth:`jupyter_cluster.session.ClusterHandle.adapt`).
+        """
+        own = (self.record.extra or {}).get("adaptive")
+        if isinstance(own, dict):
+            since = own.get("since")
+            bounds = {k: own.get(k) for k in ("minimum", "maximum")}
+            valid = all(
+                v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) for v in bounds.values()
+            )
+            if valid and isinstance(since, (int, float)) and since > self.adaptive_at:
+                return bounds
+        return self.adaptive
 
     async def model(self) -> ClusterDetail:
         """Details and workers with the summary's fields (:func:`.models.cluster_detail`)."""
@@ -551,6 +573,8 @@ class ClusterManager:
                 if name not in self.connections:
                     self.connections[name] = Connection(rec, self.base_url)
                     self._take_up(self.connections[name])
+                else:  # the same cluster (checked above): its owner may have rewritten the record (adapt)
+                    self.connections[name].record = rec
                 self.connections[name].attached_kernels = attached.get(rec.address, [])
             if self._waiting is not None:
                 # the first look at the registry: what is left belongs to clusters that are gone
@@ -847,7 +871,7 @@ class ClusterManager:
         validate_count(n, "workers")
         conn = self.live(name, "scale")
         await self._request(conn, "scale", n=n)
-        conn.adaptive = None  # a fixed size again
+        conn.adaptive, conn.adaptive_at = None, time.time()  # a fixed size again
 
     async def adapt(self, name: str, minimum: int = 0, maximum: int | None = None) -> None:
         validate_count(minimum, "minimum")
@@ -857,7 +881,7 @@ class ClusterManager:
                 raise ClusterError(f"maximum ({maximum}) must be at least minimum ({minimum}).")
         conn = self.live(name, "adapt")
         await self._request(conn, "adapt", minimum=minimum, maximum=maximum)
-        conn.adaptive = {"minimum": minimum, "maximum": maximum}
+        conn.adaptive, conn.adaptive_at = {"minimum": minimum, "maximum": maximum}, time.time()
 
     async def _request(self, conn: Connection, op: str, **args: Any) -> None:
         try:
