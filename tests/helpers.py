@@ -137,3 +137,14 @@ def leases_on_workers(client) -> list[str]:
 def leases_running(client) -> dict[str, list[str]]:
     """Lease tasks the scheduler counts as processing, per worker."""
     return {w: [k for k in keys if str(k).startswith("jc-lease-")] for w, keys in client.processing().items()}
+
+
+def run_notebook(cells: list[str], timeout: float = 120, **client_kwargs):
+    """A new notebook of ``cells`` executed top to bottom in a real python3 kernel (nbclient); returned."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", **client_kwargs).execute()
+    return nb

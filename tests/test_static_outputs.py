@@ -18,7 +18,7 @@ from jupyter_cluster import telemetry
 from jupyter_cluster.widgets import static_render as sr
 
 from .conftest import ROOT
-from .helpers import unique_topic
+from .helpers import run_notebook, unique_topic
 
 SVG = "{http://www.w3.org/2000/svg}"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -269,7 +269,6 @@ def test_in_a_kernel_every_output_carries_a_static_copy_kept_current(monkeypatch
     """The chart is shown before its reports: its static copy is brought up to date when the cell
     that reports ends; a map's progress bar ends as its static final line; the cluster's output
     holds its table.  nbconvert's HTML of the saved notebook shows them."""
-    from nbclient import NotebookClient
     from nbconvert import HTMLExporter
 
     monkeypatch.setenv("DASK_JUPYTER_CLUSTER__LOCAL__WORKERS", "1")
@@ -280,9 +279,7 @@ def test_in_a_kernel_every_output_carries_a_static_copy_kept_current(monkeypatch
         "%%parallel x in range(6)\nimport time\ntime.sleep(0.4)\nx",
         "%cluster stop",
     ]
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    NotebookClient(nb, timeout=180, kernel_name="python3").execute()
+    nb = run_notebook(cells, timeout=180)
 
     def ours(i: int) -> list[dict]:
         return [o for o in nb.cells[i].outputs if sr.MARK in o.get("metadata", {})]

@@ -14,7 +14,7 @@ from jupyter_cluster.widgets import cluster as cluster_mod
 from jupyter_cluster.widgets import metrics as metrics_mod
 
 from .conftest import wait_for
-from .helpers import unique_topic
+from .helpers import run_notebook, unique_topic
 
 
 def _cells(table: str) -> list[str]:
@@ -304,9 +304,6 @@ def test_metrics_widget_payload_stays_bounded_for_100_series(chart_class):
 
 # -- a real kernel ------------------------------------------------------------------------------
 def test_in_a_real_kernel_the_views_are_widgets():
-    import nbformat
-    from nbclient import NotebookClient
-
     cells = [
         "import jupyter_cluster as jc\nfrom jupyter_cluster.telemetry import progress\n%load_ext jupyter_cluster\n"
         "jc.report(step=1, topic='k', member=1, reward=1.0)",
@@ -315,8 +312,7 @@ def test_in_a_real_kernel_the_views_are_widgets():
         "jc.launcher()",
         "print(type(progress.make_renderer()).__name__)",
     ]
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    nb = run_notebook(cells, timeout=120)
     view = "application/vnd.jupyter.widget-view+json"
     for cell in nb.cells[1:4]:
         assert any(view in out.get("data", {}) for out in cell.outputs), cell.source
@@ -327,8 +323,6 @@ def test_saved_notebook_holds_every_chart_point_when_the_cell_ends_at_once(monke
     """The chart state saved with the notebook (nbclient, as a save in JupyterLab) has the last
     points, from the notebook and from a map's tasks, although each cell ends right after its last
     report.  The ticker is slowed to 60 s, so only the flush at the end of a map / cell can send them."""
-    import nbformat
-    from nbclient import NotebookClient
 
     monkeypatch.setenv("DASK_JUPYTER_CLUSTER__METRICS__REFRESH", "60s")
     monkeypatch.setenv("DASK_JUPYTER_CLUSTER__LOCAL__WORKERS", "1")
@@ -340,9 +334,7 @@ def test_saved_notebook_holds_every_chart_point_when_the_cell_ends_at_once(monke
         "%%parallel step in range(6) --no-progress\njc.report(step=step, topic='tasks', loss=1 / (step + 1))",
         "%cluster stop",
     ]
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    NotebookClient(nb, timeout=120, kernel_name="python3", store_widget_state=True).execute()
+    nb = run_notebook(cells, timeout=120, store_widget_state=True)
     states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     charts = {m["state"]["topic"]: m["state"]["data"] for m in states.values() if "topic" in m.get("state", {})}
     assert [p[0] for p in charts["nb"]["scalars"]["reward"]["all"]] == list(range(10))

@@ -27,6 +27,7 @@ from typing import Any, cast
 from .. import config, context, mapping, telemetry, ticker
 from ..errors import CellError
 from ..telemetry.report import current_handle
+from .anywidgets import built_once
 
 STATIC = pathlib.Path(__file__).parent / "static"
 BUNDLE = STATIC / "metrics.js"
@@ -182,10 +183,11 @@ _widget_class: Any = None
 def widget_class():
     """The anywidget class of the chart (built on first use; needs the JS bundle)."""
     global _widget_class
-    if _widget_class is not None:
-        return _widget_class
-    if not BUNDLE.is_file():
-        raise FileNotFoundError(MISSING_BUNDLE)
+    _widget_class = built_once(_widget_class, BUNDLE, MISSING_BUNDLE, _build_widget_class)
+    return _widget_class
+
+
+def _build_widget_class() -> type:
     import anywidget
     import traitlets as t
 
@@ -221,8 +223,6 @@ def widget_class():
             st = telemetry.store(self.topic)
             return {"text/plain": st.summary(), "text/html": metrics_html(st.model())}
 
-    MetricsWidget.__module__ = __name__
-    _widget_class = MetricsWidget
     return MetricsWidget
 
 

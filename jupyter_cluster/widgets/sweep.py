@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import context, ticker
+from .anywidgets import built_once
 
 STATIC = pathlib.Path(__file__).parent / "static"
 BUNDLE = STATIC / "sweep.js"
@@ -239,10 +240,11 @@ _widget_class: Any = None
 def widget_class():
     """The anywidget class of the sweep table (built on first use; needs the JS bundle)."""
     global _widget_class
-    if _widget_class is not None:
-        return _widget_class
-    if not BUNDLE.is_file():
-        raise FileNotFoundError(MISSING_BUNDLE)
+    _widget_class = built_once(_widget_class, BUNDLE, MISSING_BUNDLE, _build_widget_class)
+    return _widget_class
+
+
+def _build_widget_class() -> type:
     import anywidget
     import traitlets as t
 
@@ -303,8 +305,6 @@ def widget_class():
             rows = self.data.get("rows") or []
             return f"<sweep table: {len(rows)} rows>"
 
-    SweepWidget.__module__ = __name__
-    _widget_class = SweepWidget
     return SweepWidget
 
 
