@@ -25,11 +25,14 @@ logging into the gateway itself (:mod:`jupyter_cluster.server.gateway_dashboard`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import config
 from ..errors import ClusterError
 from . import Backend, StartedCluster
+
+if TYPE_CHECKING:
+    from ..registry import ClusterRecord
 
 
 def _import() -> Any:
@@ -365,7 +368,7 @@ def list_clusters(address: str | None = None) -> list[dict[str, Any]]:
     ]
 
 
-def cleanup_orphan(record: Any) -> None:
+def cleanup_orphan(record: ClusterRecord) -> None:
     """The registry's clean-up hook for a gateway cluster whose owner died (see :mod:`jupyter_cluster.orphans`).
 
     A record of a kernel that only attached to the cluster stops nothing.

@@ -40,11 +40,14 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import config
 from ..errors import ClusterError
 from . import Backend, StartedCluster
+
+if TYPE_CHECKING:
+    from ..registry import ClusterRecord
 
 INSTALL_HINT = "pip install 'jupyter-cluster[hpc]'"
 #: where the scheduler keeps the batch facts the sidebar shows (``Scheduler.get_metadata``)
@@ -420,7 +423,7 @@ def cancel_jobs(info: Any) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def cleanup_orphan(record: Any) -> None:
+def cleanup_orphan(record: ClusterRecord) -> None:
     """The registry's clean-up hook for a batch cluster whose owner died (see :mod:`jupyter_cluster.orphans`)."""
     if isinstance(record.extra, dict):
         cancel_jobs(record.extra.get("batch"))
