@@ -7,12 +7,14 @@ everything; a series has one colour in every chart; the smoothing slider's
 tooltip shows smoothed and raw values; 60 series get no legend but a
 tooltip of the series nearest the pointer, and top-k keeps the best five;
 a push that changes one value redraws only that chart; the dark theme
-re-styles the toolbar and switches to the light-on-dark palette.
+re-styles the toolbar and switches to the light-on-dark palette, in the
+charts and in a sweep table's swatches and parallel coordinates.
 Screenshots go to test-artifacts/charts-*.png.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import nbformat
@@ -36,7 +38,11 @@ NOTEBOOK_CELLS = [
         jc.report(step=s, topic="pop", member=m, reward=m + 0.01 * s)""",
     'jc.show_metrics("walks")',
     'jc.show_metrics("pop")',
+    # a fixed sweep table (no cluster): its row swatches and parallel coordinates follow the theme
+    'jc.show_runs([dict(run="r1", key=f"lr={lr}", name=f"lr={lr}", config=dict(lr=lr), final=dict(loss=1 / lr),'
+    " best=dict(loss=1 / lr)) for lr in (1, 2, 3)])",
 ]
+SWATCHES_JS = "[...document.querySelectorAll('.jp-OutputArea .jc-sweep .jc-swatch')].map(s => s.style.background)"
 
 WALKS = ".jp-OutputArea .jc-metrics >> nth=0"
 POP = ".jp-OutputArea .jc-metrics >> nth=1"
@@ -79,6 +85,7 @@ def test_charts_read_at_a_glance(lab, browser, artifacts):
         page.evaluate(RUN_ALL_WHEN_READY_JS)
         _wait(page, f"{_chart(0, 'position')}.dataset.series.split('|').length === 3", timeout=120_000)
         _wait(page, f"{_chart(1, 'reward')}.dataset.series.split('|').length === {MEMBERS}", timeout=60_000)
+        _wait(page, "document.querySelector('.jp-OutputArea .jc-sweep')?.dataset.rows === '3'", timeout=60_000)
         walks = page.locator(WALKS)
 
         # -- one colour per series, in every chart of the topic --------------------------------------------
@@ -152,13 +159,24 @@ def test_charts_read_at_a_glance(lab, browser, artifacts):
         walks.locator("select.jc-y-scale").select_option("linear")
         walks.locator("input.jc-smoothing").fill("0")
 
-        # -- the dark theme: the toolbar and the series colours change with it ------------------------------------
+        # -- the dark theme: the toolbar, the series colours and the sweep's swatches change with it -------------
+        light_swatches = page.evaluate(SWATCHES_JS)
+        assert len(set(light_swatches)) == 3, light_swatches
+        light_json = json.dumps(json.dumps(light_swatches, separators=(",", ":")))  # as JSON.stringify writes it
         page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', { theme: 'JupyterLab Dark' })")
         _wait(page, "document.querySelector('.jp-OutputArea .jc-metrics').dataset.theme === 'dark'", timeout=30_000)
         _wait(page, f"{_chart(0, 'position')}.dataset.colors !== {colors[0]!r}")
-        background = walks.locator("button.jc-export-csv").evaluate("b => getComputedStyle(b).backgroundColor")
-        rgb = [int(x) for x in background[background.index("(") + 1 : background.index(")")].split(",")[:3]]
-        assert sum(rgb) / 3 < 100, background
+        for button in ("button.jc-export-csv", "button.jc-copy-code"):
+            background = walks.locator(button).evaluate("b => getComputedStyle(b).backgroundColor")
+            rgb = [int(x) for x in background[background.index("(") + 1 : background.index(")")].split(",")[:3]]
+            assert sum(rgb) / 3 < 100, (button, background)
         shot(page, artifacts, "charts-dark.png", WALKS)
+        # the sweep table's swatches and parallel coordinates are drawn again in the dark palette
+        _wait(page, f"JSON.stringify({SWATCHES_JS}) !== {light_json}")
+        dark_swatches = page.evaluate(SWATCHES_JS)
+        assert len(set(dark_swatches)) == 3, dark_swatches
+        _wait(page, "document.querySelector('.jp-OutputArea .jc-sweep-parallel').dataset.scale.startsWith('#7b6fd6')")
+        shot(page, artifacts, "charts-sweep-dark.png", ".jp-OutputArea .jc-sweep")
         page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', { theme: 'JupyterLab Light' })")
         _wait(page, "document.querySelector('.jp-OutputArea .jc-metrics').dataset.theme === 'light'", timeout=30_000)
+        _wait(page, f"JSON.stringify({SWATCHES_JS}) === {light_json}")

@@ -36,6 +36,7 @@ import {
   filterRows,
   groupRows,
   metricKeys,
+  parallelColours,
   parallelOption,
   sortRows
 } from './model';
@@ -285,6 +286,8 @@ export class SweepView {
       this.parallel ??= echarts.init(this.parallelBox, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
       this.parallel.setOption(parallelOption(parallelRows, this.metric, this.dark), { notMerge: true });
       this.parallelBox.dataset.lines = String(parallelRows.length);
+      // the colour scale drawn (the theme's): tests read it after a theme change
+      this.parallelBox.dataset.scale = parallelColours(this.dark).join('|');
     }
   }
 
