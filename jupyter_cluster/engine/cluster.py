@@ -109,15 +109,42 @@ def direct_reachable(client: Client) -> bool:
 _reach_lock = threading.Lock()
 
 
+#: Set (True) on a cluster object whose every worker process gets :class:`.worker.EnginePlugin` as it
+#: starts, before it registers with the scheduler (a local cluster: ``backends.local``).
+ENGINE_AT_SPAWN = "_jc_engine_at_spawn"
+
+
+def engine_at_spawn(client: Client) -> bool:
+    """Whether every worker of ``client``'s cluster has the engine's handlers from its start (no registration needed)."""
+    return bool(getattr(getattr(client, "cluster", None), ENGINE_AT_SPAWN, False))
+
+
+def _in_process_scheduler(client: Client) -> Any:
+    """The ``distributed.Scheduler`` itself when it runs in this process (a local cluster), else None."""
+    from distributed import Scheduler
+
+    scheduler = getattr(getattr(client, "cluster", None), "scheduler", None)
+    return scheduler if isinstance(scheduler, Scheduler) else None
+
+
 def _direct_reachable(client: Client) -> bool:
+    if engine_at_spawn(client) and (scheduler := _in_process_scheduler(client)) is not None:
+        # A local cluster: its workers are this machine's processes, started with the handlers, and
+        # its scheduler is in this process.  Nothing to ask (three round trips of a first map).
+        client._jc_allowed_failures = int(scheduler.allowed_failures)  # type: ignore[attr-defined]
+        setattr(client, "_jc_direct", True)  # noqa: B010 - the client's own verdict, as below
+        return True
     workers = list(workers_now(client))
     if not workers:
         return True  # not known yet; asked again once there are workers
     reason = None
-    try:
-        client.register_plugin(EnginePlugin(), name=EnginePlugin.name)
-    except Exception as exc:  # noqa: BLE001 - any failure means "use the task path"
-        reason = f"the workers could not load the engine's handlers ({type(exc).__name__}: {exc})"
+    if not engine_at_spawn(client):
+        # A broadcast to every worker through the scheduler, waiting for each one's answer: 0.1-0.3 s
+        # of a first map on a fresh cluster, which a local cluster's workers skip (they start with it).
+        try:
+            client.register_plugin(EnginePlugin(), name=EnginePlugin.name)
+        except Exception as exc:  # noqa: BLE001 - any failure means "use the task path"
+            reason = f"the workers could not load the engine's handlers ({type(exc).__name__}: {exc})"
     if reason is None:
         # A worker that answers late is asked again, for longer, before the client gives up on the
         # direct path for good (seen: 1,024 simulated workers on 2 cores missed the first 3 s and
@@ -134,7 +161,11 @@ def _direct_reachable(client: Client) -> bool:
             break
     if reason is None:
         try:  # how many worker deaths Dask forgives a task, as this scheduler was started (asked once, not mid-map)
-            client._jc_allowed_failures = int(client.run_on_scheduler(_allowed_failures))  # type: ignore[attr-defined]
+            scheduler = _in_process_scheduler(client)
+            failures = (
+                scheduler.allowed_failures if scheduler is not None else client.run_on_scheduler(_allowed_failures)
+            )
+            client._jc_allowed_failures = int(failures)  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 - a scheduler without this package: the local setting stands
             pass
     setattr(client, "_jc_direct", reason is None)  # noqa: B010 - the client's own verdict, asked once

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
+import sys
 import uuid
 import weakref
 from typing import Any
@@ -26,8 +27,11 @@ from typing import Any
 from ... import config
 from ...credentials import forget_security, new_security, written_identity
 from ...dashboard_socket import dashboard_on_unix_socket, link, parent_server_base_url, remove_dashboard_socket
+from ...engine.cluster import ENGINE_AT_SPAWN
+from ...engine.worker import EnginePlugin
 from ...errors import ClusterError
 from .. import Backend, StartedCluster
+from . import dashboard
 from .forkserver import environ_since_forkserver, start_forkserver, use_forkserver
 from .gpus import GPU_RESOURCE, _cuda_cluster_class, gpu_worker_specs, select_gpus
 from .main_guard import check_main_guard
@@ -233,10 +237,21 @@ class LocalBackend(Backend):
             + ([IgnoreSigint()] if kwargs["processes"] else [])
             + ([NoWorkerHttp()] if security is not None else [])
         )
+        # The scheduler's Bokeh dashboard is attached once the cluster runs (see .dashboard): its import
+        # was the largest step of a first start.
+        dashboard_later = devices is None and dashboard.wanted(kwargs["dashboard_address"])
+        if dashboard_later and dashboard.MODULE not in sys.modules:
+            kwargs["scheduler_kwargs"] = {"dashboard": False}
+        else:
+            dashboard_later = False
+        engine_at_spawn = devices is None and kwargs["processes"]
         if devices is None:
             # Each worker installs them before it registers with the scheduler (also after a
             # restart, and on scale-up): no window, and no round trip to every worker at start.
-            kwargs["plugins"] = tuple(plugins)
+            # The engine's handlers too, in worker processes (in-process workers would share one
+            # plugin object, which keeps its worker): a first map skips registering them, a
+            # broadcast through the scheduler that took 0.1-0.3 s of it.
+            kwargs["plugins"] = tuple(plugins) + ((EnginePlugin(),) if engine_at_spawn else ())
         if devices is None and kwargs["processes"] and use_forkserver():
             kwargs["env"] = environ_since_forkserver()  # {} before the server's first start
             start_forkserver()  # the nannies' first process start waits for it (multiprocessing's lock)
@@ -270,6 +285,10 @@ class LocalBackend(Backend):
         finally:
             if security is not None and cluster is None:
                 forget_security(cred_name, identity)
+        if engine_at_spawn:
+            setattr(cluster, ENGINE_AT_SPAWN, True)
+        if dashboard_later:
+            dashboard.attach_later(cluster)
         try:
             return self._finish(cluster, security, cred_name, identity, [] if devices is None else plugins)
         except BaseException:
