@@ -101,6 +101,31 @@ describe('sweep table', () => {
     ]);
   });
 
+  it('wraps the legend onto rows that fit the width, else leaves it to the tooltip', () => {
+    const two = curvesOption(sweep, [rows[1], rows[2]], 'loss', () => '#000', null, 480);
+    expect(two.legend).toBe(true);
+    expect((two.option.grid as { bottom: number }).bottom).toBe(52);
+    // at the sidebar's width the two names take two rows, and the plot leaves them room
+    const narrow = curvesOption(sweep, [rows[1], rows[2]], 'loss', () => '#000', null, 230);
+    expect([narrow.legend, (narrow.option.grid as { bottom: number }).bottom]).toEqual([true, 34 + 36]);
+    // many long names at that width: no legend, the tooltip names the lines (and counts the rest)
+    const many: ISweep = { rows: [], curves: { loss: {} } };
+    for (let i = 0; i < 14; i++) {
+      many.rows.push({ id: `r${i}`, name: `lr=0.00${i}, aux=true, opt=adam`, config: {}, final: {}, best: {} });
+      many.curves.loss[`r${i}`] = [[0, i]];
+    }
+    const crowded = curvesOption(many, many.rows.slice(0, 6), 'loss', () => '#000', null, 230);
+    expect(crowded.legend).toBe(false);
+    expect((crowded.option.grid as { bottom: number }).bottom).toBe(30);
+    const all = curvesOption(many, many.rows, 'loss', () => '#000', null, 2000);
+    expect(all.legend).toBe(false);
+    const tip = (all.option.tooltip as { formatter: (p: unknown) => string }).formatter(
+      many.rows.map((r, i) => ({ seriesName: r.name, value: [0, i], axisValue: 0 }))
+    );
+    expect(tip.split('<br/>')).toHaveLength(1 + 12 + 1);
+    expect(tip).toContain('… 2 more');
+  });
+
   it('overlays the chosen rows, each in its colour', () => {
     const chosen = curvesOption(sweep, [rows[1], rows[2]], 'loss', id => (id === 'r:1' ? '#111' : '#222'));
     expect(chosen.lines).toEqual(['lr=0.01, aux=false', 'lr=0.001, aux=true']);

@@ -9,6 +9,7 @@
  */
 import type { Point } from '../charts/data';
 import { escapeHTML, formatNumber, naturalCompare } from '../charts/data';
+import { overlayLegend } from '../charts/overlay';
 
 /** A config value as a table cell holds it. */
 export type ConfigValue = string | number | boolean | null;
@@ -242,18 +243,27 @@ export function meanBand(curves: Point[][]): IBandPoint[] {
 export interface ICurvesChart {
   option: { [key: string]: unknown };
   lines: string[];
+  /** whether a legend is drawn (else the tooltip names the lines) */
+  legend: boolean;
 }
+
+/** Most rows the curves chart's legend wraps onto, and most lines it names; beyond, the tooltip does. */
+export const CURVES_LEGEND_ROWS = 4;
+export const CURVES_LEGEND_LINES = 12;
 
 /**
  * The curves of `metric` for `rows`, each in its colour; or, grouped by a
- * config key, each group's mean with a ± one standard deviation band.
+ * config key, each group's mean with a ± one standard deviation band.  The
+ * legend wraps onto rows in a chart `width` pixels wide when it fits in a
+ * few; otherwise there is none and the tooltip names the lines.
  */
 export function curvesOption(
   sweep: ISweep,
   rows: ISweepRow[],
   metric: string,
   colorOf: (key: string) => string,
-  groupBy: string | null = null
+  groupBy: string | null = null,
+  width = 480
 ): ICurvesChart {
   const curves = sweep.curves[metric] ?? {};
   const series: object[] = [];
@@ -320,6 +330,9 @@ export function curvesOption(
       });
     }
   }
+  const fit = overlayLegend(lines, width);
+  const legend =
+    lines.length > 1 && lines.length <= CURVES_LEGEND_LINES && !fit.paged && fit.rows <= CURVES_LEGEND_ROWS;
   const option = {
     animation: false,
     backgroundColor: 'transparent',
@@ -339,22 +352,27 @@ export function curvesOption(
           value?: Point;
           axisValue?: unknown;
         }[];
-        const rowsHtml = list
+        const named = list
           .filter(p => p.seriesName)
-          .sort((a, b) => (b.value?.[1] ?? -Infinity) - (a.value?.[1] ?? -Infinity))
+          .sort((a, b) => (b.value?.[1] ?? -Infinity) - (a.value?.[1] ?? -Infinity));
+        const rowsHtml = named
           .slice(0, 12)
           .map(p => `${p.marker ?? ''}${escapeHTML(p.seriesName ?? '')}: <b>${formatNumber(p.value?.[1] ?? null)}</b>`);
+        if (named.length > 12) {
+          rowsHtml.push(`… ${named.length - 12} more`);
+        }
         return [`step ${formatNumber(Number(list[0]?.axisValue))}`, ...rowsHtml].join('<br/>');
       }
     },
-    legend: { show: lines.length > 1 && lines.length <= 8, type: 'plain', bottom: 0, textStyle: { fontSize: 10 } },
-    grid: { left: 56, right: 16, top: 28, bottom: lines.length > 1 && lines.length <= 8 ? 52 : 30 },
+    legend: { show: legend, type: 'plain', bottom: 0, itemWidth: 14, itemHeight: 8, textStyle: { fontSize: 10 } },
+    // the x axis's name, then the legend's rows
+    grid: { left: 56, right: 16, top: 28, bottom: legend ? 34 + 18 * fit.rows : 30 },
     xAxis: { type: 'value', name: 'step', nameLocation: 'middle', nameGap: 20, min: 'dataMin', max: 'dataMax' },
     yAxis: { type: 'value', scale: true, axisLabel: { formatter: (v: number) => formatNumber(v) } },
     dataZoom: [{ type: 'inside', filterMode: 'none' }],
     series
   };
-  return { option, lines };
+  return { option, lines, legend };
 }
 
 /** A parallel axis of the parallel-coordinates view: numbers on a value axis, anything else as categories. */

@@ -146,6 +146,7 @@ export class SweepView {
         ? new ResizeObserver(() => {
             this.curves?.resize();
             this.parallel?.resize();
+            this.render(); // the legend's rows follow the width
           })
         : null;
     this.resizer?.observe(this.curvesBox);
@@ -271,13 +272,21 @@ export class SweepView {
     if (!this.metric) {
       return;
     }
-    const curves = curvesOption(sweep, drawn, this.metric, colorOf, this.groupBy || null);
-    const signature = JSON.stringify([this.metric, this.groupBy, drawn.map(r => r.id), sweep.curves[this.metric]]);
+    const width = this.curvesBox.clientWidth || 480;
+    const curves = curvesOption(sweep, drawn, this.metric, colorOf, this.groupBy || null, width);
+    const signature = JSON.stringify([
+      this.metric,
+      this.groupBy,
+      drawn.map(r => r.id),
+      sweep.curves[this.metric],
+      curves.legend && (curves.option.grid as { bottom: number }).bottom
+    ]);
     if (signature !== this.drawn.curves) {
       this.drawn.curves = signature;
       this.curves ??= echarts.init(this.curvesBox, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
       this.curves.setOption(curves.option, { notMerge: true });
       this.curvesBox.dataset.lines = curves.lines.join('|');
+      this.curvesBox.dataset.legend = String(curves.legend);
     }
     const parallelRows = rows.filter(r => typeof r.final[this.metric] === 'number');
     const psig = JSON.stringify([this.metric, parallelRows]);
