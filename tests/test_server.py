@@ -584,6 +584,41 @@ def test_websocket_pushes_clusters_workers_and_metrics(server, panel_cluster):
         ws.close()
 
 
+def test_websocket_pushes_a_run_when_it_is_added_and_when_it_ends(server, panel_cluster):
+    """The panel and the sweep view hear of runs from the events socket, without polling GET runs."""
+    import websocket
+
+    from jupyter_cluster import telemetry
+
+    url = server.api("events").replace("http://", "ws://")
+    ws = websocket.create_connection(url, header=[f"Authorization: token {server.token}"], timeout=20)
+    client = _client("panel-t")
+    try:
+
+        def receive_run(event: str, run: str, timeout: float = 20) -> dict:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                msg = json.loads(ws.recv())
+                if msg["type"] == "run" and msg["event"] == event and msg["run"]["run"] == run:
+                    return msg["run"]
+                assert not (msg["type"] == "run" and msg["run"]["run"] == run), msg  # no other event for it
+            pytest.fail(f"no run {event!r} message for {run} within {timeout} s")
+
+        receive_until_jobs = json.loads(ws.recv())  # the socket's first look: what is there is not news
+        assert receive_until_jobs["type"] in ("clusters", "jobs")
+        now = time.time()
+        job = dict(_job("ws-job", now, cluster="panel-t"), run="ws-run", kind="map", notebook="ws.ipynb")
+        client.log_event(telemetry.JOBS_TOPIC, job)
+        added = receive_run("added", "ws-run")
+        assert (added["state"], added["notebook"], added["cluster"]) == ("running", "ws.ipynb", "panel-t")
+        client.log_event(telemetry.JOBS_TOPIC, dict(job, done=1, state="finished", updated=time.time()))
+        finished = receive_run("finished", "ws-run")
+        assert finished["state"] == "finished" and finished["done"] == 1
+    finally:
+        client.close()
+        ws.close()
+
+
 def test_stop_of_a_panel_cluster_from_a_kernel(api, panel_cluster):
     """``%cluster stop NAME`` in a kernel that does not hold it asks the panel's host process."""
     import jupyter_cluster as jc

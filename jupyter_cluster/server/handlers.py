@@ -270,6 +270,11 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
                                                                  (none while idle: see .workers)
         {"type": "topics", "cluster": N, "topics": [...]}
         {"type": "metrics", "cluster": N, "topic": T, "data": {...}}  a watched topic, when it changed
+        {"type": "run", "event": "added" | "finished", "run": {...}}
+                                                                 a run the server had not listed when the socket
+                                                                 opened ("added": its record as GET runs lists it;
+                                                                 it may have ended already), or a listed running
+                                                                 run that ended ("finished"); one message per run
         {"type": "error", "message": "..."}
 
     Messages from the panel::
@@ -296,6 +301,8 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
         self.versions: dict[str, int] = {}
         self.feed = WorkerFeed()
         self.model_due = 0.0
+        #: run id -> state, as this socket last told (None: not looked yet; what is there then is not news)
+        self.run_states: dict[str, Any] | None = None
         self.wake = asyncio.Event()
         self.task = asyncio.get_running_loop().create_task(self._pump())
 
@@ -353,6 +360,18 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
         except asyncio.CancelledError:
             return
 
+    def _push_runs(self) -> None:
+        """A message per run that appeared or ended since the last look (the panel and sweep views need not poll)."""
+        runs = self.manager.runs_by_id()
+        states = {run_id: rec.get("state") for run_id, rec in runs.items()}
+        if self.run_states is not None:
+            for run_id, rec in runs.items():
+                if run_id not in self.run_states:
+                    self._send({"type": "run", "event": "added", "run": rec})
+                elif self.run_states[run_id] == "running" and rec.get("state") != "running":
+                    self._send({"type": "run", "event": "finished", "run": rec})
+        self.run_states = states
+
     async def _push(self) -> None:
         m = self.manager
         if self.sent.get("clusters") != m.version:
@@ -362,6 +381,7 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
         if self.sent.get("jobs") != jv:
             self.sent["jobs"] = jv
             self._send({"type": "jobs", **m.jobs()})
+            self._push_runs()
         name = self.cluster
         if not name or name not in m.connections:
             return

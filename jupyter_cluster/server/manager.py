@@ -466,6 +466,7 @@ class ClusterManager:
             d["key"]: d for d in self._live.read_all(check_live) if registry.valid_name(d["key"])
         }
         self._live_versions: dict[str, Any] = {}
+        self._runs_cache: tuple[int, dict[str, dict[str, Any]]] | None = None
         self._live_due = time.monotonic() + LIVE_SAVE_INTERVAL
 
     # -- lifecycle -------------------------------------------------------------
@@ -720,6 +721,14 @@ class ClusterManager:
                 out.append(rec)
         out.sort(key=lambda r: -(r.get("started") or 0))
         return out
+
+    def runs_by_id(self) -> dict[str, dict[str, Any]]:
+        """Every run record (:meth:`runs`) by its id, made again only when a job changed (for the events socket)."""
+        version = self.jobs_version()
+        cached = self._runs_cache
+        if cached is None or cached[0] != version:
+            cached = self._runs_cache = (version, {r["run"]: r for r in reversed(self.runs())})
+        return cached[1]
 
     def run(self, run_id: str) -> dict[str, Any]:
         """One run: its record with ``items``, and its sweep table ``rows`` (:func:`jupyter_cluster.runs.table`).

@@ -2,7 +2,10 @@
  * The sweep table of one run in JupyterLab's main area (a dockable tab, like
  * a metrics topic's view): the run's rows from `GET runs/RUN`, the curves
  * from its cluster's metrics topics, drawn by the same SweepView as the
- * notebook widget.  Read again every few seconds while the run is running.
+ * notebook widget.  Read again every few seconds while the run is running, and
+ * when the server's events socket says the run was added or finished (a
+ * `{"type": "run", "event": "added" | "finished", "run": {...}}` message), so a
+ * view opened before the server heard of its run does not poll for it.
  *
  * `registerSweep()` adds the command that opens it
  * (`jupyter-cluster:open-sweep`, args `{run}`; without a run it asks which,
@@ -16,6 +19,7 @@ import { Widget } from '@lumino/widgets';
 
 import { requestAPI } from '../api';
 import type { IMetricsModel } from '../charts/data';
+import { EventsClient } from '../panel/events';
 import type { ITableRow, ItemCurves } from './model';
 import { sweepFromTable } from './model';
 import { SweepView } from './view';
@@ -24,8 +28,16 @@ export const OPEN_SWEEP = 'jupyter-cluster:open-sweep';
 
 /** Seconds between reads while the run is running. */
 const POLL_SECONDS = 3;
-/** Reads in a row that may find no run or no rows before the view stops asking (about a minute). */
+/** Reads in a row that may find no run or no rows before the view stops asking (about a minute), while
+ *  the events socket is closed: while it is open, the server's "run" message says when to read again. */
 const MAX_MISSES = 20;
+
+/** The events socket's message about a run (see server/handlers.py EventsSocket). */
+interface IRunEvent {
+  type: 'run';
+  event: 'added' | 'finished';
+  run: IRunRecord;
+}
 
 /** A run as `GET runs` lists it (the fields used here). */
 export interface IRunRecord {
@@ -56,6 +68,21 @@ export class SweepArea extends Widget {
   private timer = 0;
   private misses = 0;
   private loading = false;
+  private again = false;
+  private readonly events = new EventsClient({
+    onMessage: msg => {
+      const m = msg as unknown as IRunEvent;
+      if (m.type === 'run' && m.run?.run === this.run) {
+        void this.load();
+      }
+    },
+    // (re)connected: what the socket did not see meanwhile is read once
+    onStatus: error => {
+      if (error === null && this.isAttached) {
+        void this.load();
+      }
+    }
+  });
 
   constructor(
     readonly run: string,
@@ -77,7 +104,11 @@ export class SweepArea extends Widget {
 
   /** Read the run's rows and curves now; again in a few seconds while it runs. */
   async load(): Promise<void> {
-    if (this.loading || this.isDisposed) {
+    if (this.isDisposed) {
+      return;
+    }
+    if (this.loading) {
+      this.again = true; // an event during a read: read once more after it
       return;
     }
     this.loading = true;
@@ -119,13 +150,20 @@ export class SweepArea extends Widget {
     }
     window.clearTimeout(this.timer);
     this.misses = missed ? this.misses + 1 : 0;
-    if ((running || (missed && this.misses < MAX_MISSES)) && !this.isDisposed) {
+    if (this.again && !this.isDisposed) {
+      this.again = false;
+      void this.load();
+      return;
+    }
+    const waitForEvent = missed && this.events.isOpen;
+    if ((running || (missed && !waitForEvent && this.misses < MAX_MISSES)) && !this.isDisposed) {
       this.timer = window.setTimeout(() => void this.load(), POLL_SECONDS * 1000);
     }
   }
 
   protected onAfterAttach(msg: Message): void {
     super.onAfterAttach(msg);
+    this.events.connect();
     void this.load();
   }
 
@@ -134,6 +172,7 @@ export class SweepArea extends Widget {
       return;
     }
     window.clearTimeout(this.timer);
+    this.events.dispose();
     this.view.dispose();
     super.dispose();
   }
