@@ -229,7 +229,7 @@ export class MetricsCharts {
       "The overlay's y axes: one (the default), two (by unit: the first on the left), or each metric scaled to 0-1";
     this.overlayAxesSelect.style.cssText = 'font-size: 11px;';
     for (const [value, label] of [
-      ['auto', 'axes: auto'],
+      ['auto', 'axes: one (auto)'],
       ['shared', 'one axis'],
       ['dual', 'two axes'],
       ['normalised', 'scaled 0–1']
