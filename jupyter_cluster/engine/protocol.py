@@ -91,7 +91,7 @@ class Batch(NamedTuple):
     """A batch in a lease's mailbox, and the future its ``jc_batch`` call waits on."""
 
     run: Any  # Run as received (a list or tuple off the wire)
-    items: list
+    items: Any  # the list; still as pack() made it while kept for a lease not yet started
     budget: float | None
     reply: Any  # asyncio.Future on the worker's loop
 

@@ -81,7 +81,8 @@ async def _batch(comm=None, lease=None, secret=None, run=None, items=None, budge
     with reg.lock:  # the lease closes under this lock too: no batch is put in a mailbox nobody reads
         found = reg.leases.get(lease)
         if found is None and wait:
-            early = Early(Batch(run, unpack(items), budget, fut), secret)
+            # Kept as it came: unpickled by the lease once it has checked the secret (lease._run_entry).
+            early = Early(Batch(run, items, budget, fut), secret)
             reg.early.setdefault(lease, []).append(early)
         elif found is None or found.closed:
             return answer(Status.GONE)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import queue
 import time
 
-from ..protocol import Batch, Packed, Run, Status
+from ..protocol import Batch, Packed, Run, Status, unpack
 from . import registry
 from .groups import took_stop
 from .handlers import install
@@ -138,7 +138,11 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
 def _run_entry(entry: Batch, big: dict | None, loop) -> int:
     """Run one batch from a lease's mailbox and answer its ``jc_batch`` call; 1 if it ran, 0 if not."""
     run = Run._make(entry.run.value if isinstance(entry.run, Packed) else entry.run)  # a list off the wire
-    items = entry.items.value if isinstance(entry.items, Packed) else entry.items
+    try:  # a batch kept for a lease not yet started is still packed (handlers._batch)
+        items = unpack(entry.items)
+    except Exception as exc:  # noqa: BLE001 - items this worker cannot unpickle: the batch fails as a whole
+        loop.call_soon_threadsafe(_fail, entry.reply, exc)
+        return 0
     if run.blob is None and run.token not in _STATE.cache and not (big and "__fn__" in big):
         loop.call_soon_threadsafe(_set, entry.reply, Status.NEED_FN)  # evicted from the cache: the client resends it
         return 0
@@ -146,6 +150,11 @@ def _run_entry(entry: Batch, big: dict | None, loop) -> int:
     result = run_chunk(run.token, run.blob, big, items, run.star, opts)
     loop.call_soon_threadsafe(_set, entry.reply, result)
     return 1
+
+
+def _fail(fut, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
 
 
 def warm_up() -> bool:
