@@ -245,18 +245,29 @@ def fault_cluster():
     Built directly (not through ``jupyter_cluster.start``) to pass test-only
     settings: on a loaded 2-core CI machine a restarted worker process can take
     longer than the nanny's default start-up limit.
+
+    ``lost-worker-timeout`` is raised here as ``jupyter_cluster.start`` raises
+    it for the whole process (``backends.local.backend._keep_nannies``), so the
+    module does not depend on an earlier test having started a cluster: a
+    LocalCluster closes a worker's nanny for good when, 15 s after *any* death
+    of that worker, no worker of its name is registered.  Run without that
+    (this pair alone), a SIGKILL test's check fell inside a poison pill's
+    restart, both nannies closed, and the last map of the poison test waited
+    for workers until the 300 s test timeout.
     """
+    import dask.config
     from distributed import Client, LocalCluster
 
-    lc = LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-        dashboard_address="127.0.0.1:0", death_timeout=120,
-    )  # fmt: skip
-    lc.scheduler.allowed_failures = 1  # the scheduler runs in this process
-    client = Client(lc, set_as_default=False)
-    yield client
-    client.close()
-    lc.close()
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}):
+        lc = LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+            dashboard_address="127.0.0.1:0", death_timeout=120,
+        )  # fmt: skip
+        lc.scheduler.allowed_failures = 1  # the scheduler runs in this process
+        client = Client(lc, set_as_default=False)
+        yield client
+        client.close()
+        lc.close()
 
 
 def _worker_pids(client):
@@ -280,11 +291,40 @@ def _used(job) -> set[str]:
     return set()
 
 
-def test_sigkilled_workers_mid_map_lose_nothing(fault_cluster):
+def held_on_originals(x, pids, folder):
+    """``slow`` (50 ms), but on the original worker processes (``pids``) it waits for the fault test's steps.
+
+    An original first waits until both originals have run an item (so each
+    can deliver results before the first kill), and, from the first kill
+    (``folder/killing`` exists) until the second (``folder/killed``), the
+    surviving original holds its items: neither can finish the map alone, so
+    the map outlasts a replacement worker's start however slow that is on a
+    loaded machine.  The deadline only bounds a broken test.
+    """
+    time.sleep(0.05)
+    pid = os.getpid()
+    if pid in pids:
+        open(os.path.join(folder, f"ran-{pid}"), "w").close()
+        deadline = time.monotonic() + 240
+
+        def held():
+            if not all(os.path.exists(os.path.join(folder, f"ran-{p}")) for p in pids):
+                return True
+            return os.path.exists(os.path.join(folder, "killing")) and not os.path.exists(
+                os.path.join(folder, "killed")
+            )
+
+        while held() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return x
+
+
+def test_sigkilled_workers_mid_map_lose_nothing(fault_cluster, tmp_path):
     client = fault_cluster
     wait_for(lambda: _n_workers(client) == 2, timeout=60, message="2 workers")
     original = _worker_pids(client)  # address -> pid
     assert len(original) == 2
+    killing, killed = tmp_path / "killing", tmp_path / "killed"
     before = mapping.last_job()
     kills = []
     errors = []
@@ -294,35 +334,39 @@ def test_sigkilled_workers_mid_map_lose_nothing(fault_cluster):
         return job if job is not before else None
 
     def wait(cond, what):
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180
         while not cond():
             if time.monotonic() > deadline:
-                raise AssertionError(f"the killer waited 60 s for {what}")
+                raise AssertionError(f"the killer waited 180 s for {what}")
             time.sleep(0.02)
 
     def killer():
         # Kill on the map's progress, not on a clock: each original worker once it has
         # delivered results, the second only after a restarted worker delivered some,
         # so the results come from both originals and a replacement (a clock-timed kill
-        # on a loaded machine hit workers that had delivered nothing: 2 addresses).
+        # on a loaded machine hit workers that had delivered nothing: 2 addresses).  The
+        # items hold the surviving original between the kills (held_on_originals): on a
+        # loaded machine it used to finish the map before the replacement had started.
         try:
-            wait(lambda: _used(current()) & set(original), "results from an original worker")
-            first = sorted(_used(current()) & set(original))[0]
+            wait(lambda: set(original) <= _used(current()), "results from both original workers")
+            first = sorted(original)[0]
+            killing.touch()
             os.kill(original[first], 9)
             kills.append(first)
             wait(lambda: _used(current()) - set(original), "results from a restarted worker")
             second = next(a for a in original if a != first)
-            wait(lambda: second in _used(current()), "results from the second original worker")
             os.kill(original[second], 9)
             kills.append(second)
         except BaseException as e:
             errors.append(e)
+        finally:
+            killed.touch()  # whatever happened, the held items go on
 
     t = threading.Thread(target=killer, daemon=True)
     t.start()
-    # 200 items of 50 ms: long enough for a killed worker's replacement to start and take over
-    out = mapping.map(slow, range(200), [0.05] * 200, client=fault_cluster)
-    t.join(10)
+    pids = sorted(original.values())
+    out = mapping.map(held_on_originals, range(200), [pids] * 200, [str(tmp_path)] * 200, client=fault_cluster)
+    t.join(30)
     assert not errors, errors
     assert out == list(range(200))  # every result exactly once, in order
     assert len(kills) == 2
@@ -332,7 +376,7 @@ def test_sigkilled_workers_mid_map_lose_nothing(fault_cluster):
     # ... on the direct path: the dead leases' batches went to leases on the other workers, not to tasks
     assert_ran_on_leases(job)
     assert job.leases > 0  # at least the restarted worker's lease was placed by this map
-    wait_for(lambda: _n_workers(client) == 2, timeout=60, message="workers to come back")
+    wait_for(lambda: _n_workers(client) == 2, timeout=120, message="workers to come back")
 
 
 def poison(x):
