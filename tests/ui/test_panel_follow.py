@@ -12,7 +12,16 @@ overlay draws two chosen metrics of two units on one chart, on one axis
 until its "two axes" toggle is clicked, then an axis each.  Then a
 longer map measures how far the panel's progress trails the items' ends
 (written to test-artifacts/panel-lag.json, with the machine's load).
-Screenshots go to test-artifacts/.
+
+A second test opens two notebooks split side by side, each with a cluster it
+stopped (kept as history) and one it runs, A's map failing on two items
+(collect mode).  Clicking between them switches the panel's cluster and its
+"this notebook" jobs.  Then a third kernel (no notebook: another user) starts
+and stops 7 clusters with 3 maps each: more jobs than the old machine-wide cap
+of 20 finished jobs, more stopped clusters than the old history of 8.  All the
+while A's expanded failures stay attached and do not move by a pixel, the
+panel stays on A's cluster, and both notebooks' stopped clusters stay in the
+history.  Screenshots go to test-artifacts/.
 """
 
 from __future__ import annotations
@@ -409,3 +418,223 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
         assert overlay.get_attribute("data-axes") == "shared", overlay.get_attribute("data-axes")
         assert overlay.get_attribute("data-lines").split("|")[0] == "reward"
         shot(page, artifacts, "panel-overlay-earlier-run.png", "#jupyter-cluster-panel .jc-metrics-overlay")
+
+
+# -- two notebooks side by side, a third kernel loading the machine -----------------------------------
+SA, SB = "ui-side-a", "ui-side-b"
+#: the third kernel: LOAD_CLUSTERS clusters started and stopped, LOAD_MAPS maps on each (more jobs than the
+#: old machine-wide cap of 20 finished jobs, more stopped clusters than the old history of 8)
+LOAD_CLUSTERS, LOAD_MAPS = 7, 3
+CELLS_SA = [
+    f'%load_ext jupyter_cluster\nimport jupyter_cluster as jc\njc.start(name="{SA}0", workers=1, threads=1, processes=False)',
+    "%%parallel i in range(3)\ni + 100",
+    "%cluster stop",
+    f'jc.start(name="{SA}", workers=1, threads=2, processes=False)',
+    """%%parallel i in range(8) --errors collect
+if i in (2, 5):
+    raise ValueError(f"side {i}")
+i""",
+]
+CELLS_SB = [
+    f'%load_ext jupyter_cluster\nimport jupyter_cluster as jc\njc.start(name="{SB}0", workers=1, threads=1, processes=False)',
+    "%%parallel j in range(6)\nj - 100",
+    "%cluster stop",
+    f'jc.start(name="{SB}", workers=1, threads=1, processes=False)',
+    "%%parallel j in range(5)\nj * 2",
+]
+LOAD = f"""
+import time
+import jupyter_cluster as jc
+
+def followed(dask_scheduler):
+    # the server's client follows the jobs topic: what this cluster's jobs publish reaches the panel
+    topic = dask_scheduler._broker._topics.get("jupyter-cluster:jobs")
+    return len(topic.subscribers) if topic is not None else 0
+
+def ended(dask_scheduler):
+    # jobs whose last message (published from the client's loop after the map returned) reached the scheduler
+    msgs = [m for _, m in dask_scheduler.get_events("jupyter-cluster:jobs") if isinstance(m, dict)]
+    return len({{m.get("job") for m in msgs if m.get("state") != "running"}})
+
+def until(check, c):
+    deadline = time.monotonic() + 60
+    while not c.client.run_on_scheduler(check) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+for r in range({LOAD_CLUSTERS}):
+    c = jc.start(name=f"ui-side-load-{{r}}", workers=1, threads=1, processes=False)
+    until(followed, c)
+    for k in range({LOAD_MAPS}):
+        jc.map(abs, range(4))
+    until(lambda dask_scheduler: ended(dask_scheduler) >= {LOAD_MAPS}, c)
+    jc.stop(c.name)
+print("load done")
+"""
+
+# Start a kernel of the server with no notebook (another user's work) and run ``code`` in it, not waited for.
+LOAD_JS = """
+async (code) => {
+  const k = await window.jupyterapp.serviceManager.kernels.startNew({ name: 'python3' });
+  const out = (window.__jcLoadOut = []);
+  window.__jcLoadKernel = k;
+  const f = k.requestExecute({ code });
+  f.onIOPub = m => { const c = m.content; if (c.text) out.push(c.text); if (c.ename) out.push(c.ename + ': ' + c.evalue); };
+  window.__jcLoadDone = f.done.then(r => r.content.status);
+}
+"""
+
+# Every 100 ms: is the marked failure list attached, where is it, which cluster is selected.
+WATCH_STILL_JS = """
+() => {
+  const w = (window.__jcStill = { detached: 0, tops: [], selected: new Set(), samples: 0 });
+  const mark = document.querySelector('#jupyter-cluster-panel .jc-job-failures');
+  mark.__jcMark = 1;
+  w.timer = setInterval(() => {
+    w.samples++;
+    const now = document.querySelector('#jupyter-cluster-panel .jc-job-failures');
+    if (!mark.isConnected || now !== mark) w.detached++;
+    w.tops.push(Math.round(mark.getBoundingClientRect().top));
+    const sel = document.querySelector('#jupyter-cluster-panel .jc-clusters .jc-cluster.jc-selected');
+    w.selected.add(sel ? sel.dataset.name : null);
+  }, 100);
+}
+"""
+
+READ_STILL_JS = """
+() => { const w = window.__jcStill; clearInterval(w.timer);
+        return { detached: w.detached, tops: [Math.min(...w.tops), Math.max(...w.tops)], samples: w.samples,
+                 selected: [...w.selected] }; }
+"""
+
+
+def _run_cells_in(page, filename: str, cells: range) -> None:
+    """Activate a notebook of the main area and run ``cells`` of it (once its kernel answers); not waited for."""
+    page.evaluate(
+        """async ([path, first, last]) => {
+          const app = window.jupyterapp;
+          const w = [...app.shell.widgets('main')].find(w => w.context?.path === path);
+          app.shell.activateById(w.id);
+          await w.sessionContext.ready;
+          await w.sessionContext.session.kernel.info;
+          for (let i = first; i < last; i++) {
+            w.content.activeCellIndex = i;
+            await app.commands.execute('notebook:run-cell');
+          }
+        }""",
+        [filename, cells.start, cells.stop],
+    )
+
+
+def _click_into(page, filename: str, shows: str) -> None:
+    """Click a notebook's first cell (as a user moves between the two): the panel then shows ``shows``."""
+    wid = page.evaluate(
+        "(path) => [...window.jupyterapp.shell.widgets('main')].find(w => w.context?.path === path).id", filename
+    )
+    page.locator(f'[id="{wid}"] .jp-Cell .jp-InputPrompt').first.click()
+    page.wait_for_function(f"window.jupyterapp.shell.currentWidget?.context?.path === '{filename}'", timeout=10_000)
+    _selected(page, shows, timeout=15_000)
+
+
+def test_side_by_side_notebooks_keep_their_jobs_and_history_under_load(lab, browser, artifacts):
+    _notebook(os.path.join(lab.root_dir, "sa.ipynb"), CELLS_SA)
+    _notebook(os.path.join(lab.root_dir, "sb.ipynb"), CELLS_SB)
+    a_labels = ("range(3)", "range(8)")
+    b_labels = ("range(6)", "range(5)")
+    with lab_page(
+        browser,
+        lab,
+        "lab/tree/sa.ipynb",
+        viewport=(1700, 1000),
+        artifacts=artifacts,
+        last_shot="panel-side-last-state.png",
+    ) as page:
+        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
+        _wait_idle(page)
+        open_panel(page)
+        page.evaluate(
+            "window.jupyterapp.commands.execute('docmanager:open', {path: 'sb.ipynb', options: {mode: 'split-right'}})"
+        )
+        page.wait_for_function("window.jupyterapp.shell.currentWidget?.context?.path === 'sb.ipynb'", timeout=30_000)
+        _wait_idle(page)
+        # side by side: two notebook areas, the second right of the first
+        boxes = [page.locator("#jp-main-dock-panel .jp-NotebookPanel").nth(i).bounding_box() for i in (0, 1)]
+        assert boxes[1]["x"] >= boxes[0]["x"] + boxes[0]["width"] - 1, boxes
+        # a first cluster each, with a job, stopped (kept as history) once the panel has its job
+        _run_cells_in(page, "sa.ipynb", range(2))
+        _run_cells_in(page, "sb.ipynb", range(2))
+        _jobs_of(page, lambda labels: sum(any(x in t for x in ("range(3)", "range(6)")) for t in labels) == 2, 120)
+        page.wait_for_function(
+            "[...document.querySelectorAll('#jupyter-cluster-panel .jc-job .jc-job-state')]"
+            ".every(e => e.textContent !== 'running')",
+            timeout=60_000,
+        )
+        _run_cells_in(page, "sa.ipynb", range(2, 5))
+        _run_cells_in(page, "sb.ipynb", range(2, 5))
+        for name in (SA, SB):
+            page.locator(f'#jupyter-cluster-panel .jc-clusters .jc-cluster[data-name="{name}"]').wait_for(
+                timeout=120_000
+            )
+            page.locator(f'#jupyter-cluster-panel .jc-history .jc-cluster[data-name^="{name}0.stopped-"]').wait_for(
+                timeout=60_000
+            )
+        page.select_option("#jupyter-cluster-panel select.jc-jobs-scope", "notebook")
+
+        # -- each notebook's view: its cluster, its jobs only ---------------------------------------
+        _click_into(page, "sb.ipynb", SB)
+        _jobs_of(page, lambda labels: len(labels) == 2 and all(any(b in t for b in b_labels) for t in labels))
+        _click_into(page, "sa.ipynb", SA)
+        _jobs_of(page, lambda labels: len(labels) == 2 and all(any(a in t for a in a_labels) for t in labels))
+        job = page.locator("#jupyter-cluster-panel .jc-job.jc-job-has-failures", has_text="2 failed")
+        page.wait_for_function(
+            "[...document.querySelectorAll('#jupyter-cluster-panel .jc-job-has-failures .jc-job-state')]"
+            ".some(e => e.textContent !== 'running')",
+            timeout=60_000,
+        )
+        job.click()
+        items = page.locator("#jupyter-cluster-panel .jc-job-failure")
+        items.nth(1).wait_for(timeout=10_000)
+        assert items.locator(".jc-job-failure-error").all_inner_texts() == ["ValueError: side 2", "ValueError: side 5"]
+        shot(page, artifacts, "panel-side-by-side-a.png")
+        _click_into(page, "sb.ipynb", SB)
+        assert page.locator("#jupyter-cluster-panel .jc-job-failure").count() == 0
+        shot(page, artifacts, "panel-side-by-side-b.png")
+        _click_into(page, "sa.ipynb", SA)
+        items.nth(1).wait_for(timeout=10_000)  # still expanded when A is active again
+
+        # -- a third kernel floods the machine with jobs and stopped clusters: A's view stays put ------
+        page.select_option("#jupyter-cluster-panel select.jc-jobs-scope", "all")
+        _jobs_of(page, lambda labels: len(labels) >= 4 and any(a in labels[0] for a in a_labels))
+        items.nth(1).wait_for(timeout=10_000)
+        page.evaluate(WATCH_STILL_JS)
+        started = time.monotonic()
+        page.evaluate(LOAD_JS, LOAD)
+        status = page.evaluate("window.__jcLoadDone")  # a Promise: evaluate waits for it (up to the test's timeout)
+        watched = time.monotonic() - started
+        still = page.evaluate(READ_STILL_JS)
+        out = "".join(page.evaluate("window.__jcLoadOut"))
+        assert status == "ok" and "load done" in out, out
+        print("side by side, under load:", {"watched_s": round(watched, 1), **still})
+        assert still["samples"] > 10 and still["detached"] == 0, still
+        assert still["tops"][1] - still["tops"][0] <= 1, still  # the expanded errors did not move
+        assert still["selected"] == [SA], still  # the panel stayed on the active notebook's cluster
+        assert items.locator(".jc-job-failure-error").all_inner_texts() == ["ValueError: side 2", "ValueError: side 5"]
+        # the third kernel's jobs are listed too (after A's), more than the old cap of 20 kept in all
+        shot(page, artifacts, "panel-side-by-side-under-load.png")
+        # -- history: each notebook's stopped cluster is kept beside the load's -------------------------
+        page.wait_for_function(
+            "document.querySelectorAll('#jupyter-cluster-panel .jc-history .jc-cluster[data-name^=\"ui-side-load-\"]')"
+            f".length === {LOAD_CLUSTERS}",
+            timeout=30_000,
+        )
+        history = page.locator("#jupyter-cluster-panel .jc-history .jc-cluster").evaluate_all(
+            "rows => rows.map(r => r.dataset.name)"
+        )
+        loads = [h for h in history if h.startswith("ui-side-load-")]
+        assert len(loads) == LOAD_CLUSTERS, history
+        for name in (SA, SB):
+            assert any(h.startswith(f"{name}0.stopped-") for h in history), history
+        # B's view under the same load: its own jobs
+        page.select_option("#jupyter-cluster-panel select.jc-jobs-scope", "notebook")
+        _click_into(page, "sb.ipynb", SB)
+        _jobs_of(page, lambda labels: len(labels) == 2 and all(any(b in t for b in b_labels) for t in labels))
+        page.evaluate("window.__jcLoadKernel.shutdown()")

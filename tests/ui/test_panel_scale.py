@@ -133,7 +133,10 @@ def _tooltip(page, fx: float, fy: float) -> str:
 def _readable(page, artifacts: str) -> dict:
     """The 200-series chart in the sidebar: no legend, a hover list of the nearest series, top-k and a search."""
     assert page.locator(LINE).get_attribute("data-legend") == "false"
+    # the series list names a bounded number (not 200 checkboxes in a small box) and says how many there are
     series_rows = page.locator("#jupyter-cluster-panel .jc-series-item").count()
+    assert 0 < series_rows <= 40, series_rows
+    assert f"of {SERIES} series listed" in page.locator("#jupyter-cluster-panel .jc-series-more").inner_text()
     shot(page, artifacts, "panel-200-series.png", "#jupyter-cluster-panel .jc-section-metrics")
     # the last step, in the middle of the y range: members around 100, not the top or bottom ones
     rows = _tooltip(page, 0.9, 0.5).strip().split("\n")
@@ -146,6 +149,13 @@ def _readable(page, artifacts: str) -> dict:
     top = page.locator(LINE).get_attribute("data-series").split("|")
     assert top == [f"member={m}" for m in range(SERIES - 5, SERIES)], top
     assert page.locator(LINE).get_attribute("data-notice") == f"top 5 of {SERIES} by last value"
+    # the series list follows: the five drawn, with their swatches
+    page.wait_for_function(
+        "document.querySelectorAll('#jupyter-cluster-panel .jc-series-item').length === 5", timeout=10_000
+    )
+    assert (
+        page.locator("#jupyter-cluster-panel .jc-series-item").evaluate_all("items => items.map(i => i.title)") == top
+    )
     shot(page, artifacts, "panel-200-series-top5.png", "#jupyter-cluster-panel .jc-section-metrics")
     toolbar.locator("select.jc-top-k").select_option("all")
     toolbar.locator("input.jc-series-filter").fill("member=17")

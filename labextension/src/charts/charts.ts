@@ -386,6 +386,17 @@ export class MetricsCharts {
     return this.controls.filter;
   }
 
+  /** The series the line charts draw now (after the filter and top-k), in natural order. */
+  drawnSeries(): string[] {
+    const keys = new Set<string>();
+    this.panels.forEach(p => {
+      if (p.kind === 'line') {
+        (p.root.dataset.series ?? '').split('|').forEach(k => k && keys.add(k));
+      }
+    });
+    return [...keys].sort(naturalCompare);
+  }
+
   /** The colour of a series key in every chart of this topic (for a series list's swatches). */
   seriesColor(key: string): string {
     return this.colorOf(key);

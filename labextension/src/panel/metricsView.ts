@@ -2,7 +2,10 @@
  * The metrics section: topic picker, series list with colour swatches, and
  * the charts.  It draws only what it is given; the overlay's wishes (other
  * topics, earlier runs) go out through callbacks and the panel feeds them.
- * Charts are updated only when their model object changed.
+ * Charts are updated only when their model object changed.  With more
+ * series than SERIES_LISTED, the series list names those the charts draw
+ * (after their filter and top-k), not all of them: 200 checkboxes in a small
+ * box tell no one anything.
  */
 import { IMetricsModel, MetricsCharts } from '../charts/charts';
 import { seriesLabel } from '../charts/data';
@@ -20,6 +23,9 @@ export interface IMetricsHost {
   /** the overlay draws from these earlier runs' topics */
   overlayKept(sources: { cluster: string; topic: string }[]): void;
 }
+
+/** Series above which the list shows only those drawn (and those switched off). */
+export const SERIES_LISTED = 40;
 
 export type Catalog = { topic: string; scalars: string[]; cluster?: string }[];
 
@@ -40,6 +46,7 @@ export class MetricsView {
   };
   private shownTopic: string | null = null;
   private selected: string | null = null;
+  private last: [IPanelState, Catalog] | null = null;
 
   constructor(private readonly host: IMetricsHost) {
     this.topicSelect.title = 'Metrics topic';
@@ -78,6 +85,7 @@ export class MetricsView {
   }
 
   update(state: IPanelState, catalog: Catalog): void {
+    this.last = [state, catalog];
     const { topics, topic, metrics, hidden, selected } = state;
     this.selected = selected;
     this.shownTopic = topic;
@@ -116,12 +124,23 @@ export class MetricsView {
       this.input = { ...this.input, metrics, off };
       charts.update(metrics, off);
     }
-    const seriesKey = JSON.stringify([topic, keys, off]);
+    const many = keys.length > SERIES_LISTED;
+    const listed = many ? listedSeries(keys, charts.drawnSeries(), off) : keys;
+    const seriesKey = JSON.stringify([topic, keys.length, listed, off]);
     if (this.drawn.series !== seriesKey) {
       this.drawn.series = seriesKey;
       this.seriesNode.replaceChildren();
+      if (many) {
+        const note = el(
+          'div',
+          'jc-series-more',
+          `${listed.length} of ${keys.length} series listed: the chart's filter and top k choose which`
+        );
+        note.style.flexBasis = '100%';
+        this.seriesNode.append(note);
+      }
       if (keys.length > 1) {
-        for (const key of keys) {
+        for (const key of listed) {
           const label = el('label', 'jc-series-item');
           const box = el('input');
           box.type = 'checkbox';
@@ -156,7 +175,20 @@ export class MetricsView {
       this.charts = new MetricsCharts(this.chartsHost, { height: 200, dark: this.dark });
       this.charts.onOverlayKept = kept => this.host.overlayKept(kept);
       this.charts.onOverlayTopics = topics => this.host.overlayTopics(topics);
+      // the filter or top k changed what is drawn: a long series list follows it
+      this.charts.onViewState = () => {
+        if (this.last) {
+          this.update(...this.last);
+        }
+      };
     }
     return this.charts;
   }
+}
+
+/** The series a long list shows: those drawn, and those switched off (to switch them on), at most SERIES_LISTED. */
+export function listedSeries(keys: string[], drawn: string[], off: string[]): string[] {
+  const wanted = new Set([...drawn, ...off]);
+  const listed = keys.filter(k => wanted.has(k));
+  return (listed.length ? listed : keys).slice(0, SERIES_LISTED);
 }
