@@ -4,6 +4,7 @@ outputs, the save-time strip, and nbconvert's HTML of an executed example notebo
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import struct
@@ -16,6 +17,7 @@ import pytest
 import jupyter_cluster as jc
 from jupyter_cluster import telemetry
 from jupyter_cluster.widgets import static_render as sr
+from jupyter_cluster.widgets import sweep
 
 from .conftest import ROOT
 from .helpers import run_notebook, unique_topic
@@ -152,6 +154,36 @@ def test_colours_match_the_panels_assignment():
     assert len(set(colours.values())) == 12  # up to the palette's size, no two series share a colour
     assert sr.assign_colors(reversed(keys)) == colours  # whatever order a chart lists them in
     assert sr.assign_colors(["all"])["all"] == sr.PALETTE[sr._fnv1a("all") % 12]
+
+
+def test_colours_agree_with_the_panel_on_a_shared_fixture():
+    # the same fixture labextension/src/__tests__/{charts-glance,sweep}.spec.ts check the panel's rule against
+    with open(os.path.join(ROOT, "labextension/src/__tests__/fixtures/colours.json"), encoding="utf-8") as f:
+        fx = json.load(f)
+    assert len(fx["assign"]) > 2
+    for case in fx["assign"]:
+        assert sr.assign_colors(case["keys"], case["more"]) == case["colors"]
+        assert sr.assign_colors(reversed(case["keys"]), reversed(case["more"])) == case["colors"]
+        alone = sr.assign_colors(case["keys"])
+        assert {k: case["colors"][k] for k in alone} == alone  # `more` never moves a series' colour
+    rows = fx["rows"]
+    series, color_keys = sweep.row_series(rows["rows"], rows["topics"])
+    assert (series, color_keys) == (rows["series"], rows["colorKeys"])
+    data = sweep.sweep_data(rows["rows"], [], topics=rows["topics"])
+    assert [r["id"] for r in data["rows"]] == rows["ids"] and data["colorKeys"] == rows["colorKeys"]
+    colors = sweep.row_colors(data)
+    assert [colors[i] for i in rows["ids"]] == rows["colors"]
+
+
+def test_a_metrics_copy_colours_each_series_over_the_whole_topic():
+    # "arm=3" has only a vector value: the live charts still count it when they colour the topic's series
+    # (it comes first and holds the hash slot of "member=1", which so moves to the next one)
+    model = {"topic": "t", "scalars": {"loss": {"member=1": [[0, 1.0], [1, 2.0]]}}, "vectors": {"load": {"arm=3": {}}}}
+    want = sr.assign_colors(["member=1", "arm=3"])["member=1"]
+    assert want != sr.assign_colors(["member=1"])["member=1"]  # (the keys were chosen so that it matters)
+    svg = _svgs(sr.metrics_html(model))["t: loss"]
+    strokes = {p.get("stroke") for p in svg.iter(f"{SVG}path") if p.get("fill") == "none"}
+    assert want in strokes
 
 
 def test_ticks_are_round_numbers():

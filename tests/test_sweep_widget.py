@@ -8,6 +8,8 @@ rows given as a DataFrame, and the errors for bad arguments.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import jupyter_cluster as jc
@@ -33,9 +35,9 @@ def test_show_runs_sends_each_items_row_and_own_curve(ip, cluster):
     run_id = df["run"].iloc[-1]
 
     rows = sweep.current_rows(run=run_id)
-    own, models = sweep._curves(rows, topic)
+    own, models, topics = sweep._curves(rows, topic)
     assert models == []  # every item has its own curve: the topic's models are not needed
-    data = sweep.sweep_data(rows, models, "t", own)
+    data = sweep.sweep_data(rows, models, "t", own, topics)
     assert len(data["rows"]) == 12 and len({row["id"] for row in data["rows"]}) == 12
     by_trial = {row["config"]["trial"]: row for row in data["rows"]}
     assert by_trial[3]["config"] == {"trial": 3, "lr": 0.01, "aux": True}
@@ -43,6 +45,17 @@ def test_show_runs_sends_each_items_row_and_own_curve(ip, cluster):
     assert by_trial[3]["best"]["loss"] == pytest.approx(0.01 + 3)  # a loss: its lowest
     curve = data["curves"]["loss"][by_trial[3]["id"]]
     assert [s for s, _ in curve] == [0, 1, 2] and curve[0][1] == pytest.approx(0.03 + 3)
+    # each row's colour is its series' colour in the topic's metric charts (colours over the topic's keys)
+    from jupyter_cluster import telemetry
+    from jupyter_cluster.widgets import static_render as sr
+
+    chart_keys = sweep.topic_series(telemetry.store(topic).model())
+    assert chart_keys == [f"trial={i}" for i in range(12)] and data["colorKeys"] == chart_keys
+    assert all(row["series"] == f"trial={t}" for t, row in by_trial.items())
+    chart_colors = sr.assign_colors(chart_keys)
+    colors = sweep.row_colors(data)
+    assert {colors[row["id"]] for row in data["rows"]} == set(chart_colors.values())
+    assert all(colors[row["id"]] == chart_colors[f"trial={t}"] for t, row in by_trial.items())
 
     # a terminal shell gets the table as a DataFrame; the widget class draws the same rows
     assert len(jc.show_runs(run=run_id)) == 12
@@ -54,6 +67,9 @@ def test_show_runs_sends_each_items_row_and_own_curve(ip, cluster):
     assert lines[0] == "t: 12 rows" and lines[1].split() == ["run", "state", "trial", "lr", "aux", "loss"]
     assert len(lines) == 14 and "<img" in static["text/html"] and static["text/html"].count("<tr>") == 13
     assert "<script" not in static["text/html"]
+    # the static copy's swatches are the rows' colours (the same as the live widget's and the charts')
+    swatches = re.findall(r'class="jc-swatch" style="color:(#[0-9a-f]{6})"', static["text/html"])
+    assert swatches == [colors[row["id"]] for row in w.data["rows"]]
 
     # rows given as jc.runs()'s DataFrame carry no item key: their curves are the series named by trial
     given = sweep._rows_from(jc.runs(run=run_id))

@@ -89,7 +89,12 @@ def fmt_num(v: float | None) -> str:
 
 
 def _natural_key(s: str) -> list[Any]:
-    return [(0, int(p), "") if p.isdigit() else (1, 0, p.lower()) for p in re.split(r"(\d+)", s) if p]
+    return [(0, int(p), "") if p.isdecimal() else (1, 0, p.lower()) for p in re.split(r"(\d+)", s) if p]
+
+
+def _color_order(s: str) -> tuple[list[Any], str]:
+    """Natural order, ties (``lr=0.1`` and ``lr=0.01``) by code point: the same whatever order the keys came in."""
+    return _natural_key(s), s
 
 
 def _fnv1a(key: str) -> int:
@@ -101,12 +106,22 @@ def _fnv1a(key: str) -> int:
     return h
 
 
-def assign_colors(keys: Iterable[str]) -> dict[str, str]:
-    """One colour per series key, as the panel assigns them (hash slot, next free one on a clash)."""
+def assign_colors(keys: Iterable[str], more: Iterable[str] = ()) -> dict[str, str]:
+    """One colour per series key, as the panel assigns them (hash slot, next free one on a clash).
+
+    ``more`` are keys coloured after all of ``keys`` (the next free slots), so
+    ``keys`` get exactly the colours they get alone: the sweep table's rows
+    without a series of their own.  The same rule as
+    ``labextension/src/charts/colors.ts`` ``assignColors()`` (a shared fixture,
+    ``labextension/src/__tests__/fixtures/colours.json``, checks both).
+    """
     n = len(PALETTE)
     out: dict[str, str] = {}
     used: set[int] = set()
-    for key in sorted(set(keys), key=_natural_key):
+    first = sorted(set(keys), key=_color_order)
+    seen = set(first)
+    after = sorted({k for k in more if k not in seen}, key=_color_order)
+    for key in first + after:
         if len(used) == n:
             used = set()
         slot = _fnv1a(key) % n
@@ -225,11 +240,18 @@ def _axes(x0: float, y0: float, w: float, h: float, xt: list[str], yt: list[str]
     return "".join(parts)
 
 
-def line_chart_svg(name: str, series: Mapping[str, Sequence[Sequence[float | None]]], width: int = WIDTH) -> str:
+def line_chart_svg(
+    name: str,
+    series: Mapping[str, Sequence[Sequence[float | None]]],
+    width: int = WIDTH,
+    colors: Mapping[str, str] | None = None,
+) -> str:
     """An SVG line chart of one scalar value: a line per series over steps, a legend beneath.
 
     At most :data:`MAX_SERIES` lines (those with the highest last values; the
     chart says how many it left out) of at most ~:data:`MAX_POINTS` points each.
+    ``colors`` gives each series its colour (default: :func:`assign_colors`
+    over this chart's series; the live charts colour over the topic's keys).
     """
     keys = [k for k in series if any(p[1] is not None and math.isfinite(p[1]) for p in series[k])]
     left_out = 0
@@ -242,7 +264,7 @@ def line_chart_svg(name: str, series: Mapping[str, Sequence[Sequence[float | Non
         keys = sorted(keys, key=last, reverse=True)[:MAX_SERIES]
         left_out = len(series) - len(keys)
     keys.sort(key=_natural_key)
-    colors = assign_colors(series)
+    colors = {**assign_colors(series), **(colors or {})}
     pts = {k: _bucket_points(series[k], MAX_POINTS) for k in keys}
     xs = [p[0] for k in keys for p in pts[k]]
     ys = [p[1] for k in keys for p in pts[k] if p[1] is not None]
@@ -439,8 +461,10 @@ def metrics_html(model: Mapping[str, Any]) -> str:
     parts = [f"<div class='jupyter-cluster-static jupyter-cluster-metrics'><div>{head}</div>"]
     scalars = model.get("scalars") or {}
     vectors = model.get("vectors") or {}
+    # one colour per series key over the whole topic, as the live charts (charts.ts allSeriesKeys)
+    colors = assign_colors(k for by in (*scalars.values(), *vectors.values()) for k in by)
     for name in sorted(scalars, key=_natural_key):
-        parts.append(svg_img(line_chart_svg(name, scalars[name]), f"{topic}: {name}"))
+        parts.append(svg_img(line_chart_svg(name, scalars[name], colors=colors), f"{topic}: {name}"))
     for name in sorted(vectors, key=_natural_key):
         lo, hi = vector_range(vectors[name])
         for key in sorted(vectors[name], key=_natural_key):

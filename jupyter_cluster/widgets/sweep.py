@@ -13,6 +13,12 @@ A row's curve is its item's own (each topic keeps every sweep item's curves,
 belongs to it: the series whose key is the item's key (``"lr=0.1, aux=True"``),
 or whose identity fields (e.g. ``report(step, trial=3, loss=...)``) all equal
 the row's config values.
+
+A row's colour (its swatch, its curve, its line in the parallel coordinates,
+and the static copy's) is the colour its series has in the topic's metric
+charts, the notebook's and the sidebar's: :func:`row_series` finds each row's
+series key and the key set those charts colour over, and
+:func:`jupyter_cluster.widgets.static_render.assign_colors` is their rule.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import math
 import pathlib
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import context, ticker
@@ -83,6 +89,52 @@ def series_of(row: Mapping[str, Any], keys: Iterable[str]) -> str | None:
     return None
 
 
+def _natural_key(s: str) -> list[Any]:
+    from .static_render import _natural_key as key
+
+    return key(s)
+
+
+def topic_series(model: Mapping[str, Any]) -> list[str]:
+    """Every series key of a topic's model (scalar and vector values alike), as its charts list them."""
+    keys = {k for by in (*(model.get("scalars") or {}).values(), *(model.get("vectors") or {}).values()) for k in by}
+    return sorted(keys, key=_natural_key)
+
+
+def row_series(
+    rows: Sequence[Mapping[str, Any]], topics: Mapping[str, Iterable[str]]
+) -> tuple[list[str | None], list[str]]:
+    """Each row's series key in the metric charts (or None), and the key set those charts colour over.
+
+    In the topics (natural order of name), a row's series is the one
+    :func:`series_of` finds among the topic's series keys; the key set is
+    every key of the topics some row's series is in.  The same rule as
+    ``labextension/src/sweep/model.ts`` ``rowSeries()``.
+    """
+    found: list[str | None] = [None] * len(rows)
+    color_keys: set[str] = set()
+    for topic in sorted(topics, key=_natural_key):
+        keys = list(topics[topic])
+        hit = False
+        for i, r in enumerate(rows):
+            if found[i] is None:
+                found[i] = series_of(r, keys)
+                hit = hit or found[i] is not None
+        if hit:
+            color_keys.update(keys)
+    return found, sorted(color_keys, key=_natural_key)
+
+
+def row_colors(data: Mapping[str, Any]) -> dict[str, str]:
+    """Each row's colour (light theme) by row id: its series' colour in the metric charts, as the widget draws it."""
+    from .static_render import assign_colors
+
+    rows = list(data.get("rows") or [])
+    own = [r.get("series") or r["id"] for r in rows]
+    colors = assign_colors(data.get("colorKeys") or [], more=own)
+    return {r["id"]: colors[k] for r, k in zip(rows, own, strict=True)}
+
+
 def _thin(points: list[list[Any]]) -> list[list[Any]]:
     if len(points) <= MAX_POINTS:
         return points
@@ -101,8 +153,9 @@ def sweep_data(
     models: Iterable[Mapping[str, Any]],
     title: str = "",
     item_curves: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+    topics: Mapping[str, Iterable[str]] | None = None,
 ) -> dict[str, Any]:
-    """What the widget draws: ``{"title", "rows", "curves"}`` (see ``labextension/src/sweep/model.ts``).
+    """What the widget draws: ``{"title", "rows", "curves", "colorKeys"}`` (see ``labextension/src/sweep/model.ts``).
 
     Parameters
     ----------
@@ -113,14 +166,22 @@ def sweep_data(
         Metrics models (:meth:`TopicStore.model`) the curves of rows without their own are taken from.
     item_curves : dict, optional
         ``run -> metric -> item key -> points`` (:func:`jupyter_cluster.runs.merge_curves` per run).
+    topics : dict, optional
+        ``topic -> its series keys``, by which each row gets its series' colour
+        (:func:`row_series`); default: those of ``models``.
     """
+    models = list(models)
+    if topics is None:
+        topics = {str(m.get("topic", i)): topic_series(m) for i, m in enumerate(models)}
+    series, color_keys = row_series(rows, topics)
     out_rows: list[dict[str, Any]] = []
-    for r in rows:
+    for r, own in zip(rows, series, strict=True):
         name = r.get("key") or r.get("name") or str(r.get("run"))
         out_rows.append(
             {
                 "id": _row_id(r),
                 "name": str(name),
+                "series": own,
                 "state": r.get("state"),
                 "duration": _number(r.get("duration")),
                 "config": {
@@ -147,7 +208,7 @@ def sweep_data(
                 key = series_of(r, by_series)
                 if key is not None:
                     curves.setdefault(metric, {})[out["id"]] = _thin(by_series[key])
-    return {"title": title, "rows": out_rows, "curves": curves}
+    return {"title": title, "rows": out_rows, "curves": curves, "colorKeys": color_keys}
 
 
 def _select(records: Iterable[Mapping[str, Any]], notebook: str | None, run: str | None) -> list[Mapping[str, Any]]:
@@ -173,8 +234,18 @@ def _stores(topic: str | None) -> list[Any]:
     return [s for s in all_stores() if topic is None or s.topic == topic]
 
 
-def _curves(rows: list[dict[str, Any]], topic: str | None) -> tuple[dict[str, Any], list[Mapping[str, Any]]]:
-    """The rows' own curves per run, and the topics' models when some row has none (matched by series)."""
+def _store_series(store: Any) -> list[str]:
+    """A topic store's series keys, as its model (and so its charts) has them, without building the model."""
+    # list() of a dict is one step under the GIL: safe while the store's listener adds to it
+    columns = [*list(store.scalars.values()), *list(store.vectors.values())]
+    return sorted({k for cols in columns for k in list(cols)}, key=_natural_key)
+
+
+def _curves(
+    rows: list[dict[str, Any]], topic: str | None
+) -> tuple[dict[str, Any], list[Mapping[str, Any]], dict[str, list[str]]]:
+    """The rows' own curves per run, the topics' models when some row has none (matched by series),
+    and each topic's series keys (the rows' colours)."""
     from ..runs import merge_curves
 
     stores = _stores(topic)
@@ -182,7 +253,8 @@ def _curves(rows: list[dict[str, Any]], topic: str | None) -> tuple[dict[str, An
     covered = all(
         any((r.get("key") or "") in by_key for by_key in own.get(str(r.get("run")), {}).values()) for r in rows
     )
-    return own, ([] if covered else [s.model() for s in stores])
+    topics = {str(s.topic): _store_series(s) for s in stores}
+    return own, ([] if covered else [s.model() for s in stores]), topics
 
 
 def _version(topic: str | None) -> tuple:
@@ -220,13 +292,23 @@ def static_bundle(data: Mapping[str, Any]) -> dict[str, str]:
     text = [title, "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
     text += ["  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) for b in body]
     parts = [f"<p><b>{html.escape(title)}</b></p>"]
+    colors = row_colors(data)  # each row's colour in the live widget and the metric charts
     curves = (data.get("curves") or {}).get(metrics[0]) if metrics else None
     if curves:
         names = {r["id"]: r["name"] for r in rows}
-        svg = line_chart_svg(metrics[0], {names.get(k, k): v for k, v in curves.items()})
+        svg = line_chart_svg(
+            metrics[0],
+            {names.get(k, k): v for k, v in curves.items()},
+            colors={names[k]: colors[k] for k in curves if k in names},
+        )
         parts.append(svg_img(svg, f"{metrics[0]} of each run"))
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in b) + "</tr>" for b in body)
+    th = "<th></th>" + "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    trs = "".join(
+        f'<tr><td><span class="jc-swatch" style="color:{colors[r["id"]]}">&#9632;</span></td>'
+        + "".join(f"<td>{html.escape(c)}</td>" for c in b)
+        + "</tr>"
+        for r, b in zip(rows, body, strict=False)
+    )
     parts.append(f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>")
     if more:
         text.append(more)
@@ -282,8 +364,8 @@ def _build_widget_class() -> type:
             """Rebuild the table from the runs and curves now."""
             with self._lock:
                 rows = current_rows(**self._where) if self._rows is None else self._rows
-                own, models = _curves(rows, self._topic)
-                self.data = sweep_data(rows, models, self._title, own)
+                own, models, topics = _curves(rows, self._topic)
+                self.data = sweep_data(rows, models, self._title, own, topics)
                 self._refreshed += 1
 
         def static_version(self) -> Any:

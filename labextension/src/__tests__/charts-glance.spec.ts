@@ -88,6 +88,30 @@ describe('colour per run', () => {
     expect(block).not.toBeNull();
     expect(block![1].match(/#[0-9a-f]{6}/gi)).toEqual(LIGHT_PALETTE);
   });
+
+  it('assigns the same colours as the static copies (a fixture both check) in whatever order keys come', () => {
+    const fx = JSON.parse(readFileSync(join(__dirname, 'fixtures/colours.json'), 'utf8')) as {
+      assign: { keys: string[]; more: string[]; colors: { [key: string]: string } }[];
+    };
+    expect(fx.assign.length).toBeGreaterThan(2);
+    for (const c of fx.assign) {
+      expect(Object.fromEntries(assignColors(c.keys, false, c.more))).toEqual(c.colors);
+      expect(Object.fromEntries(assignColors([...c.keys].reverse(), false, [...c.more].reverse()))).toEqual(c.colors);
+    }
+  });
+
+  it('gives `keys` their own colours whatever `more` keys come after them', () => {
+    const keys = ['trial=0', 'trial=1', 'trial=2', 'all'];
+    const alone = assignColors(keys);
+    const more = ['r1:lr=0.1', 'r2:', 'trial=1', ...Array.from({ length: 12 }, (_, i) => `x=${i}`)];
+    const both = assignColors(keys, false, more);
+    keys.forEach(k => expect(both.get(k)).toBe(alone.get(k)));
+    // the first 12 keys in all get 12 different colours
+    expect(
+      new Set([...keys, 'r1:lr=0.1', 'r2:', 'x=0', 'x=1', 'x=2', 'x=3', 'x=4', 'x=5'].map(k => both.get(k))).size
+    ).toBe(12);
+    expect(colorLookup(keys, true, more)('x=0')).toBe(assignColors(keys, true, more).get('x=0'));
+  });
 });
 
 describe('overlay axes: one axis for metrics of one unit', () => {

@@ -2,7 +2,10 @@
  * The sweep table's data: sorting (numbers as numbers), filtering, grouping
  * with mean ± sd bands, and the options of the curves and parallel views.
  */
-import { THEME_BACKGROUNDS, contrastRatio } from '../charts/colors';
+import { readFileSync } from 'fs';
+import { join } from 'path';
+
+import { THEME_BACKGROUNDS, assignColors, contrastRatio } from '../charts/colors';
 import type { Point } from '../charts/data';
 import {
   ISweep,
@@ -15,10 +18,14 @@ import {
   meanBand,
   parallelColours,
   parallelOption,
+  rowColorKey,
+  rowSeries,
   seriesOfRow,
   sortRows,
+  sweepColors,
   sweepFromTable
 } from '../sweep/model';
+import type { ITableRow } from '../sweep/model';
 
 const row = (i: number, lr: number, aux: boolean, loss: number): ISweepRow => ({
   id: `r:${i}`,
@@ -152,6 +159,15 @@ describe('sweep table', () => {
     expect([option.visualMap.dimension, option.visualMap.min, option.visualMap.max]).toEqual([3, 0.2, 10]);
   });
 
+  it('draws each parallel line in its row colour when asked, with no value scale', () => {
+    const option = parallelOption(rows, 'loss', false, r => (r.id === 'r:1' ? '#111' : '#222')) as {
+      series: { data: { lineStyle?: { color: string } }[] }[];
+      visualMap?: unknown;
+    };
+    expect(option.visualMap).toBeUndefined();
+    expect(option.series[0].data.map(d => d.lineStyle?.color)).toEqual(['#222', '#111', '#222', '#222']);
+  });
+
   it("colours the parallel lines on a scale whose every stop reads on the theme's background", () => {
     for (const dark of [false, true]) {
       const option = parallelOption(rows, 'loss', dark) as { visualMap: { inRange: { color: string[] } } };
@@ -166,6 +182,45 @@ describe('sweep table', () => {
 });
 
 describe('sweep from the runs table', () => {
+  it("colours a row as its series in the metric charts: the rule and the Python widget's agree", () => {
+    const fx = JSON.parse(readFileSync(join(__dirname, 'fixtures/colours.json'), 'utf8')).rows as {
+      rows: ITableRow[];
+      topics: { [topic: string]: string[] };
+      series: (string | null)[];
+      colorKeys: string[];
+      ids: string[];
+      colors: string[];
+    };
+    const models = Object.entries(fx.topics).map(([topic, keys]) => ({
+      topic,
+      scalars: { loss: Object.fromEntries(keys.map(k => [k, curve(1)])) }
+    }));
+    expect(rowSeries(fx.rows, models)).toEqual({ series: fx.series, colorKeys: fx.colorKeys });
+    const s = sweepFromTable(fx.rows, models);
+    expect(s.rows.map(r => r.id)).toEqual(fx.ids);
+    const colorOf = sweepColors(s);
+    expect(s.rows.map(r => colorOf(rowColorKey(r)))).toEqual(fx.colors);
+  });
+
+  it("gives a row its series' colour of the topic's charts, whatever other rows there are", () => {
+    const keys = ['trial=0', 'trial=1', 'trial=2', 'trial=3'];
+    const topic = { topic: 'sweep', scalars: { loss: Object.fromEntries(keys.map(k => [k, curve(1)])) } };
+    const table: ITableRow[] = [
+      ...[3, 1, 0, 2].map(t => ({ run: 'r1', key: `lr=0.1, trial=${t}`, item: t, config: { lr: 0.1, trial: t } })),
+      { run: 'r0', key: null, item: null, name: 'baseline', config: {} }
+    ];
+    const s = sweepFromTable(table, [topic]);
+    const chart = assignColors(keys); // what the topic's metric charts draw
+    const colorOf = sweepColors(s);
+    expect(s.rows.slice(0, 4).map(r => colorOf(rowColorKey(r)))).toEqual(
+      [3, 1, 0, 2].map(t => chart.get(`trial=${t}`))
+    );
+    // the row with no series gets a colour no series has (fewer than 12 in all)
+    expect([...chart.values()]).not.toContain(colorOf(rowColorKey(s.rows[4])));
+    // grouped: each group's colour
+    expect(rowColorKey(s.rows[0], 'lr')).toBe('lr=0.1');
+  });
+
   it("finds a row's curve by its item key or its identity fields, as the Python widget does", () => {
     const table = [
       { run: 'r1', key: 'aux=True, lr=0.1, trial=0', config: { trial: 0, lr: 0.1, aux: true }, final: { loss: 1 } },

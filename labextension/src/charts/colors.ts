@@ -84,18 +84,32 @@ export function hashKey(key: string): number {
   return h >>> 0;
 }
 
+/** Natural order, ties (e.g. "lr=0.1" and "lr=0.01") by code unit: the same whatever order the keys came in. */
+function keyOrder(a: string, b: string): number {
+  return naturalCompare(a, b) || (a < b ? -1 : a > b ? 1 : 0);
+}
+
 /**
  * The colour of each key: its hash's slot in the palette, or the next free
  * one when an earlier key (natural order) holds it.  The same key set always
  * gets the same colours, whichever chart asks.
+ *
+ * `more` are keys coloured after all of `keys` (natural order, the next free
+ * slots): `keys` get exactly the colours they get alone.  The sweep table
+ * passes its topic's series keys as `keys` (so each row's colour is its
+ * series' colour in that topic's charts) and the rows with no series of
+ * their own as `more`.  jupyter_cluster/widgets/static_render.py's
+ * assign_colors() is the same rule (a shared fixture checks both).
  */
-export function assignColors(keys: Iterable<string>, dark = false): Map<string, string> {
+export function assignColors(keys: Iterable<string>, dark = false, more: Iterable<string> = []): Map<string, string> {
   const palette = dark ? DARK_PALETTE : LIGHT_PALETTE;
   const n = palette.length;
-  const sorted = [...new Set(keys)].sort(naturalCompare);
+  const first = [...new Set(keys)].sort(keyOrder);
+  const seen = new Set(first);
+  const after = [...new Set(more)].filter(k => !seen.has(k)).sort(keyOrder);
   const out = new Map<string, string>();
   let used = new Set<number>();
-  for (const key of sorted) {
+  for (const key of [...first, ...after]) {
     if (used.size === n) {
       used = new Set(); // every colour taken once: a second round
     }
@@ -109,9 +123,13 @@ export function assignColors(keys: Iterable<string>, dark = false): Map<string, 
   return out;
 }
 
-/** A colour lookup over `keys` for the option builders (a key not among them gets its hash's slot). */
-export function colorLookup(keys: Iterable<string>, dark = false): (key: string) => string {
-  const colors = assignColors(keys, dark);
+/** A colour lookup over `keys` (then `more`) for the option builders (a key not among them gets its hash's slot). */
+export function colorLookup(
+  keys: Iterable<string>,
+  dark = false,
+  more: Iterable<string> = []
+): (key: string) => string {
+  const colors = assignColors(keys, dark, more);
   const palette = dark ? DARK_PALETTE : LIGHT_PALETTE;
   return key => colors.get(key) ?? palette[hashKey(key) % palette.length];
 }

@@ -65,6 +65,7 @@ export function runLabel(r: IRunRecord): string {
 
 export class SweepArea extends Widget {
   private readonly view: SweepView;
+  private readonly topicModels = new Map<string, { version?: number; model: IMetricsModel }>();
   private timer = 0;
   private misses = 0;
   private loading = false;
@@ -125,20 +126,26 @@ export class SweepArea extends Widget {
       const { curves } = await requestAPI<{ curves: ItemCurves[string] }>(
         `runs/${encodeURIComponent(this.run)}/curves`
       ).catch(() => ({ curves: {} as ItemCurves[string] }));
-      const covered = (r: ITableRow): boolean => Object.values(curves).some(byKey => !!byKey[r.key ?? '']);
+      // the cluster's topics: the series of rows without curves of their own, and each row's colour
+      // (its series' in the topic's charts); a topic is read again only when its version changed
       const cluster = rec.history || rec.cluster;
       const models: IMetricsModel[] = [];
-      if (cluster && !detail.rows.every(covered)) {
+      if (cluster) {
         const wanted = new Set(detail.rows.flatMap(r => Object.keys(r.final ?? {})));
-        const { topics } = await requestAPI<{ topics: { topic: string; scalars: string[] }[] }>(
+        const { topics } = await requestAPI<{ topics: { topic: string; scalars: string[]; version?: number }[] }>(
           `clusters/${encodeURIComponent(cluster)}/metrics`
         );
         for (const t of topics.filter(t => t.scalars.some(s => wanted.has(s)))) {
-          models.push(
-            await requestAPI<IMetricsModel>(
-              `clusters/${encodeURIComponent(cluster)}/metrics/${encodeURIComponent(t.topic)}`
-            )
-          );
+          const id = `${cluster}\u0000${t.topic}`;
+          const kept = this.topicModels.get(id);
+          const model =
+            kept && kept.version === t.version && t.version !== undefined
+              ? kept.model
+              : await requestAPI<IMetricsModel>(
+                  `clusters/${encodeURIComponent(cluster)}/metrics/${encodeURIComponent(t.topic)}`
+                );
+          this.topicModels.set(id, { version: t.version, model });
+          models.push(model);
         }
       }
       this.view.update(sweepFromTable(detail.rows, models, rec.name || rec.run, { [rec.run]: curves }));

@@ -8,6 +8,7 @@
  * (config -> metric) view.
  */
 import type { Point } from '../charts/data';
+import { colorLookup } from '../charts/colors';
 import { escapeHTML, formatNumber, naturalCompare } from '../charts/data';
 import { overlayLegend } from '../charts/overlay';
 
@@ -20,6 +21,11 @@ export interface ISweepRow {
   id: string;
   /** what the row is called: the item's key ("lr=0.1, aux=on") or the run's name */
   name: string;
+  /**
+   * the series key its curve has in its topic's metric charts ("trial=3"), by
+   * which it gets that series' colour; null or absent when it has none there
+   */
+  series?: string | null;
   state?: string | null;
   duration?: number | null;
   config: { [key: string]: ConfigValue };
@@ -34,6 +40,44 @@ export interface ISweep {
   title?: string;
   rows: ISweepRow[];
   curves: { [metric: string]: { [rowId: string]: Point[] } };
+  /**
+   * every series key of the topics the rows' series are in: the key set the
+   * metric charts assign their colours over, so a row gets its series'
+   * colour (see colors.ts assignColors())
+   */
+  colorKeys?: string[];
+}
+
+/**
+ * The key a row's colour is looked up by: its group's (`key=value`) when
+ * grouped, else its series key in the metric charts, else its own id.
+ */
+export function rowColorKey(row: ISweepRow, groupBy: string | null = null): string {
+  if (groupBy) {
+    return `${groupBy}=${cellText(row.config[groupBy]) || '(none)'}`;
+  }
+  return row.series || row.id;
+}
+
+/**
+ * The colours of a sweep's rows (look up rowColorKey()): each row's series
+ * gets the colour the metric charts give it (the topic's keys are assigned
+ * first, exactly as those charts assign them), rows without a series the
+ * next free ones; grouped, each group its own.  The swatches, the curves and
+ * the parallel coordinates all use it.
+ */
+export function sweepColors(sweep: ISweep, dark = false, groupBy: string | null = null): (key: string) => string {
+  if (groupBy) {
+    return colorLookup(
+      groupRows(sweep.rows, groupBy).map(g => `${groupBy}=${g.value}`),
+      dark
+    );
+  }
+  return colorLookup(
+    sweep.colorKeys ?? [],
+    dark,
+    sweep.rows.map(r => rowColorKey(r))
+  );
 }
 
 /** A column of the table: the row's name, state or duration, a config key, or a metric's final or best value. */
@@ -324,8 +368,8 @@ export function curvesOption(
         data,
         showSymbol: data.length < 2,
         sampling: 'lttb',
-        itemStyle: { color: colorOf(r.id) },
-        lineStyle: { width: 1.5, color: colorOf(r.id) },
+        itemStyle: { color: colorOf(rowColorKey(r)) },
+        lineStyle: { width: 1.5, color: colorOf(rowColorKey(r)) },
         emphasis: { focus: 'series' }
       });
     }
@@ -403,10 +447,16 @@ export function parallelColours(dark: boolean): string[] {
 
 /**
  * The parallel-coordinates view (as TensorBoard's HParams): an axis per
- * config key and a last one for `metric`'s final value; a line per row,
- * coloured by that value on one scale.
+ * config key and a last one for `metric`'s final value; a line per row, in
+ * the row's own colour (`rowColor`, the colour of its swatch and its curve),
+ * or without it coloured by the metric's value on one scale.
  */
-export function parallelOption(rows: ISweepRow[], metric: string, dark = false): { [key: string]: unknown } {
+export function parallelOption(
+  rows: ISweepRow[],
+  metric: string,
+  dark = false,
+  rowColor: ((row: ISweepRow) => string) | null = null
+): { [key: string]: unknown } {
   const keys = configKeys(rows);
   const axes = keys.map((k, i) => parallelAxis(rows, k, i, false));
   axes.push(parallelAxis(rows, metric, keys.length, true));
@@ -417,7 +467,8 @@ export function parallelOption(rows: ISweepRow[], metric: string, dark = false):
         (axes[i] as { type: string }).type === 'value' ? (r.config[k] ?? null) : cellText(r.config[k]) || '(none)'
       ),
       r.final[metric] ?? null
-    ]
+    ],
+    ...(rowColor ? { lineStyle: { color: rowColor(r) } } : {})
   }));
   const finals = rows.map(r => r.final[metric]).filter((v): v is number => typeof v === 'number' && Number.isFinite(v));
   const lo = finals.length ? Math.min(...finals) : 0;
@@ -427,23 +478,28 @@ export function parallelOption(rows: ISweepRow[], metric: string, dark = false):
     backgroundColor: 'transparent',
     title: { text: `config → ${metric}`, left: 4, top: 2, textStyle: { fontSize: 12 } },
     tooltip: { trigger: 'item', confine: true },
-    // room on the right for the metric axis's labels and then the colour bar
-    parallel: { left: 40, right: 110, top: 50, bottom: 24 },
+    // room on the right for the metric axis's labels and then the colour bar (if any)
+    parallel: { left: 40, right: rowColor ? 60 : 110, top: 50, bottom: 24 },
     parallelAxis: axes,
-    visualMap: {
-      type: 'continuous',
-      dimension: keys.length,
-      min: lo,
-      max: hi === lo ? lo + 1 : hi,
-      right: 6,
-      top: 50,
-      itemHeight: 100,
-      itemWidth: 10,
-      calculable: true,
-      textStyle: { fontSize: 10 },
-      formatter: (v: number) => formatNumber(Number(Number(v).toPrecision(3))),
-      inRange: { color: parallelColours(dark) }
-    },
+    // coloured by row: no value scale (each line is in its row's colour)
+    ...(rowColor
+      ? {}
+      : {
+          visualMap: {
+            type: 'continuous',
+            dimension: keys.length,
+            min: lo,
+            max: hi === lo ? lo + 1 : hi,
+            right: 6,
+            top: 50,
+            itemHeight: 100,
+            itemWidth: 10,
+            calculable: true,
+            textStyle: { fontSize: 10 },
+            formatter: (v: number) => formatNumber(Number(Number(v).toPrecision(3))),
+            inRange: { color: parallelColours(dark) }
+          }
+        }),
     series: [
       {
         type: 'parallel',
@@ -511,20 +567,65 @@ function toNumber(v: unknown): number | null {
 /** Each run's items' own curves: run id -> metric -> item key ("" for the run itself) -> points. */
 export type ItemCurves = { [run: string]: { [metric: string]: { [key: string]: Point[] } } };
 
+/** A topic's model as far as the sweep reads it. */
+export interface ISweepTopic {
+  topic?: string;
+  scalars: { [value: string]: { [series: string]: Point[] } };
+  vectors?: { [value: string]: { [series: string]: unknown } };
+}
+
+/**
+ * Each row's series key in the metric charts, and the key set those charts
+ * colour over: in the topics (natural order of name) a row's series is the
+ * one seriesOfRow() finds among the topic's series keys (scalar and vector
+ * values alike, as the charts list them); the key set is every key of the
+ * topics some row's series is in.  jupyter_cluster/widgets/sweep.py's
+ * row_series() is the same rule.
+ */
+export function rowSeries(
+  rows: ITableRow[],
+  models: ISweepTopic[]
+): { series: (string | null)[]; colorKeys: string[] } {
+  const topics = [...models].sort((a, b) => naturalCompare(a.topic ?? '', b.topic ?? ''));
+  const series: (string | null)[] = rows.map(() => null);
+  const colorKeys = new Set<string>();
+  for (const model of topics) {
+    const keys = new Set<string>();
+    for (const bySeries of [...Object.values(model.scalars ?? {}), ...Object.values(model.vectors ?? {})]) {
+      Object.keys(bySeries).forEach(k => keys.add(k));
+    }
+    const list = [...keys];
+    let found = false;
+    rows.forEach((r, i) => {
+      if (series[i] === null) {
+        series[i] = seriesOfRow(r, list);
+        found ||= series[i] !== null;
+      }
+    });
+    if (found) {
+      list.forEach(k => colorKeys.add(k));
+    }
+  }
+  return { series, colorKeys: [...colorKeys].sort(naturalCompare) };
+}
+
 /**
  * The sweep the view draws from table rows: a row's curve is its item's own
  * (`itemCurves`, as `GET runs/RUN/curves` and `runs.merge_curves()` give
- * them), else the series of `models` that seriesOfRow() finds.
+ * them), else the series of `models` that seriesOfRow() finds; its colour
+ * its series' in the metric charts (rowSeries()).
  */
 export function sweepFromTable(
   rows: ITableRow[],
-  models: { scalars: { [value: string]: { [series: string]: Point[] } } }[],
+  models: ISweepTopic[],
   title = '',
   itemCurves: ItemCurves = {}
 ): ISweep {
-  const out: ISweepRow[] = rows.map(r => ({
+  const { series, colorKeys } = rowSeries(rows, models);
+  const out: ISweepRow[] = rows.map((r, i) => ({
     id: `${r.run}:${r.key ? r.key : r.item === null || r.item === undefined ? '' : String(r.item)}`,
     name: String(r.key || r.name || r.run),
+    series: series[i],
     state: r.state ?? null,
     duration: toNumber(r.duration),
     config: Object.fromEntries(
@@ -556,5 +657,5 @@ export function sweepFromTable(
       });
     }
   }
-  return { title, rows: out, curves };
+  return { title, rows: out, curves, colorKeys };
 }

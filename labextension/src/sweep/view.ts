@@ -8,7 +8,10 @@
  * ("lr>0.01 aux=on"); ticked rows are overlaid on the curves chart (none
  * ticked: every row shown); "group by" draws each config value's mean ± sd
  * band instead; the parallel-coordinates chart maps config to the metric.
- * A row's swatch is its colour in the curves chart.
+ * A row's swatch is its colour in the curves chart, in the parallel
+ * coordinates (unless "lines by" is the metric's scale) and, where the row's
+ * curve is a series of a metrics topic ("trial=3"), in that topic's charts,
+ * the notebook's and the sidebar's (model.ts sweepColors()).
  */
 import * as echarts from 'echarts/core';
 import { LineChart, ParallelChart } from 'echarts/charts';
@@ -23,7 +26,6 @@ import {
 } from 'echarts/components';
 import { CanvasRenderer } from 'echarts/renderers';
 
-import { colorLookup } from '../charts/colors';
 import { controlStyle } from '../charts/controls';
 import { el } from '../charts/dom';
 import type { IColumn, ISweep, ISweepRow } from './model';
@@ -34,11 +36,12 @@ import {
   configKeys,
   curvesOption,
   filterRows,
-  groupRows,
   metricKeys,
   parallelColours,
   parallelOption,
-  sortRows
+  rowColorKey,
+  sortRows,
+  sweepColors
 } from './model';
 
 echarts.use([
@@ -65,6 +68,8 @@ export interface ISweepViewState {
   groupBy: string;
   metric: string;
   selected: string[];
+  /** the parallel coordinates' lines: each row's colour ('row'), or the metric's value on a scale ('metric') */
+  parallelBy?: 'row' | 'metric';
 }
 
 export class SweepView {
@@ -78,11 +83,13 @@ export class SweepView {
   private filter = '';
   private groupBy = '';
   private metric = '';
+  private parallelBy: 'row' | 'metric' = 'row';
   private readonly selected = new Set<string>();
   private readonly status = el('div', 'jc-sweep-status');
   private readonly filterInput = el('input', 'jc-sweep-filter');
   private readonly metricSelect = el('select', 'jc-sweep-metric');
   private readonly groupSelect = el('select', 'jc-sweep-group');
+  private readonly parallelSelect = el('select', 'jc-sweep-parallel-by');
   private readonly clearButton = el('button', 'jc-sweep-clear', 'clear selection');
   private readonly table = el('table', 'jc-sweep-table');
   private readonly curvesBox = el('div', 'jc-sweep-curves');
@@ -116,6 +123,12 @@ export class SweepView {
       this.groupBy = this.groupSelect.value;
       this.changed();
     });
+    this.parallelSelect.title =
+      "The parallel coordinates' lines: each in its row's colour (as its swatch and curve), or on the metric's colour scale";
+    this.parallelSelect.addEventListener('change', () => {
+      this.parallelBy = this.parallelSelect.value === 'metric' ? 'metric' : 'row';
+      this.changed();
+    });
     this.clearButton.addEventListener('click', () => {
       this.selected.clear();
       this.changed();
@@ -124,7 +137,9 @@ export class SweepView {
     metricLabel.append(this.metricSelect);
     const groupLabel = el('label', '', 'group by ');
     groupLabel.append(this.groupSelect);
-    tools.append(this.filterInput, metricLabel, groupLabel, this.clearButton);
+    const parallelLabel = el('label', '', 'lines by ');
+    parallelLabel.append(this.parallelSelect);
+    tools.append(this.filterInput, metricLabel, groupLabel, parallelLabel, this.clearButton);
     const charts = el('div', 'jc-sweep-charts');
     charts.style.cssText =
       'display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 380px), 1fr)); gap: 8px;';
@@ -184,7 +199,8 @@ export class SweepView {
       filter: this.filter,
       groupBy: this.groupBy,
       metric: this.metric,
-      selected: [...this.selected]
+      selected: [...this.selected],
+      parallelBy: this.parallelBy
     };
   }
 
@@ -196,6 +212,7 @@ export class SweepView {
     this.filterInput.value = this.filter;
     this.groupBy = state.groupBy ?? this.groupBy;
     this.metric = state.metric ?? this.metric;
+    this.parallelBy = state.parallelBy === 'metric' ? 'metric' : state.parallelBy === 'row' ? 'row' : this.parallelBy;
     if (state.selected) {
       this.selected.clear();
       state.selected.forEach(id => this.selected.add(id));
@@ -223,7 +240,7 @@ export class SweepView {
 
   private style(): void {
     this.node.dataset.theme = this.dark ? 'dark' : 'light';
-    for (const c of [this.filterInput, this.metricSelect, this.groupSelect, this.clearButton]) {
+    for (const c of [this.filterInput, this.metricSelect, this.groupSelect, this.parallelSelect, this.clearButton]) {
       c.style.cssText = controlStyle(this.dark);
     }
     this.filterInput.style.width = '14em';
@@ -246,17 +263,21 @@ export class SweepView {
       this.metric
     );
     this.options(this.groupSelect, [['', 'none'], ...keys.map(k => [k, k] as [string, string])], this.groupBy);
+    this.options(
+      this.parallelSelect,
+      [
+        ['row', 'row colour'],
+        ['metric', 'metric scale']
+      ],
+      this.parallelBy
+    );
     const cols = columns(sweep);
     const col = cols.find(c => c.id === this.sortBy) ?? null;
     const rows = sortRows(filterRows(sweep.rows, this.filter), col, this.descending);
     const ticked = rows.filter(r => this.selected.has(r.id));
     const drawn = ticked.length ? ticked : rows.slice(0, MAX_DEFAULT_CURVES);
-    const colorOf = colorLookup(
-      this.groupBy
-        ? groupRows(sweep.rows, this.groupBy).map(g => `${this.groupBy}=${g.value}`)
-        : sweep.rows.map(r => r.id),
-      this.dark
-    );
+    // one colour per row (or group) in the table, the curves and the parallel coordinates
+    const colorOf = sweepColors(sweep, this.dark, this.groupBy || null);
     this.status.textContent =
       `${sweep.title ? `${sweep.title}: ` : ''}${rows.length} of ${sweep.rows.length} rows` +
       (ticked.length ? `, ${ticked.length} selected` : '') +
@@ -278,6 +299,7 @@ export class SweepView {
       this.metric,
       this.groupBy,
       drawn.map(r => r.id),
+      sweep.colorKeys,
       sweep.curves[this.metric],
       curves.legend && (curves.option.grid as { bottom: number }).bottom
     ]);
@@ -289,12 +311,19 @@ export class SweepView {
       this.curvesBox.dataset.legend = String(curves.legend);
     }
     const parallelRows = rows.filter(r => typeof r.final[this.metric] === 'number');
-    const psig = JSON.stringify([this.metric, parallelRows]);
+    const byRow = this.parallelBy === 'row';
+    const rowColor = (r: ISweepRow): string => colorOf(rowColorKey(r, this.groupBy || null));
+    const psig = JSON.stringify([this.metric, parallelRows, byRow && parallelRows.map(rowColor)]);
     if (psig !== this.drawn.parallel) {
       this.drawn.parallel = psig;
       this.parallel ??= echarts.init(this.parallelBox, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
-      this.parallel.setOption(parallelOption(parallelRows, this.metric, this.dark), { notMerge: true });
+      this.parallel.setOption(parallelOption(parallelRows, this.metric, this.dark, byRow ? rowColor : null), {
+        notMerge: true
+      });
       this.parallelBox.dataset.lines = String(parallelRows.length);
+      this.parallelBox.dataset.by = this.parallelBy;
+      // each line's colour (by row), for tests
+      this.parallelBox.dataset.colors = byRow ? parallelRows.map(rowColor).join('|') : '';
       // the colour scale drawn (the theme's): tests read it after a theme change
       this.parallelBox.dataset.scale = parallelColours(this.dark).join('|');
     }
@@ -316,7 +345,15 @@ export class SweepView {
   }
 
   private renderTable(cols: IColumn[], rows: ISweepRow[], colorOf: (key: string) => string): void {
-    const signature = JSON.stringify([cols, rows, [...this.selected], this.sortBy, this.descending, this.groupBy]);
+    const signature = JSON.stringify([
+      cols,
+      rows,
+      [...this.selected],
+      this.sortBy,
+      this.descending,
+      this.groupBy,
+      rows.map(r => colorOf(rowColorKey(r, this.groupBy || null)))
+    ]);
     if (signature === this.drawn.table) {
       return;
     }
@@ -354,7 +391,8 @@ export class SweepView {
         this.changed();
       });
       const swatch = el('span', 'jc-swatch');
-      const key = this.groupBy ? `${this.groupBy}=${cellText(r.config[this.groupBy]) || '(none)'}` : r.id;
+      const key = rowColorKey(r, this.groupBy || null);
+      swatch.dataset.color = colorOf(key);
       swatch.style.cssText = `display: inline-block; width: 10px; height: 10px; margin-left: 3px; border-radius: 2px; background: ${colorOf(key)};`;
       const first = el('td');
       first.append(box, swatch);
