@@ -46,16 +46,46 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # -- children: one fresh interpreter per sample --------------------------------
+class _AfterImport:
+    """A ``sys.meta_path`` finder that runs ``hooks[name](module)`` once module ``name`` is imported.
+
+    The phases are hooked without importing anything before the start: the
+    start's own imports (distributed, the session) stay in its time, as in a
+    notebook.
+    """
+
+    def __init__(self, hooks: dict):
+        self.hooks = dict(hooks)
+
+    def find_spec(self, name, path=None, target=None):
+        import importlib.util
+
+        hook = self.hooks.pop(name, None)
+        if hook is None:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            if self.hooks:
+                sys.meta_path.insert(0, self)
+        loader = spec.loader
+
+        class Loader:
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                hook(module)
+
+        spec.loader = Loader()
+        return spec
+
+
 def _phases() -> tuple[list[tuple[str, float]], float]:
     """Hook the steps of a start to record when each ends (seconds from the returned origin)."""
     import functools
-
-    import distributed
-    from distributed.deploy.spec import SpecCluster
-    from distributed.scheduler import Scheduler
-
-    from jupyter_cluster import session
-    from jupyter_cluster.backends.local import LocalBackend
 
     marks: list[tuple[str, float]] = []
     t0 = time.perf_counter()
@@ -84,12 +114,22 @@ def _phases() -> tuple[list[tuple[str, float]], float]:
 
         setattr(owner, name, wrapped)
 
-    after(Scheduler, "__init__", "scheduler made (dashboard imported)")
-    after_async(SpecCluster, "_correct_state_internal", "worker processes up (spawned or forked, imports, handshakes)")
-    after(LocalBackend, "start", "cluster made (dashboard on its socket, link)")
-    after(session, "_connect_client", "client connected")
-    after(distributed.Client, "register_plugin", "worker plugins registered")
-    after(session, "_adopt", "registry record written, control listener")
+    hooks = {
+        "distributed.scheduler": lambda m: after(m.Scheduler, "__init__", "scheduler made"),
+        "distributed.deploy.spec": lambda m: after_async(
+            m.SpecCluster, "_correct_state_internal", "worker processes up (forked or spawned, imports, handshakes)"
+        ),
+        "jupyter_cluster.backends.local.backend": lambda m: after(
+            m.LocalBackend, "start", "cluster made (dashboard on its socket, link)"
+        ),
+        "distributed.client": lambda m: after(m.Client, "register_plugin", "a worker plugin registered"),
+        "jupyter_cluster.session": lambda m: (
+            marks.append(("distributed and the session imported", time.perf_counter())),
+            after(m, "_connect_client", "client connected"),
+            after(m, "_adopt", "registry record written, control listener"),
+        ),
+    }
+    sys.meta_path.insert(0, _AfterImport(hooks))
     return marks, t0
 
 
@@ -103,10 +143,12 @@ def _child_jc(workers: int, load_ext: bool, forkserver: bool = True) -> dict:
         dask.config.set({"jupyter-cluster.local.forkserver": False})
 
     imported = time.perf_counter() - t0
-    if load_ext:
+    if load_ext:  # what %load_ext begins (besides its magics)
         from jupyter_cluster import _background
+        from jupyter_cluster.backends.local.forkserver import start_early
 
-        _background.start()  # what %load_ext begins
+        start_early(None, {})
+        _background.start()
     marks, origin = _phases() if not load_ext else ([], 0.0)
     out = {"import": imported}
     for key in ("first", "second"):

@@ -14,33 +14,20 @@ From Python: :func:`start`, :func:`connect`, :func:`current`, :func:`clusters`,
 from __future__ import annotations
 
 import importlib as _importlib
-import multiprocessing as _multiprocessing
 import sys as _sys
+import types as _types
 
 from . import config  # noqa: F401  (registers dask.config defaults)
+from .context import in_worker_process as _in_dask_worker_process
 from .errors import CellError, ClusterError, SerializationError
 
 #: Public name -> module that defines it.
 _PUBLIC = {
     "ClusterHandle": ".session", "clusters": ".session", "connect": ".session", "current": ".session",
-    "start": ".session", "stop": ".session", "imap": ".mapping", "last_job": ".mapping", "map": ".mapping",
+    "stop": ".session", "imap": ".mapping", "last_job": ".mapping", "map": ".mapping",
     "Pool": ".pool", "Queue": ".dqueue", "actor": ".actors", "metrics": ".telemetry", "report": ".telemetry",
     "launcher": ".widgets", "show_metrics": ".widgets", "show_runs": ".widgets", "spmd": ".spmd", "run": ".runs", "runs": ".runs",
 }  # fmt: skip
-
-
-def _in_dask_worker_process() -> bool:
-    """Whether this process is a Dask worker (started by a nanny, or by ``dask worker --no-nanny``).
-
-    Or the fork server local workers are forked from (``backends.local``), which
-    preloads their modules.
-    """
-    if _multiprocessing.current_process().name == "Dask Worker process (from Nanny)":
-        return True
-    if any("from multiprocessing.forkserver import main" in arg for arg in getattr(_sys, "orig_argv", ())):
-        return True
-    spec = getattr(_sys.modules.get("__main__"), "__spec__", None)
-    return getattr(spec, "name", None) == "distributed.cli.dask_worker"
 
 
 def __getattr__(name: str):
@@ -50,34 +37,100 @@ def __getattr__(name: str):
 
         globals()["__version__"] = value = version("jupyter-cluster")
         return value
-    # A worker process imports the package only to unpickle what runs there
-    # (engine.worker, cellfunc, a Pool task): the notebook side (sessions,
-    # telemetry hub, widgets, %%spmd) is imported on first use of its name,
-    # which cut 0.1-0.3 s per worker process off `%cluster start`.
+    # Every public name is imported on its first use, in the notebook as in a worker process
+    # (which imports the package only to unpickle what runs there: engine.worker, cellfunc, a Pool
+    # task; that cut 0.1-0.3 s per worker process off `%cluster start`).  `import jupyter_cluster`
+    # imports neither distributed nor the notebook side, so that `start` can begin the local
+    # cluster's fork server before either is imported (see `start`).
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'jupyter_cluster' has no attribute {name!r}")
     value = getattr(_importlib.import_module(module, __name__), name)
-    globals()[name] = value
+    if name not in _SHADOWED:  # those stay properties: importing their module sets the attribute
+        globals()[name] = value
     return value
 
 
-if not _in_dask_worker_process():
-    from . import mapping as _mapping
-    from .actors import actor
-    from .dqueue import Queue
-    from .mapping import imap, last_job, map  # noqa: A004  (jupyter_cluster.map is the public map)
-    from .pool import Pool
-    from .runs import run, runs  # the function `runs` shadows the module on the package: import its names from .runs
-    from .session import ClusterHandle, clusters, connect, current, start, stop
-    from .spmd import spmd  # noqa: E402  (the function; import the module's other names with `from jupyter_cluster.spmd import ...`)
-    from .telemetry import metrics, report
-    from .telemetry.progress import install as _install_progress  # noqa: E402
-    from .widgets import launcher, show_metrics, show_runs
-    from .widgets import register_display as _register_display
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC) | {"__version__"})
 
-    _install_progress(_mapping.add_observer_factory)  # progress bars for every map
-    _register_display()  # cluster handles as live widgets, in a running IPython
+
+#: Public functions named as a module of the package: importing ``jupyter_cluster.runs`` sets the
+#: package's ``runs`` to the module; these properties keep answering with the function.
+_SHADOWED = ("runs", "spmd")
+
+
+class _Package(_types.ModuleType):
+    runs = property(lambda self: _importlib.import_module(".runs", __name__).runs, lambda self, value: None)
+    spmd = property(lambda self: _importlib.import_module(".spmd", __name__).spmd, lambda self, value: None)
+
+
+_sys.modules[__name__].__class__ = _Package
+
+
+def start(name: str | None = None, backend: str | None = None, wait: bool = True, **options):
+    """Start a cluster and make it the current one (:func:`jupyter_cluster.session.start`).
+
+    Parameters
+    ----------
+    name : str, optional
+        Unique name; defaults to ``<backend>-<n>``.
+    backend : str, optional
+        Backend name; defaults to ``jupyter-cluster.backend`` from dask.config.
+    wait : bool
+        Wait until the first worker has connected (``False``: a batch backend
+        returns once its jobs are submitted).
+    **options
+        Backend options, e.g. ``workers=8, threads=1, memory_limit="2GiB"``.
+
+    Returns
+    -------
+    ClusterHandle
+
+    Notes
+    -----
+    A local start begins its fork server (the interpreter the worker
+    processes are forked from) before this process imports distributed and
+    the rest of the package, so that both imports run at once on two cores.
+
+    Examples
+    --------
+    >>> import jupyter_cluster as jc
+    >>> cluster = jc.start(workers=2)          # doctest: +SKIP
+    """
+    from .backends.local.forkserver import start_early
+
+    start_early(backend, options)
+    from .session import start as session_start
+
+    return session_start(name, backend, wait, **options)
+
+
+def _handle_mimebundle(handle):
+    from .widgets import _handle_mimebundle as mimebundle
+
+    return mimebundle(handle)
+
+
+def _register_display_by_name() -> None:
+    """Show cluster handles as the live widget in a running IPython, without importing them now.
+
+    IPython finds the formatter by the class's module and name when a handle
+    is first displayed (``%load_ext`` registers it by class, :func:`.widgets.register_display`).
+    """
+    if "IPython" not in _sys.modules:  # not in IPython: nothing displays a handle
+        return
+    from IPython import get_ipython
+
+    ipython = get_ipython()
+    if ipython is not None:
+        ipython.display_formatter.mimebundle_formatter.for_type_by_name(
+            "jupyter_cluster.session", "ClusterHandle", _handle_mimebundle
+        )
+
+
+if not _in_dask_worker_process():
+    _register_display_by_name()
 
 __all__ = [
     "CellError",
@@ -110,6 +163,9 @@ __all__ = [
 def load_ipython_extension(ipython):
     """Register ``%cluster`` and ``%%parallel`` (``%load_ext jupyter_cluster``)."""
     # lazy: IPython's magics machinery loads only when an IPython shell loads the extension
+    from .backends.local.forkserver import start_early
+
+    start_early(None, {})  # a local cluster's fork server, before distributed is imported (see `start`)
     from . import _background
     from .magics import register_magics
     from .widgets import register_display

@@ -23,6 +23,22 @@ def in_kernel() -> bool:
     return ip is not None and getattr(ip, "kernel", None) is not None
 
 
+def in_worker_process() -> bool:
+    """Whether this process is a Dask worker (started by a nanny, or by ``dask worker --no-nanny``).
+
+    Or the fork server local workers are forked from (``backends.local``), which
+    preloads their modules.
+    """
+    import multiprocessing
+
+    if multiprocessing.current_process().name == "Dask Worker process (from Nanny)":
+        return True
+    if any("from multiprocessing.forkserver import main" in arg for arg in getattr(sys, "orig_argv", ())):
+        return True
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == "distributed.cli.dask_worker"
+
+
 def widgets_available() -> bool:
     """Whether ipywidgets can be imported."""
     try:

@@ -157,3 +157,13 @@ def run_on_workers(fn: Callable, **options: Any) -> MapJob:
 
 def _resolve(cluster: Any) -> Any:
     return session.resolve(cluster)
+
+
+# Progress bars (and the sidebar's job list) for every map, wherever it is made; not in a worker
+# process, which imports this module only for a map made inside a task.
+from .context import in_worker_process  # noqa: E402
+
+if not in_worker_process():
+    from .telemetry.progress import install as _install_progress
+
+    _install_progress(add_observer_factory)

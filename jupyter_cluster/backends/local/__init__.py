@@ -1,23 +1,42 @@
 """Local clusters: ``distributed.LocalCluster`` with worker processes on loopback.
 
 - :mod:`.backend`: :class:`LocalBackend` (start, TLS, the dashboard off TCP, the nannies' settings);
+- :mod:`.dashboard`: the scheduler's Bokeh dashboard, attached once the cluster runs;
 - :mod:`.gpus`: ``--gpus``, one worker pinned to each visible device;
 - :mod:`.forkserver`: worker processes forked from a server that has imported distributed;
 - :mod:`.workers`: what every worker process gets (SIGINT blocked then ignored, no HTTP port, a quiet close);
 - :mod:`.main_guard`: a script's cluster must start under ``if __name__ == "__main__":``.
+
+The names below load with their module on first use: the fork server is
+begun (:func:`.forkserver.start_early`) before distributed is imported.
 """
 
 from __future__ import annotations
 
-from .backend import LocalBackend, default_workers, max_local_workers, wants_tls
-from .forkserver import WORKER_MODULES, environ_since_forkserver, start_forkserver, use_forkserver
-from .gpus import GPU_RESOURCE, _cuda_cluster_class, gpu_worker_specs, select_gpus, visible_gpus
-from .main_guard import GUARD_FIX, check_main_guard, main_imported_by_workers
-from .workers import IgnoreSigint, NoWorkerHttp, QuietWorker, sigint_blocked_for_children
+import importlib
+from typing import Any
 
-__all__ = [
-    "GPU_RESOURCE", "GUARD_FIX", "WORKER_MODULES", "IgnoreSigint", "LocalBackend", "NoWorkerHttp", "QuietWorker",
-    "_cuda_cluster_class", "check_main_guard", "default_workers", "environ_since_forkserver", "gpu_worker_specs",
-    "main_imported_by_workers", "max_local_workers", "select_gpus", "sigint_blocked_for_children",
-    "start_forkserver", "use_forkserver", "visible_gpus", "wants_tls",
-]  # fmt: skip
+#: public name -> the module of this package that defines it
+_NAMES = {
+    "LocalBackend": "backend", "default_workers": "backend", "max_local_workers": "backend", "wants_tls": "backend",
+    "WORKER_MODULES": "forkserver", "environ_since_forkserver": "forkserver", "start_forkserver": "forkserver",
+    "use_forkserver": "forkserver", "GPU_RESOURCE": "gpus", "_cuda_cluster_class": "gpus",
+    "gpu_worker_specs": "gpus", "select_gpus": "gpus", "visible_gpus": "gpus", "GUARD_FIX": "main_guard",
+    "check_main_guard": "main_guard", "main_imported_by_workers": "main_guard", "IgnoreSigint": "workers",
+    "NoWorkerHttp": "workers", "QuietWorker": "workers", "sigint_blocked_for_children": "sigint",
+}  # fmt: skip
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_NAMES))

@@ -11,12 +11,14 @@ application is added to the same server afterwards, as
 
 * at once when the import is done already (``%load_ext`` imports it in the
   background while the next cell is written);
-* else by a background thread :data:`DELAY_SECONDS` after the start, so that
-  the first map of a notebook run top to bottom does not share the CPU with
-  the import;
-* or by the first HTTP request the scheduler gets before then (someone opens
-  the dashboard at once): that request waits for the import, so every
-  dashboard URL answers as it would have from the start.
+* else by a background thread once this process has been idle for
+  :data:`IDLE_SECONDS` (the user writes the next cell): not while a notebook
+  run top to bottom runs its cells, whose first map would share the CPU (and
+  the GIL) with the import;
+* or by the first request for a dashboard page before then (someone opens
+  the dashboard; Dask's other routes answer without it): that request waits
+  for the import, on the scheduler's event loop, so every dashboard URL
+  answers as it did from the start, the first one about a second later.
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-#: How long after the start the dashboard's import begins in the background, in seconds.
-DELAY_SECONDS = 1.0
+#: The dashboard's import begins in the background once this process has been idle this long, in seconds.
+IDLE_SECONDS = 2.0
+#: Idle: less CPU than this fraction of one core, measured over each :data:`IDLE_SLICE` seconds.
+IDLE_CPU = 0.1
+IDLE_SLICE = 0.5
 
 MODULE = "distributed.dashboard.scheduler"
 
@@ -58,10 +63,15 @@ class _Attach:
         app.find_handler = self._find_handler  # an instance attribute: this scheduler's application only
 
     def _find_handler(self, request: Any, **kwargs: Any) -> Any:
-        # On the scheduler's loop.  A request before the attach (someone opened the dashboard at once)
-        # waits for it here: blocking the loop once, for the rest of the import, rather than a 404.
-        if not self.done:
-            self._connect()
+        # On the scheduler's loop.  A dashboard page asked for before the attach (someone opened the
+        # dashboard at once) waits for it here: blocking the loop once, for the rest of the import,
+        # rather than a 404.  Dask's own routes (health, metrics, JSON) answer without it.
+        from tornado.web import ErrorHandler
+
+        found = self.find_handler(request, **kwargs)
+        if self.done or (found is not None and not issubclass(found.handler_class, ErrorHandler)):
+            return found
+        self._connect()
         return self.find_handler(request, **kwargs)
 
     def _import(self) -> Any:
@@ -79,7 +89,7 @@ class _Attach:
         app = scheduler.http_application
         if app.find_handler == self._find_handler:
             del app.find_handler  # back to the class's method: no check per request from now on
-        if getattr(getattr(scheduler, "status", None), "name", "running") in ("closing", "closed", "failed"):
+        if self.closed():
             return
         try:
             module = self._import()
@@ -87,12 +97,22 @@ class _Attach:
         except Exception:  # noqa: BLE001 - a broken bokeh: the cluster runs on without its dashboard
             logger.warning("jupyter_cluster: the scheduler's dashboard could not start", exc_info=True)
 
-    def in_background(self, delay: float) -> None:
+    def closed(self) -> bool:
+        return getattr(getattr(self.scheduler, "status", None), "name", "running") in ("closing", "closed", "failed")
+
+    def in_background(self, idle: float) -> None:
         def run() -> None:
-            if delay > 0:
-                threading.Event().wait(delay)
-            if self.done:
-                return
+            import time
+
+            quiet, pause = 0.0, threading.Event()
+            used = time.process_time()
+            while quiet < idle:  # this process's CPU (every thread), not the machine's
+                pause.wait(IDLE_SLICE)
+                if self.done or self.closed():
+                    return
+                now = time.process_time()
+                quiet = quiet + IDLE_SLICE if now - used < IDLE_CPU * IDLE_SLICE else 0.0
+                used = now
             try:
                 self._import()  # off the loop: the loop only adds the application
             except Exception:  # noqa: BLE001 - reported by _connect, which imports again
@@ -105,7 +125,7 @@ class _Attach:
         threading.Thread(target=run, name="jupyter-cluster-dashboard", daemon=True).start()
 
 
-def attach_later(cluster: Any, delay: float = DELAY_SECONDS) -> None:
+def attach_later(cluster: Any, idle: float = IDLE_SECONDS) -> None:
     """Give ``cluster``'s scheduler (made with ``dashboard=False``) its Bokeh dashboard (see the module's doc)."""
     scheduler = getattr(cluster, "scheduler", None)
     if getattr(scheduler, "http_application", None) is None:
@@ -114,7 +134,7 @@ def attach_later(cluster: Any, delay: float = DELAY_SECONDS) -> None:
     if MODULE in sys.modules:
         cluster.sync(_on_loop, attach._connect)  # imported already: only the application to add
     else:
-        attach.in_background(delay)
+        attach.in_background(idle)
 
 
 async def _on_loop(fn: Any) -> None:

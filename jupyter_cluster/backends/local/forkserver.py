@@ -1,13 +1,20 @@
-"""Worker processes forked from a fork server that has imported distributed already."""
+"""Worker processes forked from a fork server that has imported distributed already.
+
+Standard library and dask.config only: :func:`start_early` begins the server
+before this process imports distributed (``jupyter_cluster.start``,
+``%load_ext``), so that the server's import of distributed and this process's
+run side by side on two cores.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 import threading
+from typing import Any
 
 from ... import config
-from .workers import sigint_blocked_for_children
+from .sigint import sigint_blocked_for_children
 
 
 # -- worker processes from a fork server ------------------------------------------------
@@ -22,13 +29,74 @@ def _forkserver_is_private() -> bool:
     return (3, 10, 9) <= version < (3, 11) or version >= (3, 11, 1)
 
 
-#: what the fork server imports for every worker: distributed, and what of ours runs on a worker
-WORKER_MODULES = ["distributed", "jupyter_cluster.backends.local"]
+#: what the fork server imports for every worker: distributed, and what of ours runs on a worker (the
+#: worker plugins a local cluster's workers start with, and the engine's worker side)
+WORKER_MODULES = ["distributed", "jupyter_cluster.backends.local.workers", "jupyter_cluster.engine.worker"]
 
 _forkserver_lock = threading.Lock()
 #: this process's environment when it started the fork server (None: it did not start one)
 _forkserver_environ: dict[str, str] | None = None
 _forkserver_thread: threading.Thread | None = None
+_preload_set = False
+
+
+def distributed_setting(key: str) -> Any:
+    """``key`` of dask.config, or distributed's default for it before distributed is imported.
+
+    distributed adds its defaults (``distributed.yaml``) to dask.config when it
+    is imported; the user's own settings (files, ``DASK_*`` variables) are there
+    from the start.  Before, the default is read from distributed's file itself.
+    """
+    import dask.config
+
+    value = dask.config.get(key, None)
+    if value is not None or "distributed.config" in sys.modules:
+        return value
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.find_spec("distributed")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "distributed.yaml")
+    try:
+        with open(path) as f:
+            node: Any = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except OSError:
+        return None
+    for part in key.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def start_early(backend: str | None, options: dict) -> None:
+    """Begin the fork server of a local start now, if this process has not imported distributed yet.
+
+    Called by ``jupyter_cluster.start`` and ``%load_ext jupyter_cluster``
+    before they import the rest of the package: the server (a fresh
+    interpreter that imports distributed) and this process then import
+    distributed at the same time, on two cores, instead of one after the
+    other.  Nothing is checked or started that the start itself would refuse
+    (a remote backend, ``processes=False``, ``--gpus``, a script without its
+    ``__main__`` guard, the fork server switched off).
+    """
+    if "distributed" in sys.modules or _forkserver_thread is not None:
+        return  # imported already: the start begins the server itself (LocalBackend.prepare)
+    try:
+        if (backend or config.get("backend")) != "local":
+            return
+        if options.get("processes") is False or options.get("gpus") not in (None, False):
+            return
+        from .main_guard import check_main_guard
+
+        check_main_guard(options.get("processes"))
+        if use_forkserver():
+            start_forkserver()
+    except Exception:  # noqa: BLE001 - the start itself reports what is wrong, in its own words
+        return
 
 
 def use_forkserver() -> bool:
@@ -49,7 +117,7 @@ def use_forkserver() -> bool:
     import dask.config
 
     key = "distributed.worker.multiprocessing-method"
-    method = dask.config.get(key, None)
+    method = distributed_setting(key)
     ours = _forkserver_thread is not None
     if not config.get("local.forkserver", True):
         if method == "forkserver" and ours:  # switched off after we chose it: back to Dask's default
@@ -81,25 +149,29 @@ def start_forkserver() -> threading.Thread:
     as in workers), and nothing that holds per-process random state (numpy's
     global generator, say, is imported by each worker after the fork).
     """
-    global _forkserver_thread
+    global _forkserver_thread, _preload_set
     import multiprocessing
 
-    import dask.config
-    import distributed.utils
-
     with _forkserver_lock:
+        # distributed's own preload list (set by its first get_mp_context) also imports numpy
+        # and pandas into the notebook's process; ours is WORKER_MODULES.  Its flag is set once
+        # distributed is imported (the server may have started before).
+        dist_utils = sys.modules.get("distributed.utils")
+        if dist_utils is not None and not getattr(dist_utils, "_forkserver_preload_set", False):
+            if not _preload_set:
+                multiprocessing.get_context("forkserver").set_forkserver_preload(WORKER_MODULES)
+            setattr(dist_utils, "_forkserver_preload_set", True)  # noqa: B010 - distributed's own flag
+            _preload_set = True
         if _forkserver_thread is not None and (_forkserver_thread.is_alive() or _forkserver_environ is not None):
             return _forkserver_thread  # started (or starting) already; the server itself is checked by the nannies
-        pre_spawn = dask.config.get("distributed.nanny.pre-spawn-environ") or {}
+        if not _preload_set:
+            multiprocessing.get_context("forkserver").set_forkserver_preload(WORKER_MODULES)
+            _preload_set = True
+        pre_spawn = distributed_setting("distributed.nanny.pre-spawn-environ") or {}
         env = {k: str(v) for k, v in pre_spawn.items() if v is not None}
         env.setdefault("PYTHONHASHSEED", "6640")  # as the nanny sets it: the same hashing in every worker
         for k, v in env.items():
             os.environ.setdefault(k, v)
-        # distributed's own preload list (set by its first get_mp_context) also imports numpy
-        # and pandas into the notebook's process; ours is WORKER_MODULES.
-        if not getattr(distributed.utils, "_forkserver_preload_set", False):
-            multiprocessing.get_context("forkserver").set_forkserver_preload(WORKER_MODULES)
-            distributed.utils._forkserver_preload_set = True
 
     def run() -> None:
         global _forkserver_environ

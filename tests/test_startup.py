@@ -1,0 +1,142 @@
+"""From ``import jupyter_cluster`` to a first result: what the start leaves for later, and that it still works.
+
+Each test runs a fresh interpreter (a child script), as a new kernel is: what
+is imported at ``import jupyter_cluster``, what the scheduler's start leaves
+out (its Bokeh dashboard) and brings in afterwards, and a map made right after
+``start`` (what Run All does).  Timings are measured by
+``benchmarks/startup.py``, not here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from .conftest import ROOT
+
+
+def _run(script: str, timeout: float = 180) -> dict:
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(lines[-1])
+
+
+IMPORT = """
+import json, sys
+import jupyter_cluster as jc
+heavy = sorted(m for m in ("distributed", "bokeh", "IPython", "ipywidgets", "jupyter_cluster.session")
+               if m in sys.modules)
+names = {n: type(getattr(jc, n)).__name__ for n in ("runs", "spmd", "map", "start", "Pool", "ClusterHandle")}
+import jupyter_cluster.runs, jupyter_cluster.spmd  # the modules of the same names, imported
+after = {n: type(getattr(jc, n)).__name__ for n in ("runs", "spmd")}
+from jupyter_cluster.engine import job
+print(json.dumps({"heavy": heavy, "names": names, "after": after, "observers": len(job._observer_factories),
+                  "all": sorted(set(jc.__all__) - set(dir(jc)))}))
+"""
+
+
+def test_import_leaves_distributed_and_the_notebook_side_for_their_first_use():
+    got = _run(IMPORT)
+    assert got["heavy"] == [], f"`import jupyter_cluster` imported {got['heavy']}"
+    assert got["names"] == {
+        "runs": "function",
+        "spmd": "function",
+        "map": "function",
+        "start": "function",
+        "Pool": "type",
+        "ClusterHandle": "type",
+    }
+    # importing a module named as a public function leaves the package's name to the function
+    assert got["after"] == {"runs": "function", "spmd": "function"}
+    assert got["observers"] == 1, "maps made through mapping get the progress observer"
+    assert got["all"] == [], "every name in __all__ is listed by dir()"
+
+
+FIRST_MAP = """
+import json, sys
+import jupyter_cluster as jc
+from jupyter_cluster import mapping
+
+if __name__ == "__main__":
+    handle = jc.start(workers=2, name="startup-first-map")
+    try:
+        first = mapping.imap(abs, [-1, -2, -3], progress=False)  # at once: no wait for workers or warm-up
+        results = list(first)
+        second = mapping.imap(abs, range(-20, 0), progress=False)
+        again = list(second)
+        client = handle.client
+        print(json.dumps({
+            "results": results, "again": again, "paths": [first.path, second.path],
+            "leases": [first.leases, first._leases.reused, second.leases, second._leases.reused],
+            "direct": getattr(client, "_jc_direct", None),
+            "registered": sorted(handle.cluster.scheduler.worker_plugins),
+            "dashboard_imported": "distributed.dashboard.scheduler" in sys.modules,
+        }))
+    finally:
+        handle.close()
+"""
+
+
+def test_a_map_right_after_start_runs_on_leases_and_the_next_one_reuses_them():
+    got = _run(FIRST_MAP)
+    assert got["results"] == [1, 2, 3]
+    assert got["again"] == list(range(20, 0, -1))
+    assert got["paths"] == ["direct", "direct"]
+    placed, reused, placed2, reused2 = got["leases"]
+    assert placed + reused > 0 and placed2 + reused2 > 0, got["leases"]
+    assert reused2 > 0, "the second map took over the first one's idle leases"
+    assert got["direct"] is True
+    # the workers started with the engine's handlers: nothing was broadcast to them for it
+    assert "jupyter-cluster-engine" not in got["registered"], got["registered"]
+    assert not got["dashboard_imported"], "the dashboard was imported while maps ran"
+
+
+DASHBOARD = """
+import json, socket, sys, time
+import jupyter_cluster as jc
+from jupyter_cluster.backends.local import dashboard
+
+def get(path, sock):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(60)
+        s.connect(sock)
+        s.sendall(f"GET {path} HTTP/1.0\\r\\nHost: dashboard\\r\\n\\r\\n".encode())
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    head, _, body = b"".join(chunks).partition(b"\\r\\n\\r\\n")
+    return head.split(b" ")[1].decode(), body
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    dashboard.IDLE_SECONDS = 1.0 if mode == "idle" else 3600.0
+    handle = jc.start(workers=1, name="startup-dashboard-" + mode)
+    try:
+        out = {"at_start": dashboard.MODULE in sys.modules}
+        sock = handle.extra["dashboard_socket"]
+        out["health"] = get("/health", sock)[0]  # Dask's own routes answer from the start
+        if mode == "idle":
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not handle.cluster.scheduler.http_application.applications:
+                time.sleep(0.1)
+        out["before_request"] = bool(handle.cluster.scheduler.http_application.applications)
+        status, body = get("/status", sock)
+        out.update(status=status, bokeh=b"Bokeh" in body, title=body.split(b"<title>")[1].split(b"</title>")[0].decode())
+        out["redirect"] = get("/", sock)[0]
+        print(json.dumps(out))
+    finally:
+        handle.close()
+"""
+
+
+def test_the_dashboard_comes_after_the_start_on_its_first_request_or_once_idle():
+    for mode in ("request", "idle"):
+        got = _run(DASHBOARD.replace("sys.argv[1]", repr(mode)))
+        assert got["at_start"] is False, f"{mode}: the start imported the Bokeh dashboard"
+        assert got["before_request"] is (mode == "idle"), got
+        assert got["health"] == "200", got
+        # the first request waits for the dashboard (mode "request"), or it is there already (mode "idle")
+        assert got["status"] == "200" and got["bokeh"] and "Dask" in got["title"], (mode, got)
+        assert got["redirect"] in ("301", "302"), (mode, got)
