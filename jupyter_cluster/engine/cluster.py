@@ -229,8 +229,9 @@ def warm_engine(client: Client, expected: int | None = None, timeout: float = 10
             for a in addrs
         ]
     try:
-        pings = [(a, WARM_COMMS_PER_THREAD * int(workers[a].get("nthreads", 1) or 1)) for a in addrs]
-        client.sync(_open_comms, client, pings, timeout)
+        if getattr(client, "_jc_lease_pool", None) is None:  # a map begun meanwhile opens what it uses
+            pings = [(a, WARM_COMMS_PER_THREAD * int(workers[a].get("nthreads", 1) or 1)) for a in addrs]
+            client.sync(_open_comms, client, pings, timeout)
         deadline = time.monotonic() + timeout
         for fut in futures:  # not distributed.wait: it needs a default client, and ours is not one
             fut.result(timeout=max(deadline - time.monotonic(), 0.1))
@@ -313,6 +314,11 @@ def total_threads(client: Client) -> int:
 
 async def scheduler_workers(client: Client) -> dict:
     """Every worker's entry of the scheduler's identity (runs on the client's loop)."""
+    local = _in_process_scheduler(client)
+    if local is not None and getattr(getattr(local, "loop", None), "asyncio_loop", None) is asyncio.get_running_loop():
+        # A local cluster's scheduler runs on this very loop: its answer without a message to it and
+        # back (which waited behind the start's TLS handshakes on the same thread, in a first map).
+        return dict(local.identity(n_workers=-1).get("workers", {}))
     scheduler = client.scheduler
     assert scheduler is not None  # a connected client
     info = await scheduler.identity(n_workers=-1)
