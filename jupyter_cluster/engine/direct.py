@@ -97,7 +97,7 @@ class Heard(Enum):
     """What the client's loop hears about a map's leases (queued for the map's thread, :meth:`Leases.poll`)."""
 
     READY = "ready"  # a lease answered its attach: it runs
-    UNREACHED = "unreached"  # a lease's worker did not answer its attach (no batch was sent to it yet)
+    UNREACHED = "unreached"  # a lease's worker did not answer its attach (at most an early batch was sent)
     ENDED = "ended"  # a lease task ended without us ending it
     ANSWER = "answer"  # a worker answered a batch
     BROKEN = "broken"  # a batch's call failed (a broken connection, or items that could not be packed)
@@ -800,8 +800,12 @@ class DirectDispatcher:
             case Heard.READY:
                 if not obj.dead:
                     obj.ready = True
-            case Heard.UNREACHED:  # no batch was sent to it yet
-                self._lost(obj, deaths=False, out=out)
+            case Heard.UNREACHED:
+                # Its attach failed.  An early batch (Leases.room) may be running there: a connection
+                # that broke, not one never made, counts a death as a broken batch would (else a
+                # poison item on fresh leases killed workers uncounted: its own call's break came later).
+                broke = isinstance(data, (OSError, asyncio.TimeoutError)) and not isinstance(data, ConnectFailed)
+                self._lost(obj, deaths=broke, out=out)
             case Heard.ENDED:
                 self._ended(obj, out)
             case _ if obj not in obj.lease.outstanding:
