@@ -28,6 +28,7 @@ import os
 import sys
 import time
 
+import dask
 import pytest
 
 from .conftest import ROOT
@@ -44,6 +45,7 @@ IDLE = 12
 #: series of the many-series chart (members reporting ``reward``), and their steps
 SERIES, STEPS = 200, 4
 LINE = '#jupyter-cluster-panel .jc-metrics-line[data-value="reward"]'
+CHARTS = "#jupyter-cluster-panel .jc-metrics"
 
 IDLE_WATCH_JS = """
 () => {
@@ -90,7 +92,6 @@ def _row_names(page) -> list[str]:
 
 def _report_many(jc) -> None:
     """A map on the simulated workers: SERIES members report ``reward`` (member m ends at 10 m) for STEPS steps."""
-    import dask
 
     def member(m: int) -> int:
         import jupyter_cluster
@@ -174,13 +175,15 @@ def test_256_workers_bounded_rows_idle_silence_and_stable_cards(lab, browser, ar
 
     handle = jc.connect(sim)
     other = None
-    frames: list[tuple[float, int]] = []
+    frames: list[tuple[float, int, str | bytes]] = []
     try:
         with lab_page(browser, lab, "lab", artifacts=artifacts, last_shot="panel-scale-last-state.png") as page:
 
             def on_socket(ws):
                 if "jupyter-cluster/api/events" in ws.url:
-                    ws.on("framereceived", lambda payload: frames.append((time.monotonic(), len(payload))))
+                    ws.on(
+                        "framereceived", lambda payload: frames.append((time.monotonic(), len(payload), payload[:700]))
+                    )
 
             page.on("websocket", on_socket)
             page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
@@ -257,7 +260,7 @@ def test_256_workers_bounded_rows_idle_silence_and_stable_cards(lab, browser, ar
             figures.update(
                 idle_s=IDLE,
                 frames_sent=len(sent),
-                bytes_sent=sum(n for _, n in sent),
+                bytes_sent=sum(n for _, n, _ in sent),
                 dom_mutations=idle["mutations"],
                 chart_draws=int(page.locator(LINE).get_attribute("data-draws")) - int(draws),
                 longtasks_ms=[round(t) for t in idle["longtasks"]],
@@ -267,10 +270,36 @@ def test_256_workers_bounded_rows_idle_silence_and_stable_cards(lab, browser, ar
             with open(os.path.join(artifacts, "panel-scale-idle.json"), "w") as f:
                 json.dump(figures, f, indent=2)
             print("panel at scale, idle:", figures)
-            assert not sent, f"{len(sent)} websocket frames in {IDLE} s of idle"
+            assert not sent, f"{len(sent)} websocket frames in {IDLE} s of idle: {[p for _, _, p in sent]}"
             assert idle["mutations"] == 0, idle
             assert figures["chart_draws"] == 0, figures
             assert not [t for t in idle["longtasks"] if t > 50], idle["longtasks"]
+
+            # -- busy, but not with the chart's data: jobs and workers pushed, the chart not redrawn --
+            page.evaluate(IDLE_WATCH_JS)
+            before = len(frames)
+            redraws = page.locator(CHARTS).get_attribute("data-redraws")
+            with dask.config.set({"jupyter-cluster.engine.path": "tasks"}):
+                assert jc.map(abs, range(-N, 0)) == list(range(N, 0, -1))
+            page.wait_for_function(
+                "[...document.querySelectorAll('#jupyter-cluster-panel .jc-job .jc-job-count')]"
+                f".some(e => e.textContent.startsWith('{N} / {N}'))",
+                timeout=30_000,
+            )
+            busy = page.evaluate(IDLE_READ_JS)
+            figures.update(
+                busy_frames=len(frames) - before,
+                busy_chart_draws=int(page.locator(LINE).get_attribute("data-draws")) - int(draws),
+                busy_chart_redraws=int(page.locator(CHARTS).get_attribute("data-redraws")) - int(redraws),
+                busy_longtasks_ms=[round(t) for t in busy["longtasks"]],
+            )
+            with open(os.path.join(artifacts, "panel-scale-idle.json"), "w") as f:
+                json.dump(figures, f, indent=2)
+            print("panel at scale, busy:", figures)
+            assert figures["busy_frames"] > 0, figures
+            assert figures["busy_chart_draws"] == 0, figures
+            # not even gone through: the charts are given a new model only when the topic's data changed
+            assert figures["busy_chart_redraws"] == 0, figures
 
             # -- a cluster started elsewhere: the cards there stay where they are -------------
             page.evaluate(f"document.querySelector('{card}').__jcMark = 1")

@@ -175,6 +175,7 @@ export class MetricsCharts {
   private colorKeys = '';
   private hidden: string[] = [];
   private frame = 0;
+  private redraws = 0;
   private themeFrame = 0;
   private readonly resized = new Set<Element>();
   /** the overlay: chosen metrics, the models of other topics they come from, and what else could be chosen */
@@ -450,6 +451,8 @@ export class MetricsCharts {
   }
 
   private redraw(): void {
+    // how often the charts were gone through (tests read data-redraws: a push of other news must not count)
+    this.node.dataset.redraws = String(++this.redraws);
     const model = matchSeries(withoutSeries(this.model, this.hidden), this.filter);
     this.shown = model;
     // one colour per series key over the whole topic, whichever series are hidden or filtered

@@ -24,6 +24,8 @@ export interface IMetricsHost {
   overlayKept(sources: { cluster: string; topic: string }[]): void;
 }
 
+const NONE_HIDDEN: string[] = [];
+
 /** Series above which the list shows only those drawn (and those switched off). */
 export const SERIES_LISTED = 40;
 
@@ -119,7 +121,9 @@ export class MetricsView {
     }
     const charts = this.chartsFor();
     const keys = seriesKeys(metrics);
-    const off = hidden[topic] ?? [];
+    // one empty list, not a new one per render: a new array would pass for a change of the hidden
+    // series and make every push (jobs, workers) go through the charts' redraw
+    const off = hidden[topic] ?? NONE_HIDDEN;
     if (this.input.metrics !== metrics || this.input.off !== off) {
       this.input = { ...this.input, metrics, off };
       charts.update(metrics, off);
