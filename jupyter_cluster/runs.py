@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
-import math
 import os
 import sys
 import threading
@@ -40,14 +39,25 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+# The tag state and config cleaning live in a leaf, which the report producer reads without importing
+# runs; they are re-exported here, where the rest of the package and users have always found them.
+from .run_tags import (
+    MAX_CONFIG_KEYS,
+    MAX_VALUE_TEXT,  # noqa: F401  (re-exported)
+    _active,
+    _call,
+    _clip,
+    _item,
+    clean_config,
+    config_value,
+    current_item,  # noqa: F401  (re-exported)
+    tag_record,  # noqa: F401  (re-exported)
+)
+
 #: item configs (and states) a run keeps and publishes, and about how many bytes of them; the rest
 #: of a long map is counted only
 MAX_ITEMS = 2000
 MAX_ITEMS_BYTES = 512_000
-#: config entries per item or run
-MAX_CONFIG_KEYS = 64
-#: characters of a config value that is not a number, bool or short string (its repr, clipped)
-MAX_VALUE_TEXT = 120
 #: characters of a cell's first line in a run's record
 MAX_LINE = 160
 #: job messages a kernel keeps for :func:`runs` (oldest dropped first), and sweep items listed in them
@@ -107,56 +117,6 @@ def cell_info() -> dict[str, Any] | None:
         "cell_id": _clip(cell_id, 128) if isinstance(cell_id, str) and cell_id else None,
         "first_line": _clip(first, MAX_LINE),
     }
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-# -- configs ------------------------------------------------------------------------
-def config_value(v: Any) -> Any:
-    """``v`` as a config cell holds it: a number, bool, None or short string; anything else its clipped repr."""
-    if v is None or isinstance(v, bool):
-        return v
-    if isinstance(v, int):
-        return v if -(2**63) <= v < 2**64 else float(v)
-    if isinstance(v, float):
-        return v if math.isfinite(v) else str(v)
-    if isinstance(v, str):
-        return _clip(v, MAX_VALUE_TEXT)
-    shape = getattr(v, "shape", None)
-    if shape is not None and tuple(shape) == () and hasattr(v, "item"):  # numpy / torch scalars
-        try:
-            return config_value(v.item())
-        except Exception:
-            pass
-    try:
-        text = repr(v)
-    except Exception:
-        text = f"<{type(v).__name__}>"
-    return _clip(text, MAX_VALUE_TEXT)
-
-
-def clean_config(config: Any, what: str = "config") -> dict[str, Any]:
-    """A checked copy of a user's ``config=``: string keys, values as :func:`config_value` keeps them.
-
-    Raises
-    ------
-    TypeError
-        When ``config`` is not a mapping with string keys, or has too many entries.
-    """
-    if config is None:
-        return {}
-    if not isinstance(config, Mapping):
-        raise TypeError(f"{what} must be a dict of hyperparameters such as {{'lr': 0.1}}, not {type(config).__name__}.")
-    if len(config) > MAX_CONFIG_KEYS:
-        raise TypeError(f"{what} has {len(config)} entries; at most {MAX_CONFIG_KEYS} are kept per run or item.")
-    out: dict[str, Any] = {}
-    for k, v in config.items():
-        if not isinstance(k, str) or not k or len(k) > 200:
-            raise TypeError(f"{what} keys must be non-empty strings of at most 200 characters, not {k!r:.40}.")
-        out[k] = config_value(v)
-    return out
 
 
 def target_names(targets: str | None) -> list[Any] | None:
@@ -231,8 +191,6 @@ def config_key(config: Mapping[str, Any]) -> str:
 
 
 # -- the tag a %%parallel cell's items carry to the workers --------------------------------
-#: the item running in this thread: (weak reference to its namespace's token, the namespace's id, run, key, config)
-_item = threading.local()
 
 
 class _Live:
@@ -288,29 +246,6 @@ class ItemTag:
         _item.ctx = (weakref.ref(token), id(namespace), self.run, key, config)
 
 
-def current_item() -> tuple[str, str, dict[str, Any]] | None:
-    """``(run, item key, item config)`` of the ``%%parallel`` item running in this thread, or None.
-
-    Set by :meth:`ItemTag.enter`; it holds while the item's cell is on this
-    thread's stack (report() called from the cell or anything below it), and
-    lapses at the item's end.  A thread the item starts is not tagged.
-    """
-    ctx = getattr(_item, "ctx", None)
-    if ctx is None:
-        return None
-    # The token lives as long as the item's namespace; that may be longer than the item (a function
-    # the cell defined refers to it, until the garbage collector breaks the cycle), so the item's
-    # cell must also be on this thread's stack.  While the token lives, its namespace's id is its own.
-    if ctx[0]() is not None:
-        frame: Any = sys._getframe(1)
-        while frame is not None:
-            if id(frame.f_globals) == ctx[1]:
-                return ctx[2], ctx[3], ctx[4]
-            frame = frame.f_back
-    _item.ctx = None
-    return None
-
-
 class ItemTap:
     """An iterable's items as they are read, their configs noted (the first :data:`MAX_ITEMS`).
 
@@ -359,7 +294,6 @@ class ItemTap:
 
 
 # -- named runs: with jc.run(name, config=...) ------------------------------------------
-_active: contextvars.ContextVar[Run | None] = contextvars.ContextVar("jupyter_cluster_run", default=None)
 #: the %%parallel run whose MapJob is being made in this thread (its observer reads it)
 _pending = threading.local()
 
@@ -482,10 +416,6 @@ class Run:
                 publish(h.client, JOBS_TOPIC, msg)
         except Exception:  # no cluster, or one going away: the kernel keeps the record all the same
             pass
-
-
-#: the named run whose map's function this worker thread is running (set by RunCall)
-_call = threading.local()
 
 
 class RunCall:
@@ -1034,28 +964,3 @@ def _same_notebook(kept: Any, asked: str) -> bool:
     if not isinstance(kept, str):
         return False
     return kept == asked or kept.endswith("/" + asked.lstrip("/"))
-
-
-def tag_record(record: dict[str, Any], config: Mapping[str, Any] | None) -> None:
-    """Say in a ``report()`` record which run (and ``%%parallel`` item) it belongs to, and its ``config=``.
-
-    Raises
-    ------
-    TypeError
-        When ``config`` is not a dict of hyperparameters (before anything is sent).
-    """
-    cfg = clean_config(config, "report(config=...)") if config is not None else None
-    found = current_item()
-    call_run = getattr(_call, "run", None)
-    if found is not None:
-        record["run"], record["item"] = found[0], found[1]
-    elif call_run is not None:  # on a worker, in a map made inside a named run
-        record["run"], record["item"] = call_run, ""
-    else:
-        named = _active.get()
-        if named is not None:
-            record["run"], record["item"] = named.id, ""
-            if cfg:
-                named.add_config(cfg)
-    if cfg:
-        record["config"] = cfg

@@ -10,12 +10,20 @@ import traceback
 import types
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing import TimeoutError
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .worker import _with_remote_traceback
 
-if TYPE_CHECKING:
-    from .pool import Pool
+
+class _PoolLike(Protocol):
+    """What a result needs of its :class:`~jupyter_cluster.pool.Pool` (results sit below the pool)."""
+
+    _state: str
+
+    def _cache_add(self, result: ApplyResult) -> None: ...
+
+    def _cache_remove(self, result: ApplyResult) -> None: ...
+
 
 # multiprocessing.pool's own state values, so code that reads or sets Pool._state sees the same.
 INIT, RUN, CLOSE, TERMINATE = "INIT", "RUN", "CLOSE", "TERMINATE"
@@ -29,7 +37,7 @@ class ApplyResult:
     def __class_getitem__(cls, item: Any) -> types.GenericAlias:  # ApplyResult[int], as multiprocessing allows
         return types.GenericAlias(cls, item)
 
-    def __init__(self, pool: Pool, callback: Callable | None, error_callback: Callable | None):
+    def __init__(self, pool: _PoolLike, callback: Callable | None, error_callback: Callable | None):
         self._pool = pool
         self._event = threading.Event()
         self._callback = callback
@@ -93,7 +101,7 @@ class IMapIterator:
 
     _ordered = True
 
-    def __init__(self, pool: Pool, job: Any, input_failed: list | None = None):
+    def __init__(self, pool: _PoolLike, job: Any, input_failed: list | None = None):
         self._pool = pool
         self._job = job
         # The exception the input raised (see _guarded): comes after the items read before it.

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from distributed import WorkerPlugin
 
-from ..runs import tag_record as _tag_record
+from ..run_tags import tag_record as _tag_record
 from .store import metrics_setting
 from .topics import INDEX_TOPIC, PLUGIN_NAME, topic_name
 
@@ -472,7 +472,7 @@ def report(
     """
     step, ident, vals = validate(step, topic, series, values)
     record = {"step": step, "time": time.time(), "series": ident, "values": vals}
-    _tag_record(record, config)  # which run / sweep item it belongs to (runs.py)
+    _tag_record(record, config)  # which run / sweep item it belongs to (run_tags.py)
     worker = current_worker()
     seq, arm = _producer.add(topic, record)
     if worker is not None:
