@@ -17,11 +17,14 @@ from __future__ import annotations
 import queue as _stdqueue
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from .errors import ClusterError
+
+if TYPE_CHECKING:  # distributed is imported when a queue is first used, not with this module
+    from distributed import Client
 
 # A blocking get is split into slices: if the caller is interrupted, at most one
 # slice's worth of scheduler-side waiting is left behind (an item it takes then
@@ -69,11 +72,11 @@ class Queue:
     [(0, 0), (1, 1), (2, 4)]
     """
 
-    def __init__(self, maxsize: int = 0, *, name: str | None = None, client: Any = None):
+    def __init__(self, maxsize: int = 0, *, name: str | None = None, client: Client | None = None):
         if not isinstance(maxsize, int) or isinstance(maxsize, bool):
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}.")
         self.name = name or f"queue-{uuid.uuid4().hex}"
-        self._client = _client_of(client)
+        self._client: Client | None = _client_of(client)
         self._closed = False
         self._owner = True
         from .dqueue_store import PLUGIN, QueueStore  # lazy: tasks that only use a queue never load the plugin
@@ -100,7 +103,7 @@ class Queue:
 
     # -- plumbing ----------------------------------------------------------
     @property
-    def client(self) -> Any:
+    def client(self) -> Client:
         """The ``distributed.Client`` this queue talks through."""
         if self._client is None:
             self._client = _client_of()
@@ -222,7 +225,7 @@ def _wait_seconds(block: bool, timeout: float | None) -> float | None:
     return float(timeout)
 
 
-def _client_of(cluster: Any = None) -> Any:
+def _client_of(cluster: Any = None) -> Client:
     from . import session  # not at import: tasks that use this module need no notebook side
 
     return session.client_of(cluster)

@@ -132,7 +132,7 @@ class Connection:
         self.record = record
         self.base_url = base_url
         self.name = record.name
-        self.client: Any = None
+        self.client: Client | None = None  # asynchronous (made on the server's event loop)
         self.status = "connecting"  # "running" | "unreachable" | "connecting"
         self.error: str | None = None
         self.totals: dict[str, Any] = {"n_workers": 0, "cores": 0, "memory_limit": 0}
@@ -168,7 +168,9 @@ class Connection:
             if self.client is None:
                 return
         try:
-            info = await asyncio.wait_for(self.client.scheduler.identity(n_workers=0), 5)
+            scheduler = self.client.scheduler
+            assert scheduler is not None  # set when the client connected
+            info = await asyncio.wait_for(scheduler.identity(n_workers=0), 5)
             self.totals = {
                 "n_workers": info.get("n_workers", 0),
                 "cores": info.get("total_threads", 0),
@@ -266,7 +268,7 @@ class Connection:
         except asyncio.TimeoutError:
             pass
 
-    async def _subscribe_jobs(self, client: Any) -> None:
+    async def _subscribe_jobs(self, client: Client) -> None:
         """Follow the jobs topic, replaying the scheduler's backlog once (:func:`.telemetry.hub.follow`).
 
         ``strict``: a backlog the scheduler does not give in time fails the connection
@@ -278,7 +280,7 @@ class Connection:
         if isinstance(msg, dict):
             self.jobs.add(dict(msg, cluster=self.name))
 
-    async def _subscribe_metrics(self, client: Any) -> None:
+    async def _subscribe_metrics(self, client: Client) -> None:
         """Every metrics topic through the index topic, then each topic's backlog.
 
         The stores number reports per producer, so the overlap between the
@@ -358,7 +360,9 @@ class Connection:
         """Details and workers with the summary's fields (:func:`.models.cluster_detail`)."""
         if self.client is None:
             raise ClusterError(f"the scheduler of {self.name!r} at {self.record.address} does not answer right now.")
-        info = await asyncio.wait_for(self.client.scheduler.identity(n_workers=-1), 10)
+        scheduler = self.client.scheduler
+        assert scheduler is not None  # set when the client connected
+        info = await asyncio.wait_for(scheduler.identity(n_workers=-1), 10)
         r = self.record
         model = cluster_model(
             r.name, r.backend, r.address, self.dashboard_link, not r.attached, info.get("workers", {})
@@ -366,7 +370,7 @@ class Connection:
         summary = self.summary()
         try:
             # lease tasks stay "executing" between maps: count them apart (idle while no job runs)
-            processing = await asyncio.wait_for(self.client.scheduler.processing(), 10)
+            processing = await asyncio.wait_for(scheduler.processing(), 10)
         except (OSError, asyncio.TimeoutError, AttributeError, TypeError):
             processing = None
         if isinstance(processing, dict):
@@ -384,6 +388,7 @@ class Connection:
             return
         from ..backends.jobqueue import FACTS_KEY, apply_facts
 
+        assert self.client is not None  # model() checked it
         try:
             facts = await asyncio.wait_for(self.client.get_metadata(list(FACTS_KEY), default=None), 10)
         except (OSError, asyncio.TimeoutError, KeyError):
@@ -400,7 +405,7 @@ def _metric_names(holder: Any, runs: set[str]) -> dict[str, list[str]]:
     return {r: sorted(names) for r, names in out.items()}
 
 
-async def _quietly_close(client: Any) -> None:
+async def _quietly_close(client: Client) -> None:
     try:
         await asyncio.wait_for(client.close(timeout=2), 3)
     except Exception:  # closing a client whose scheduler vanished may fail in many ways; it is gone either way

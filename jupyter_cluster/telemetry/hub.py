@@ -16,18 +16,21 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ClusterError
 from .report import current_handle, flush_plugin, send_buffered
 from .store import TopicStore, store
 from .topics import INDEX_TOPIC, PLUGIN_NAME, PREFIX
 
+if TYPE_CHECKING:
+    from distributed import Client
+
 logger = logging.getLogger(__name__)
 
 
 async def follow(
-    client: Any,
+    client: Client,
     topic: str,
     on_event: Callable[[str, Any], None],
     backlog: Callable[[str], bool] | None = None,
@@ -100,10 +103,12 @@ async def follow(
 
     client.subscribe_topic(topic, live)
     try:
+        scheduler = client.scheduler
+        assert scheduler is not None  # a connected client
         deadline = time.monotonic() + timeout
         wait = 0.005
         while not confirmed.is_set():
-            await client.scheduler.log_event(topic=topic, msg={"sync": token})
+            await scheduler.log_event(topic=topic, msg={"sync": token})
             try:
                 await asyncio.wait_for(confirmed.wait(), wait)
             except asyncio.TimeoutError:
@@ -119,7 +124,7 @@ async def follow(
                 wait = min(0.1, wait * 2)
         try:
             # one topic's backlog when one is wanted: a smaller answer than every topic's, from a busy scheduler
-            ask = client.scheduler.events() if backlog is not None else client.scheduler.events(topic=topic)
+            ask = scheduler.events() if backlog is not None else scheduler.events(topic=topic)
             answer = await asyncio.wait_for(ask, max(deadline - time.monotonic(), 1.0 if not strict else timeout / 2))
         except Exception:  # no backlog is no reason to stop following the live feed (unless strict)
             if strict:
@@ -163,7 +168,7 @@ class Hub:
         process's stores (:func:`store`).  The server extension passes its own.
     """
 
-    def __init__(self, client, stores: dict[str, TopicStore] | None = None) -> None:
+    def __init__(self, client: Client, stores: dict[str, TopicStore] | None = None) -> None:
         self.client = client
         self.stores = stores
         self._lock = threading.Lock()
@@ -261,7 +266,7 @@ _hubs: dict[str, Hub] = {}
 _hubs_lock = threading.Lock()
 
 
-def attach(client=None) -> Hub:
+def attach(client: Client | None = None) -> Hub:
     """Make sure this process receives every metrics topic of ``client``'s cluster.
 
     Idempotent and cheap after the first call.  Called automatically when a
@@ -328,7 +333,7 @@ def sync(timeout: float = 2.0, workers: bool = False) -> bool:
     return ok
 
 
-def _flush_workers(client, timeout: float) -> bool:
+def _flush_workers(client: Client, timeout: float) -> bool:
     from concurrent.futures import ThreadPoolExecutor
     from concurrent.futures import TimeoutError as FuturesTimeout
 
@@ -345,7 +350,7 @@ def _flush_workers(client, timeout: float) -> bool:
         pool.shutdown(wait=False)
 
 
-def attached(client) -> bool:
+def attached(client: Client) -> bool:
     """Whether :func:`attach` has run for ``client``."""
     return client.id in _hubs
 

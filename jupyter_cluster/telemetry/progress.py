@@ -25,7 +25,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import config, context, static_output, ticker
 from ..models import MAX_JOB_FAILURES, JobFailure, JobMessage, job_failure, job_message
@@ -33,6 +33,9 @@ from ..registry import current_kernel_id
 from .hub import attach, attached
 from .report import current_handle, publish
 from .topics import JOBS_TOPIC
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 logger = logging.getLogger(__name__)
 
@@ -333,13 +336,13 @@ def make_renderer() -> TextRenderer | WidgetRenderer | None:
 
 
 # -- the observer the map engine drives ----------------------------------------------
-def _cluster_name(client: Any) -> str | None:
+def _cluster_name(client: Client) -> str | None:
     """The name of the kernel's current cluster when ``client`` is its client (else None)."""
     handle = current_handle()
     return handle.name if handle is not None and handle.client is client else None
 
 
-def _job_client(job: Any) -> Any:
+def _job_client(job: Any) -> Client | None:
     """The client a job runs through (every map and SPMD job carries its own)."""
     return getattr(job, "client", None)
 
@@ -552,14 +555,14 @@ def observer_factory(job: Any, progress: Any = None) -> ProgressObserver | None:
     )
 
 
-def _attach_metrics(client: Any) -> None:
+def _attach_metrics(client: Client) -> None:
     """Collect metrics from the job's cluster without delaying the job."""
     if attached(client):
         return
     threading.Thread(target=_attach_quietly, args=(client,), name="jupyter-cluster-attach", daemon=True).start()
 
 
-def _attach_quietly(client: Any) -> None:
+def _attach_quietly(client: Client) -> None:
     try:
         attach(client)
     except Exception:

@@ -39,7 +39,7 @@ import time
 import uuid
 from typing import Any, Protocol
 
-from distributed import WorkerPlugin
+from distributed import Client, WorkerPlugin
 
 from ..run_tags import tag_record as _tag_record
 from .store import metrics_setting
@@ -487,7 +487,7 @@ def report(
         _producer.take(discard=True)
 
 
-def publish(client, dask_topic: str | list[str], msg: Any) -> None:
+def publish(client: Client, dask_topic: str | list[str], msg: Any) -> None:
     """Log ``msg`` on ``dask_topic`` through ``client`` without blocking; order is kept.
 
     Used for kernel-side metric batches and for job progress
@@ -503,12 +503,16 @@ def publish(client, dask_topic: str | list[str], msg: Any) -> None:
             state["lock"] = asyncio.Lock()
         async with state["lock"]:
             try:
-                await client.scheduler.log_event(topic=dask_topic, msg=msg)
+                scheduler = client.scheduler
+                assert scheduler is not None  # a connected client
+                await scheduler.log_event(topic=dask_topic, msg=msg)
             except Exception:
                 logger.debug("could not publish on %s", dask_topic, exc_info=True)
 
     try:
-        client.loop.add_callback(send)
+        loop = client.loop
+        assert loop is not None  # a client that has started
+        loop.add_callback(send)
     except Exception:  # a closed client
         logger.debug("client closed; %s message not published", dask_topic)
 
