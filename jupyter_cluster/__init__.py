@@ -45,6 +45,10 @@ def __getattr__(name: str):
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'jupyter_cluster' has no attribute {name!r}")
+    if module == ".telemetry" and not _in_dask_worker_process():
+        # the notebook's own reports reach its charts through the kernel sink that the session
+        # installs on import; a worker's go to the scheduler and must not import the notebook side
+        _importlib.import_module(".session", __name__)
     value = getattr(_importlib.import_module(module, __name__), name)
     if name not in _SHADOWED:  # those stay properties: importing their module sets the attribute
         globals()[name] = value

@@ -140,3 +140,17 @@ def test_the_dashboard_comes_after_the_start_on_its_first_request_or_once_idle()
         # the first request waits for the dashboard (mode "request"), or it is there already (mode "idle")
         assert got["status"] == "200" and got["bokeh"] and "Dask" in got["title"], (mode, got)
         assert got["redirect"] in ("301", "302"), (mode, got)
+
+
+NOTEBOOK_REPORT = """
+import json
+import jupyter_cluster as jc
+jc.report(step=1, loss=0.5)
+jc.report(step=2, loss=0.25)
+print(json.dumps({"loss": jc.metrics()["loss"].tolist()}))
+"""
+
+
+def test_a_report_made_before_any_cluster_reaches_the_notebooks_metrics():
+    # `jc.report` in a fresh kernel (no cluster yet) once went to a producer with no sink: 0 rows
+    assert _run(NOTEBOOK_REPORT)["loss"] == [0.5, 0.25]
