@@ -1,18 +1,20 @@
 """Imports done in the background while the user writes the next cell.
 
-Importing Dask's distributed takes about a second on a small machine, and the
-scheduler's dashboard (bokeh) nearly as long again.  ``%load_ext
-jupyter_cluster`` begins them in a thread (:func:`start`); a cluster start that
+Importing Dask's distributed takes about a second on a small machine.  ``%load_ext
+jupyter_cluster`` begins it in a thread (:func:`start`); a cluster start that
 comes sooner waits for that thread (:func:`wait`), so nothing is imported
-twice.
+twice.  The scheduler's dashboard (bokeh, nearly as long again) is not among
+them: a local cluster attaches it once the kernel is idle or the dashboard is
+opened (``backends.local.dashboard``), so a notebook run top to bottom does not
+wait for it.
 """
 
 from __future__ import annotations
 
 import threading
 
-#: the engine, the scheduler's dashboard, and the cluster widget's toolkit
-MODULES = ("distributed", "distributed.dashboard.scheduler", "ipywidgets")
+#: the engine and the cluster widget's toolkit
+MODULES = ("distributed", "ipywidgets")
 
 _thread: threading.Thread | None = None
 
