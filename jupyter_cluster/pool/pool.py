@@ -40,7 +40,7 @@ from ..engine.cluster import (
     translate_error,
 )
 from ..engine.worker import stop_group
-from ..mapping import MapJob  # the one front door of every map
+from ..mapping import MapJob, imap  # the one front door of every map (MapJob: its type only)
 from .results import (
     _PLAIN_INPUTS,
     CLOSE,
@@ -317,12 +317,12 @@ class Pool:
         return translate_error(exc, f"apply_async({name})", self._handle.name)
 
     # -- map family ----------------------------------------------------------
-    def _job(self, task: _PoolTask, iterable: Iterable, chunksize: Any, label: str, **options: Any) -> Any:
+    def _job(self, task: _PoolTask, iterable: Iterable, chunksize: Any, label: str, **options: Any) -> MapJob:
         """A map job of the engine for this pool (not started: jobs advance as they are iterated)."""
         chunk = _check_chunksize(chunksize)
-        return MapJob(
+        return imap(
             task,
-            (iterable,),
+            iterable,
             chunksize=chunk,
             concurrency=self._limit,
             client=self._client,
