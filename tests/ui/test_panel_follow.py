@@ -525,12 +525,16 @@ def _run_cells_in(page, filename: str, cells: range) -> None:
     )
 
 
-def _click_into(page, filename: str, shows: str) -> None:
-    """Click a notebook's first cell (as a user moves between the two): the panel then shows ``shows``."""
-    wid = page.evaluate(
+def _widget_id(page, filename: str) -> str:
+    """The DOM id of the main-area widget of a notebook."""
+    return page.evaluate(
         "(path) => [...window.jupyterapp.shell.widgets('main')].find(w => w.context?.path === path).id", filename
     )
-    page.locator(f'[id="{wid}"] .jp-Cell .jp-InputPrompt').first.click()
+
+
+def _click_into(page, filename: str, shows: str) -> None:
+    """Click a notebook's first cell (as a user moves between the two): the panel then shows ``shows``."""
+    page.locator(f'[id="{_widget_id(page, filename)}"] .jp-Cell .jp-InputPrompt').first.click()
     page.wait_for_function(f"window.jupyterapp.shell.currentWidget?.context?.path === '{filename}'", timeout=10_000)
     _selected(page, shows, timeout=15_000)
 
@@ -543,7 +547,7 @@ def test_side_by_side_notebooks_keep_their_jobs_and_history_under_load(lab, brow
     with lab_page(
         browser,
         lab,
-        "lab/tree/sa.ipynb",
+        "lab/workspaces/side/tree/sa.ipynb",
         viewport=(1700, 1000),
         artifacts=artifacts,
         last_shot="panel-side-last-state.png",
@@ -557,7 +561,7 @@ def test_side_by_side_notebooks_keep_their_jobs_and_history_under_load(lab, brow
         page.wait_for_function("window.jupyterapp.shell.currentWidget?.context?.path === 'sb.ipynb'", timeout=30_000)
         _wait_idle(page)
         # side by side: two notebook areas, the second right of the first
-        boxes = [page.locator("#jp-main-dock-panel .jp-NotebookPanel").nth(i).bounding_box() for i in (0, 1)]
+        boxes = [page.locator(f'[id="{_widget_id(page, f)}"]').bounding_box() for f in ("sa.ipynb", "sb.ipynb")]
         assert boxes[1]["x"] >= boxes[0]["x"] + boxes[0]["width"] - 1, boxes
         # a first cluster each, with a job, stopped (kept as history) once the panel has its job
         _run_cells_in(page, "sa.ipynb", range(2))
