@@ -543,9 +543,28 @@ def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_clus
         client.close()
 
 
-def test_websocket_pushes_clusters_workers_and_metrics(server, panel_cluster):
+def test_websocket_pushes_clusters_workers_and_metrics(server, api, panel_cluster):
     import websocket
 
+    # Its own reports, on a topic of its own: what the socket pushes must not depend on other tests.
+    client = _client("panel-t")
+    try:
+
+        def report_on_worker(i):
+            import jupyter_cluster
+
+            jupyter_cluster.report(step=i, topic="ws-test", member=i % 2, reward=float(i))
+            return i
+
+        assert client.gather(client.map(report_on_worker, range(4))) == list(range(4))
+    finally:
+        client.close()
+
+    def received() -> bool:
+        r = api("GET", "clusters/panel-t/metrics/ws-test")
+        return r.status_code == 200 and r.json()["received"] == 4
+
+    wait_for(received, 30, message="4 reports at the server")
     url = server.api("events").replace("http://", "ws://")
     ws = websocket.create_connection(url, header=[f"Authorization: token {server.token}"], timeout=20)
     try:
@@ -563,16 +582,17 @@ def test_websocket_pushes_clusters_workers_and_metrics(server, panel_cluster):
         clusters = receive_until("clusters")
         assert "panel-t" in [c["name"] for c in clusters["clusters"]]
         ws.send(json.dumps({"type": "interval", "ms": 200}))
-        ws.send(json.dumps({"type": "watch", "cluster": "panel-t", "topics": ["rl-test"]}))
+        ws.send(json.dumps({"type": "watch", "cluster": "panel-t", "topics": ["ws-test"]}))
         model = receive_until("cluster")["model"]
         assert model["name"] == "panel-t" and model["workers"]
-        metrics = receive_until("metrics", lambda m: m["topic"] == "rl-test")
+        metrics = receive_until("metrics", lambda m: m["topic"] == "ws-test")
         assert metrics["data"]["scalars"]["reward"]
+        assert metrics["data"]["scalars"]["reward"]["member=1"] == [[1, 1.0], [3, 3.0]]  # the reports made above
         # New reports are pushed without asking.
         client = _client("panel-t")
         try:
             client.submit(
-                lambda: __import__("jupyter_cluster").report(step=99, topic="rl-test", member=0, reward=-1.0)
+                lambda: __import__("jupyter_cluster").report(step=99, topic="ws-test", member=0, reward=-1.0)
             ).result()
         finally:
             client.close()
