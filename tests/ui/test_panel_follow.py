@@ -622,7 +622,13 @@ def test_side_by_side_notebooks_keep_their_jobs_and_history_under_load(lab, brow
         assert still["tops"][1] - still["tops"][0] <= 1, still  # the expanded errors did not move
         assert still["selected"] == [SA], still  # the panel stayed on the active notebook's cluster
         assert items.locator(".jc-job-failure-error").all_inner_texts() == ["ValueError: side 2", "ValueError: side 5"]
-        # the third kernel's jobs are listed too (after A's), more than the old cap of 20 kept in all
+        # the panel holds every job: A's 2 and B's 2 listed or counted, and the third kernel's 21 (more than
+        # the old cap of 20 finished jobs in all, under which A's failed job was gone after 17 of them)
+        page.wait_for_function(
+            "(document.querySelector('#jupyter-cluster-panel .jc-more-jobs') || {}).textContent"
+            f"?.startsWith('{4 + LOAD_CLUSTERS * LOAD_MAPS - 4} more finished')",
+            timeout=30_000,
+        )
         shot(page, artifacts, "panel-side-by-side-under-load.png")
         # -- history: each notebook's stopped cluster is kept beside the load's -------------------------
         page.wait_for_function(
