@@ -348,3 +348,113 @@ def live_attachments(cleanup: bool = True) -> list[Attachment]:
                 pass
     found.sort(key=lambda a: a.started)
     return found
+
+
+# -- final words: what an owner leaves of a cluster it stopped ----------------------------------
+#: suffix of a stopped cluster's final word (:func:`write_final`)
+FINAL = ".final"
+#: final words kept in the folder for a server to take up; beyond them the oldest go
+FINAL_KEEP = 64
+#: the largest final word a reader takes (a JSON file of jobs; the owner keeps far less)
+FINAL_MAX_BYTES = 16_000_000
+_FINAL_FILE = re.compile(rf"(?P<name>{NAME_RE.pattern})@[0-9]+-[0-9]+{re.escape(FINAL)}")
+
+
+def write_final(name: str, data: dict[str, Any]) -> str:
+    """Leave what an owner knows of the cluster ``name`` it stops, for the Jupyter server; its path.
+
+    A cluster can start, run its maps and stop before the server has followed
+    it (the server scans the registry twice a second and then connects and
+    subscribes): the server takes this file up into its history, jobs and runs
+    at its next scan and deletes it (:func:`final_words`).  Written atomically,
+    0600, as ``<name>@<pid>-<ns>.final`` beside the record; at most
+    :data:`FINAL_KEEP` are kept when no server takes them up.
+    """
+    if not valid_name(name):
+        raise ClusterError(f"{name!r} is not a valid cluster name; use letters, digits, '-', '_' or '.' (at most 63).")
+    directory = registry_dir()
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=FINAL)  # 0600: jobs are the user's alone
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, separators=(",", ":"), default=str)
+        path = os.path.join(directory, f"{name}@{os.getpid()}-{time.time_ns()}{FINAL}")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    old = sorted((p for p, _ in _final_paths()), key=_mtime)
+    for p in old[: max(0, len(old) - FINAL_KEEP)]:
+        remove_final(p)
+    return path
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _final_paths() -> list[tuple[str, str]]:
+    """``(path, cluster name)`` of each file named as a final word."""
+    directory = registry_dir()
+    out = []
+    for entry in sorted(os.listdir(directory)):
+        match = _FINAL_FILE.fullmatch(entry)
+        if match:
+            out.append((os.path.join(directory, entry), match.group("name")))
+    return out
+
+
+def _read_private(path: str, max_bytes: int) -> Any:
+    """The JSON of ``path`` if it is a regular file of this user that no one else may read, else None.
+
+    Opened without following a link and checked on the open file, so that what
+    is checked is what is read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_uid != os.getuid()
+            or stat.S_IMODE(st.st_mode) & 0o077
+            or st.st_size > max_bytes
+        ):
+            return None
+        try:
+            return json.loads(f.read(max_bytes + 1))
+        except (ValueError, RecursionError):
+            return None
+
+
+def final_words() -> list[tuple[str, dict[str, Any]]]:
+    """``(path, data)`` of each final word (:func:`write_final`), oldest first.
+
+    Only this user's regular files, 0600, of at most :data:`FINAL_MAX_BYTES`,
+    holding a JSON object whose ``key`` is the cluster name the file is named
+    after; others are never read (those of another user) or left out
+    (damaged).  Nothing read is evaluated: the reader checks each field.
+    """
+    out = []
+    for path, name in sorted(_final_paths(), key=lambda p: _mtime(p[0])):
+        data = _read_private(path, FINAL_MAX_BYTES)
+        if isinstance(data, dict) and data.get("key") == name:
+            out.append((path, data))
+    return out
+
+
+def remove_final(path: str) -> None:
+    """Delete a final word once taken up (only a file named as one, in the registry folder)."""
+    if os.path.dirname(path) != registry_dir() or not _FINAL_FILE.fullmatch(os.path.basename(path)):
+        return
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass

@@ -11,9 +11,11 @@ from __future__ import annotations
 import atexit
 import concurrent.futures.thread  # noqa: F401  (its exit hook must be registered before ours)
 import html
+import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,11 +27,13 @@ from .display import render_html
 from .engine.cluster import warm_engine, workers_now
 from .engine.direct import release_leases
 from .errors import ClusterError
-from .models import ClusterModel, cluster_model, validate_name, validate_size
+from .models import ClusterModel, cluster_model, cluster_summary, validate_name, validate_size
+from .runs import kept_jobs
 from .telemetry.kernel import KernelSink
-from .telemetry.report import set_kernel_sink
+from .telemetry.report import drain, set_kernel_sink
 from .versions import warn_on_mismatch
 
+logger = logging.getLogger(__name__)
 _lock = threading.RLock()
 #: the longest a stop waits for the start's engine warm-up to end (seconds)
 WARM_UP_WAIT = 30.0
@@ -216,6 +220,8 @@ class ClusterHandle:
             _handles.pop(self.name, None)
             if _current == self.name:
                 _current = next(reversed(_handles), None) if _handles else None
+        if self.cluster is not None:  # the owner: the maps' last messages out, then its final word
+            _leave_final_word(self, gone)
         if self.attached_record is None:
             registry.remove(self.name)
         else:  # attached by name: the record is its owner's; only our attachment goes
@@ -259,6 +265,53 @@ class ClusterHandle:
         except Exception as exc:  # a vanished scheduler must not break display
             return f"<p>Cluster <b>{html.escape(self.name)}</b> at {html.escape(self.address)}: unreachable ({html.escape(str(exc))})</p>"
         return render_html(m)
+
+
+# -- the final word ------------------------------------------------------------
+def _leave_final_word(handle: ClusterHandle, gone: bool) -> None:
+    """Before the record goes: send the queued job messages, and leave the server what this process kept.
+
+    The Jupyter server follows a cluster a few seconds after its record appears
+    (registry scan, connect, subscribe): one started, used and stopped faster
+    than that would leave no trace in its history, jobs or runs.  The cluster's
+    summary and this process's messages of its jobs and runs
+    (:func:`jupyter_cluster.runs.kept_jobs`) go into a 0600 file beside the
+    record (:func:`jupyter_cluster.registry.write_final`), which the server
+    takes up at its next scan.  Nothing here may stop the cluster's stop.
+    """
+    if not gone:
+        drain(handle.client)
+    try:
+        record = registry.read(handle.name)
+        if record is None or record.owner_pid != os.getpid() or record.attached:
+            return
+        jobs = [j for j in kept_jobs() if j.get("cluster") == handle.name]
+        runs = {j.get("run") for j in jobs if j.get("run")}
+        jobs += [j for j in kept_jobs() if j.get("kind") == "run" and j.get("cluster") is None and j.get("run") in runs]
+        if not jobs:
+            return
+        info = {} if gone else (handle.client.scheduler_info() or {})
+        workers = (info.get("workers") or {}).values()
+        totals = {
+            "n_workers": len(workers),
+            "cores": sum(int(w.get("nthreads") or 0) for w in workers),
+            "memory_limit": sum(int(w.get("memory_limit") or 0) for w in workers),
+        }
+        summary = cluster_summary(record, handle.dashboard_link, "stopped", None, totals, 0, ())
+        registry.write_final(
+            handle.name,
+            {
+                "format": 1,
+                "key": handle.name,
+                "record": {"address": record.address, "owner_pid": record.owner_pid, "started": record.started},
+                "saved": time.time(),
+                "summary": summary,
+                "jobs": jobs,
+                "topics": [],
+            },
+        )
+    except Exception:  # a full disk, a registry folder gone: the stop goes on
+        logger.debug("could not leave the final word of %s", handle.name, exc_info=True)
 
 
 # -- naming ------------------------------------------------------------------

@@ -500,3 +500,94 @@ def test_kept_clusters_have_unique_keys_and_titles(tmp_path, monkeypatch):
     assert again._history_key("local-1", when) not in keys
     assert sorted(h["title"] for h in again.history_list()) == sorted(titles)
     assert again.history_list()[0]["notebooks"] == ["nb/02-sweep.ipynb"]
+
+
+# -- a cluster that comes and goes between two scans ------------------------------------------
+QUICK_SCRIPT = """
+import sys, time
+import jupyter_cluster as jc
+
+t0 = time.monotonic()
+handle = jc.start(name=sys.argv[1], workers=1, threads=1, processes=False)
+assert jc.map(lambda x: 2 * x, range(4)) == [0, 2, 4, 6]
+handle.stop()
+print(round(time.monotonic() - t0, 2), flush=True)
+"""
+
+
+def test_a_cluster_started_mapped_and_stopped_between_two_scans_is_kept(tmp_path):
+    """A real server that never followed the cluster still lists its history, jobs and runs.
+
+    The server is held (SIGSTOP) while a client process starts a cluster,
+    runs one map and stops it, so no registry scan can see it: before the
+    owner left its final word, nothing of it reached the server.  A final
+    word that others could read is refused and left alone.
+    """
+    import signal
+    import subprocess
+    import sys
+
+    import requests
+
+    from .conftest import wait_for
+    from .jupyter_process import JupyterProcess
+
+    server = JupyterProcess(str(tmp_path), app="server").start(timeout=120)
+    planted = os.path.join(registry.registry_dir(), "ghost@1-1.final")
+    try:
+        with open(planted, "w") as f:
+            json.dump({"key": "ghost", "record": {}, "summary": {}, "jobs": [{"job": "g", "state": "finished"}]}, f)
+        os.chmod(planted, 0o644)
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            out = subprocess.run(
+                [sys.executable, "-c", QUICK_SCRIPT, "quick-1"], capture_output=True, text=True, timeout=120
+            )
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        assert out.returncode == 0, out.stderr
+        assert registry.read("quick-1") is None
+
+        def get(path: str) -> dict:
+            r = requests.get(server.api(path), headers=server.headers, timeout=30)
+            r.raise_for_status()
+            return r.json()
+
+        history = wait_for(
+            lambda: [h for h in get("jobs")["history"] if h["cluster"] == "quick-1"],
+            30,
+            interval=0.2,
+            message="history",
+        )
+        assert len(history) == 1 and history[0]["status"] == "stopped" and history[0]["backend"] == "local"
+        jobs = get("jobs?cluster=" + history[0]["name"])["recent"]
+        assert [(j["state"], j["total"], j["done"]) for j in jobs] == [("finished", 4, 4)]
+        runs = [r for r in get("runs")["runs"] if r["cluster"] == "quick-1"]
+        assert len(runs) == 1 and runs[0]["history"] == history[0]["name"] and runs[0]["done"] == 4
+        assert not [p for p in os.listdir(registry.registry_dir()) if p.startswith("quick-1@")]  # taken up: gone
+        assert os.path.exists(planted)  # another's (readable by others): never read, left alone
+        assert not [h for h in get("jobs")["history"] if h["cluster"] == "ghost"]
+    finally:
+        server.stop()
+        os.remove(planted)
+
+
+def test_jobs_version_never_goes_down_when_a_cluster_stops(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    from jupyter_cluster.server.manager import ClusterManager
+
+    manager = ClusterManager()
+    seen = [manager.jobs_version(), manager.runs_version()]
+    conn = _stopped_connection("v1")
+    manager.connections["v1"] = conn
+    seen += [manager.jobs_version(), manager.runs_version()]
+    del manager.connections["v1"]  # its jobs (version 2) leave the sum: a sum went back to what it was
+    seen += [manager.jobs_version(), manager.runs_version()]
+    manager.connections["v1"] = again = _stopped_connection("v1")  # the same name and job versions anew
+    seen += [manager.jobs_version(), manager.runs_version()]
+    assert manager.jobs_version() == seen[-2]  # nothing changed: the same
+    jobs, runs = seen[0::2], seen[1::2]
+    assert jobs == sorted(set(jobs)) and runs == sorted(set(runs)), seen  # each change a new, higher one
+    again.jobs.add({"job": "j3", "state": "finished", "total": 1, "done": 1, "failed": 0})
+    assert manager.jobs_version() == jobs[-1] + 1

@@ -17,6 +17,7 @@ the scheduler's control topic (:mod:`.control`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -107,6 +108,9 @@ LIVE_SAVE_INTERVAL = 10.0
 LIVE_KEEP = 32
 
 
+_serials = itertools.count(1)
+
+
 class NotFound(ClusterError):
     """No live cluster of that name."""
 
@@ -146,6 +150,8 @@ class Connection:
         self._backoff = 0.25
         self._connect_task: asyncio.Task | None = None
         self.connects = 0  # how many times a client was (re)connected
+        #: tells this connection from an earlier one to a cluster of the same name (for the versions)
+        self.serial = next(_serials)
         #: kernels attached to this scheduler by records of their own (hidden from the list)
         self.attached_kernels: list[str] = []
         #: the bounds its owner adapts between, as last asked through this server (None: a fixed size)
@@ -472,6 +478,10 @@ class ClusterManager:
         }
         self._live_versions: dict[str, Any] = {}
         self._runs_cache: tuple[int, dict[str, dict[str, Any]]] | None = None
+        #: final words that could not be read (skipped, with one warning each)
+        self._bad_finals: set[str] = set()
+        #: what jobs_version() and runs_version() last saw, and the counts they return (never going down)
+        self._seen: dict[str, tuple[Any, int]] = {}
         self._live_due = time.monotonic() + LIVE_SAVE_INTERVAL
 
     # -- lifecycle -------------------------------------------------------------
@@ -558,12 +568,53 @@ class ClusterManager:
                 self._keep(kept)
         self._live.delete(name)
 
+    def _take_final(self, path: str, data: dict[str, Any], records: dict[str, registry.ClusterRecord]) -> None:
+        """Take up the final word an owner left of a cluster it stopped (:func:`.registry.write_final`).
+
+        Its jobs go into the connection to that cluster when the server follows
+        it (a last message the subscription missed), else, with what the last
+        server wrote of it while it ran (if anything), into a history entry of
+        its own: a cluster that started, ran its maps and stopped between two
+        scans is listed all the same.  Left for the next scan while the
+        cluster's record is still there; a damaged file is skipped with one
+        warning and left there to look at.
+        """
+        if path in self._bad_finals:
+            return
+        try:
+            snap = check_live(data)
+            name = str(snap["key"])
+            rec = records.get(name)
+            if rec is not None and same_cluster(snap, rec):
+                return  # written just before the record goes: taken up once it has gone
+            conn = self.connections.get(name)
+            if conn is not None and same_cluster(snap, conn.record):
+                for job in snap.get("jobs") or []:
+                    conn.jobs.add(dict(job, cluster=name))
+            else:
+                waiting = (self._waiting or {}).get(name)
+                if waiting is not None and waiting.get("record") == snap.get("record"):
+                    del self._waiting[name]  # type: ignore[union-attr]  # (not None: it held the snapshot)
+                    self._live.delete(name)
+                    snap = dict(waiting, jobs=[*(waiting.get("jobs") or []), *(snap.get("jobs") or [])])
+                jobs = [dict(j, cluster=name) for j in snap.get("jobs") or [] if isinstance(j, dict)]
+                kept = KeptCluster.from_live(self._history_key(name), dict(snap, jobs=jobs))
+                if kept.jobs.jobs or kept.metrics:
+                    self._keep(kept)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # BadFile: not what an owner writes
+            logger.warning("jupyter-cluster: skipping the unreadable final word %s: %s", path, exc)
+            self._bad_finals.add(path)
+            return
+        registry.remove_final(path)
+
     async def refresh(self) -> None:
         """Sync with the registry once and poll every scheduler."""
         async with self._lock:
             every = registry.live_records()
             records = _visible(every)
             attached = _attached_kernels(every, registry.live_attachments())
+            for path, data in registry.final_words():  # before a stopped cluster's connection is retired
+                self._take_final(path, data, records)
             for name in list(self.connections):
                 rec = records.get(name)
                 conn = self.connections[name]
@@ -771,11 +822,26 @@ class ClusterManager:
         raise NotFound(f"no run {run_id!r} is kept; GET runs lists the runs there are.")
 
     def runs_version(self) -> int:
-        """Changes when a run's jobs or a running cluster's metrics change (for a cheap poll)."""
-        return self.jobs_version() + sum(s.version for c in self.connections.values() for s in c.metrics.values())
+        """Grows when a run's jobs or a running cluster's metrics change (for a cheap poll)."""
+        metrics = tuple((c.serial, t, s.version) for c in self.connections.values() for t, s in c.metrics.items())
+        return self._bump("runs", (self.jobs_version(), metrics))
 
     def jobs_version(self) -> int:
-        return sum(c.jobs.version for c in self.connections.values()) + len(self.connections) + self._history_version
+        """Grows when the jobs of a cluster or the kept history change (for a cheap poll).
+
+        A count of the changes seen, never a sum over the live clusters: a sum
+        went down (or came back to a value already sent) when a cluster
+        stopped, and a change could then be skipped.
+        """
+        state = (tuple((c.serial, c.jobs.version) for c in self.connections.values()), self._history_version)
+        return self._bump("jobs", state)
+
+    def _bump(self, what: str, state: Any) -> int:
+        last, count = self._seen.get(what, (None, 0))
+        if state != last:
+            count += 1
+            self._seen[what] = (state, count)
+        return count
 
     def topics(self, name: str) -> list[TopicSummary]:
         """What each of one cluster's metric topics holds (no points)."""
