@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_cluster.server.workers import LEASE_PREFIX, WorkerFeed, lease_counts, significant, split_leases
+from jupyter_cluster.server.workers import (
+    BUSY_METRIC,
+    LEASE_PREFIX,
+    WorkerFeed,
+    busy_leases,
+    lease_counts,
+    significant,
+    split_leases,
+)
 
 from .conftest import wait_for
 
@@ -79,36 +87,92 @@ def test_a_slow_drift_is_sent_once_it_adds_up():
     assert significant(worker(0), worker(0, slurm_job="123"))  # any field a backend adds counts exactly
 
 
-def test_leases_are_counted_apart_and_idle_while_no_job_runs():
-    rows = [worker(0, executing=3), worker(1, executing=1)]
+def test_leases_are_counted_apart_and_idle_unless_their_worker_says_busy():
+    rows = [worker(0, executing=3), worker(1, executing=1), worker(2, executing=2)]
     counts = lease_counts(
-        {rows[0]["address"]: [f"{LEASE_PREFIX}a-0", f"{LEASE_PREFIX}a-1", "inc-123"], rows[1]["address"]: ["x"]}
+        {
+            rows[0]["address"]: [f"{LEASE_PREFIX}a-0", f"{LEASE_PREFIX}a-1", "inc-123"],
+            rows[1]["address"]: ["x"],
+            rows[2]["address"]: [f"{LEASE_PREFIX}b-0", f"{LEASE_PREFIX}b-1"],
+        }
     )
-    idle = [dict(r) for r in rows]
-    split_leases(idle, counts, jobs_running=0)
-    assert [(w["executing"], w["leases"], w["idle_leases"]) for w in idle] == [(1, 2, 2), (1, 0, 0)]
-    busy = [dict(r) for r in rows]
-    split_leases(busy, counts, jobs_running=1)
-    assert [(w["executing"], w["leases"], w["idle_leases"]) for w in busy] == [(3, 2, 0), (1, 0, 0)]
+    # worker 0 reports one working lease, worker 2 none; worker 1 holds no lease
+    info = {
+        rows[0]["address"]: {"metrics": {BUSY_METRIC: 1}},
+        rows[1]["address"]: {"metrics": {}},
+        rows[2]["address"]: {"metrics": {BUSY_METRIC: 0}},
+    }
+    busy = busy_leases(info)
+    assert busy == {rows[0]["address"]: 1, rows[2]["address"]: 0}
+    for jobs_running in (0, 1):  # a job running elsewhere on the cluster changes nothing
+        out = [dict(r) for r in rows]
+        split_leases(out, counts, busy, jobs_running=jobs_running)
+        assert [(w["executing"], w["leases"], w["idle_leases"]) for w in out] == [(2, 2, 1), (1, 0, 0), (0, 2, 2)]
+    # a worker that reports no metric: its leases count as running while a job runs, idle otherwise
+    for jobs_running, expect in ((0, (0, 2, 2)), (1, (2, 2, 0))):
+        out = [dict(rows[2])]
+        split_leases(out, counts, {}, jobs_running=jobs_running)
+        assert (out[0]["executing"], out[0]["leases"], out[0]["idle_leases"]) == expect
 
 
-def test_a_finished_maps_lingering_leases_are_found_by_their_key():
-    """A real map's leases linger on the workers after it; the scheduler lists them under the prefix."""
+def test_lingering_leases_are_idle_while_another_map_runs_on_one_worker():
+    """A real cluster: after a map its leases linger idle; a second small map makes only its own worker busy.
+
+    The counts come as the server takes them: lease tasks from the scheduler's
+    ``processing``, working leases from each worker's heartbeat metric.
+    """
+    import threading
+    import time
+
     import jupyter_cluster as jc
+    from jupyter_cluster.engine.worker.registry import BUSY_METRIC as WORKER_METRIC
 
+    assert WORKER_METRIC == BUSY_METRIC  # the server reads what the workers send
     handle = jc.start(workers=2, threads=1, processes=False)
+    client = handle.client
+
+    def rows(jobs_running: int) -> list[dict]:
+        info = client.scheduler_info(n_workers=-1)["workers"]
+        out = [{"address": a, "executing": len(keys)} for a, keys in client.processing().items()]
+        split_leases(out, lease_counts(client.processing()), busy_leases(info), jobs_running)
+        return out
+
+    def rows_when(ok) -> list[dict] | None:
+        r = rows(1)  # a job runs on the cluster in the server's eyes throughout: it must not matter
+        return r if r and all(ok(w) for w in r) else None
+
     try:
         assert jc.map(abs, range(-20, 0)) == list(range(20, 0, -1))
+        # both workers hold a lingering lease, and both say it waits
+        idle = wait_for(
+            lambda: rows_when(lambda w: w["leases"] >= 1 and w["idle_leases"] == w["leases"]),
+            30,
+            message="lingering leases reported idle by both workers",
+        )
+        assert len(idle) == 2 and all(w["executing"] == 0 for w in idle), idle
 
-        def counts_sync():
-            return lease_counts(handle.client.processing())
+        done = threading.Event()
 
-        found = wait_for(lambda: sum(counts_sync().values()), 30, message="lingering leases")
-        assert found >= 1
-        info = handle.client.scheduler_info(n_workers=-1)["workers"]
-        rows = [{"address": a, "executing": 1} for a in info]
-        split_leases(rows, counts_sync(), jobs_running=0)
-        assert sum(r["idle_leases"] for r in rows) >= 1
-        assert all(r["executing"] == max(0, 1 - r["leases"]) for r in rows)
+        def second() -> None:
+            try:
+                jc.map(time.sleep, [6.0])
+            finally:
+                done.set()
+
+        threading.Thread(target=second, daemon=True).start()
+        # while the one-item map runs on one worker (a job runs on the cluster), the other's lease is idle
+        busy = wait_for(
+            lambda: (r := rows(1)) and any(w["idle_leases"] < w["leases"] for w in r) and r,
+            30,
+            message="a worker reporting its lease busy",
+        )
+        assert not done.is_set(), "the second map ended before its lease was seen busy"
+        working = [w for w in busy if w["idle_leases"] < w["leases"]]
+        others = [w for w in busy if w["idle_leases"] == w["leases"]]
+        assert len(working) == 1 and working[0]["executing"] >= 1, busy
+        assert len(others) == 1 and others[0]["leases"] >= 1 and others[0]["executing"] == 0, busy
+        assert done.wait(60)
+        # and once it ended, every lease is idle again
+        wait_for(lambda: rows_when(lambda w: w["idle_leases"] == w["leases"]), 30, message="all leases idle again")
     finally:
         jc.stop(handle.name)

@@ -54,7 +54,7 @@ from ..telemetry.topics import CONTROL_TOPIC, JOBS_TOPIC
 from .gateway_dashboard import gateway_target
 from .history import HistoryFolder, KeptCluster, check_live, live_snapshot, restore_live, same_cluster
 from .jobs import LIST_PER_OWNER, JobsStore
-from .workers import lease_counts, split_leases
+from .workers import busy_leases, lease_counts, split_leases
 
 logger = logging.getLogger(__name__)
 
@@ -375,12 +375,13 @@ class Connection:
         )
         summary = self.summary()
         try:
-            # lease tasks stay "executing" between maps: count them apart (idle while no job runs)
+            # lease tasks stay "executing" between maps: count them apart (idle unless their worker says busy)
             processing = await asyncio.wait_for(scheduler.processing(), 10)
         except (OSError, asyncio.TimeoutError, AttributeError, TypeError):
             processing = None
         if isinstance(processing, dict):
-            split_leases(model["workers"], lease_counts(processing), summary["jobs_running"])  # type: ignore[arg-type]
+            busy = busy_leases(info.get("workers", {}))
+            split_leases(model["workers"], lease_counts(processing), busy, summary["jobs_running"])  # type: ignore[arg-type]
         await self._add_batch_facts(model)  # type: ignore[arg-type]
         return cluster_detail(model, summary)
 

@@ -10,9 +10,12 @@ left.  An idle cluster sends nothing.
 
 Lease tasks: the engine's direct path runs a long task per worker thread
 (keys ``jc-lease-…``) that stays "executing" between maps.  The scheduler
-cannot tell a lease that runs a batch from one that waits, so the server
-counts a worker's leases apart from its other tasks and calls them idle while
-the cluster has no running job (:func:`split_leases`).
+cannot tell a lease that runs a batch from one that waits, so each worker
+reports how many of its leases are working in a custom worker metric
+(``jc_busy_leases``, sent with its heartbeats: ``engine/worker/registry.py``)
+and the server counts each worker's leases apart from its other tasks, the
+working ones as running and the rest as idle (:func:`split_leases`), whatever
+runs elsewhere on the cluster.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any
 
 #: the key prefix of the engine's lease tasks (``engine/dask.py`` names them ``jc-lease-<map>-<n>``)
 LEASE_PREFIX = "jc-lease-"
+#: the custom worker metric holding how many of a worker's leases are working (``engine.worker.registry``)
+BUSY_METRIC = "jc_busy_leases"
 
 #: CPU moves (percentage points) below this are not pushed
 CPU_BAND = 10.0
@@ -41,22 +46,41 @@ def lease_counts(processing: Mapping[str, Iterable[Any]]) -> dict[str, int]:
     }
 
 
-def split_leases(workers: list[dict[str, Any]], leases: Mapping[str, int], jobs_running: int) -> None:
+def busy_leases(workers: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """Worker address -> its working leases, from the scheduler's worker table (``identity()["workers"]``).
+
+    Each worker reports the count in its heartbeats' metrics under
+    :data:`BUSY_METRIC`; a worker that reports none (no lease has run there
+    yet, or an engine from before the metric) is left out.
+    """
+    out: dict[str, int] = {}
+    for addr, w in workers.items():
+        value = (w.get("metrics") or {}).get(BUSY_METRIC)
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[addr] = value
+    return out
+
+
+def split_leases(
+    workers: list[dict[str, Any]], leases: Mapping[str, int], busy: Mapping[str, int], jobs_running: int
+) -> None:
     """Count each worker's leases apart from its tasks (in place).
 
     ``executing`` keeps the tasks that run work: the worker's executing count
-    less its lease tasks, plus those leases while a job runs on the cluster
-    (then they run its batches).  ``leases`` is how many lease tasks it holds,
-    ``idle_leases`` how many of them wait for a map (all of them while no job
-    runs).
+    less its lease tasks, plus those of its leases that run a batch (``busy``,
+    the worker's own :data:`BUSY_METRIC`).  ``leases`` is how many lease tasks
+    it holds, ``idle_leases`` how many of them wait for a map.  A worker that
+    reports no metric has its leases counted as running while a job runs on
+    the cluster (``jobs_running``), as idle otherwise.
     """
     for w in workers:
         n = int(leases.get(w["address"], 0))
         others = max(0, int(w.get("executing", 0)) - n)
-        busy = n if jobs_running > 0 else 0
-        w["executing"] = others + busy
+        known = busy.get(w["address"])
+        working = min(n, max(0, known)) if known is not None else (n if jobs_running > 0 else 0)
+        w["executing"] = others + working
         w["leases"] = n
-        w["idle_leases"] = n - busy
+        w["idle_leases"] = n - working
 
 
 def significant(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:

@@ -30,7 +30,7 @@ from ..protocol import Batch, Packed, Run, Status, unpack
 from . import registry
 from .groups import took_stop
 from .handlers import install
-from .registry import _REGISTRY, _WAKE, _ask_room, _Lease, _matches, _set
+from .registry import _REGISTRY, _WAKE, _ask_room, _Lease, _matches, _set, report_busy
 from .run import _STATE, run_chunk
 
 
@@ -46,6 +46,7 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
 
     worker = get_worker()
     install(worker)
+    report_busy(worker)  # the server tells working leases from idle ones by it
     key = worker.get_current_task()
 
     def cancelled() -> bool:

@@ -31,6 +31,10 @@ ATTACH_WAIT_SECONDS = 2.0
 #: answering "waiting" (the client then sends it to a lease that runs), in seconds.
 EARLY_WAIT_SECONDS = 0.5
 
+#: The custom worker metric (``Worker.metrics``, sent with heartbeats, ``WorkerState.metrics`` on the scheduler)
+#: that says how many of a worker's leases are working: the server shows the others as idle.
+BUSY_METRIC = "jc_busy_leases"
+
 #: Put in a lease's mailbox to make it look at once whether it should end (yield its thread, or cancelled).
 _WAKE = "wake"
 
@@ -75,6 +79,26 @@ class _Registry:
 
 
 _REGISTRY = _Registry()
+
+
+def busy_leases(worker) -> int:
+    """How many of ``worker``'s leases run a batch, have one queued or ended one within the grace (a metric).
+
+    The grace is :data:`YIELD_GRACE_SECONDS`, as in :func:`_make_room`: a lease
+    between two batches of an active map is working, not idle.
+    """
+    recent = time.monotonic() - YIELD_GRACE_SECONDS
+    with _REGISTRY.lock:
+        return sum(
+            1
+            for ls in _REGISTRY.leases.values()
+            if ls.worker is worker and not ls.closed and (ls.busy or not ls.mailbox.empty() or ls.last_end > recent)
+        )
+
+
+def report_busy(worker) -> None:
+    """Have ``worker``'s heartbeats carry :func:`busy_leases` as :data:`BUSY_METRIC` (once per worker)."""
+    worker.metrics.setdefault(BUSY_METRIC, busy_leases)
 
 
 def _matches(lease: _Lease | None, secret: Any) -> bool:
