@@ -4,12 +4,13 @@
  */
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette, IThemeManager, InputDialog, MainAreaWidget } from '@jupyterlab/apputils';
-import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookActions, NotebookPanel } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 
 import { requestAPI } from './api';
-import { IClusterSummary, connectCode } from './model';
+import { IClusterSummary, IJob, connectCode } from './model';
 import { ClusterPanel, DEFAULT_SETTINGS, IPanelSettings, clusterIcon } from './panel';
+import { jobCell } from './panel/jobs';
 import { registerSweep } from './sweep/area';
 import { TopicView } from './topicView';
 
@@ -96,11 +97,46 @@ const plugin: JupyterFrontEndPlugin<void> = {
     };
     panel.onConnect = notebooks ? insertConnect : null;
 
+    // a job's "cell" link: its notebook (opened if need be) with the cell that started it selected
+    const openCell = async (job: IJob): Promise<void> => {
+      const where = jobCell(job);
+      if (!where || !notebooks) {
+        return;
+      }
+      let widget = notebooks.find(w => w.context.path === where.notebook);
+      if (!widget) {
+        const opened = await app.commands.execute('docmanager:open', { path: where.notebook });
+        widget = opened instanceof NotebookPanel ? opened : undefined;
+      }
+      if (!widget) {
+        return;
+      }
+      app.shell.activateById(widget.id);
+      await widget.context.ready;
+      const notebook = widget.content;
+      const cells = notebook.widgets;
+      // the cell's id survives edits and moves; the execution count is the fallback
+      let index = where.cellId ? cells.findIndex(c => c.model.id === where.cellId) : -1;
+      if (index < 0 && where.count !== null) {
+        index = cells.findIndex(
+          c => c.model.type === 'code' && (c.model as { executionCount?: number | null }).executionCount === where.count
+        );
+      }
+      if (index < 0) {
+        console.warn(`jupyter-cluster: the cell of job ${job.job} is no longer in ${where.notebook}`);
+        return;
+      }
+      notebook.deselectAll();
+      notebook.activeCellIndex = index;
+      await notebook.scrollToItem(index, 'center');
+    };
+    panel.onOpenCell = notebooks ? job => void openCell(job) : null;
+
     // follow the active notebook's kernel to its cluster (the panel holds it when pinned)
     if (notebooks) {
       const follow = (): void => {
         const current = notebooks.currentWidget;
-        panel.setActiveKernel(current?.sessionContext.session?.kernel?.id ?? null);
+        panel.setActiveKernel(current?.sessionContext.session?.kernel?.id ?? null, current?.context.path ?? null);
       };
       const watched = new WeakSet<object>();
       const track = (): void => {

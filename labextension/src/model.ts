@@ -154,6 +154,8 @@ export interface IPanelState {
   failuresOpen: string | null;
   /** the active notebook's kernel id (the panel follows it to its cluster unless pinned), or null */
   activeKernel: string | null;
+  /** the active notebook's path as the server names it (jobs carry it: it outlives a kernel restart), or null */
+  activeNotebook: string | null;
   /** the cluster last found for the active kernel: a new one is followed, the same one not again */
   kernelCluster: string | null;
   /** other topics of the selected cluster that the overlay chart draws from (watched too) */
@@ -180,6 +182,7 @@ export function initialState(): IPanelState {
     clearedBefore: 0,
     failuresOpen: null,
     activeKernel: null,
+    activeNotebook: null,
     kernelCluster: null,
     overlayTopics: [],
     overlayMetrics: {},
@@ -224,12 +227,31 @@ function followKernel(state: IPanelState): IPanelState {
   return cleared(next, target);
 }
 
-/** The active notebook changed (or its kernel did): `kernel` is its kernel id, or null. */
-export function setActiveKernel(state: IPanelState, kernel: string | null): IPanelState {
+/**
+ * The active notebook changed (or its kernel did): `kernel` is its kernel
+ * id, `notebook` its path (null: none).
+ */
+export function setActiveKernel(
+  state: IPanelState,
+  kernel: string | null,
+  notebook: string | null = null
+): IPanelState {
   if (kernel === state.activeKernel) {
-    return state;
+    return notebook === state.activeNotebook ? state : { ...state, activeNotebook: notebook };
   }
-  return followKernel({ ...state, activeKernel: kernel, kernelCluster: null });
+  return followKernel({ ...state, activeKernel: kernel, activeNotebook: notebook, kernelCluster: null });
+}
+
+/**
+ * Whether a job is the active notebook's: by its notebook path when both
+ * are known (a restarted kernel's new id still finds the notebook's jobs),
+ * else by its kernel id (a kernel the server did not start names no notebook).
+ */
+export function isActiveJob(job: IJob, state: Pick<IPanelState, 'activeKernel' | 'activeNotebook'>): boolean {
+  if (state.activeNotebook && typeof job.notebook === 'string' && job.notebook) {
+    return job.notebook === state.activeNotebook;
+  }
+  return state.activeKernel !== null && job.kernel_id === state.activeKernel;
 }
 
 /** Whether `name` is a stopped cluster kept for its history (its data comes over REST, once). */

@@ -209,6 +209,11 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         assert finished.locator(".jc-job-state").inner_text() == "finished"
         width = finished.locator(".jc-bar-fill").evaluate("e => e.style.width")
         assert float(width.rstrip("%")) == 100.0, width
+        # the job names its notebook and cell, and its link selects that cell (found by the cell's id)
+        assert finished.locator(".jc-job-context").inner_text().startswith("ui.ipynb · In [")
+        page.evaluate("window.jupyterapp.shell.currentWidget.content.activeCellIndex = 0")
+        finished.locator(".jc-job-cell-link").click()
+        page.wait_for_function("window.jupyterapp.shell.currentWidget?.content?.activeCellIndex === 2", timeout=10_000)
 
         # -- metrics: a line chart and a heatmap, both drawn with data ------------------
         page.wait_for_function(

@@ -7,7 +7,7 @@ import { IClusterModel, IClusterSummary, IJob, IWorker, initialState, reduce, se
 import { checkNewCluster, newClusterFields, newClusterRequest } from '../panel/newCluster';
 import { orderClusters, orderJobs, scopedJobs } from '../panel/order';
 import { batchText } from '../panel/workersView';
-import { jobContextText } from '../panel/jobs';
+import { jobCell, jobContextText } from '../panel/jobs';
 import { applyWorkersDiff, hostOf, nextSort, sortWorkers, summarize, tasksText, visibleRange } from '../panel/workers';
 
 const GIB = 2 ** 30;
@@ -201,9 +201,16 @@ describe('stable orders', () => {
 
   it("puts the active notebook's jobs first, keeping each part's order", () => {
     const jobs = [job('x1', 'k2'), job('m1', 'k1'), job('x2', null), job('m2', 'k1')];
-    expect(orderJobs(jobs, 'k1').map(j => j.job)).toEqual(['m1', 'm2', 'x1', 'x2']);
-    expect(orderJobs(jobs, null)).toBe(jobs);
-    expect(orderJobs(jobs, 'k9')).toBe(jobs);
+    const active = (activeKernel: string | null, activeNotebook: string | null = null) => ({
+      activeKernel,
+      activeNotebook
+    });
+    expect(orderJobs(jobs, active('k1')).map(j => j.job)).toEqual(['m1', 'm2', 'x1', 'x2']);
+    expect(orderJobs(jobs, active(null))).toBe(jobs);
+    expect(orderJobs(jobs, active('k9'))).toBe(jobs);
+    // by the notebook's path when jobs carry it: a restarted kernel (new id) still comes first
+    const byPath = [job('o', 'k2', { notebook: 'b.ipynb' }), job('old', 'k1', { notebook: 'a.ipynb' })];
+    expect(orderJobs(byPath, active('k1-restarted', 'a.ipynb')).map(j => j.job)).toEqual(['old', 'o']);
   });
 });
 
@@ -267,6 +274,49 @@ describe('jobs per notebook', () => {
     expect(scopedJobs(state, 'notebook', 4).rows.map(j => j.job)).toEqual(['m1']);
     expect(scopedJobs({ ...state, activeKernel: 'k2' }, 'notebook', 4).rows[0].job).toBe('r');
     expect(scopedJobs({ ...state, selected: 'elsewhere' }, 'cluster', 4).rows).toEqual([]);
+  });
+
+  it("keeps a notebook's jobs in 'this notebook' after its kernel restarts (keyed by its path)", () => {
+    const before = [
+      job('a1', 'k1', { state: 'finished', updated: 5, notebook: 'dir/a.ipynb' }),
+      job('b1', 'k2', { state: 'finished', updated: 6, notebook: 'b.ipynb' }),
+      job('x1', 'k3', { state: 'finished', updated: 7 }) // a kernel the server did not start: no path
+    ];
+    let s = reduce(initialState(), { type: 'jobs', running: [], recent: before, history: [] });
+    s = setActiveKernel(s, 'k1', 'dir/a.ipynb');
+    expect(s.activeNotebook).toBe('dir/a.ipynb');
+    expect(scopedJobs(s, 'notebook', 4).rows.map(j => j.job)).toEqual(['a1']);
+    s = setActiveKernel(s, 'k1-new', 'dir/a.ipynb'); // restarted: a new kernel id, the same notebook
+    expect(scopedJobs(s, 'notebook', 4).rows.map(j => j.job)).toEqual(['a1']);
+    s = reduce(s, {
+      type: 'jobs',
+      running: [job('a2', 'k1-new', { notebook: 'dir/a.ipynb' })],
+      recent: before,
+      history: []
+    });
+    expect(scopedJobs(s, 'notebook', 4).rows.map(j => j.job)).toEqual(['a2', 'a1']);
+    // a job without a path is the active notebook's only by its kernel id
+    expect(scopedJobs(setActiveKernel(s, 'k3', null), 'notebook', 4).rows.map(j => j.job)).toEqual(['x1']);
+    expect(scopedJobs(setActiveKernel(s, 'k9', 'b.ipynb'), 'notebook', 4).rows.map(j => j.job)).toEqual(['b1']);
+  });
+});
+
+describe('the link to the cell', () => {
+  it("names the job's notebook and its cell id, else its execution count, else nothing", () => {
+    const cell = { execution_count: 7, cell_id: 'abc-1', first_line: 'x' };
+    expect(jobCell(job('j', 'k', { notebook: 'n.ipynb', cell }))).toEqual({
+      notebook: 'n.ipynb',
+      cellId: 'abc-1',
+      count: 7
+    });
+    expect(jobCell(job('j', 'k', { notebook: 'n.ipynb', cell: { ...cell, cell_id: null } }))).toEqual({
+      notebook: 'n.ipynb',
+      cellId: null,
+      count: 7
+    });
+    expect(jobCell(job('j', 'k', { notebook: 'n.ipynb', cell: { execution_count: null, cell_id: null } }))).toBeNull();
+    expect(jobCell(job('j', 'k', { cell }))).toBeNull(); // nbclient: no notebook path
+    expect(jobCell(job('j', 'k'))).toBeNull();
   });
 });
 

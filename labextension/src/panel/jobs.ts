@@ -4,7 +4,7 @@
  * expanded job with failures stays where it is while others arrive.
  */
 import { el } from '../charts/dom';
-import { IJob, failureDetails, groupJobs, jobProgress } from '../model';
+import { IJob, IPanelState, failureDetails, groupJobs, isActiveJob, jobProgress } from '../model';
 import { button } from './clusters';
 import { orderJobs, placeChildren, setAttr, setText } from './order';
 
@@ -18,12 +18,24 @@ class JobRow {
   private readonly count = el('span', 'jc-job-count');
   private readonly where = el('span', 'jc-job-where');
   private readonly context = el('div', 'jc-job-context');
+  private readonly contextText = el('span', 'jc-job-context-text');
+  private readonly cellLink: HTMLButtonElement | null;
   private failures: HTMLElement | null = null;
   private failuresKey = '';
   job: IJob;
 
-  constructor(job: IJob, onToggle: (job: IJob) => void) {
+  constructor(job: IJob, onToggle: (job: IJob) => void, onOpenCell: ((job: IJob) => void) | null) {
     this.job = job;
+    this.context.append(this.contextText);
+    if (onOpenCell) {
+      // a link on the context line (button() stops the click: the row's own click toggles its failures)
+      this.cellLink = button('cell', 'jc-job-cell-link', 'Show the cell that started this job', () =>
+        onOpenCell(this.job)
+      );
+      this.context.append(this.cellLink);
+    } else {
+      this.cellLink = null;
+    }
     this.node.dataset.job = job.job;
     const head = el('div', 'jc-job-head');
     head.append(this.label, this.state);
@@ -67,8 +79,11 @@ class JobRow {
     setText(this.where, `${job.cluster}${job.kernel ? ` · kernel ${job.kernel}` : ''}`);
     // a running job's duration moves only when a message comes (no timer: an idle panel stays still)
     const context = jobContextText(job, job.updated);
-    setText(this.context, context);
+    setText(this.contextText, context);
     setAttr(this.context, 'title', typeof job.notebook === 'string' ? job.notebook : '');
+    if (this.cellLink) {
+      this.cellLink.hidden = !jobCell(job);
+    }
     if (job.failed > 0) {
       setAttr(this.node, 'tabindex', '0');
       setAttr(this.node, 'role', 'button');
@@ -135,6 +150,21 @@ export function jobContextText(job: IJob, now: number = Date.now() / 1000): stri
   return parts.join(' · ');
 }
 
+/**
+ * The notebook and cell a job came from (its cell's id, else its execution
+ * count), or null when its kernel sent neither (an nbclient or older kernel).
+ */
+export function jobCell(job: IJob): { notebook: string; cellId: string | null; count: number | null } | null {
+  const notebook = typeof job.notebook === 'string' ? job.notebook : '';
+  const cell = job.cell as { execution_count?: unknown; cell_id?: unknown } | null | undefined;
+  if (!notebook || !cell || typeof cell !== 'object') {
+    return null;
+  }
+  const cellId = typeof cell.cell_id === 'string' && cell.cell_id ? cell.cell_id : null;
+  const count = typeof cell.execution_count === 'number' ? cell.execution_count : null;
+  return cellId === null && count === null ? null : { notebook, cellId, count };
+}
+
 function failureList(job: IJob): HTMLElement {
   const { rows, more } = failureDetails(job);
   const list = el('div', 'jc-job-failures');
@@ -168,7 +198,8 @@ export class JobsView {
 
   constructor(
     private readonly onToggleFailures: (job: IJob) => void,
-    private readonly onShowAll: () => void
+    private readonly onShowAll: () => void,
+    private readonly onOpenCell: ((job: IJob) => void) | null = null
   ) {
     this.more = button('', 'jc-more-jobs', 'Show or hide older finished jobs', () => {
       this.showAll = !this.showAll;
@@ -176,9 +207,14 @@ export class JobsView {
     });
   }
 
-  update(rows: IJob[], more: number, failuresOpen: string | null, activeKernel: string | null): void {
+  update(
+    rows: IJob[],
+    more: number,
+    failuresOpen: string | null,
+    active: Pick<IPanelState, 'activeKernel' | 'activeNotebook'>
+  ): void {
     const wanted: HTMLElement[] = [];
-    const ordered = orderJobs(rows, activeKernel);
+    const ordered = orderJobs(rows, active);
     const groups = groupJobs(ordered);
     const ids = new Set(rows.map(j => j.job));
     for (const id of [...this.rows.keys()]) {
@@ -193,7 +229,7 @@ export class JobsView {
           header = el('div', 'jc-job-group', where);
           this.headers.set(where, header);
         }
-        const mine = activeKernel !== null && jobs[0].kernel_id === activeKernel;
+        const mine = isActiveJob(jobs[0], active);
         header.classList.toggle('jc-mine', mine);
         setText(header, mine ? `${where} (this notebook)` : where);
         wanted.push(header);
@@ -201,7 +237,7 @@ export class JobsView {
       for (const job of jobs) {
         let row = this.rows.get(job.job);
         if (!row) {
-          row = new JobRow(job, this.onToggleFailures);
+          row = new JobRow(job, this.onToggleFailures, this.onOpenCell);
           this.rows.set(job.job, row);
         }
         row.update(job, failuresOpen === job.job);

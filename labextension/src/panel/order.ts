@@ -4,6 +4,7 @@
  * depends on when a push arrived, so nothing moves under the pointer unless
  * a card or job is added or removed.
  */
+import { isActiveJob } from '../model';
 import type { IClusterSummary, IJob, IPanelState } from '../model';
 
 /** Live clusters oldest first (ties by name), the pinned one (if any) at the top. */
@@ -17,15 +18,16 @@ export function orderClusters(clusters: IClusterSummary[], pinned: string | null
 }
 
 /**
- * Jobs with the active notebook's (its kernel's) first; each part keeps the
- * order it had (running newest first, then finished newest first).
+ * Jobs with the active notebook's first (by its path, else its kernel: see
+ * `isActiveJob`); each part keeps the order it had (running newest first,
+ * then finished newest first).
  */
-export function orderJobs(jobs: IJob[], activeKernel: string | null): IJob[] {
-  if (!activeKernel) {
+export function orderJobs(jobs: IJob[], active: Pick<IPanelState, 'activeKernel' | 'activeNotebook'>): IJob[] {
+  if (!active.activeKernel && !active.activeNotebook) {
     return jobs;
   }
-  const mine = jobs.filter(j => j.kernel_id === activeKernel);
-  return mine.length ? [...mine, ...jobs.filter(j => j.kernel_id !== activeKernel)] : jobs;
+  const mine = jobs.filter(j => isActiveJob(j, active));
+  return mine.length ? [...mine, ...jobs.filter(j => !isActiveJob(j, active))] : jobs;
 }
 
 /**
@@ -71,18 +73,18 @@ export type JobsScope = 'all' | 'notebook' | 'cluster';
  * counts the finished ones left out.
  */
 export function scopedJobs(
-  state: Pick<IPanelState, 'jobs' | 'clearedBefore' | 'activeKernel' | 'selected' | 'history'>,
+  state: Pick<IPanelState, 'jobs' | 'clearedBefore' | 'activeKernel' | 'activeNotebook' | 'selected' | 'history'>,
   scope: JobsScope,
   limit: number
 ): { rows: IJob[]; more: number } {
   const kept = state.history.find(h => h.name === state.selected);
   const cluster = kept ? kept.cluster : state.selected;
   const wanted = (j: IJob): boolean =>
-    scope === 'notebook' ? j.kernel_id === state.activeKernel : scope === 'cluster' ? j.cluster === cluster : true;
-  const running = orderJobs(state.jobs.running.filter(wanted), state.activeKernel);
+    scope === 'notebook' ? isActiveJob(j, state) : scope === 'cluster' ? j.cluster === cluster : true;
+  const running = orderJobs(state.jobs.running.filter(wanted), state);
   const finished = orderJobs(
     state.jobs.recent.filter(j => j.updated > state.clearedBefore && wanted(j)),
-    state.activeKernel
+    state
   );
   return { rows: [...running, ...finished.slice(0, limit)], more: Math.max(0, finished.length - limit) };
 }

@@ -16,6 +16,7 @@ import { postAPI, requestAPI } from '../api';
 import { el } from '../charts/dom';
 import {
   IClusterSummary,
+  IJob,
   IPanelState,
   ServerMessage,
   clearFinished,
@@ -72,7 +73,8 @@ export class ClusterPanel extends Widget {
 
   private readonly errorNode = el('div', 'jc-error');
   private readonly scopeSelect = el('select', 'jp-mod-styled jc-jobs-scope');
-  private jobsScope: JobsScope = 'all';
+  /** the scope the user picked; null: "this notebook" while a notebook is active, else all */
+  private jobsScopePicked: JobsScope | null = null;
   private readonly clusterList: ClusterList;
   private readonly historyList: HistoryList;
   private readonly workersView = new WorkersView();
@@ -84,6 +86,8 @@ export class ClusterPanel extends Widget {
 
   /** Set by the plugin: opens a topic's charts in the main area. */
   onOpenTopic: ((cluster: string, topic: string) => void) | null = null;
+  /** Set by the plugin: opens a job's notebook and selects the cell that started it. */
+  onOpenCell: ((job: IJob) => void) | null = null;
   /** Set by the plugin: inserts `%cluster connect NAME` into the active notebook. */
   onConnect: ((name: string) => void) | null = null;
 
@@ -117,7 +121,8 @@ export class ClusterPanel extends Widget {
     this.historyList = new HistoryList(actions);
     this.jobsView = new JobsView(
       job => this.setState(toggleFailures(this.state, job)),
-      () => this.setState(this.state, true)
+      () => this.setState(this.state, true),
+      job => this.onOpenCell?.(job)
     );
     this.metricsView = new MetricsView({
       openTopic: (cluster, topic) => this.onOpenTopic?.(cluster, topic),
@@ -155,7 +160,7 @@ export class ClusterPanel extends Widget {
       this.scopeSelect.append(o);
     }
     this.scopeSelect.addEventListener('change', () => {
-      this.jobsScope = this.scopeSelect.value as JobsScope;
+      this.jobsScopePicked = this.scopeSelect.value as JobsScope;
       this.setState(this.state, true);
     });
     jobsTools.append(
@@ -191,8 +196,13 @@ export class ClusterPanel extends Widget {
    * The active notebook's kernel id (null: no notebook or no kernel): unless
    * pinned, the panel shows that kernel's cluster when it has one.
    */
-  setActiveKernel(kernel: string | null): void {
-    this.setState(setActiveKernel(this.state, kernel));
+  setActiveKernel(kernel: string | null, notebook: string | null = null): void {
+    this.setState(setActiveKernel(this.state, kernel, notebook));
+  }
+
+  /** The jobs list's scope: the user's pick, else the active notebook's jobs while one is active. */
+  get jobsScope(): JobsScope {
+    return this.jobsScopePicked ?? (this.state.activeNotebook || this.state.activeKernel ? 'notebook' : 'all');
   }
 
   /** The active notebook's kernel id as last set. */
@@ -374,9 +384,13 @@ export class ClusterPanel extends Widget {
     const showAll = this.jobsView.showAll;
     const scope = this.jobsScope;
     const scoped = scope === 'cluster' ? s.selected : null;
-    if (this.changed('jobs', [s.jobs, s.clearedBefore, s.failuresOpen, s.activeKernel, showAll, scope, scoped])) {
+    const active = [s.activeKernel, s.activeNotebook];
+    if (this.changed('jobs', [s.jobs, s.clearedBefore, s.failuresOpen, ...active, showAll, scope, scoped])) {
+      if (this.scopeSelect.value !== scope) {
+        this.scopeSelect.value = scope;
+      }
       const { rows, more } = scopedJobs(s, scope, showAll ? JOBS_ALL : JOBS_SHOWN);
-      this.jobsView.update(rows, more, s.failuresOpen, s.activeKernel);
+      this.jobsView.update(rows, more, s.failuresOpen, s);
     }
     this.metricsView.update(s, [...s.topics.map(t => ({ topic: t.topic, scalars: t.scalars })), ...this.keptCatalog]);
   }
