@@ -203,9 +203,11 @@ def warm_engine(client: Client, expected: int | None = None, timeout: float = 10
     idle connections open until it reaches its limit, 512 by default).  Each
     task ends at once and holds no thread afterwards.  ``expected``: the
     workers the cluster was started with, waited for (at most ``timeout``
-    seconds), so that the last to come up is warmed too; no task is sent
-    once a map has started meanwhile (its own leases warm the workers; a
-    no-op task arriving after a lease would only take the lease's thread).
+    seconds), so that the last to come up is warmed too; no task is sent,
+    and no spare connection opened, once a map has started meanwhile (its
+    own leases warm the workers; a no-op task arriving after a lease would
+    only take the lease's thread, and the handshakes share the client's
+    event loop with the map).
     """
     if not direct_reachable(client):
         return
@@ -229,7 +231,11 @@ def warm_engine(client: Client, expected: int | None = None, timeout: float = 10
             for a in addrs
         ]
     try:
-        if getattr(client, "_jc_lease_pool", None) is None:  # a map begun meanwhile opens what it uses
+        # One connection per worker first (what a first map's batch uses), then the spares, unless a map
+        # has begun meanwhile (Run All): their TLS handshakes would share the client's event loop with it.
+        if getattr(client, "_jc_lease_pool", None) is None:
+            client.sync(_open_comms, client, [(a, 1) for a in addrs], timeout, 0)
+        if getattr(client, "_jc_lease_pool", None) is None:
             pings = [(a, WARM_COMMS_PER_THREAD * int(workers[a].get("nthreads", 1) or 1)) for a in addrs]
             client.sync(_open_comms, client, pings, timeout)
         deadline = time.monotonic() + timeout
@@ -241,8 +247,10 @@ def warm_engine(client: Client, expected: int | None = None, timeout: float = 10
         del futures
 
 
-async def _open_comms(client: Client, pings: list[tuple[str, int]], timeout: float) -> None:
-    """``n`` concurrent pings to each ``(address, n)``, and :data:`WARM_SCHEDULER_COMMS` to the scheduler.
+async def _open_comms(
+    client: Client, pings: list[tuple[str, int]], timeout: float, to_scheduler: int = WARM_SCHEDULER_COMMS
+) -> None:
+    """``n`` concurrent pings to each ``(address, n)``, and ``to_scheduler`` to the scheduler.
 
     Concurrent calls each take their own connection from the client's pool,
     which keeps them open afterwards for the next calls.
@@ -250,7 +258,7 @@ async def _open_comms(client: Client, pings: list[tuple[str, int]], timeout: flo
     calls = [call(client, a, Op.PING) for a, n in pings for _ in range(n)]
     scheduler = client.scheduler
     assert scheduler is not None  # a connected client
-    calls += [scheduler.identity(n_workers=0) for _ in range(WARM_SCHEDULER_COMMS)]
+    calls += [scheduler.identity(n_workers=0) for _ in range(to_scheduler)]
     await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout)
 
 
