@@ -20,6 +20,7 @@ from distributed import Client
 
 from jupyter_cluster import mapping
 from jupyter_cluster.engine import cluster as engine_cluster
+from jupyter_cluster.engine.worker import EnginePlugin
 from jupyter_cluster.errors import ClusterError
 
 from .conftest import wait_for
@@ -194,3 +195,35 @@ def test_a_map_right_after_start_keeps_its_leases_while_the_warm_up_runs():
         finally:
             handle.close()
     assert counts == [2] * 6, f"leases placed per map right after a start: {counts}"
+
+
+def test_a_comm_closed_while_the_handlers_register_is_asked_again_at_the_next_map():
+    """A cluster jupyter_cluster did not start registers the engine's handlers at the first map.  A comm that
+    closes during that registration (a ``client.restart()`` under way) says nothing about the workers: that
+    map takes the task path, and the next one asks again and goes direct (it used to stay on tasks for the
+    client's whole life)."""
+    from distributed import LocalCluster
+
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        scheduler = cluster.scheduler
+        register = scheduler.handlers["register_worker_plugin"]
+        closed = []
+
+        async def close_the_first(comm, **msg):  # the scheduler drops the engine registration's connection once
+            if msg["name"] != EnginePlugin.name or closed:
+                return await register(comm, **msg)
+            closed.append(msg["name"])
+            await comm.close()
+
+        scheduler.handlers["register_worker_plugin"] = close_the_first
+        first = mapping.MapJob(abs, (range(-20, 0),), client=client, progress=False)
+        assert sorted(first) == list(range(1, 21))
+        assert closed and first.path == "tasks"
+        assert getattr(client, "_jc_direct", None) is None
+        second = mapping.MapJob(abs, (range(-20, 0),), client=client, progress=False)
+        assert sorted(second) == list(range(1, 21))
+        assert second.path == "direct"
+        assert getattr(client, "_jc_direct", None) is True

@@ -94,7 +94,9 @@ def direct_reachable(client: Client) -> bool:
     Registers :class:`.worker.EnginePlugin` (the comm handlers) on the
     cluster, then pings one worker.  A client that cannot reach the workers
     (a notebook outside the network that only reaches the scheduler) gets
-    ``False`` and a one-line notice; its maps use plain Dask tasks.
+    ``False`` and a one-line notice; its maps use plain Dask tasks.  A comm
+    that closes during the registration (a restart under way) gives ``False``
+    for this map only: the verdict is not kept, and the next map asks again.
     """
     verdict = getattr(client, "_jc_direct", None)
     if verdict is not None:
@@ -143,7 +145,16 @@ def _direct_reachable(client: Client) -> bool:
         # of a first map on a fresh cluster, which a local cluster's workers skip (they start with it).
         try:
             client.register_plugin(EnginePlugin(), name=EnginePlugin.name)
-        except Exception as exc:  # noqa: BLE001 - any failure means "use the task path"
+        except OSError as exc:
+            # A comm closed mid-way (CommClosedError; a restart or a reconnect under way): no verdict
+            # on the workers.  This map takes the task path; the next one asks again.
+            print(
+                f"jupyter_cluster: the engine's handlers could not be registered just now ({type(exc).__name__}:"
+                f" {exc}), so this map goes through the Dask scheduler; the next one tries again.",
+                file=sys.stderr,
+            )
+            return False
+        except Exception as exc:  # noqa: BLE001 - any other failure means "use the task path"
             reason = f"the workers could not load the engine's handlers ({type(exc).__name__}: {exc})"
     if reason is None:
         # A worker that answers late is asked again, for longer, before the client gives up on the
