@@ -154,3 +154,67 @@ print(json.dumps({"loss": jc.metrics()["loss"].tolist()}))
 def test_a_report_made_before_any_cluster_reaches_the_notebooks_metrics():
     # `jc.report` in a fresh kernel (no cluster yet) once went to a producer with no sink: 0 rows
     assert _run(NOTEBOOK_REPORT)["loss"] == [0.5, 0.25]
+
+
+TELEMETRY = """
+import json, sys, time
+import jupyter_cluster as jc
+from jupyter_cluster import mapping
+from jupyter_cluster.telemetry import JOBS_TOPIC, PLUGIN_NAME, progress
+
+def step(x):
+    from jupyter_cluster import report  # the package itself does not pickle
+
+    report(step=x, topic="startup-telemetry", value=x * 0.5)
+    return x
+
+def plugins(dask_worker):
+    return {name: type(plugin).__name__ for name, plugin in dask_worker.plugins.items()}
+
+if __name__ == "__main__":
+    handle = jc.start(workers=2, name="startup-telemetry")
+    try:
+        scheduler = handle.cluster.scheduler
+        calls = []
+        register = scheduler.handlers["register_worker_plugin"]
+
+        async def counted(*args, **kwargs):
+            calls.append(kwargs.get("name"))
+            return await register(*args, **kwargs)
+
+        scheduler.handlers["register_worker_plugin"] = counted
+        progress.set_renderer("none")
+        results = mapping.map(step, range(6), progress=True)
+        observer = progress.recent[-1]
+        snapshot = observer.model.snapshot()
+        df = jc.metrics("startup-telemetry")  # waits for the first map's subscription, then syncs
+        deadline = time.monotonic() + 60
+        states = []
+        while time.monotonic() < deadline and "finished" not in states:
+            states = [msg.get("state") for _, msg in handle.client.get_events(JOBS_TOPIC)
+                      if isinstance(msg, dict) and msg.get("job") == snapshot["job"]]
+            time.sleep(0.1)
+        print(json.dumps({
+            "results": results, "calls": calls, "registered": sorted(scheduler.worker_plugins),
+            "workers": list(handle.client.run(plugins).values()), "plugin": PLUGIN_NAME,
+            "snapshot": {k: snapshot[k] for k in ("total", "done", "state")},
+            "steps": sorted(df["step"].tolist()), "values": sorted(df["value"].tolist()), "states": states,
+        }))
+    finally:
+        handle.close()
+"""
+
+
+def test_a_local_clusters_workers_start_with_the_telemetry_plugin_and_a_first_map_registers_none():
+    got = _run(TELEMETRY)
+    assert got["results"] == list(range(6))
+    # nothing was broadcast to the workers on the first map (nor since the start: the registry is empty of it)
+    assert got["calls"] == [], got["calls"]
+    assert got["plugin"] not in got["registered"], got["registered"]
+    assert len(got["workers"]) == 2 and all(w.get(got["plugin"]) == "FlushPlugin" for w in got["workers"]), got[
+        "workers"
+    ]
+    # progress and report() still work: the job's counts and its messages on the jobs topic, every report
+    assert got["snapshot"] == {"total": 6, "done": 6, "state": "finished"}, got["snapshot"]
+    assert "finished" in got["states"], got["states"]
+    assert got["steps"] == list(range(6)) and got["values"] == [x * 0.5 for x in range(6)]

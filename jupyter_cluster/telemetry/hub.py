@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Set (True) on a cluster object whose every worker process gets :func:`.report.flush_plugin` as it
+#: starts, before it registers with the scheduler (a local cluster: ``backends.local``).
+FLUSH_AT_SPAWN = "_jc_flush_at_spawn"
+
 
 async def follow(
     client: Client,
@@ -230,10 +234,12 @@ class Hub:
 
     def attach(self, timeout: float = 10.0) -> None:
         """Subscribe and merge the backlog (from any thread but the client's event loop)."""
-        try:
-            self.client.register_plugin(flush_plugin(), name=PLUGIN_NAME)
-        except Exception:  # workers without jupyter_cluster still send on the ~100 ms timer
-            logger.debug("could not register the flush plugin", exc_info=True)
+        # A local cluster's workers start with the plugin (backends.local): no broadcast on the first map.
+        if not getattr(getattr(self.client, "cluster", None), FLUSH_AT_SPAWN, False):
+            try:
+                self.client.register_plugin(flush_plugin(), name=PLUGIN_NAME)
+            except Exception:  # workers without jupyter_cluster still send on the ~100 ms timer
+                logger.debug("could not register the flush plugin", exc_info=True)
         self.client.sync(self.follow, timeout=timeout)
 
     async def follow(self, timeout: float = 10.0, strict: bool = False) -> None:

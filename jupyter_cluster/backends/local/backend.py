@@ -30,6 +30,8 @@ from ...dashboard_socket import dashboard_on_unix_socket, link, parent_server_ba
 from ...engine.cluster import ENGINE_AT_SPAWN
 from ...engine.worker import EnginePlugin
 from ...errors import ClusterError
+from ...telemetry.hub import FLUSH_AT_SPAWN
+from ...telemetry.report import flush_plugin
 from .. import Backend, StartedCluster
 from . import dashboard
 from .forkserver import environ_since_forkserver, start_forkserver, use_forkserver
@@ -248,10 +250,10 @@ class LocalBackend(Backend):
         if devices is None:
             # Each worker installs them before it registers with the scheduler (also after a
             # restart, and on scale-up): no window, and no round trip to every worker at start.
-            # The engine's handlers too, in worker processes (in-process workers would share one
-            # plugin object, which keeps its worker): a first map skips registering them, a
-            # broadcast through the scheduler that took 0.1-0.3 s of it.
-            kwargs["plugins"] = tuple(plugins) + ((EnginePlugin(),) if engine_at_spawn else ())
+            # The engine's handlers and the telemetry's flush plugin too, in worker processes
+            # (in-process workers would share one plugin object, which keeps its worker): a first map
+            # skips registering them, two broadcasts through the scheduler that took 0.1-0.3 s of it.
+            kwargs["plugins"] = tuple(plugins) + ((EnginePlugin(), flush_plugin()) if engine_at_spawn else ())
         if devices is None and kwargs["processes"] and use_forkserver():
             kwargs["env"] = environ_since_forkserver()  # {} before the server's first start
             start_forkserver()  # the nannies' first process start waits for it (multiprocessing's lock)
@@ -287,6 +289,7 @@ class LocalBackend(Backend):
                 forget_security(cred_name, identity)
         if engine_at_spawn:
             setattr(cluster, ENGINE_AT_SPAWN, True)
+            setattr(cluster, FLUSH_AT_SPAWN, True)
         if dashboard_later:
             dashboard.attach_later(cluster)
         try:
