@@ -69,7 +69,7 @@ from .cluster import (
     worker_slots,
 )
 from .demand import Demand
-from .dispatch import Chunk, Event, Note
+from .dispatch import Chunk, Counters, Event, Note
 from .protocol import Op, RelayEntry, Run, Status, pack, pack_group, unpack, unpack_answers
 from .worker import lease
 from .worker.registry import ATTACH_WAIT_SECONDS, EARLY_WAIT_SECONDS
@@ -757,6 +757,10 @@ class DirectDispatcher:
 
     def forget_function(self) -> None:
         self.leases.blob = None
+
+    def stats(self) -> Counters:
+        leases = self.leases
+        return Counters(leases.placed, leases.reused, leases.relayed, leases.early_sent)
 
     # -- placing leases -----------------------------------------------------------------
     def _place(self) -> list[Note]:

@@ -65,6 +65,15 @@ class Note(NamedTuple):
     data: Any = None
 
 
+class Counters(NamedTuple):
+    """What a dispatcher placed and sent so far (:meth:`Dispatcher.stats`; all 0 on the task path)."""
+
+    placed: int = 0  # lease tasks this map placed (``MapJob.leases``)
+    reused: int = 0  # idle leases of an earlier map it took over
+    relayed: int = 0  # relay messages sent, each with the batches of a group of workers (``MapJob.relays``)
+    early_sent: int = 0  # batches sent to a lease before it attached
+
+
 class Dispatcher(Protocol):
     """Sends a map's chunks to the cluster and reports what became of them.
 
@@ -117,4 +126,8 @@ class Dispatcher(Protocol):
 
     def forget_function(self) -> None:
         """Drop the map's pickled function (the map ended)."""
+        ...
+
+    def stats(self) -> Counters:
+        """What it placed and sent so far (read on demand, never on the send path)."""
         ...

@@ -76,7 +76,7 @@ from .cluster import (
 )
 from .demand import adaptive
 from .direct import DirectDispatcher
-from .dispatch import Chunk, Dispatcher, Event, Note
+from .dispatch import Chunk, Counters, Dispatcher, Event, Note
 from .faults import Faults, abbreviate  # noqa: F401  (abbreviate: re-exported by mapping)
 from .planner import MAX_CHUNK_ITEMS
 from .protocol import RemoteItemError, Run, TaskRun
@@ -333,21 +333,21 @@ class MapJob:
         return self._dispatcher.name if self._dispatcher is not None else None
 
     @property
-    def _leases(self) -> Any:
-        """The direct path's :class:`.direct.Leases` (None on the task path)."""
-        return getattr(self._dispatcher, "leases", None)
+    def _leases(self) -> Counters | None:
+        """What the dispatcher placed and sent so far (:class:`.dispatch.Counters`; None before the first step)."""
+        return self._dispatcher.stats() if self._dispatcher is not None else None
 
     @property
     def leases(self) -> int:
         """Lease tasks this map placed (direct path; 0 on the task path)."""
-        leases = self._leases
-        return leases.placed if leases is not None else 0
+        counters = self._leases
+        return counters.placed if counters is not None else 0
 
     @property
     def relays(self) -> int:
         """Relay messages this map sent (each carried the batches of a group of workers; 0 without relays)."""
-        leases = self._leases
-        return leases.relayed if leases is not None else 0
+        counters = self._leases
+        return counters.relayed if counters is not None else 0
 
     @property
     def durations(self) -> dict[int, float]:

@@ -29,7 +29,7 @@ from .cluster import (
     is_killed_worker,
     total_threads,
 )
-from .dispatch import Chunk, Event, Note
+from .dispatch import Chunk, Counters, Event, Note
 from .protocol import Items, TaskRun
 from .worker import run_items
 
@@ -171,6 +171,9 @@ class TaskDispatcher:
 
     def forget_function(self) -> None:
         self.run = self.run._replace(blob=None)
+
+    def stats(self) -> Counters:
+        return Counters()  # no leases, no relays
 
     # -- waiting and fetching -----------------------------------------------------------
     def _wait(self, timeout: float) -> list:
