@@ -507,7 +507,7 @@ class Leases:
         relays: the workers are taken in groups of :data:`RELAY_GROUP`, and
         the client sends each group's batches in one ``jc_relay`` message to
         the group's first worker, which forwards them over its own
-        connections and answers with all of them (:func:`.worker._relay`).
+        connections and answers with all of them (:func:`.worker.handlers._relay`).
         One client tops out near 1,000 RPCs a second; relays make that one
         message per group.  Smaller rounds go straight to their leases.
         """

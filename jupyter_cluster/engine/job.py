@@ -124,7 +124,7 @@ def last_job() -> MapJob | None:
     A map that finished is kept for its record (counts, timings, outputs,
     failures' text) but not for its values: :func:`map` hands its results to
     its caller and keeps none, and a finished map whose caller still owns its
-    results (``Pool.map``, :func:`run_on_workers`) is returned only while that
+    results (``Pool.map``, :func:`.mapping.run_on_workers`) is returned only while that
     caller keeps the job; None after that.  So is a running map (an
     :func:`imap` its caller dropped is collected, which cancels it).
     """

@@ -470,7 +470,7 @@ class ClusterManager:
         self.history: dict[str, KeptCluster] = {k.key: k for k in self._disk.load()}
         self._history_version = 0
         #: running clusters' jobs and metrics, written now and then and when the server stops; taken
-        #: up again by the connection to the same cluster after a restart (:func:`.jobs.restore_live`)
+        #: up again by the connection to the same cluster after a restart (:func:`.history.restore_live`)
         self._live = HistoryFolder(  # one file per running cluster: bounded by their number, not by owner
             folder=_live_folder(), keep=LIVE_KEEP, total_bytes=LIVE_KEEP << 24, owner_bytes=LIVE_KEEP << 24
         )

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-#: the key prefix of the engine's lease tasks (``engine/dask.py`` names them ``jc-lease-<map>-<n>``)
+#: the key prefix of the engine's lease tasks (``engine/direct.py`` names them ``jc-lease-<map>-<n>``)
 LEASE_PREFIX = "jc-lease-"
 #: the custom worker metric holding how many of a worker's leases are working (``engine.worker.registry``)
 BUSY_METRIC = "jc_busy_leases"

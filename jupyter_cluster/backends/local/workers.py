@@ -39,7 +39,7 @@ class IgnoreSigint(WorkerPlugin):
 class NoWorkerHttp(WorkerPlugin):
     """Worker plugin: the worker's HTTP server (Prometheus metrics, health) stops listening on TCP.
 
-    Like the scheduler's dashboard (:func:`dashboard_on_unix_socket`), a
+    Like the scheduler's dashboard (:func:`.dashboard_socket.dashboard_on_unix_socket`), a
     loopback port would be open to every user of the machine; nothing of a
     local cluster needs the workers' HTTP servers.
     """
