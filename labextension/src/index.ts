@@ -11,7 +11,7 @@ import { requestAPI } from './api';
 import { IClusterSummary, IJob, connectCode } from './model';
 import { ClusterPanel, DEFAULT_SETTINGS, IPanelSettings, clusterIcon } from './panel';
 import { jobCell } from './panel/jobs';
-import { registerSweep } from './sweep/area';
+import { OPEN_SWEEP, registerSweep } from './sweep/area';
 import { TopicView } from './topicView';
 
 const PLUGIN_ID = 'jupyter-cluster:plugin';
@@ -184,6 +184,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     // the sweep table of a run in the main area (sweep/area.ts): command jupyter-cluster:open-sweep {run}
     const sweepDark = registerSweep(app, palette, dark, clusterIcon);
+    panel.onOpenSweep = run => void commands.execute(OPEN_SWEEP, { run });
     panel.onOpenTopic = (cluster, topic) => void commands.execute(CommandIDs.openTopic, { cluster, topic });
     commands.addCommand(CommandIDs.open, {
       label: 'Show the Dask Clusters Panel',

@@ -92,6 +92,8 @@ export interface IJob {
   cell?: { execution_count?: number | null; cell_id?: string | null; first_line?: string } | null;
   config?: { [key: string]: unknown };
   context?: { [key: string]: unknown };
+  /** a `%%parallel` sweep's number of items (sent when it ends; `GET runs/RUN` has them) */
+  item_count?: number;
 }
 
 /** A stopped cluster whose jobs and metrics the server kept (name: "NAME.stopped-HHMMSS"). */

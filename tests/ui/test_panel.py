@@ -214,6 +214,14 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
         page.evaluate("window.jupyterapp.shell.currentWidget.content.activeCellIndex = 0")
         finished.locator(".jc-job-cell-link").click()
         page.wait_for_function("window.jupyterapp.shell.currentWidget?.content?.activeCellIndex === 2", timeout=10_000)
+        # a sweep's job opens its run's table (one row per item) in the main area; closed again
+        finished.locator(".jc-job-sweep-link").click()
+        page.wait_for_function(
+            f"(document.querySelector('.jc-sweep-area .jc-sweep') || {{dataset: {{}}}}).dataset.rows === '{ITEMS}'",
+            timeout=30_000,
+        )
+        page.evaluate("window.jupyterapp.shell.currentWidget.close()")
+        page.wait_for_selector(".jc-sweep-area", state="detached", timeout=10_000)
 
         # -- metrics: a line chart and a heatmap, both drawn with data ------------------
         page.wait_for_function(

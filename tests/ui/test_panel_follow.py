@@ -566,6 +566,8 @@ def test_side_by_side_notebooks_keep_their_jobs_and_history_under_load(lab, brow
         # a first cluster each, with a job, stopped (kept as history) once the panel has its job
         _run_cells_in(page, "sa.ipynb", range(2))
         _run_cells_in(page, "sb.ipynb", range(2))
+        # the list shows the active notebook's jobs unless asked for all notebooks'
+        page.select_option("#jupyter-cluster-panel select.jc-jobs-scope", "all")
         _jobs_of(page, lambda labels: sum(any(x in t for x in ("range(3)", "range(6)")) for t in labels) == 2, 120)
         page.wait_for_function(
             "[...document.querySelectorAll('#jupyter-cluster-panel .jc-job .jc-job-state')]"
@@ -646,5 +648,13 @@ def test_side_by_side_notebooks_keep_their_jobs_and_history_under_load(lab, brow
         # B's view under the same load: its own jobs
         page.select_option("#jupyter-cluster-panel select.jc-jobs-scope", "notebook")
         _click_into(page, "sb.ipynb", SB)
+        _jobs_of(page, lambda labels: len(labels) == 2 and all(any(b in t for b in b_labels) for t in labels))
+        # B on a new kernel (a new id): "this notebook" still lists its jobs, found by the notebook's path
+        old = page.evaluate("window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.id")
+        page.evaluate("window.jupyterapp.shell.currentWidget.sessionContext.changeKernel({name: 'python3'})")
+        page.wait_for_function(
+            f"(window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.id ?? '{old}') !== '{old}'",
+            timeout=60_000,
+        )
         _jobs_of(page, lambda labels: len(labels) == 2 and all(any(b in t for b in b_labels) for t in labels))
         page.evaluate("window.__jcLoadKernel.shutdown()")

@@ -3,11 +3,23 @@
  * the virtual list's window, stable card and job orders, the New dialog's
  * checks, and the active notebook's stopped cluster not swapped for another's.
  */
-import { IClusterModel, IClusterSummary, IJob, IWorker, initialState, reduce, select, setActiveKernel } from '../model';
+import {
+  IClusterModel,
+  IClusterSummary,
+  IJob,
+  IPanelState,
+  IWorker,
+  ServerMessage,
+  initialState,
+  reduce,
+  select,
+  setActiveKernel
+} from '../model';
 import { checkNewCluster, newClusterFields, newClusterRequest } from '../panel/newCluster';
 import { orderClusters, orderJobs, scopedJobs } from '../panel/order';
 import { batchText } from '../panel/workersView';
-import { jobCell, jobContextText } from '../panel/jobs';
+import { Loader } from '../panel/loader';
+import { jobCell, jobContextText, sweepRun } from '../panel/jobs';
 import { applyWorkersDiff, hostOf, nextSort, sortWorkers, summarize, tasksText, visibleRange } from '../panel/workers';
 
 const GIB = 2 ** 30;
@@ -318,6 +330,13 @@ describe('the link to the cell', () => {
     expect(jobCell(job('j', 'k', { cell }))).toBeNull(); // nbclient: no notebook path
     expect(jobCell(job('j', 'k'))).toBeNull();
   });
+
+  it("offers a sweep's or a named run's table, not a plain map's", () => {
+    expect(sweepRun(job('j', 'k', { run: 'r1', item_count: 30 }))).toBe('r1');
+    expect(sweepRun(job('j', 'k', { run: 'r2', config: { lr: 0.1 } }))).toBe('r2');
+    expect(sweepRun(job('j', 'k', { run: 'r3', config: {} }))).toBeNull();
+    expect(sweepRun(job('j', 'k', { item_count: 30 }))).toBeNull(); // an older kernel: no run id
+  });
 });
 
 describe('batch facts', () => {
@@ -348,5 +367,31 @@ describe('job context', () => {
     expect(jobContextText(j)).toBe('03-es.ipynb · In [7] · job 3 · 4.2 s');
     expect(jobContextText({ ...j, context: { job: 1 } })).toBe('03-es.ipynb · In [7] · 4.2 s');
     expect(jobContextText(job('x', null, { started: 10, updated: 105, state: 'finished' }))).toBe('1 min 35 s');
+  });
+});
+
+describe('the loader of a stopped cluster', () => {
+  it('does not resend an empty topic list (each dispatch syncs again: it recursed without end)', () => {
+    class NoTopics extends Loader {
+      topicsOf(): [] {
+        return []; // kept with no topics, or its read failed
+      }
+    }
+    let state: IPanelState = {
+      ...initialState(),
+      selected: 'sb.stopped-1',
+      history: [{ ...cluster('sb.stopped-1'), cluster: 'sb', stopped: 2 }]
+    };
+    let dispatched = 0;
+    const loader: Loader = new NoTopics(
+      (msg: ServerMessage) => {
+        dispatched += 1;
+        state = reduce(state, msg);
+        loader.sync(state); // as the panel's setState does
+      },
+      () => undefined
+    );
+    loader.sync(state);
+    expect(dispatched).toBe(0);
   });
 });

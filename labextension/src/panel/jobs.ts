@@ -20,21 +20,38 @@ class JobRow {
   private readonly context = el('div', 'jc-job-context');
   private readonly contextText = el('span', 'jc-job-context-text');
   private readonly cellLink: HTMLButtonElement | null;
+  private readonly sweepLink: HTMLButtonElement | null;
   private failures: HTMLElement | null = null;
   private failuresKey = '';
   job: IJob;
 
-  constructor(job: IJob, onToggle: (job: IJob) => void, onOpenCell: ((job: IJob) => void) | null) {
+  constructor(
+    job: IJob,
+    onToggle: (job: IJob) => void,
+    onOpenCell: ((job: IJob) => void) | null,
+    onOpenSweep: ((run: string) => void) | null
+  ) {
     this.job = job;
     this.context.append(this.contextText);
     if (onOpenCell) {
       // a link on the context line (button() stops the click: the row's own click toggles its failures)
-      this.cellLink = button('cell', 'jc-job-cell-link', 'Show the cell that started this job', () =>
+      this.cellLink = button('cell', 'jc-job-link jc-job-cell-link', 'Show the cell that started this job', () =>
         onOpenCell(this.job)
       );
       this.context.append(this.cellLink);
     } else {
       this.cellLink = null;
+    }
+    if (onOpenSweep) {
+      this.sweepLink = button('table', 'jc-job-link jc-job-sweep-link', "Open this run's sweep table", () => {
+        const run = sweepRun(this.job);
+        if (run) {
+          onOpenSweep(run);
+        }
+      });
+      this.context.append(this.sweepLink);
+    } else {
+      this.sweepLink = null;
     }
     this.node.dataset.job = job.job;
     const head = el('div', 'jc-job-head');
@@ -83,6 +100,9 @@ class JobRow {
     setAttr(this.context, 'title', typeof job.notebook === 'string' ? job.notebook : '');
     if (this.cellLink) {
       this.cellLink.hidden = !jobCell(job);
+    }
+    if (this.sweepLink) {
+      this.sweepLink.hidden = sweepRun(job) === null;
     }
     if (job.failed > 0) {
       setAttr(this.node, 'tabindex', '0');
@@ -165,6 +185,18 @@ export function jobCell(job: IJob): { notebook: string; cellId: string | null; c
   return cellId === null && count === null ? null : { notebook, cellId, count };
 }
 
+/**
+ * The run whose sweep table a job has: a `%%parallel` sweep's (it names its
+ * items: `item_count`, sent when it ends) or a named run's (its config), else null.
+ */
+export function sweepRun(job: IJob): string | null {
+  if (typeof job.run !== 'string' || !job.run) {
+    return null;
+  }
+  const configured = !!job.config && Object.keys(job.config).length > 0;
+  return typeof job.item_count === 'number' || configured ? job.run : null;
+}
+
 function failureList(job: IJob): HTMLElement {
   const { rows, more } = failureDetails(job);
   const list = el('div', 'jc-job-failures');
@@ -199,7 +231,8 @@ export class JobsView {
   constructor(
     private readonly onToggleFailures: (job: IJob) => void,
     private readonly onShowAll: () => void,
-    private readonly onOpenCell: ((job: IJob) => void) | null = null
+    private readonly onOpenCell: ((job: IJob) => void) | null = null,
+    private readonly onOpenSweep: ((run: string) => void) | null = null
   ) {
     this.more = button('', 'jc-more-jobs', 'Show or hide older finished jobs', () => {
       this.showAll = !this.showAll;
@@ -237,7 +270,7 @@ export class JobsView {
       for (const job of jobs) {
         let row = this.rows.get(job.job);
         if (!row) {
-          row = new JobRow(job, this.onToggleFailures, this.onOpenCell);
+          row = new JobRow(job, this.onToggleFailures, this.onOpenCell, this.onOpenSweep);
           this.rows.set(job.job, row);
         }
         row.update(job, failuresOpen === job.job);

@@ -33,7 +33,9 @@ export class Loader {
     }
     if (topics.length === 0) {
       const known = this.topicsOf(selected);
-      if (known) {
+      // none kept (or the read failed): the state already says so, and sending it again would
+      // come straight back here (each dispatch syncs again): an endless recursion
+      if (known && known.length > 0) {
         this.dispatch({ type: 'topics', cluster: selected, topics: known });
       }
       return;

@@ -88,6 +88,8 @@ export class ClusterPanel extends Widget {
   onOpenTopic: ((cluster: string, topic: string) => void) | null = null;
   /** Set by the plugin: opens a job's notebook and selects the cell that started it. */
   onOpenCell: ((job: IJob) => void) | null = null;
+  /** Set by the plugin: opens a run's sweep table in the main area. */
+  onOpenSweep: ((run: string) => void) | null = null;
   /** Set by the plugin: inserts `%cluster connect NAME` into the active notebook. */
   onConnect: ((name: string) => void) | null = null;
 
@@ -122,7 +124,8 @@ export class ClusterPanel extends Widget {
     this.jobsView = new JobsView(
       job => this.setState(toggleFailures(this.state, job)),
       () => this.setState(this.state, true),
-      job => this.onOpenCell?.(job)
+      job => this.onOpenCell?.(job),
+      run => this.onOpenSweep?.(run)
     );
     this.metricsView = new MetricsView({
       openTopic: (cluster, topic) => this.onOpenTopic?.(cluster, topic),
