@@ -218,3 +218,54 @@ def test_a_local_clusters_workers_start_with_the_telemetry_plugin_and_a_first_ma
     assert got["snapshot"] == {"total": 6, "done": 6, "state": "finished"}, got["snapshot"]
     assert "finished" in got["states"], got["states"]
     assert got["steps"] == list(range(6)) and got["values"] == [x * 0.5 for x in range(6)]
+
+
+LOAD_EXT = """
+import json, sys
+from jupyter_cluster import _background
+_background.MODULES = tuple(m for m in _background.MODULES if m != "distributed")  # only the magics could import it
+from IPython.core.interactiveshell import InteractiveShell
+
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "jupyter_cluster")
+_background.wait()
+out = {"loaded": "distributed" in sys.modules, "magics": sorted(set(shell.magics_manager.magics["line"]) & {"cluster", "spmd"})
+       + sorted(set(shell.magics_manager.magics["cell"]) & {"parallel", "spmd"})}
+errors = {}
+for cell in ("%%spmd --backend bogus\\npass", "%%parallel x in range(2) --retries -1\\nx", "%cluster bogus"):
+    error = shell.run_cell(cell).error_in_exec
+    errors[cell.split()[0]] = [type(error).__name__, str(error).splitlines()[0]]
+out["errors"], out["after_errors"] = errors, "distributed" in sys.modules
+out["list"] = type(shell.run_cell("%cluster list").error_in_exec).__name__
+out["after_list"] = "distributed" in sys.modules
+import importlib
+spmd = importlib.import_module("jupyter_cluster.spmd")  # the package's attribute of that name is the function
+from jupyter_cluster.magics import spmd_magic
+out["backends"] = [list(spmd.BACKENDS), list(spmd_magic.BACKENDS)]
+print(json.dumps(out))
+"""
+
+
+def test_load_ext_leaves_distributed_to_the_background_import_and_the_magics_still_work():
+    got = _run(LOAD_EXT)
+    assert got["loaded"] is False, "%load_ext imported distributed in the foreground"
+    assert got["magics"] == ["cluster", "spmd", "parallel", "spmd"]
+    # the magics' own checks come before any import of the layers below, with their messages unchanged
+    assert got["errors"] == {
+        "%%spmd": [
+            "UsageError",
+            "%%spmd: argument --backend: invalid choice: 'bogus' (choose from 'gloo', 'nccl', 'auto').",
+        ],
+        "%%parallel": [
+            "UsageError",
+            "%%parallel: --retries must be 0 or more and --timeout a positive number of seconds.",
+        ],
+    } | {"%cluster": got["errors"]["%cluster"]}, got["errors"]
+    assert got["errors"]["%cluster"][0] == "UsageError"
+    assert got["errors"]["%cluster"][1].startswith(
+        "%cluster: argument command: invalid choice: 'bogus' (choose from 'status'"
+    )
+    assert got["after_errors"] is False
+    # a magic that needs the session imports it on its first run
+    assert got["list"] == "NoneType" and got["after_list"] is True
+    assert got["backends"][0] == got["backends"][1], "spmd_magic.BACKENDS must list jupyter_cluster.spmd.BACKENDS"

@@ -10,14 +10,19 @@ from __future__ import annotations
 import argparse
 import shlex
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
-from .. import session
 from ..errors import CellError, ClusterError, SerializationError
 from .args import MagicArgumentParser
+from .lazy import LazyModule
+
+if TYPE_CHECKING:
+    from .. import session
+else:  # imports distributed: on the first %cluster, not at %load_ext
+    session = LazyModule("jupyter_cluster.session")
 
 
 class _ArgumentParser(MagicArgumentParser):

@@ -25,24 +25,31 @@ import functools
 import shlex
 import uuid
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import cloudpickle
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, magics_class
 
-from .. import capture, mapping, session
+from .. import capture
 from ..cellfunc import ITEM_NAME, CellFunction
 from ..errors import CellError, ClusterError, SerializationError
 from ..runs import TAG_NAME, ItemTag, ItemTap, starting
 from .args import MagicArgumentParser, add_options, options_text
+from .lazy import LazyModule
 from .tracebacks import (
     execution_count,
     interrupted_traceback,
     remote_renderer,
     set_renderer,
 )
+
+if TYPE_CHECKING:
+    from .. import mapping, session
+else:  # both import distributed: on the first %%parallel, not at %load_ext
+    mapping = LazyModule("jupyter_cluster.mapping")
+    session = LazyModule("jupyter_cluster.session")
 
 DEFAULT_OUT = "_parallel"
 JOB_NAME = "_parallel_job"

@@ -19,18 +19,27 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from .. import capture, session
+from .. import capture
 from ..cellfunc import CellFunction
 from ..errors import CellError, ClusterError, SerializationError
-from ..spmd import BACKENDS, OutputPrinter, prepare, reset, run
-from ..spmd import group as spmd_group
 from .args import MagicArgumentParser, add_options, options_text
+from .lazy import LazyModule
 from .tracebacks import remote_renderer
+
+if TYPE_CHECKING:
+    from .. import session, spmd
+else:  # both import distributed: on the first %%spmd, not at %load_ext
+    session = LazyModule("jupyter_cluster.session")
+    spmd = LazyModule("jupyter_cluster.spmd")
+
+#: ``jupyter_cluster.spmd.BACKENDS``, written out so that the options table needs no import of it
+#: (tests/test_startup.py checks that the two agree)
+BACKENDS = ("gloo", "nccl", "auto")
 
 DEFAULT_OUT = "_spmd"
 JOB_NAME = "_spmd_job"
@@ -86,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def parse_show(text: str):
-    """``0`` / ``all`` / ``0,2`` / ``none`` -> what :class:`OutputPrinter` takes."""
+    """``0`` / ``all`` / ``0,2`` / ``none`` -> what :class:`~jupyter_cluster.spmd.OutputPrinter` takes."""
     text = text.strip().lower()
     if text == "all":
         return "all"
@@ -131,7 +140,7 @@ class SpmdMagics(Magics):
             raise UsageError(f"%spmd: {exc}.") from None
         cmd = words[0] if words else "status"
         if cmd == "reset" and len(words) == 1:
-            had = reset()
+            had = spmd.reset()
             print(
                 "%spmd: the group was torn down; the next %%spmd cell builds a new one."
                 if had
@@ -140,7 +149,7 @@ class SpmdMagics(Magics):
             return
         if cmd == "status" and len(words) <= 1:
             handle = session.current()
-            group = spmd_group(handle) if handle is not None else None
+            group = spmd.group(handle) if handle is not None else None
             if group is None:
                 print("No %%spmd group on the current cluster; the first %%spmd cell builds one.")
                 return
@@ -185,7 +194,7 @@ class SpmdMagics(Magics):
         user_ns = self.shell.user_ns
 
         handle = session.resolve()
-        group = prepare(handle, args.workers, args.backend, notice=print)  # refuses before anything runs
+        group = spmd.prepare(handle, args.workers, args.backend, notice=print)  # refuses before anything runs
         captured = capture.capture(analysis.free, user_ns, maybe=analysis.maybe, exclude=group.assigned)
         func = CellFunction(
             cell,
@@ -198,14 +207,14 @@ class SpmdMagics(Magics):
             persistent=True,
         )
         payload = {"kind": "cell", "func": func, "large": captured.large}
-        job = run(
+        job = spmd.run(
             payload,
             handle=handle,
             workers=args.workers,
             backend=args.backend,
             timeout=args.timeout,
             label=f"%%spmd ({group.world_size} ranks)",
-            on_output=OutputPrinter(show),
+            on_output=spmd.OutputPrinter(show),
             notice=print,
             progress=False if args.no_progress else None,
         )

@@ -13,8 +13,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .. import session
-
 __all__ = ["launcher", "show_metrics", "show_runs", "cluster_widget", "register_display"]
 
 
@@ -33,7 +31,10 @@ def register_display(ipython: Any = None) -> None:
         ipython = get_ipython()
         if ipython is None:
             return
-    ipython.display_formatter.mimebundle_formatter.for_type(session.ClusterHandle, _handle_mimebundle)
+    # by module and class name, resolved when a handle is first shown: %load_ext imports no session (distributed)
+    ipython.display_formatter.mimebundle_formatter.for_type_by_name(
+        "jupyter_cluster.session", "ClusterHandle", _handle_mimebundle
+    )
 
 
 def _handle_mimebundle(handle: Any) -> dict | tuple[dict, dict] | None:
@@ -73,6 +74,7 @@ def show_runs(runs: Any = None, *, topic: str | None = None, notebook: str | Non
 
 def cluster_widget(handle: Any = None, live: bool = True):
     """The live cluster widget of ``handle`` (the current cluster by default)."""
+    from .. import session
     from .cluster import ClusterWidget
 
     return ClusterWidget(handle if handle is not None else session.get(), live=live)
