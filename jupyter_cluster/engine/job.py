@@ -79,7 +79,7 @@ from .direct import DirectDispatcher
 from .dispatch import Chunk, Counters, Dispatcher, Event, Note
 from .faults import Faults, abbreviate  # noqa: F401  (abbreviate: re-exported by mapping)
 from .planner import MAX_CHUNK_ITEMS
-from .protocol import RemoteItemError, Run, TaskRun
+from .protocol import ChunkResult, ItemError, RemoteItemError, Run, TaskRun
 from .tasks import TaskDispatcher
 
 logger = logging.getLogger(__name__)
@@ -783,9 +783,10 @@ class MapJob:
                 self._record_failure(chunk.start, err)
 
     def _record(self, chunk: Chunk, result: tuple) -> None:
-        values, durations, outputs, errors, worker, t_start = result
+        r = ChunkResult._make(result)  # a plain tuple on the wire (see .protocol)
+        values, durations, outputs, errors, worker = r.values, r.durations, r.outputs, r.errors, r.worker
         n = len(values)
-        self.chunk_log.append((chunk.start, n, worker, t_start, sum(durations)))
+        self.chunk_log.append((chunk.start, n, worker, r.started, sum(durations)))
         start = chunk.start
         if n < len(chunk.items):  # the budget ran out (or the task was stopped): run the rest again
             if chunk.suspect or chunk.pin is not None or chunk.budget is None:
@@ -829,15 +830,16 @@ class MapJob:
             logger.exception("jupyter_cluster: output callback failed")
 
     def _item_failed(self, index: int, item: Any, info: tuple, worker: str | None, outputs: dict | None) -> None:
-        exc, tname, msg, text, frames = info
+        error = ItemError._make(info)
+        exc, text = error.exc, error.text
         if exc is None:
-            exc = RemoteItemError(f"{tname}: {msg}")
+            exc = RemoteItemError(f"{error.type_name}: {error.message}")
         where = f" on worker {worker}" if worker else ""
         _add_note(
             exc,
             f"jupyter_cluster: item {index} ({abbreviate(item)}) failed{where}.\nRemote traceback:\n{text.rstrip()}",
         )
-        self.tracebacks[index] = (text, frames)
+        self.tracebacks[index] = (text, error.frames)
         self.failed_items[index] = (item, worker)
         self._record_failure(index, exc, in_results=True)
 

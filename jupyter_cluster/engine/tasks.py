@@ -114,7 +114,7 @@ class TaskDispatcher:
         """Chunks as Dask tasks: pinned and suspect ones one by one, the others in one ``client.map``."""
         if not chunks:
             return []
-        token, blob, _, star, options = self.run
+        run = self.run  # its ``big`` is not read: the map's large values as scattered now are
         big = self.shared.current()
         resources = self.resources
         first = self.submitted
@@ -131,7 +131,9 @@ class TaskDispatcher:
             if c.pin is not None:
                 kwargs["workers"] = [c.pin]
                 kwargs["allow_other_workers"] = False
-            out[k] = self.client.submit(run_items, Items(c.items, c.budget), token, blob, big, star, options, **kwargs)
+            out[k] = self.client.submit(
+                run_items, Items(c.items, c.budget), run.token, run.blob, big, run.star, run.options, **kwargs
+            )
         if plain:
             kwargs = {"resources": resources} if resources else {}
             futures = self.client.map(
@@ -139,11 +141,11 @@ class TaskDispatcher:
                 [Items(chunks[k].items, chunks[k].budget) for k in plain],
                 key=[keys[k] for k in plain],
                 pure=False,
-                token=token,
-                blob=blob,
+                token=run.token,
+                blob=run.blob,
                 big=big,
-                star=star,
-                options=options,
+                star=run.star,
+                options=run.options,
                 **kwargs,
             )
             for k, fut in zip(plain, futures):

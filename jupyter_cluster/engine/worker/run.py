@@ -238,7 +238,10 @@ def _add_first_lines(frames: dict | None, tb) -> None:
 
 
 def error_info(exc: BaseException) -> tuple:
-    """``(exception or None, type name, message, traceback text, frames dict or None)``."""
+    """An :class:`..protocol.ItemError`'s fields as a plain tuple (the client reads it with ``ItemError._make``).
+
+    ``(exception or None, type name, message, traceback text, frames dict or None)``.
+    """
     tb = _cell_tb(exc.__traceback__)
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     try:
@@ -369,9 +372,11 @@ def run_chunk(
     Returns
     -------
     tuple
-        ``(values, durations, outputs, errors, worker, started)``: ``outputs`` maps
-        position -> printed text, ``errors`` maps position -> :func:`error_info`
-        (None when empty); ``started`` is the chunk's ``time.time()`` start.
+        A :class:`..protocol.ChunkResult`'s fields as a plain tuple (the
+        client reads it with ``ChunkResult._make``): ``(values, durations,
+        outputs, errors, worker, started)``; ``outputs`` maps position ->
+        printed text, ``errors`` maps position -> :func:`error_info` (None
+        when empty); ``started`` is the chunk's ``time.time()`` start.
         Fewer values than items means the chunk stopped early (its budget ran
         out, or its task was cancelled).
     """
@@ -415,7 +420,7 @@ def run_chunk(
             errors = {p: e for p, e in list(errors.items()) if p < n}
             outputs = {p: t for p, t in list(outputs.items()) if p < n}
     _check_results(values, errors, getattr(fn, "check_result", None))
-    return (values, durations, outputs or None, errors or None, worker, started)
+    return (values, durations, outputs or None, errors or None, worker, started)  # protocol.ChunkResult's fields
 
 
 def _run_items(
