@@ -120,7 +120,7 @@ def _register_display_by_name() -> None:
     """Show cluster handles as the live widget in a running IPython, without importing them now.
 
     IPython finds the formatter by the class's module and name when a handle
-    is first displayed (``%load_ext`` registers it by class, :func:`.widgets.register_display`).
+    is first displayed; ``%load_ext`` registers it the same way (:func:`.widgets.register_display`).
     """
     if "IPython" not in _sys.modules:  # not in IPython: nothing displays a handle
         return

@@ -118,22 +118,10 @@ def test_a_map_waiting_for_an_adaptive_cluster_to_add_workers_says_so(adaptive_c
 
 @pytest.fixture
 def gateway(tmp_path):
-    try:
-        import dask_gateway  # noqa: F401  (its config defaults must be in place before dask.config.set)
-        import dask_gateway_server  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"dask-gateway and dask-gateway-server are not installed ({exc}); pip install -e '.[test]'")
-    try:
-        from tests.hpc.gateway_server import GatewayServer
-    except ImportError:  # the branch this test was written on, before the gateway backend's tests joined it
-        pytest.skip("tests/hpc/gateway_server.py (the test gateway) is not in this checkout")
-    server = GatewayServer(tmp_path)
-    try:
-        server.start()
-        with dask.config.set(server.dask_config()):
-            yield server
-    finally:
-        server.stop()
+    from tests.hpc.gateway_server import running_gateway
+
+    with running_gateway(tmp_path) as server:
+        yield server
 
 
 @pytest.mark.slow
