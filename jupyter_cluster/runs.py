@@ -41,6 +41,7 @@ from typing import Any
 
 # The tag state and config cleaning live in a leaf, which the report producer reads without importing
 # runs; they are re-exported here, where the rest of the package and users have always found them.
+from .history_files import checked_run_items
 from .run_tags import (
     MAX_CONFIG_KEYS,
     MAX_VALUE_TEXT,  # noqa: F401  (re-exported)
@@ -924,7 +925,7 @@ def frame(rows: list[dict[str, Any]]) -> Any:
     return df
 
 
-def runs(notebook: str | None = None, cluster: str | None = None, run: str | None = None) -> Any:
+def runs(notebook: str | None = None, cluster: str | None = None, run: str | None = None, kept: bool = True) -> Any:
     """This kernel's runs as the sweep table: a pandas DataFrame, one row per item (or run).
 
     Columns: ``run``, ``name``, ``notebook``, ``cell``, ``item``, ``state``,
@@ -939,6 +940,14 @@ def runs(notebook: str | None = None, cluster: str | None = None, run: str | Non
         Only runs of this notebook path / cluster.
     run : str, optional
         Only this run (its id).
+    kept : bool, default True
+        Also list this notebook's earlier runs that the Jupyter server kept in
+        its history folder (``<jupyter runtime dir>/jupyter-cluster-history``)
+        when their cluster stopped, so that they survive a kernel restart;
+        with their final/best metrics where the server had them.  Only this
+        user's 0600 files are read; runs this kernel still holds come from the
+        kernel.  ``notebook`` (else this kernel's notebook) picks them; a
+        kernel that knows no notebook lists none.
     """
     # the reports of a map that just ended are at the scheduler, perhaps not yet here (as for metrics())
     from .telemetry.hub import attach, sync
@@ -956,7 +965,119 @@ def runs(notebook: str | None = None, cluster: str | None = None, run: str | Non
         and (cluster is None or r.get("cluster") == cluster)
         and (run is None or r["run"] == run)
     ]
-    return frame(table(chosen, merge_metrics(all_stores(), [r["run"] for r in chosen])))
+    rows = table(chosen, merge_metrics(all_stores(), [r["run"] for r in chosen]))
+    nb = notebook if notebook is not None else notebook_path()
+    if kept and nb:
+        old_records, old_metrics = kept_runs(nb, skip=set(records))
+        old_chosen = [
+            r
+            for r in old_records.values()
+            if (cluster is None or r.get("cluster") == cluster) and (run is None or r["run"] == run)
+        ]
+        rows = table(old_chosen, old_metrics) + rows  # older runs first, as the kernel's are
+    return frame(rows)
+
+
+# -- what the server kept: runs of earlier kernels -----------------------------------------
+class _KeptTopic:
+    """A kept topic's run items, as :func:`merge_metrics` reads a TopicStore's."""
+
+    def __init__(self, topic: str, items: dict[str, dict[str, dict[str, Any]]]):
+        self.topic = topic
+        self.items = items
+
+    def run_items(self, runs: set[str] | None = None, curves: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
+        return {r: v for r, v in self.items.items() if runs is None or r in runs}
+
+
+_NUMBERS = ("started", "updated", "ended")
+_COUNTS = ("total", "done", "failed", "item_count")
+
+
+def _kept_job(j: Any) -> dict[str, Any] | None:
+    """A job message from a history file, its fields of the types :func:`group_runs` reads, or None."""
+    if not isinstance(j, dict) or not isinstance(j.get("job"), str) or not j["job"]:
+        return None
+    out = {k: v for k, v in j.items() if k not in _NUMBERS + _COUNTS}
+    for k in _NUMBERS:
+        v = j.get(k)
+        out[k] = v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    for k in _COUNTS:
+        v = j.get(k)
+        out[k] = v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+    for k, kind in (("config", dict), ("context", dict), ("cell", dict), ("failures", list), ("items", list)):
+        if not isinstance(out.get(k), kind):
+            out.pop(k, None)
+    if isinstance(out.get("items"), list):
+        out["items"] = [it for it in out["items"][:MAX_ITEMS] if isinstance(it, dict)]
+    for k in ("run", "kind", "label", "notebook", "cluster", "state", "kernel_id"):
+        if out.get(k) is not None and not isinstance(out[k], str):
+            out.pop(k)
+    return out
+
+
+def kept_runs(
+    notebook: str, skip: set[str] | frozenset[str] = frozenset(), folder: str | None = None
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, dict[str, Any]]]]:
+    """The runs of ``notebook`` the server kept in its history folder, and their metrics.
+
+    Parameters
+    ----------
+    notebook : str
+        The notebook's path (as :func:`notebook_path` gives it, or under the server's root).
+    skip : set of str
+        Run ids left out (those the kernel still holds).
+    folder : str, optional
+        The history folder; the server's (:func:`jupyter_cluster.history_files.history_dir`) by default.
+
+    Returns
+    -------
+    (dict, dict)
+        ``run id -> record`` (:func:`group_runs`) and ``run id -> item key -> summary``
+        (:func:`merge_metrics`).  Only this user's regular 0600 files are read; an
+        unreadable or damaged one is skipped (a debug log names it).
+    """
+    import logging
+
+    from .history_files import MAX_FILE_BYTES, history_dir, history_files, read_json
+
+    logger = logging.getLogger(__name__)
+    records: dict[str, dict[str, Any]] = {}
+    per_run: dict[str, dict[str, dict[str, Any]]] = {}
+    seen: set[str] = set()
+    for path in reversed(history_files(folder or history_dir())):  # newest first: a job kept twice is its newest
+        try:
+            data = read_json(path, MAX_FILE_BYTES, private=True)
+            if not isinstance(data, dict) or not isinstance(data.get("jobs") or [], list):
+                raise ValueError("not a kept cluster's file")
+            jobs = []
+            for raw in data.get("jobs") or []:
+                j = _kept_job(raw)
+                if j is None or j["job"] in seen or not _same_path(j.get("notebook"), notebook):
+                    continue
+                jobs.append(j)
+            found = {r: rec for r, rec in group_runs(jobs).items() if r not in skip and r not in records}
+            if not found:
+                continue
+            seen.update(j["job"] for j in jobs)
+            topics = [
+                _KeptTopic(str(t.get("topic") or i), checked_run_items(t.get("runs")))
+                for i, t in enumerate(data.get("topics") or [])
+                if isinstance(t, dict)
+            ]
+            metrics = merge_metrics(topics, list(found))
+        except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+            logger.debug("jupyter-cluster: runs() skips the history file %s: %s", path, exc)
+            continue
+        records.update(found)
+        per_run.update(metrics)
+    ordered = dict(sorted(records.items(), key=lambda kv: float(kv[1].get("started") or 0)))
+    return ordered, per_run
+
+
+def _same_path(kept: Any, asked: str) -> bool:
+    """:func:`_same_notebook` either way round (a kernel's path may be absolute, the other relative)."""
+    return isinstance(kept, str) and (_same_notebook(kept, asked) or _same_notebook(asked, kept))
 
 
 def _same_notebook(kept: Any, asked: str) -> bool:

@@ -391,3 +391,77 @@ def test_reports_from_maps_pools_and_sweeps_inside_a_named_run_are_the_runs(ip, 
     assert list(df["seed"]) == [0, 1, 2] and list(df["u"]) == [0.0, 1.0, 2.0]
     assert set(df["opt"]) == {"sgd"} and set(df["name"]) == {df["name"].iloc[0]}
     assert df["name"].iloc[0].endswith("swept")
+
+
+KEPT_SCRIPT = """
+import json, os, sys
+import jupyter_cluster as jc
+
+path = sys.argv[1]
+out = {"rows": json.loads(jc.runs().to_json(orient="records"))}
+os.chmod(path, 0o644)  # others may read it: not the server's file, never read
+out["open"] = len(jc.runs())
+os.chmod(path, 0o600)
+out["again"] = len(jc.runs())
+if os.getuid() == 0:  # as root, a file of another user can be made
+    os.chown(path, 65534, -1)
+    out["other"] = len(jc.runs())
+print(json.dumps(out))
+"""
+
+
+def test_runs_lists_this_notebooks_runs_the_server_kept_after_a_kernel_restart(ip, cluster, tmp_path, monkeypatch):
+    """A sweep's cluster stops and the server keeps it in its history folder; a new kernel's jc.runs() lists it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from jupyter_cluster import registry
+    from jupyter_cluster.runs import kept_jobs
+    from jupyter_cluster.server.history import HistoryFolder, KeptCluster
+    from jupyter_cluster.server.manager import PANEL_MODEL, Connection
+    from jupyter_cluster.telemetry.store import store, topics
+
+    notebook = str(tmp_path / "work" / "sweep-27.ipynb")
+    monkeypatch.setenv("JPY_SESSION_NAME", notebook)  # as a Jupyter server starts a session's kernel
+    topic = unique_topic("kept")
+    grid = [{"lr": lr, "mom": 0.5, "seed": s} for lr in (0.1, 0.01) for s in (0, 1)]
+    ip.user_ns.update(grid=grid, TOPIC=topic)
+    r = ip.run_cell(SWEEP)
+    assert r.error_in_exec is None and r.error_before_exec is None
+    run_id = next(rid for rid, _ in _runs_of(ip.user_ns["_parallel_job"]))
+    assert len(jc.runs(run=run_id)) == 4
+
+    # what the server holds of the cluster once it stops: the jobs it heard (the kernel's, here; other
+    # tests' runs have no notebook) and the topic's store, kept by the server's own code
+    conn = Connection(registry.ClusterRecord(name="kept-27", backend="local", address=cluster.address))
+    for job in kept_jobs():
+        conn.jobs.add(job)
+    assert topic in topics()
+    conn.metrics[topic] = store(topic)
+    kept = KeptCluster.from_connection("kept-27.stopped-070000", conn, PANEL_MODEL)
+    folder = tmp_path / "runtime" / "jupyter-cluster-history"
+    assert HistoryFolder(str(folder)).save(kept) == []
+    path = folder / f"{kept.key}.json"
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    damaged = folder / "damaged.json"
+    damaged.write_text("{not json")
+    damaged.chmod(0o600)
+
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JPY_SESSION_NAME=notebook)
+    out = subprocess.run(
+        [sys.executable, "-c", KEPT_SCRIPT, str(path)], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = got["rows"]
+    assert {row["run"] for row in rows} == {run_id}  # this notebook's run only
+    assert [(row["lr"], row["mom"], row["seed"]) for row in rows] == [(c["lr"], c["mom"], c["seed"]) for c in grid]
+    for row, cfg in zip(rows, grid):
+        assert row["state"] == "finished" and row["notebook"] == notebook
+        assert row["width"] == 32 * (1 + cfg["seed"])  # report(config=...) on the worker, kept by the server
+        assert math.isclose(row["loss"], cfg["lr"] + cfg["mom"] + 0.5)
+        assert math.isclose(row["loss.best"], cfg["lr"] + cfg["mom"])
+    assert got["open"] == 0 and got["again"] == 4
+    assert got.get("other", 0) == 0

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 from ..errors import ClusterError
+from ..history_files import checked_run_items, history_dir, history_files, read_json
+from ..history_files import size as _size
 from ..telemetry.store import TopicStore
 from .jobs import JobsStore, number
 
@@ -172,34 +174,6 @@ def check_live(data: Any) -> dict[str, Any]:
 
 
 # -- what is kept of a stopped cluster ------------------------------------------
-def _checked_runs(raw: Any) -> dict[str, dict[str, dict[str, Any]]]:
-    """The run items of a kept topic, those of the shape :meth:`TopicStore.run_items` gives (others dropped)."""
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for run, items in (raw or {}).items() if isinstance(raw, dict) else ():
-        if not isinstance(items, dict):
-            continue
-        good = {}
-        for key, it in items.items():
-            if not isinstance(it, dict) or not all(
-                isinstance(it.get(f) or {}, dict) for f in ("config", "final", "best", "curves")
-            ):
-                continue
-            curves = {
-                m: pts
-                for m, pts in (it.get("curves") or {}).items()
-                if isinstance(pts, list) and all(isinstance(p, list) and len(p) == 2 for p in pts)
-            }
-            good[str(key)] = {
-                "config": dict(it.get("config") or {}),
-                "final": {m: v for m, v in (it.get("final") or {}).items() if v is None or isinstance(v, (int, float))},
-                "best": {m: v for m, v in (it.get("best") or {}).items() if v is None or isinstance(v, (int, float))},
-                "steps": it.get("steps") if isinstance(it.get("steps"), (int, float)) else None,
-                "curves": curves,
-            }
-        out[str(run)] = good
-    return out
-
-
 class KeptTopic:
     """A stopped cluster's metrics topic, as saved: the read side of a TopicStore.
 
@@ -217,7 +191,7 @@ class KeptTopic:
         self.scalars: dict[str, Any] = data.get("scalars") or {}
         self.vectors: dict[str, Any] = data.get("vectors") or {}
         self.series = {k for by in (*self.scalars.values(), *self.vectors.values()) for k in by}
-        self.data["runs"] = _checked_runs(data.get("runs"))
+        self.data["runs"] = checked_run_items(data.get("runs"))
 
     def model(self, **_: Any) -> dict[str, Any]:
         out = dict(self.data)
@@ -394,9 +368,7 @@ class HistoryFolder:
         owner_bytes: int | None = None,
     ):
         if folder is None:
-            from jupyter_core.paths import jupyter_runtime_dir
-
-            folder = os.path.join(jupyter_runtime_dir(), "jupyter-cluster-history")
+            folder = history_dir()
         self.folder = folder
         self.keep = keep
         self.max_bytes = max_bytes
@@ -454,8 +426,7 @@ class HistoryFolder:
             if self.keep is not None and len(out) == self.keep:
                 break
             try:
-                with open(path, encoding="utf-8") as f:
-                    data = json.load(f)
+                data = read_json(path)
                 out.append(check(data))
             except (OSError, ValueError, RecursionError) as exc:  # BadFile, JSONDecodeError, UnicodeError
                 logger.warning("jupyter-cluster: skipping the unreadable history file %s: %s", path, exc)
@@ -465,12 +436,7 @@ class HistoryFolder:
         return out[::-1]
 
     def _files(self) -> list[str]:
-        try:
-            names = [n for n in os.listdir(self.folder) if n.endswith(".json")]
-        except OSError:
-            return []
-        paths = [os.path.join(self.folder, n) for n in names]
-        return sorted(paths, key=_mtime)
+        return history_files(self.folder)
 
     def usage(self) -> dict[str, int]:
         """Bytes on disk per owner."""
@@ -525,20 +491,6 @@ class HistoryFolder:
         except FileNotFoundError:
             pass
         self._owners.pop(key, None)
-
-
-def _mtime(path: str) -> float:
-    try:
-        return os.path.getmtime(path)
-    except OSError:
-        return 0.0
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
 
 
 # -- what is kept of a running cluster -----------------------------------------------
