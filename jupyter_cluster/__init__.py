@@ -13,6 +13,7 @@ From Python: :func:`start`, :func:`connect`, :func:`current`, :func:`clusters`,
 
 from __future__ import annotations
 
+import copyreg as _copyreg
 import importlib as _importlib
 import sys as _sys
 import types as _types
@@ -70,6 +71,16 @@ class _Package(_types.ModuleType):
 
 
 _sys.modules[__name__].__class__ = _Package
+
+
+def _reduce_package(module: _types.ModuleType):
+    # cloudpickle and pickle find a module's reduction by its exact type, so the package, now a
+    # _Package, must say itself that it travels by name: a notebook function that names `jc` is
+    # pickled with its globals, and `jc` is re-imported in the worker
+    return _importlib.import_module, (module.__name__,)
+
+
+_copyreg.pickle(_Package, _reduce_package)
 
 
 def start(name: str | None = None, backend: str | None = None, wait: bool = True, **options):

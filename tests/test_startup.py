@@ -269,3 +269,26 @@ def test_load_ext_leaves_distributed_to_the_background_import_and_the_magics_sti
     # a magic that needs the session imports it on its first run
     assert got["list"] == "NoneType" and got["after_list"] is True
     assert got["backends"][0] == got["backends"][1], "spmd_magic.BACKENDS must list jupyter_cluster.spmd.BACKENDS"
+
+
+NOTEBOOK_FUNCTION_NAMING_JC = """
+import json, pickle
+import jupyter_cluster as jc
+
+def measured(i):  # defined in __main__, as in a notebook: pickled by value, with `jc` among its globals
+    jc.report(step=i, topic="named", value=i * 0.5)
+    return i
+
+jc.start(workers=1)
+out = jc.map(measured, range(4), progress=False)
+rows = jc.metrics("named")
+print(json.dumps({"out": out, "values": sorted(rows["value"].tolist()), "same": pickle.loads(pickle.dumps(jc)) is jc}))
+jc.stop()
+"""
+
+
+def test_a_notebook_function_that_names_the_package_travels_to_the_workers():
+    # the lazily loading package is a ModuleType subclass, which pickle could not reduce: "cannot pickle
+    # '_Package' object" for every cell function that calls jc.report (found by the as-installed check)
+    got = _run(NOTEBOOK_FUNCTION_NAMING_JC)
+    assert got == {"out": [0, 1, 2, 3], "values": [0.0, 0.5, 1.0, 1.5], "same": True}
