@@ -292,8 +292,17 @@ def test_256_workers_bounded_rows_idle_silence_and_stable_cards(lab, browser, ar
             with open(os.path.join(artifacts, "panel-scale-idle.json"), "w") as f:
                 json.dump(figures, f, indent=2)
             print("panel at scale, idle:", figures)
-            assert not sent, f"{len(sent)} websocket frames in {IDLE} s of idle: {_what_changed(frames[:before], sent)}"
-            assert idle["mutations"] == 0, idle
+            # A simulated host's process may still grow past the 16 MiB memory step a while after a map
+            # (its allocator, not the panel): such a measured change is news and is pushed.  Anything else,
+            # or more than two of those in the window, is the panel talking while nothing changed (the old
+            # panel pushed the whole list ~0.8 times a second: ~10 frames here).
+            changed = _what_changed(frames[:before], sent)
+            measured = [
+                c for c in changed if c["type"] == "workers" and c["moved"] and c["other"] == ["removed"]
+                and all(set(m) <= {"memory", "cpu"} for m in c["moved"].values())
+            ]  # fmt: skip
+            assert len(measured) == len(sent) <= 2, f"{len(sent)} websocket frames in {IDLE} s of idle: {changed}"
+            assert idle["mutations"] == 0 or measured, idle
             assert figures["chart_draws"] == 0, figures
             assert not [t for t in idle["longtasks"] if t > 50], idle["longtasks"]
 
