@@ -7,12 +7,19 @@ Area-specific fixtures belong in the test module that needs them (or a
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # A runner that starts the suite in the background of a shell without job control (`make test &`)
+    # hands it SIGINT ignored, which every kernel and child inherits; the stop-button tests need Ctrl-C
+    # as a user's terminal and JupyterLab's kernels have it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
