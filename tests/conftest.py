@@ -15,11 +15,14 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+
+def pytest_configure(config):
     # A runner that starts the suite in the background of a shell without job control (`make test &`)
     # hands it SIGINT ignored, which every kernel and child inherits; the stop-button tests need Ctrl-C
-    # as a user's terminal and JupyterLab's kernels have it.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # as a user's terminal and JupyterLab's kernels have it.  A hook, not module code: worker processes
+    # import this module too (to unpickle test classes), and they must keep ignoring SIGINT.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
