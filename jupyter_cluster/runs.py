@@ -36,7 +36,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 # The tag state and config cleaning live in a leaf, which the report producer reads without importing
@@ -73,11 +73,15 @@ TAG_NAME = "__jc_run__"
 
 # -- where the kernel is -------------------------------------------------------------
 def notebook_path() -> str | None:
-    """The notebook this kernel runs (its path under the server's root), or None.
+    """The notebook this kernel runs (its path as the Jupyter server gave it), or None.
 
     A Jupyter server starts a session's kernel with ``JPY_SESSION_NAME`` set to
     the session's path, which ipykernel also puts in the namespace as
     ``__session__``; a kernel started otherwise (a script, nbclient) has neither.
+    Since jupyter_server 2 that is the notebook's full filesystem path (the
+    kernel's working directory joined with the notebook's name), not its path
+    under the server's root; only a session started without a name gets the
+    latter.
     """
     path = os.environ.get("JPY_SESSION_NAME")
     if not path:
@@ -451,6 +455,19 @@ class RunCall:
             return self._fn(*args, **kwargs)
         finally:
             _call.run = outer
+
+    # What the worker asks of a map's function besides calling it (engine/worker/run.py) goes
+    # through to the function wrapped: a Pool's task inside the run must still be stopped by
+    # terminate() and still send back MaybeEncodingError for a result pickle cannot send.
+    @property
+    def stop_group(self) -> str | None:
+        """The wrapped function's ``stop_group`` (a ``Pool``'s task: its pool's id), or None."""
+        return getattr(self._fn, "stop_group", None)
+
+    @property
+    def check_result(self) -> Callable[[Any], BaseException | None] | None:
+        """The wrapped function's ``check_result`` (a ``Pool``'s task: multiprocessing's error for a result), or None."""
+        return getattr(self._fn, "check_result", None)
 
     def __repr__(self) -> str:
         return f"<RunCall {self.func!r} of run {self.run}>"
