@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
+import itertools
 import os
 import sys
 import threading
@@ -45,6 +46,7 @@ from .history_files import checked_run_items
 from .run_tags import (
     MAX_CONFIG_KEYS,
     MAX_VALUE_TEXT,  # noqa: F401  (re-exported)
+    ItemToken,
     _active,
     _call,
     _clip,
@@ -198,12 +200,6 @@ def config_key(config: Mapping[str, Any]) -> str:
 # -- the tag a %%parallel cell's items carry to the workers --------------------------------
 
 
-class _Live:
-    """Put in an item's namespace: alive exactly as long as the namespace (the item) is."""
-
-    __slots__ = ("__weakref__",)
-
-
 class ItemTag:
     """A run's id and its targets' structure, sent with a ``%%parallel`` cell as ``__jc_run__``.
 
@@ -240,22 +236,24 @@ class ItemTag:
         return key, config
 
     def enter(self, item: Any, namespace: dict[str, Any]) -> None:
-        """Worker side, first in the item's cell: this thread runs ``item`` of this run until its namespace goes."""
-        try:
-            key, config = self.describe(item)
-        except Exception:  # an item whose config cannot be read still runs, untagged
-            _item.ctx = None
-            return
-        token = _Live()
+        """Worker side, first in the item's cell: this thread runs ``item`` of this run until its namespace goes.
+
+        The item's key and config are worked out when a ``report()`` first
+        asks (:func:`~jupyter_cluster.run_tags.current_item`), not here: this
+        runs once per item, and most items of a large map report nothing.
+        """
+        token = ItemToken(self, item)
         namespace["__jc_live__"] = token
-        _item.ctx = (weakref.ref(token), id(namespace), self.run, key, config)
+        _item.ctx = (weakref.ref(token), id(namespace))
 
 
 class ItemTap:
     """An iterable's items as they are read, their configs noted (the first :data:`MAX_ITEMS`).
 
     Wraps the ``%%parallel`` iterable without changing what the engine sees:
-    the same items, and the same ``len()`` where the iterable has one.
+    the same items, and the same ``len()`` where the iterable has one.  Past
+    the first :data:`MAX_ITEMS` the engine reads the user's iterator itself
+    (no Python call per item); :func:`job_items` counts those from the job.
     """
 
     def __init__(self, iterable: Iterable, tag: ItemTag):
@@ -263,6 +261,7 @@ class ItemTap:
         self._it: Iterator | None = None
         self.tag = tag
         self.items: list[tuple[str, dict[str, Any]]] = []
+        #: items read through the noting head (at most MAX_ITEMS)
         self.count = 0
         #: what :func:`job_items` found once the job ended
         self.final: dict[str, Any] | None = None
@@ -270,26 +269,20 @@ class ItemTap:
     def __len__(self) -> int:
         return len(self._source)  # type: ignore[arg-type]  # TypeError where it has none, as len() would raise
 
-    def __iter__(self) -> ItemTap:
+    def __iter__(self) -> Iterator:
         if self._it is None:
-            self._it = iter(self._source)
-        return self
+            source = iter(self._source)
+            self._it = itertools.chain(self._head(source), source)
+        return self._it
 
-    def __next__(self) -> Any:
-        if self._it is None:
-            self._it = iter(self._source)
-        try:
-            item = next(self._it)
-        except StopIteration:
-            self.release()
-            raise
-        if self.count < MAX_ITEMS:
+    def _head(self, source: Iterator) -> Iterator:
+        for item in itertools.islice(source, MAX_ITEMS):
             try:
                 self.items.append(self.tag.describe(item))
             except Exception:  # an item whose config cannot be read still runs
                 self.items.append(("?", {}))
-        self.count += 1
-        return item
+            self.count += 1
+            yield item
 
     def release(self) -> None:
         """Let go of the user's iterable: a tap is kept after its map (:func:`job_items`), its inputs are not."""
@@ -648,7 +641,8 @@ def job_items(job: Any) -> dict[str, Any]:
         if size > MAX_ITEMS_BYTES:
             break
         items.append({"index": index, "key": key, "config": config, "state": state, "duration": durations.get(index)})
-    out = {"items": items, "item_count": tap.count}
+    # items past the noted head went to the engine unseen by the tap: the job counted what it read
+    out = {"items": items, "item_count": max(tap.count, int(getattr(job, "items_read", 0) or 0))}
     if job_state != "running":
         tap.final = out  # the job ended: its items no longer change
         tap.release()
