@@ -24,7 +24,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from distributed import Client
+from distributed import Client, Scheduler
+from distributed.comm import CommClosedError
+from distributed.core import send_recv
 
 from ..errors import ClusterError, WorkerLostError
 from .protocol import Op
@@ -52,8 +54,6 @@ async def call(client: Client, addr: str, op: str, **msg: Any) -> Any:
     it gives up connecting after :data:`CONNECT_TIMEOUT_SECONDS` and says so
     with :class:`ConnectFailed`.
     """
-    from distributed.core import send_recv
-
     pool = client.rpc
     try:
         comm = await pool.connect(addr, timeout=CONNECT_TIMEOUT_SECONDS)
@@ -89,14 +89,17 @@ def worker_slots(info: dict, resources: dict | None) -> int:
 
 
 def direct_reachable(client: Client) -> bool:
-    """Whether this client can talk to the cluster's workers directly (asked once per client).
+    """Whether this client can talk to the cluster's workers directly (the verdict is kept on the client).
 
-    Registers :class:`.worker.EnginePlugin` (the comm handlers) on the
-    cluster, then pings one worker.  A client that cannot reach the workers
-    (a notebook outside the network that only reaches the scheduler) gets
-    ``False`` and a one-line notice; its maps use plain Dask tasks.  A comm
-    that closes during the registration (a restart under way) gives ``False``
-    for this map only: the verdict is not kept, and the next map asks again.
+    A local cluster (workers started with the handlers, scheduler in this
+    process) is reachable without asking anything.  Any other cluster gets
+    :class:`.worker.EnginePlugin` (the comm handlers) registered, unless its
+    workers start with it, and then one worker is pinged.  A client that
+    cannot reach the workers (a notebook outside the network that only
+    reaches the scheduler) gets ``False`` and a one-line notice; its maps use
+    plain Dask tasks.  A comm that closes during the registration (a restart
+    under way) gives ``False`` for this map only: the verdict is not kept,
+    and the next map asks again.
     """
     verdict = getattr(client, "_jc_direct", None)
     if verdict is not None:
@@ -123,8 +126,6 @@ def engine_at_spawn(client: Client) -> bool:
 
 def _in_process_scheduler(client: Client) -> Any:
     """The ``distributed.Scheduler`` itself when it runs in this process (a local cluster), else None."""
-    from distributed import Scheduler
-
     scheduler = getattr(getattr(client, "cluster", None), "scheduler", None)
     return scheduler if isinstance(scheduler, Scheduler) else None
 
@@ -133,7 +134,7 @@ def _direct_reachable(client: Client) -> bool:
     if engine_at_spawn(client) and (scheduler := _in_process_scheduler(client)) is not None:
         # A local cluster: its workers are this machine's processes, started with the handlers, and
         # its scheduler is in this process.  Nothing to ask (three round trips of a first map).
-        client._jc_allowed_failures = int(scheduler.allowed_failures)  # type: ignore[attr-defined]
+        _keep_allowed_failures(client, scheduler)
         setattr(client, "_jc_direct", True)  # noqa: B010 - the client's own verdict, as below
         return True
     workers = list(workers_now(client))
@@ -145,8 +146,8 @@ def _direct_reachable(client: Client) -> bool:
         # of a first map on a fresh cluster, which a local cluster's workers skip (they start with it).
         try:
             client.register_plugin(EnginePlugin(), name=EnginePlugin.name)
-        except OSError as exc:
-            # A comm closed mid-way (CommClosedError; a restart or a reconnect under way): no verdict
+        except CommClosedError as exc:
+            # A comm closed mid-way (a restart or a reconnect under way): no verdict
             # on the workers.  This map takes the task path; the next one asks again.
             print(
                 f"jupyter_cluster: the engine's handlers could not be registered just now ({type(exc).__name__}:"
@@ -171,14 +172,7 @@ def _direct_reachable(client: Client) -> bool:
                 reason = None
             break
     if reason is None:
-        try:  # how many worker deaths Dask forgives a task, as this scheduler was started (asked once, not mid-map)
-            scheduler = _in_process_scheduler(client)
-            failures = (
-                scheduler.allowed_failures if scheduler is not None else client.run_on_scheduler(_allowed_failures)
-            )
-            client._jc_allowed_failures = int(failures)  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - a scheduler without this package: the local setting stands
-            pass
+        _keep_allowed_failures(client, _in_process_scheduler(client))
     setattr(client, "_jc_direct", reason is None)  # noqa: B010 - the client's own verdict, asked once
     if reason is not None:
         print(
@@ -241,21 +235,28 @@ def warm_engine(client: Client, expected: int | None = None, timeout: float = 10
             )
             for a in addrs
         ]
+    # The connections and the tasks share one deadline: each given the whole timeout, a sick cluster
+    # held the warm-up (and a stop() waiting for it) three times as long.
+    deadline = time.monotonic() + timeout
     try:
         # One connection per worker first (what a first map's batch uses), then the spares, unless a map
         # has begun meanwhile (Run All): their TLS handshakes would share the client's event loop with it.
         if getattr(client, "_jc_lease_pool", None) is None:
-            client.sync(_open_comms, client, [(a, 1) for a in addrs], timeout, 0)
+            client.sync(_open_comms, client, [(a, 1) for a in addrs], _left(deadline), 0)
         if getattr(client, "_jc_lease_pool", None) is None:
             pings = [(a, WARM_COMMS_PER_THREAD * int(workers[a].get("nthreads", 1) or 1)) for a in addrs]
-            client.sync(_open_comms, client, pings, timeout)
-        deadline = time.monotonic() + timeout
+            client.sync(_open_comms, client, pings, _left(deadline))
         for fut in futures:  # not distributed.wait: it needs a default client, and ours is not one
-            fut.result(timeout=max(deadline - time.monotonic(), 0.1))
+            fut.result(timeout=_left(deadline))
         client._jc_warmed = addrs  # type: ignore[attr-defined]  # what was warmed (tests, diagnostics)
     finally:
         client.cancel([f for f in futures if not f.done()])
         del futures
+
+
+def _left(deadline: float) -> float:
+    """Seconds left until ``deadline`` (``time.monotonic()``), at least 0.1 (a last short wait, never none)."""
+    return max(deadline - time.monotonic(), 0.1)
 
 
 async def _open_comms(
@@ -275,6 +276,19 @@ async def _open_comms(
 
 def _allowed_failures(dask_scheduler=None) -> int:
     return dask_scheduler.allowed_failures
+
+
+def _keep_allowed_failures(client: Client, scheduler: Scheduler | None) -> None:
+    """Keep on ``client`` how many worker deaths its scheduler forgives a task (read by :func:`allowed_failures`).
+
+    Asked once, as the scheduler was started, not mid-map: ``scheduler`` is the
+    in-process one (a local cluster), else the scheduler is asked.
+    """
+    try:
+        failures = scheduler.allowed_failures if scheduler is not None else client.run_on_scheduler(_allowed_failures)
+        client._jc_allowed_failures = int(failures)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - a scheduler without this package: the local setting stands
+        pass
 
 
 async def _ping(client: Client, addr: str, wait: float = REACH_TIMEOUT_SECONDS) -> Any:
