@@ -25,12 +25,11 @@ from ..protocol import (
     forwardable,
     pack,
     pack_answers,
-    unpack,
     unpack_group,
     unpack_relayed,
     wire_run,
 )
-from .registry import _REGISTRY, _WAKE, ATTACH_WAIT_SECONDS, Early, _ask_room, _matches, _queued, _set
+from .registry import _REGISTRY, _WAKE, ATTACH_WAIT_SECONDS, Early, _ask_room, _matches, _queued, _set, report_busy
 
 PLUGIN_NAME = "jupyter-cluster-engine"
 
@@ -89,7 +88,9 @@ async def _batch(comm=None, lease=None, secret=None, run=None, items=None, budge
         elif not _matches(found, secret):
             return answer(Status.REFUSED)
         else:
-            found.mailbox.put(Batch(run, unpack(items), budget, fut))
+            # Kept as it came here too: unpickled by the lease's thread (lease._run_entry), not on the
+            # worker's event loop while holding the registry's lock.
+            found.mailbox.put(Batch(run, items, budget, fut))
     if early is not None:
         if _queued(lease) and _drop_early(lease, early):
             return answer(Status.WAITING)
@@ -235,7 +236,8 @@ async def _ping(comm=None):
 
 
 def install(worker) -> None:
-    """Register the engine's comm handlers on ``worker`` (idempotent)."""
+    """Register the engine's comm handlers on ``worker``, and its busy-lease metric (idempotent)."""
+    report_busy(worker)  # the server tells working leases from idle ones by it
     worker.handlers.setdefault(Op.ATTACH, _attach)
     worker.handlers.setdefault(Op.BATCH, _batch)
     # Bound to its worker: a process may host several workers (get_worker() would not say which).

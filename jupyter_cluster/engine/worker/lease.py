@@ -30,7 +30,7 @@ from ..protocol import Batch, Packed, Run, Status, unpack
 from . import registry
 from .groups import took_stop
 from .handlers import install
-from .registry import _REGISTRY, _WAKE, _ask_room, _Lease, _matches, _set, report_busy
+from .registry import _REGISTRY, _WAKE, _ask_room, _Lease, _matches, _set
 from .run import _STATE, run_chunk
 
 
@@ -46,7 +46,6 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
 
     worker = get_worker()
     install(worker)
-    report_busy(worker)  # the server tells working leases from idle ones by it
     key = worker.get_current_task()
 
     def cancelled() -> bool:
@@ -139,13 +138,13 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
 def _run_entry(entry: Batch, big: dict | None, loop) -> int:
     """Run one batch from a lease's mailbox and answer its ``jc_batch`` call; 1 if it ran, 0 if not."""
     run = Run._make(entry.run.value if isinstance(entry.run, Packed) else entry.run)  # a list off the wire
-    try:  # a batch kept for a lease not yet started is still packed (handlers._batch)
+    if run.blob is None and run.token not in _STATE.cache and not (big and "__fn__" in big):
+        loop.call_soon_threadsafe(_set, entry.reply, Status.NEED_FN)  # evicted from the cache: the client resends it
+        return 0
+    try:  # as it came (handlers._batch): unpickled here, in the lease's thread, once the secret was checked
         items = unpack(entry.items)
     except Exception as exc:  # noqa: BLE001 - items this worker cannot unpickle: the batch fails as a whole
         loop.call_soon_threadsafe(_fail, entry.reply, exc)
-        return 0
-    if run.blob is None and run.token not in _STATE.cache and not (big and "__fn__" in big):
-        loop.call_soon_threadsafe(_set, entry.reply, Status.NEED_FN)  # evicted from the cache: the client resends it
         return 0
     opts = run.options if entry.budget is None else {**run.options, "budget": entry.budget}
     result = run_chunk(run.token, run.blob, big, items, run.star, opts)

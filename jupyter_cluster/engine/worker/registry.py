@@ -90,10 +90,17 @@ def busy_leases(worker) -> int:
     recent = time.monotonic() - YIELD_GRACE_SECONDS
     with _REGISTRY.lock:
         return sum(
-            1
-            for ls in _REGISTRY.leases.values()
-            if ls.worker is worker and not ls.closed and (ls.busy or not ls.mailbox.empty() or ls.last_end > recent)
+            1 for ls in _REGISTRY.leases.values() if ls.worker is worker and not ls.closed and _working(ls, recent)
         )
+
+
+def _working(ls: _Lease, recent: float | None = None) -> bool:
+    """Whether a lease is working, not idle: a batch running or queued; with ``recent``, also one that ended since.
+
+    ``recent`` is a ``time.monotonic()``, :data:`YIELD_GRACE_SECONDS` ago: a
+    lease of an active map is between two batches then, its next one on its way.
+    """
+    return ls.busy or not ls.mailbox.empty() or (recent is not None and ls.last_end > recent)
 
 
 def report_busy(worker) -> None:
@@ -167,17 +174,12 @@ def _make_room(worker) -> None:
             if ls.worker is worker and key not in executing:
                 del reg.yielded[key]  # its thread is free again (and taken, or it would not be waiting)
         pending = [ls for ls in reg.yielded.values() if ls.worker is worker]
-        idle = [
-            ls
-            for ls in reg.leases.values()
-            if ls.worker is worker and not ls.closed and not ls.busy and ls.mailbox.empty()
-        ]
-        # A lease whose batch has just ended is between two batches of an active map while its
-        # client's next batch is on the way (the first round sends one per lease): it is looked
-        # at again once that round trip has had its time.
-        between = [ls for ls in idle if ls.last_end > recent]
-        if between:
-            idle = [ls for ls in idle if ls.last_end <= recent]
+        free = [ls for ls in reg.leases.values() if ls.worker is worker and not ls.closed and not _working(ls)]
+        idle = [ls for ls in free if not _working(ls, recent)]
+        if len(idle) < len(free):
+            # A lease whose batch has just ended is between two batches of an active map while its
+            # client's next batch is on the way (the first round sends one per lease): it is looked
+            # at again once that round trip has had its time.
             worker.loop.call_later(YIELD_GRACE_SECONDS, _ask_room, worker)
         if not idle:
             return
