@@ -89,7 +89,7 @@ def test_a_relay_forwards_a_batch_only_with_the_secret_of_the_map_that_placed_th
     run = (token, cloudpickle.dumps(abs), False, {"retries": 0, "timeout": None, "capture": False})
 
     async def relay_once(secret, packed):
-        entries = [(lease.addr, lease.id, secret, run, engine_protocol.pack([-3, -4]), None)]
+        entries = [engine_protocol.RelayEntry(lease.addr, lease.id, secret, run, engine_protocol.pack([-3, -4]), None)]
         # As the client sends a group (one pickle), and as a plain list, which a relay also takes.
         sent = engine_protocol.pack_group(entries) if packed else entries
         answer = await engine_cluster.call(client, relay, "jc_relay", entries=sent)
@@ -171,9 +171,9 @@ def test_relayed_items_and_results_too_big_to_inline_travel_as_frames(cluster, r
     assert len(job.workers_used) == 2
     # pack_group keeps the list only when some items are not bytes
     run = ("t", None, False, {"retries": 0, "timeout": None, "capture": True})
-    small = [("tcp://a:1", "L", "s", run, engine_protocol.pack([1]), None)]
+    small = [engine_protocol.RelayEntry("tcp://a:1", "L", "s", run, engine_protocol.pack([1]), None)]
     assert isinstance(engine_protocol.pack_group(small), bytes)
-    mixed = small + [("tcp://a:2", "M", "s", run, engine_protocol.pack([big]), None)]
+    mixed = small + [engine_protocol.RelayEntry("tcp://a:2", "M", "s", run, engine_protocol.pack([big]), None)]
     assert engine_protocol.pack_group(mixed) is mixed
 
 

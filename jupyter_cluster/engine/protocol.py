@@ -98,7 +98,7 @@ class Batch(NamedTuple):
     """A batch in a lease's mailbox, and the future its ``jc_batch`` call waits on."""
 
     run: Any  # Run as received (a list or tuple off the wire)
-    items: Any  # the list; still as pack() made it while kept for a lease not yet started
+    items: Any  # as pack() made it: the lease's own thread unpickles it (lease._run_entry)
     budget: float | None
     reply: Any  # asyncio.Future on the worker's loop
 
@@ -253,13 +253,12 @@ def pack_group(entries: list[RelayEntry]) -> Any:
     before the lease's secret is checked.  Otherwise (items that travel as
     frames) the plain list, which Dask sends without copying their buffers.
     """
-    named = [RelayEntry._make(e) for e in entries]
-    if not all(isinstance(e.items, bytes) for e in named):
+    if not all(isinstance(e.items, bytes) for e in entries):
         return entries
     try:
         pairs = [
             (e.addr, msgpack.packb(Relayed(e.lease, e.secret, e.run, e.items, e.budget), use_bin_type=True))
-            for e in named
+            for e in entries
         ]
         return msgpack.packb(pairs, use_bin_type=True)
     except (TypeError, ValueError):  # a run that msgpack cannot take (not made by MapJob): the plain list
