@@ -49,6 +49,8 @@ from typing import Any
 
 from distributed import Client
 
+from .. import config
+
 logger = logging.getLogger(__name__)
 
 #: The host every demand task is restricted to: none has this name (``.invalid`` is reserved, RFC 2606).
@@ -77,8 +79,6 @@ def adaptive(client: Client) -> bool:
     (its cluster object is not a Dask ``Cluster``: a dask-gateway cluster).
     A client connected by address has no cluster object: nothing to tell.
     """
-    from .. import config
-
     setting = config.get("engine.demand", "auto")
     if isinstance(setting, str) and setting.lower() in ("true", "false"):
         setting = setting.lower() == "true"

@@ -9,7 +9,7 @@ replaced on a live worker instead of queuing behind a busy thread.  A new
 lease is sent its first batch right away, which its worker keeps until the
 lease starts (:meth:`Leases.room`); once it answers ``jc_attach`` it takes
 batches at full depth: each batch is one
-``client.rpc(address).jc_batch(...)`` call on the client's own connection
+``jc_batch`` request (:func:`.cluster.call`) on the client's own connection
 pool (built with the client's ``connection_args``, so a TLS cluster stays
 TLS), at most :data:`DEPTH` per lease, so a lease always has its next batch
 queued.  Everything that happens (a lease ready, a batch's result, a lost
@@ -53,6 +53,7 @@ from typing import Any
 
 from distributed import Client
 
+from .. import config
 from ..errors import ClusterError
 from . import planner
 from .cluster import (
@@ -166,8 +167,6 @@ class LeasePool:
     """
 
     def __init__(self, client: Client):
-        from .. import config
-
         self.client = client
         self.secret = secrets.token_hex(16)
         configured = config.get("engine.linger")
@@ -325,8 +324,6 @@ class Leases:
         self.relayed = 0  # relay messages sent
         self.unattached: list[Lease] = []  # placed or adopted, their jc_attach not sent yet (attach_new)
         self.early_sent = 0  # batches sent to a lease before it attached (:meth:`room`)
-        from .. import config
-
         relay_min = config.get("engine.relay-min-workers")
         self.relay_min = RELAY_MIN_WORKERS if relay_min is None else int(relay_min)
 
