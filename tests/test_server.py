@@ -428,6 +428,43 @@ def test_an_attachment_counts_only_for_the_cluster_it_attached_to():
     }
 
 
+def test_stop_answers_when_a_refresh_retires_the_cluster_it_waits_to_reach(tmp_path, monkeypatch):
+    """The refresh's close() cancelled the connect attempt Stop waited on: the panel's Stop got a 500.
+
+    A real manager and registry; the scheduler is a socket that accepts and
+    never answers, so each connect attempt waits out its timeout.
+    """
+    import asyncio
+    import socket
+
+    from jupyter_cluster import registry
+    from jupyter_cluster.server.manager import ClusterManager
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+
+    async def main(address: str) -> None:
+        registry.write(registry.ClusterRecord(name="mute-1", backend="local", address=address, owner_kind="process"))
+        manager = ClusterManager(interval=60)
+        try:
+            await manager.refresh()  # the first attempt fails: no client
+            conn = manager.connections["mute-1"]
+            assert conn.client is None
+            stop = asyncio.ensure_future(manager.stop("mute-1", timeout=10))
+            await asyncio.sleep(0.5)
+            assert not stop.done()  # waiting in reach() for a new attempt
+            registry.remove("mute-1")  # the cluster stops meanwhile
+            await manager.refresh()  # and the refresh retires its connection, cancelling the attempt
+            await asyncio.wait_for(stop, 10)  # Stop answers: what was asked for has happened
+            assert "mute-1" not in manager.connections
+        finally:
+            await manager.close()
+
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        asyncio.run(main(f"tcp://127.0.0.1:{mute.getsockname()[1]}"))
+
+
 # -- a panel cluster: start, details, scale, adapt, jobs, metrics, push, stop ------------
 @pytest.fixture(scope="module")
 def panel_cluster(server):

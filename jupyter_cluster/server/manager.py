@@ -200,7 +200,14 @@ class Connection:
         task = self._connect_task
         if task is None or task.done():
             task = self._connect_task = asyncio.get_running_loop().create_task(self._connect_once())
-        await asyncio.shield(task)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # close() cancels the shared attempt when a refresh retires the connection: for a
+            # waiter that was not itself cancelled (the panel's Stop in reach()), that is a
+            # cluster not reached, as when the attempt fails, not an error of its own
+            if not task.cancelled() or _cancelling():
+                raise
 
     async def _connect_once(self) -> None:
         if self.client is not None:
@@ -272,7 +279,7 @@ class Connection:
         try:
             await asyncio.wait_for(self._connect(), timeout)
         except asyncio.TimeoutError:
-            pass
+            pass  # not reached: the caller sees no client
 
     async def _subscribe_jobs(self, client: Client) -> None:
         """Follow the jobs topic, replaying the scheduler's backlog once (:func:`.telemetry.hub.follow`).
@@ -412,11 +419,23 @@ def _metric_names(holder: Any, runs: set[str]) -> dict[str, list[str]]:
     return {r: sorted(names) for r, names in out.items()}
 
 
+def _cancelling() -> bool:
+    """Whether the running task has been asked to cancel (a cancellation of its own, not of a task it awaits)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+; on 3.10 any cancellation counts as another's
+    return bool(cancelling()) if cancelling is not None else False
+
+
 async def _quietly_close(client: Client) -> None:
     try:
         await asyncio.wait_for(client.close(timeout=2), 3)
     except Exception:  # closing a client whose scheduler vanished may fail in many ways; it is gone either way
         pass
+
+
+def _same_record(a: registry.ClusterRecord | None, b: registry.ClusterRecord) -> bool:
+    """Whether ``a`` is the record of the same running cluster as ``b`` (its owner may have rewritten it)."""
+    return a is not None and (a.address, a.owner_pid, a.started) == (b.address, b.owner_pid, b.started)
 
 
 def _visible(records: list[registry.ClusterRecord]) -> dict[str, registry.ClusterRecord]:
@@ -617,13 +636,8 @@ class ClusterManager:
             for path, data in registry.final_words():  # before a stopped cluster's connection is retired
                 self._take_final(path, data, records)
             for name in list(self.connections):
-                rec = records.get(name)
                 conn = self.connections[name]
-                if rec is None or (rec.address, rec.owner_pid, rec.started) != (
-                    conn.record.address,
-                    conn.record.owner_pid,
-                    conn.record.started,
-                ):
+                if not _same_record(records.get(name), conn.record):
                     del self.connections[name]
                     await conn.close()
                     self._retire(conn)
@@ -998,6 +1012,10 @@ class ClusterManager:
                 asked = conn.client is None or conn.client.status != "running"
             except ClusterError:
                 asked = False
+        if not asked and self.connections.get(name) is not conn:
+            # a refresh retired the connection while reach() waited: the record went (the cluster
+            # stopped, or a new one has the name), which is what was asked for
+            asked = True
         if not asked:
             if rec.owner_kind == "panel" and rec.owner_is_panel_host():  # never signal a process not proven ours
                 os.kill(rec.owner_pid, signal.SIGTERM)
@@ -1012,7 +1030,7 @@ class ClusterManager:
                     f"cluster {name!r} does not answer and is not ours to end; stop it where it was started."
                 )
         deadline = time.monotonic() + timeout
-        while registry.read(name) is not None:
+        while _same_record(registry.read(name), rec):  # (a new cluster of that name is not waited for)
             if time.monotonic() > deadline:
                 raise ClusterError(f"cluster {name!r} was asked to stop but is still registered after {timeout:g} s.")
             await asyncio.sleep(0.1)
