@@ -22,7 +22,7 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ import psutil
 from . import config, orphans
 from .dashboard_socket import socket_is_ours
 from .errors import ClusterError
+from .history_files import mtime, read_json
 from .models import KERNEL_ID_RE, NAME_RE, kernel_id_or_none
 
 #: files kept beside a record, removed with it (credentials, see backends.local)
@@ -157,14 +158,34 @@ def registry_dir() -> str:
         from jupyter_core.paths import jupyter_runtime_dir
 
         path = os.path.join(jupyter_runtime_dir(), "jupyter-cluster")
+    return private_folder(
+        path, "the cluster registry folder", "remove it or set jupyter-cluster.registry-dir to a private folder"
+    )
+
+
+def private_folder(path: str, what: str = "the folder", fix: str = "remove it") -> str:
+    """``path``, a folder of this user that no one else may use: created 0700 on demand, tightened to 0700.
+
+    Parameters
+    ----------
+    path : str
+    what : str
+        What the folder is, for the error (``"the cluster registry folder"``).
+    fix : str
+        What the user can do about it, for the error.
+
+    Raises
+    ------
+    ClusterError
+        When it is not a directory of this user (someone else made it, or it
+        is a link): files there could be planted or read.
+    """
     os.makedirs(path, mode=0o700, exist_ok=True)
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise ClusterError(
-            f"the cluster registry folder {path} is not a folder of this user; remove it or set jupyter-cluster.registry-dir to a private folder."
-        )
+        raise ClusterError(f"{what} {path} is not a folder of this user; {fix}.")
     if stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(path, 0o700)  # made by an older version or by hand: others must not list, plant or read records
+        os.chmod(path, 0o700)  # made by an older version or by hand: others must not list, plant or read files
     return path
 
 
@@ -385,17 +406,10 @@ def write_final(name: str, data: dict[str, Any]) -> str:
         except OSError:
             pass
         raise
-    old = sorted((p for p, _ in _final_paths()), key=_mtime)
+    old = sorted((p for p, _ in _final_paths()), key=mtime)
     for p in old[: max(0, len(old) - FINAL_KEEP)]:
         remove_final(p)
     return path
-
-
-def _mtime(path: str) -> float:
-    try:
-        return os.lstat(path).st_mtime
-    except OSError:
-        return 0.0
 
 
 def _final_paths() -> list[tuple[str, str]]:
@@ -409,44 +423,35 @@ def _final_paths() -> list[tuple[str, str]]:
     return out
 
 
-def _read_private(path: str, max_bytes: int) -> Any:
-    """The JSON of ``path`` if it is a regular file of this user that no one else may read, else None.
-
-    Opened without following a link and checked on the open file, so that what
-    is checked is what is read.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if (
-            not stat.S_ISREG(st.st_mode)
-            or st.st_uid != os.getuid()
-            or stat.S_IMODE(st.st_mode) & 0o077
-            or st.st_size > max_bytes
-        ):
-            return None
-        try:
-            return json.loads(f.read(max_bytes + 1))
-        except (ValueError, RecursionError):
-            return None
-
-
-def final_words() -> list[tuple[str, dict[str, Any]]]:
+def final_words(skip: Container[str] = ()) -> list[tuple[str, dict[str, Any]]]:
     """``(path, data)`` of each final word (:func:`write_final`), oldest first.
 
     Only this user's regular files, 0600, of at most :data:`FINAL_MAX_BYTES`,
     holding a JSON object whose ``key`` is the cluster name the file is named
-    after; others are never read (those of another user) or left out
-    (damaged).  Nothing read is evaluated: the reader checks each field.
+    after.  Others' files (or links) are never read and are left alone.  Any
+    other file named as a final word is none an owner wrote (they write it
+    whole, then rename it): it is deleted, lest it be read again at every scan.
+    Nothing read is evaluated: the reader checks each field.
+
+    Parameters
+    ----------
+    skip : container of str
+        Paths not to read (those the reader found damaged, or left for later).
     """
     out = []
-    for path, name in sorted(_final_paths(), key=lambda p: _mtime(p[0])):
-        data = _read_private(path, FINAL_MAX_BYTES)
+    for path, name in sorted(_final_paths(), key=lambda p: mtime(p[0])):
+        if path in skip:
+            continue
+        try:
+            data = read_json(path, FINAL_MAX_BYTES, private=True)
+        except OSError:  # gone meanwhile, or not this user's private file (PermissionError)
+            continue
+        except (ValueError, RecursionError):  # too large, not JSON (nor UTF-8), nested too deeply
+            data = None
         if isinstance(data, dict) and data.get("key") == name:
             out.append((path, data))
+        else:
+            remove_final(path)
     return out
 
 

@@ -17,6 +17,12 @@ from jupyter_cluster.server.manager import PANEL_MODEL, Connection
 from jupyter_cluster.telemetry.store import TopicStore
 
 
+def _write(path, text: str) -> None:
+    """A file as the server writes them: this user's, mode 0600 (others' and links are never read)."""
+    path.write_text(text)
+    path.chmod(0o600)
+
+
 def _stopped_connection(name: str = "c1") -> Connection:
     """A real Connection (never connected) holding one finished and one running job and one topic."""
     conn = Connection(registry.ClusterRecord(name=name, backend="local", address="tcp://127.0.0.1:1"))
@@ -86,8 +92,8 @@ def test_too_large_or_unreadable_files_are_skipped(tmp_path):
     kept = KeptCluster.from_connection("big.stopped-1", _stopped_connection("big"), PANEL_MODEL)
     assert HistoryFolder(str(tmp_path), max_bytes=100).save(kept) == [kept.key]  # not written
     assert not os.listdir(tmp_path)
-    (tmp_path / "broken.json").write_text("{not json")
-    (tmp_path / "old.json").write_text(json.dumps({"format": 1}))
+    _write(tmp_path / "broken.json", "{not json")
+    _write(tmp_path / "old.json", json.dumps({"format": 1}))
     assert HistoryFolder(str(tmp_path)).load() == []
 
 
@@ -253,7 +259,7 @@ def test_a_kept_running_cluster_under_a_name_that_is_no_cluster_name_is_ignored(
     live.mkdir()
     outside = tmp_path / "victim.json"
     outside.write_text("{}")
-    (live / "planted.json").write_text(json.dumps({"format": 1, "key": "../victim", "jobs": [], "topics": []}))
+    _write(live / "planted.json", json.dumps({"format": 1, "key": "../victim", "jobs": [], "topics": []}))
     manager = ClusterManager()
     assert manager._waiting == {}
     assert outside.exists()
@@ -317,11 +323,12 @@ def _plant(folder, files: dict[str, str], binary: bool = True) -> list[str]:
     paths = []
     for i, (name, text) in enumerate(files.items()):
         path = folder / f"{name}.json"
-        path.write_text(text)
+        _write(path, text)
         os.utime(path, (1000 + i, 1000 + i))  # newer than the good file (mtime 10)
         paths.append(str(path))
     if binary:
         (folder / "not-utf8.json").write_bytes(b'{"key": "\xff\xfe"}')
+        (folder / "not-utf8.json").chmod(0o600)
         os.utime(folder / "not-utf8.json", (999, 999))
         paths.append(str(folder / "not-utf8.json"))
     return paths
@@ -337,7 +344,7 @@ def test_each_damaged_history_file_is_skipped_with_one_warning_naming_it(tmp_pat
     good = _kept_json("good.stopped-120000")
     history = tmp_path / "jupyter-cluster-history"
     history.mkdir()
-    (history / "good.stopped-120000.json").write_text(json.dumps(good))
+    _write(history / "good.stopped-120000.json", json.dumps(good))
     os.utime(history / "good.stopped-120000.json", (10, 10))  # the oldest, behind many damaged files
     bad = _plant(history, _damaged_kept_files(good))
     assert len(bad) > 8  # more than the count the history once kept
@@ -345,7 +352,7 @@ def test_each_damaged_history_file_is_skipped_with_one_warning_naming_it(tmp_pat
     live_good = json.loads(json.dumps(live_snapshot_of("still-running")))
     live = tmp_path / "jupyter-cluster-live"
     live.mkdir()
-    (live / "still-running.json").write_text(json.dumps(live_good))
+    _write(live / "still-running.json", json.dumps(live_good))
     os.utime(live / "still-running.json", (10, 10))
     live_bad = _plant(
         live,
@@ -393,7 +400,7 @@ def test_a_damaged_kept_topic_of_a_gone_cluster_is_left_out_with_a_warning(tmp_p
     snap = json.loads(json.dumps(live_snapshot_of("gone")))
     snap["topics"][0]["model"]["scalars"] = ["str"]
     snap["saved"] = 1e300  # no clock shows it: time.localtime raised OverflowError
-    (live / "gone.json").write_text(json.dumps(snap))
+    _write(live / "gone.json", json.dumps(snap))
     manager = ClusterManager()
     with caplog.at_level(logging.WARNING, logger="jupyter_cluster.server.manager"):
         manager._keep_live(manager._waiting.pop("gone"))
@@ -413,7 +420,7 @@ def test_a_real_server_with_damaged_history_files_serves_its_routes_and_the_good
     good = _kept_json("good.stopped-120000")
     history = runtime / "jupyter-cluster-history"
     history.mkdir(parents=True)
-    (history / "good.stopped-120000.json").write_text(json.dumps(good))
+    _write(history / "good.stopped-120000.json", json.dumps(good))
     os.utime(history / "good.stopped-120000.json", (10, 10))
     damaged = _damaged_kept_files(good)
     bad = _plant(history, {k: damaged[k] for k in ("topics-str", "scalars-list", "json-list", "not-json")})
@@ -591,3 +598,103 @@ def test_jobs_version_never_goes_down_when_a_cluster_stops(tmp_path, monkeypatch
     assert jobs == sorted(set(jobs)) and runs == sorted(set(runs)), seen  # each change a new, higher one
     again.jobs.add({"job": "j3", "state": "finished", "total": 1, "done": 1, "failed": 0})
     assert manager.jobs_version() == jobs[-1] + 1
+
+
+# -- only the user's own files (issue: the server read any file the kernel's runs() refused) ----------
+def test_only_the_users_own_private_history_files_are_read_and_the_folder_is_made_private(tmp_path, caplog):
+    """The kernel's jc.runs() reads only this user's 0600 files; the server took any file in the folder."""
+    import logging
+    import stat
+
+    folder = tmp_path / "history"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)  # made by an older version (makedirs leaves an existing folder's mode alone)
+    history = HistoryFolder(str(folder))
+    kept = KeptCluster.from_connection("c1.stopped-120000", _stopped_connection("c1"), PANEL_MODEL)
+    assert history.save(kept) == []
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    good = folder / "c1.stopped-120000.json"
+    assert stat.S_IMODE(os.stat(good).st_mode) == 0o600
+    # the same content where others could have written it, and through a link: neither is the user's history
+    (folder / "open.stopped-1.json").write_text(good.read_text().replace("c1.stopped-120000", "open.stopped-1"))
+    (folder / "open.stopped-1.json").chmod(0o644)
+    elsewhere = tmp_path / "elsewhere.json"
+    _write(elsewhere, good.read_text().replace("c1.stopped-120000", "link.stopped-1"))
+    (folder / "link.stopped-1.json").symlink_to(elsewhere)
+    with caplog.at_level(logging.WARNING, logger="jupyter_cluster.server.history"):
+        assert [k.key for k in HistoryFolder(str(folder)).load()] == ["c1.stopped-120000"]
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "open.stopped-1.json" in warned and "link.stopped-1.json" in warned
+    # a folder that is not the user's own (a link to one) is not written into
+    (tmp_path / "linked").symlink_to(folder)
+    assert HistoryFolder(str(tmp_path / "linked")).save(kept) == [kept.key]
+
+
+# -- final words the server cannot take up ------------------------------------------------------------
+def _final_word(name: str, record: registry.ClusterRecord | None = None, **fields) -> dict:
+    """What an owner leaves of a cluster it stopped (session._leave_final_word), one finished job."""
+    now = time.time()
+    job = {"job": f"{name}-j", "label": "f", "total": 1, "done": 1, "failed": 0, "state": "finished"}
+    data = {
+        "format": 1,
+        "key": name,
+        "record": {"address": "tcp://127.0.0.1:1", "owner_pid": 1, "started": 1.0}
+        if record is None
+        else {"address": record.address, "owner_pid": record.owner_pid, "started": record.started},
+        "saved": now,
+        "summary": {},
+        "jobs": [dict(job, started=now, updated=now)],
+        "topics": [],
+    }
+    return {**data, **fields}
+
+
+def test_final_words_no_owner_wrote_go_and_others_are_not_read_again_at_every_scan(tmp_path, monkeypatch, caplog):
+    """The registry is scanned twice a second: a damaged or unclaimed final word (up to 16 MB) was read each time.
+
+    One named after another cluster than it holds, or not JSON, is no owner's
+    (they write it whole and rename it): deleted.  One the server cannot take
+    up is warned about once and left to look at, unread; one whose cluster's
+    record is still there is read again only once the record has gone.
+    """
+    import asyncio
+    import logging
+
+    from jupyter_cluster.server.manager import ClusterManager
+
+    def write(path: str, text: str) -> None:
+        with open(path, "w") as f:  # (the file stays 0600)
+            f.write(text)
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    misnamed = registry.write_final("named-a", _final_word("named-b"))
+    not_json = registry.write_final("junk", _final_word("junk"))
+    write(not_json, "{not json")
+    damaged = registry.write_final("damaged", _final_word("damaged", jobs="j1"))
+    record = registry.ClusterRecord(name="held", backend="local", address="tcp://127.0.0.1:1", owner_kind="process")
+    registry.write(record)
+    held = registry.write_final("held", _final_word("held", record))
+    with open(held) as f:
+        held_text = f.read()
+    loop = asyncio.new_event_loop()
+    manager = ClusterManager(interval=60)
+    try:
+        with caplog.at_level(logging.WARNING, logger="jupyter_cluster.server.manager"):
+            loop.run_until_complete(manager.refresh())
+            assert not os.path.exists(misnamed) and not os.path.exists(not_json)
+            assert os.path.exists(damaged) and os.path.exists(held)
+            for path in (damaged, held):  # read again, these would now be deleted as no owner's
+                write(path, "{not json")
+            loop.run_until_complete(manager.refresh())
+            assert os.path.exists(damaged) and os.path.exists(held)
+            write(held, held_text)
+            registry.remove("held")  # its cluster gone: taken up at the next scan
+            loop.run_until_complete(manager.refresh())
+            assert not os.path.exists(held)
+            assert [h["cluster"] for h in manager.history_list()] == ["held"]
+            loop.run_until_complete(manager.refresh())
+    finally:
+        loop.run_until_complete(manager.close())
+        loop.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert sum(damaged in w for w in warnings) == 1, warnings

@@ -21,6 +21,7 @@ from typing import Any, NoReturn, TypeVar
 from ..errors import ClusterError
 from ..history_files import checked_run_items, history_dir, history_files, read_json
 from ..history_files import size as _size
+from ..registry import private_folder
 from ..telemetry.store import TopicStore
 from .jobs import JobsStore, number
 
@@ -401,13 +402,13 @@ class HistoryFolder:
             logger.warning("jupyter-cluster: the history of %s (%d bytes) is too large to keep on disk", key, len(text))
             return [key]
         try:
-            os.makedirs(self.folder, mode=0o700, exist_ok=True)
+            private_folder(self.folder, "the jupyter-cluster history folder")  # an older or hand-made one: 0700
             tmp = self._path(key) + ".tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # jobs and curves are the user's alone
             with os.fdopen(fd, "w") as f:
                 f.write(text)
             os.replace(tmp, self._path(key))
-        except OSError as exc:
+        except (OSError, ClusterError) as exc:
             logger.warning("jupyter-cluster: could not keep the history of %s: %s", key, exc)
             return [key]
         if owner is not None:
@@ -417,7 +418,11 @@ class HistoryFolder:
     def read_all(self, check: Callable[[Any], T]) -> list[T]:
         """Every file's JSON as ``check`` returns it, oldest first.
 
-        A file that cannot be read, is not JSON, or that ``check`` refuses
+        Only this user's regular files of mode 0600 (as :meth:`write` makes
+        them) of at most ``max_bytes`` are read, as the kernel's
+        :func:`jupyter_cluster.runs.kept_runs` reads them: another's file, a
+        link, or one that others could have written is not taken for the
+        user's history.  A file refused, not JSON, or that ``check`` refuses
         (:class:`BadFile`) is skipped with one warning naming it.
         """
         out: list[T] = []
@@ -426,7 +431,7 @@ class HistoryFolder:
             if self.keep is not None and len(out) == self.keep:
                 break
             try:
-                data = read_json(path)
+                data = read_json(path, self.max_bytes, private=True)
                 out.append(check(data))
             except (OSError, ValueError, RecursionError) as exc:  # BadFile, JSONDecodeError, UnicodeError
                 logger.warning("jupyter-cluster: skipping the unreadable history file %s: %s", path, exc)

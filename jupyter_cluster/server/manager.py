@@ -498,8 +498,11 @@ class ClusterManager:
         }
         self._live_versions: dict[str, Any] = {}
         self._runs_cache: tuple[int, dict[str, dict[str, Any]]] | None = None
-        #: final words that could not be read (skipped, with one warning each)
+        #: final words that could not be read (skipped, with one warning each, and never read again)
         self._bad_finals: set[str] = set()
+        #: final words left for a later scan, by path: the identity of the record they wait for to go
+        #: (not read again while it stays: a file may hold 16 MB, and the registry is scanned twice a second)
+        self._held_finals: dict[str, tuple[str, Any, Any, Any]] = {}
         #: what jobs_version() and runs_version() last saw, and the counts they return (never going down)
         self._seen: dict[str, tuple[Any, int]] = {}
         self._live_due = time.monotonic() + LIVE_SAVE_INTERVAL
@@ -596,20 +599,21 @@ class ClusterManager:
         server wrote of it while it ran (if anything), into a history entry of
         its own: a cluster that started, ran its maps and stopped between two
         scans is listed all the same.  Left for the next scan while the
-        cluster's record is still there; a damaged file is skipped with one
-        warning and left there to look at.
+        cluster's record is still there (and not read again until it goes); a
+        damaged file is skipped with one warning, left there to look at and not
+        read again (the owners' newest :data:`.registry.FINAL_KEEP` push it out).
         """
-        if path in self._bad_finals:
-            return
         try:
             snap = check_live(data)
             name = str(snap["key"])
             rec = records.get(name)
             if rec is not None and same_cluster(snap, rec):
-                return  # written just before the record goes: taken up once it has gone
+                # written just before the record goes: taken up once it has gone
+                self._held_finals[path] = (name, rec.address, rec.owner_pid, rec.started)
+                return
             conn = self.connections.get(name)
             if conn is not None and same_cluster(snap, conn.record):
-                for job in snap.get("jobs") or []:
+                for job in snap.get("jobs") or []:  # each an object (check_live); JobsStore.add drops a bad one
                     conn.jobs.add(dict(job, cluster=name))
             else:
                 waiting = (self._waiting or {}).get(name)
@@ -627,14 +631,24 @@ class ClusterManager:
             return
         registry.remove_final(path)
 
+    def _finals_to_skip(self, records: dict[str, registry.ClusterRecord]) -> set[str]:
+        """The final words not to read at this scan: damaged ones, and those whose cluster's record is still there."""
+        for path, (name, *ident) in list(self._held_finals.items()):
+            rec = records.get(name)
+            if rec is None or [rec.address, rec.owner_pid, rec.started] != ident:
+                del self._held_finals[path]  # its record went: read it again, to take it up
+        # the files the registry dropped (:data:`.registry.FINAL_KEEP`) need no more remembering
+        self._bad_finals = {p for p in self._bad_finals if os.path.lexists(p)}
+        return self._bad_finals | set(self._held_finals)
+
     async def refresh(self) -> None:
         """Sync with the registry once and poll every scheduler."""
         async with self._lock:
             every = registry.live_records()
             records = _visible(every)
             attached = _attached_kernels(every, registry.live_attachments())
-            for path, data in registry.final_words():  # before a stopped cluster's connection is retired
-                self._take_final(path, data, records)
+            for path, data in registry.final_words(skip=self._finals_to_skip(records)):
+                self._take_final(path, data, records)  # before a stopped cluster's connection is retired
             for name in list(self.connections):
                 conn = self.connections[name]
                 if not _same_record(records.get(name), conn.record):
@@ -1050,8 +1064,7 @@ def _log_path(name: str) -> str:
     from jupyter_core.paths import jupyter_runtime_dir
 
     folder = os.path.join(jupyter_runtime_dir(), "jupyter-cluster-logs")
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    return os.path.join(folder, f"{name}.log")
+    return os.path.join(registry.private_folder(folder, "the cluster log folder"), f"{name}.log")
 
 
 def _kill_group(pid: int) -> None:
