@@ -1,4 +1,4 @@
-"""The server's history folder on disk: where it is, its files, and reading one safely.
+"""The server's history folder on disk: where it is, its files, reading one safely, and what a kept topic holds.
 
 A leaf (it imports nothing of the package), so that both the server's
 :class:`jupyter_cluster.server.history.HistoryFolder`, which writes and trims
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Collection, Mapping
 from typing import Any
 
 #: the folder's name under Jupyter's runtime folder
@@ -100,6 +101,40 @@ def checked_run_items(raw: Any) -> dict[str, dict[str, dict[str, Any]]]:
             }
         out[str(run)] = good
     return out
+
+
+def kept_run_items(
+    kept: dict[str, dict[str, dict[str, Any]]], runs: Collection[str] | None = None, curves: bool = False
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """A kept topic's run items as :meth:`jupyter_cluster.telemetry.store.TopicStore.run_items` gives a live topic's.
+
+    Parameters
+    ----------
+    kept : dict
+        What :func:`checked_run_items` made of the topic's ``runs``.
+    runs : collection of str, optional
+        Only these runs (default: all).
+    curves : bool
+        With each item's ``"curves"`` (metric -> [step, value] points); without, they are left out.
+    """
+    return {
+        run: {
+            key: (dict(it) if curves else {n: x for n, x in it.items() if n != "curves"}) for key, it in items.items()
+        }
+        for run, items in kept.items()
+        if runs is None or run in runs
+    }
+
+
+def series_keys(scalars: Mapping[str, Mapping[str, Any]], vectors: Mapping[str, Mapping[str, Any]]) -> set[str]:
+    """Every series key of a topic's scalar and vector values: the series its metric charts draw and colour.
+
+    Of a metrics model (``model["scalars"]``, ``model["vectors"]``), a kept
+    topic's, or a live :class:`~jupyter_cluster.telemetry.store.TopicStore`'s
+    columns (``store.scalars``, ``store.vectors``): each dict is copied before
+    it is read, one step under the GIL, so a store's listener may add to it meanwhile.
+    """
+    return {k for by in (*list(scalars.values()), *list(vectors.values())) for k in list(by)}
 
 
 def _number(v: Any) -> bool:

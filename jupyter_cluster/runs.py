@@ -42,7 +42,7 @@ from typing import Any
 
 # The tag state and config cleaning live in a leaf, which the report producer reads without importing
 # runs; they are re-exported here, where the rest of the package and users have always found them.
-from .history_files import checked_run_items
+from .history_files import checked_run_items, kept_run_items
 from .run_tags import (
     MAX_CONFIG_KEYS,
     MAX_VALUE_TEXT,  # noqa: F401  (re-exported)
@@ -991,14 +991,14 @@ def runs(notebook: str | None = None, cluster: str | None = None, run: str | Non
 
 # -- what the server kept: runs of earlier kernels -----------------------------------------
 class _KeptTopic:
-    """A kept topic's run items, as :func:`merge_metrics` reads a TopicStore's."""
+    """A kept topic's run items, as :func:`merge_metrics` reads a TopicStore's (the server's KeptTopic's rule)."""
 
     def __init__(self, topic: str, items: dict[str, dict[str, dict[str, Any]]]):
         self.topic = topic
         self.items = items
 
     def run_items(self, runs: set[str] | None = None, curves: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
-        return {r: v for r, v in self.items.items() if runs is None or r in runs}
+        return kept_run_items(self.items, runs, curves)
 
 
 _NUMBERS = ("started", "updated", "ended")

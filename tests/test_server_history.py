@@ -630,6 +630,36 @@ def test_only_the_users_own_private_history_files_are_read_and_the_folder_is_mad
     assert HistoryFolder(str(tmp_path / "linked")).save(kept) == [kept.key]
 
 
+def test_a_kept_topic_gives_its_run_items_as_a_live_store_does_in_the_server_and_the_kernel():
+    """The kernel's copy of the kept topic gave every item's curves whether asked or not."""
+    from jupyter_cluster.runs import _KeptTopic
+
+    conn = _stopped_connection()
+    store = conn.metrics["es"]
+    store.add(
+        "src",
+        6,
+        [
+            {
+                "step": s,
+                "time": time.time(),
+                "run": "r1",
+                "item": "lr=0.1",
+                "config": {"lr": 0.1},
+                "values": {"loss": 1.0 / (s + 1)},
+            }
+            for s in range(3)
+        ],
+    )
+    kept = KeptCluster.from_connection("c1.stopped-120000", conn, PANEL_MODEL).metrics["es"]
+    kernel = _KeptTopic("es", kept.data["runs"])
+    for curves in (False, True):
+        live = store.run_items(curves=curves)
+        assert kept.run_items(curves=curves) == kernel.run_items(curves=curves) == live
+        assert kept.run_items({"nope"}, curves) == kernel.run_items({"nope"}, curves) == {}
+    assert "curves" not in kernel.run_items()["r1"]["lr=0.1"]
+
+
 # -- final words the server cannot take up ------------------------------------------------------------
 def _final_word(name: str, record: registry.ClusterRecord | None = None, **fields) -> dict:
     """What an owner leaves of a cluster it stopped (session._leave_final_word), one finished job."""

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 from ..errors import ClusterError
-from ..history_files import checked_run_items, history_dir, history_files, read_json
+from ..history_files import checked_run_items, history_dir, history_files, kept_run_items, read_json, series_keys
 from ..history_files import size as _size
 from ..registry import private_folder
 from ..telemetry.store import TopicStore
@@ -191,7 +191,7 @@ class KeptTopic:
         self.truncated = int(data.get("truncated") or 0)
         self.scalars: dict[str, Any] = data.get("scalars") or {}
         self.vectors: dict[str, Any] = data.get("vectors") or {}
-        self.series = {k for by in (*self.scalars.values(), *self.vectors.values()) for k in by}
+        self.series = series_keys(self.scalars, self.vectors)
         self.data["runs"] = checked_run_items(data.get("runs"))
 
     def model(self, **_: Any) -> dict[str, Any]:
@@ -201,19 +201,7 @@ class KeptTopic:
 
     def run_items(self, runs: set[str] | None = None, curves: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
         """What the topic kept of each run's items (:meth:`TopicStore.run_items`)."""
-        kept = self.data.get("runs")
-        if not isinstance(kept, dict):
-            return {}
-        out: dict[str, dict[str, dict[str, Any]]] = {}
-        for r, items in kept.items():
-            if not isinstance(items, dict) or (runs is not None and r not in runs):
-                continue
-            out[r] = {
-                k: (dict(it) if curves else {n: x for n, x in it.items() if n != "curves"})
-                for k, it in items.items()
-                if isinstance(it, dict)
-            }
-        return out
+        return kept_run_items(self.data["runs"], runs, curves)  # checked when it was read (__init__)
 
 
 class KeptCluster:
