@@ -90,3 +90,33 @@ def test_show_runs_says_what_is_wrong_with_its_arguments():
         jc.show_runs([{"lr": 1}])
     with pytest.raises(TypeError, match="topic must be a non-empty string"):
         jc.show_runs(topic="")
+
+
+def test_a_static_copy_draws_rows_that_share_a_name_apart():
+    """One item key in two runs: the static chart drew one line, in one colour, for both rows."""
+    import base64
+
+    rows = [
+        {
+            "run": run,
+            "key": "lr=0.1",
+            "item": 0,
+            "name": "lr=0.1",
+            "state": "finished",
+            "duration": 1.0,
+            "config": {"lr": 0.1},
+            "final": {"loss": loss},
+            "best": {"loss": loss},
+        }
+        for run, loss in (("r1", 1.0), ("r2", 2.0))
+    ]
+    own = {r["run"]: {"loss": {"lr=0.1": [[0, 3.0], [1, r["final"]["loss"]]]}} for r in rows}
+    data = sweep.sweep_data(rows, [], "t", own, {})
+    colors = sweep.row_colors(data)
+    assert len(data["curves"]["loss"]) == 2 and len(set(colors.values())) == 2
+    html = sweep.static_bundle(data)["text/html"]
+    svg = base64.b64decode(re.search(r"base64,([^\"]+)", html).group(1)).decode()
+    assert re.findall(r'<path d="[^"]*" fill="none" stroke="(#[0-9a-f]{6})"', svg) == [
+        colors[row["id"]] for row in data["rows"]
+    ]
+    assert ">lr=0.1<" in svg and ">lr=0.1 (2)<" in svg  # the legend tells them apart

@@ -50,8 +50,6 @@ from typing import Any
 from ..static_output import MARK as MARK
 from ..static_output import bundle as bundle
 from ..static_output import metadata as metadata
-from ..static_output import progress_html as progress_html
-from ..static_output import replace as replace
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -88,13 +86,14 @@ def fmt_num(v: float | None) -> str:
     return f"{float(f'{v:.4g}'):g}"
 
 
-def _natural_key(s: str) -> list[Any]:
+def natural_key(s: str) -> list[Any]:
+    """Sort key for series and metric names: digit runs as numbers (``trial=2`` before ``trial=10``), case ignored."""
     return [(0, int(p), "") if p.isdecimal() else (1, 0, p.lower()) for p in re.split(r"(\d+)", s) if p]
 
 
 def _color_order(s: str) -> tuple[list[Any], str]:
     """Natural order, ties (``lr=0.1`` and ``lr=0.01``) by code point: the same whatever order the keys came in."""
-    return _natural_key(s), s
+    return natural_key(s), s
 
 
 def _fnv1a(key: str) -> int:
@@ -263,7 +262,7 @@ def line_chart_svg(
 
         keys = sorted(keys, key=last, reverse=True)[:MAX_SERIES]
         left_out = len(series) - len(keys)
-    keys.sort(key=_natural_key)
+    keys.sort(key=natural_key)
     colors = {**assign_colors(series), **(colors or {})}
     pts = {k: _bucket_points(series[k], MAX_POINTS) for k in keys}
     xs = [p[0] for k in keys for p in pts[k]]
@@ -463,11 +462,11 @@ def metrics_html(model: Mapping[str, Any]) -> str:
     vectors = model.get("vectors") or {}
     # one colour per series key over the whole topic, as the live charts (charts.ts allSeriesKeys)
     colors = assign_colors(k for by in (*scalars.values(), *vectors.values()) for k in by)
-    for name in sorted(scalars, key=_natural_key):
+    for name in sorted(scalars, key=natural_key):
         parts.append(svg_img(line_chart_svg(name, scalars[name], colors=colors), f"{topic}: {name}"))
-    for name in sorted(vectors, key=_natural_key):
+    for name in sorted(vectors, key=natural_key):
         lo, hi = vector_range(vectors[name])
-        for key in sorted(vectors[name], key=_natural_key):
+        for key in sorted(vectors[name], key=natural_key):
             parts.append(svg_img(heatmap_svg(name, key, vectors[name][key], lo, hi), f"{topic}: {name} {key}"))
     if not scalars and not vectors:
         parts.append("<div><i>No metrics yet.</i></div>")

@@ -30,7 +30,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import context, ticker
+from ..history_files import series_keys
 from .anywidgets import built_once
+from .static_render import natural_key
 
 STATIC = pathlib.Path(__file__).parent / "static"
 BUNDLE = STATIC / "sweep.js"
@@ -89,16 +91,10 @@ def series_of(row: Mapping[str, Any], keys: Iterable[str]) -> str | None:
     return None
 
 
-def _natural_key(s: str) -> list[Any]:
-    from .static_render import _natural_key as key
-
-    return key(s)
-
-
 def topic_series(model: Mapping[str, Any]) -> list[str]:
     """Every series key of a topic's model (scalar and vector values alike), as its charts list them."""
-    keys = {k for by in (*(model.get("scalars") or {}).values(), *(model.get("vectors") or {}).values()) for k in by}
-    return sorted(keys, key=_natural_key)
+    keys = series_keys(model.get("scalars") or {}, model.get("vectors") or {})
+    return sorted(keys, key=natural_key)
 
 
 def row_series(
@@ -113,7 +109,7 @@ def row_series(
     """
     found: list[str | None] = [None] * len(rows)
     color_keys: set[str] = set()
-    for topic in sorted(topics, key=_natural_key):
+    for topic in sorted(topics, key=natural_key):
         keys = list(topics[topic])
         hit = False
         for i, r in enumerate(rows):
@@ -122,7 +118,7 @@ def row_series(
                 hit = hit or found[i] is not None
         if hit:
             color_keys.update(keys)
-    return found, sorted(color_keys, key=_natural_key)
+    return found, sorted(color_keys, key=natural_key)
 
 
 def row_colors(data: Mapping[str, Any]) -> dict[str, str]:
@@ -236,9 +232,7 @@ def _stores(topic: str | None) -> list[Any]:
 
 def _store_series(store: Any) -> list[str]:
     """A topic store's series keys, as its model (and so its charts) has them, without building the model."""
-    # list() of a dict is one step under the GIL: safe while the store's listener adds to it
-    columns = [*list(store.scalars.values()), *list(store.vectors.values())]
-    return sorted({k for cols in columns for k in list(cols)}, key=_natural_key)
+    return sorted(series_keys(store.scalars, store.vectors), key=natural_key)  # (safe while the store grows)
 
 
 def _curves(
@@ -270,6 +264,20 @@ def _version(topic: str | None) -> tuple:
 STATIC_ROWS = 100
 
 
+def _legend_labels(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Row id -> its name in a chart's legend; rows that share a name (one item key in two runs) are numbered."""
+    out: dict[str, str] = {}
+    taken: set[str] = set()
+    for r in rows:
+        label, i = str(r["name"]), 1
+        while label in taken:
+            i += 1
+            label = f"{r['name']} ({i})"
+        taken.add(label)
+        out[r["id"]] = label
+    return out
+
+
 def static_bundle(data: Mapping[str, Any]) -> dict[str, str]:
     """The sweep's static copy: ``text/plain`` and ``text/html`` (the first metric's curves and the table)."""
     import html
@@ -295,11 +303,11 @@ def static_bundle(data: Mapping[str, Any]) -> dict[str, str]:
     colors = row_colors(data)  # each row's colour in the live widget and the metric charts
     curves = (data.get("curves") or {}).get(metrics[0]) if metrics else None
     if curves:
-        names = {r["id"]: r["name"] for r in rows}
+        labels = _legend_labels(rows)  # the chart's series are by label: rows that share a name stay apart
         svg = line_chart_svg(
             metrics[0],
-            {names.get(k, k): v for k, v in curves.items()},
-            colors={names[k]: colors[k] for k in curves if k in names},
+            {labels.get(k, k): v for k, v in curves.items()},
+            colors={labels[k]: colors[k] for k in curves if k in labels},
         )
         parts.append(svg_img(svg, f"{metrics[0]} of each run"))
     th = "<th></th>" + "".join(f"<th>{html.escape(h)}</th>" for h in header)
