@@ -37,6 +37,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from typing import Any, Protocol
 
 from distributed import Client, WorkerPlugin
@@ -494,7 +495,7 @@ def publish(client: Client, dask_topic: str | list[str], msg: Any) -> None:
     (:data:`JOBS_TOPIC`).  Failures (a scheduler that went away) are logged
     at debug level and otherwise ignored.
     """
-    state = _publishers.setdefault(client.id, {"lock": None})
+    state = _publishers.setdefault(client, {"lock": None})
 
     async def send() -> None:
         import asyncio
@@ -517,7 +518,9 @@ def publish(client: Client, dask_topic: str | list[str], msg: Any) -> None:
         logger.debug("client closed; %s message not published", dask_topic)
 
 
-_publishers: dict[str, dict] = {}
+#: each client's send lock (order is kept per client); an entry goes with its client (weak keys) or
+#: at drain(), so that a kernel starting and stopping many clusters does not keep one per client it had
+_publishers: weakref.WeakKeyDictionary[Client, dict] = weakref.WeakKeyDictionary()
 
 
 def drain(client: Client, timeout: float = 5.0) -> None:
@@ -526,7 +529,7 @@ def drain(client: Client, timeout: float = 5.0) -> None:
     A cluster's owner calls it before stopping the cluster, so that a map's
     last job message is not cut off by the client's close.
     """
-    state = _publishers.get(client.id)
+    state = _publishers.pop(client, None)  # the client is about to close: nothing is published on it after
     if state is None or client.status != "running":
         return
 
