@@ -182,8 +182,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
         app.shell.activateById(widget.id);
       }
     });
-    // the sweep table of a run in the main area (sweep/area.ts): command jupyter-cluster:open-sweep {run}
-    const sweepDark = registerSweep(app, palette, dark, clusterIcon);
+    // the sweep table of a run in the main area (sweep/area.ts): command jupyter-cluster:open-sweep {run};
+    // its tabs listen on the panel's events connection rather than open one each
+    const sweepDark = registerSweep(app, palette, panel.feed, dark, clusterIcon);
     panel.onOpenSweep = run => void commands.execute(OPEN_SWEEP, { run });
     panel.onOpenTopic = (cluster, topic) => void commands.execute(CommandIDs.openTopic, { cluster, topic });
     commands.addCommand(CommandIDs.open, {

@@ -124,6 +124,18 @@ export interface ITopicSummary {
   series: number;
 }
 
+/** A run as `GET runs` lists it (the fields the sweep table uses). */
+export interface IRunRecord {
+  run: string;
+  name?: string | null;
+  notebook?: string | null;
+  state?: string | null;
+  started?: number | null;
+  cluster?: string | null;
+  history?: string | null;
+  metrics?: string[];
+}
+
 /** Messages pushed on the events websocket. */
 export type ServerMessage =
   | { type: 'clusters'; clusters: IClusterSummary[] }
@@ -132,6 +144,7 @@ export type ServerMessage =
   | ({ type: 'workers'; name: string } & IWorkersDiff)
   | { type: 'topics'; cluster: string; topics: ITopicSummary[] }
   | { type: 'metrics'; cluster: string; topic: string; data: IMetricsModel & { version?: number } }
+  | { type: 'run'; event: 'added' | 'finished'; run: IRunRecord }
   | { type: 'error'; message: string };
 
 /** Everything the panel shows. */

@@ -6,6 +6,9 @@ a metric (numbers as numbers), filter by config terms, group the curves by a
 config key (one mean ± sd band per value) and overlay the ticked rows'
 curves; the parallel-coordinates view draws one line per row.  Screenshots
 go to test-artifacts/sweep-*.png.
+
+Sweep tabs in the main area listen on the sidebar's events connection: two
+tabs and the panel open one events socket in all.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import nbformat
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from .pages import EXECUTE_JS, RUN_ALL_WHEN_READY_JS, lab_page, notebook_ready, shot
+from .pages import EXECUTE_JS, RUN_ALL_WHEN_READY_JS, lab_page, notebook_ready, open_panel, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -152,3 +155,39 @@ def test_sweep_table_sorts_filters_groups_and_overlays(lab, browser, artifacts):
         area.locator("select.jc-sweep-group").select_option("aux")
         _wait_attr(page, ".jc-sweep-area .jc-sweep-curves", "lines", "v === 'aux=false (n=15)|aux=true (n=15)'")
         shot(page, artifacts, "sweep-main-area.png", ".jc-sweep-area")
+
+
+EVENTS_PATH = "/jupyter-cluster/api/events"
+
+
+def test_sweep_tabs_share_the_panels_events_socket(lab, browser):
+    # runs the server has not heard of: their tabs open and wait for the server's "run" message
+    runs = ["ui-no-such-run-1", "ui-no-such-run-2"]
+    with lab_page(browser, lab, "lab") as page:
+        sockets = []
+        page.on("websocket", lambda ws: sockets.append(ws) if EVENTS_PATH in ws.url else None)
+        page.reload(timeout=90_000)  # every socket the page opens, from its start, is seen
+        page.wait_for_function(
+            "!!window.jupyterapp && window.jupyterapp.commands.hasCommand('jupyter-cluster:open-sweep')",
+            timeout=60_000,
+        )
+        page.evaluate("window.jupyterapp.restored")
+        # the tabs first, the sidebar not yet shown: their listening connects the panel's feed
+        for run in runs:
+            page.evaluate(f"window.jupyterapp.commands.execute('jupyter-cluster:open-sweep', {{ run: '{run}' }})")
+        for run in runs:
+            page.wait_for_selector(f"#jupyter-cluster-sweep-{run.replace('.', '_')} .jc-sweep", timeout=30_000)
+        open_panel(page)
+        page.wait_for_timeout(3_000)  # time for any socket of its own a tab or the panel would open
+        urls = [ws.url for ws in sockets]
+        assert len(sockets) == 1, urls
+
+        # closing the tabs leaves the panel's socket open
+        page.evaluate(
+            "Array.from(window.jupyterapp.shell.widgets('main'))"
+            ".filter(w => w.id.startsWith('jupyter-cluster-sweep-')).forEach(w => w.close())"
+        )
+        page.wait_for_function("!document.querySelector('.jc-sweep-area')", timeout=10_000)
+        page.wait_for_timeout(1_000)
+        assert not sockets[0].is_closed()
+        assert len(sockets) == 1, [ws.url for ws in sockets]

@@ -139,6 +139,8 @@ interface IPanel {
   pointerY: number | null;
   /** how often its data was drawn (tests read it as data-draws: pushes that change nothing draw nothing) */
   draws: number;
+  /** line charts: the series keys last drawn (after the filter and top-k) */
+  keys: string[];
   /** heatmaps: the "difference of two runs" picker */
   diff?: HTMLSelectElement;
   /** the overlay: the "two axes" toggle (shown when its metrics are of two units) */
@@ -392,7 +394,7 @@ export class MetricsCharts {
     const keys = new Set<string>();
     this.panels.forEach(p => {
       if (p.kind === 'line') {
-        (p.root.dataset.series ?? '').split('|').forEach(k => k && keys.add(k));
+        p.keys.forEach(k => keys.add(k));
       }
     });
     return [...keys].sort(naturalCompare);
@@ -680,6 +682,7 @@ export class MetricsCharts {
       data: '',
       pointerY: null,
       draws: 0,
+      keys: [],
       diff,
       twoAxes
     };
@@ -769,6 +772,7 @@ export class MetricsCharts {
     const points = onAxis(bySeries, this.model, this.xMode);
     const line = lineChart(panel.name, points, view, this.colorOf, this.options.manySeries, () => panel.pointerY);
     const drawn = JSON.stringify([line.keys, { ...view, width: line.legend }, line.notice]);
+    panel.keys = line.keys;
     // what is drawn, for tests and for the curious: the x axis and its span, the series, what log y dropped
     const xs = Object.values(points).flatMap(ps => ps.map(p => p[0]));
     Object.assign(panel.root.dataset, {

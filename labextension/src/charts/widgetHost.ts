@@ -41,15 +41,14 @@ export interface IWidgetView<S> {
  * side) draws without keeping choices.
  */
 export function bindWidget<S>(model: IWidgetModel, view: IWidgetView<S>): () => void {
-  let pending = false;
-  // several trait changes within one frame are drawn once
+  // the frame of a pending redraw (0: none); several trait changes within one frame are drawn once
+  let frame = 0;
   const redraw = (): void => {
-    if (pending) {
+    if (frame) {
       return;
     }
-    pending = true;
-    requestAnimationFrame(() => {
-      pending = false;
+    frame = requestAnimationFrame(() => {
+      frame = 0;
       view.draw(model.get('data'));
     });
   };
@@ -71,6 +70,9 @@ export function bindWidget<S>(model: IWidgetModel, view: IWidgetView<S>): () => 
   return () => {
     theme.disconnect();
     model.off('change:data', redraw);
+    // an output removed between a change and its frame: the frame must not draw into the disposed view
+    cancelAnimationFrame(frame);
+    frame = 0;
     view.dispose();
   };
 }

@@ -2,7 +2,9 @@
  * The one client of the server's events websocket, for the sidebar and the
  * main-area topic views alike: connects, reconnects with back-off, re-sends
  * the last watch and interval on every (re)connection, and hands each parsed
- * message to its listener.
+ * message to its listener.  Other views listen on the sidebar's connection
+ * (listen(), through ClusterPanel.feed) rather than open one each: the
+ * server pumps the whole cluster and job lists down every socket.
  */
 import { eventsURL } from '../api';
 import type { ServerMessage } from '../model';
@@ -17,10 +19,26 @@ export interface IEventsOptions {
   maxBackoff?: number;
 }
 
+/** A view listening on a connection it does not own (see EventsClient.listen). */
+export interface IEventsListener {
+  onMessage(msg: ServerMessage): void;
+  /** null when the connection (re)opened, a sentence while it is lost */
+  onStatus?(error: string | null): void;
+}
+
+/** A connection other views listen on instead of opening their own. */
+export interface IEventsFeed {
+  /** whether the socket is open now */
+  readonly isOpen: boolean;
+  /** Hand `listener` every message and change of state from now on (connecting if need be); returns the function that stops it. */
+  listen(listener: IEventsListener): () => void;
+}
+
 export type ClientMessage =
   { type: 'watch'; cluster: string | null; topics: string[] } | { type: 'interval'; ms: number };
 
-export class EventsClient {
+export class EventsClient implements IEventsFeed {
+  private readonly listeners = new Set<IEventsListener>();
   private socket: WebSocket | null = null;
   private timer = 0;
   private delay: number;
@@ -35,6 +53,14 @@ export class EventsClient {
   /** Whether the socket is open now. */
   get isOpen(): boolean {
     return this.socket?.readyState === WebSocket.OPEN;
+  }
+
+  listen(listener: IEventsListener): () => void {
+    this.listeners.add(listener);
+    this.connect();
+    return () => {
+      this.listeners.delete(listener);
+    };
   }
 
   /** Connect (idempotent). */
@@ -52,7 +78,7 @@ export class EventsClient {
     this.socket = socket;
     socket.onopen = () => {
       this.delay = this.options.backoff ?? 500;
-      this.options.onStatus?.(null);
+      this.status(null);
       // what the server must know again after a reconnection
       for (const msg of [this.intervalMsg, this.watchMsg]) {
         if (msg) {
@@ -69,12 +95,20 @@ export class EventsClient {
         return;
       }
       this.options.onMessage(msg);
+      // a listener that throws must not keep the message from the others
+      for (const listener of [...this.listeners]) {
+        try {
+          listener.onMessage(msg);
+        } catch (error) {
+          console.error('jupyter-cluster: an events listener failed', error);
+        }
+      }
     };
     socket.onclose = () => {
       if (this.socket === socket) {
         this.socket = null;
         if (!this.closed) {
-          this.options.onStatus?.('Lost the connection to the server; reconnecting…');
+          this.status('Lost the connection to the server; reconnecting…');
           this.retry();
         }
       }
@@ -107,10 +141,22 @@ export class EventsClient {
   /** Close for good. */
   dispose(): void {
     this.closed = true;
+    this.listeners.clear();
     window.clearTimeout(this.timer);
     const socket = this.socket;
     this.socket = null;
     socket?.close();
+  }
+
+  private status(error: string | null): void {
+    this.options.onStatus?.(error);
+    for (const listener of [...this.listeners]) {
+      try {
+        listener.onStatus?.(error);
+      } catch (err) {
+        console.error('jupyter-cluster: an events listener failed', err);
+      }
+    }
   }
 
   private send(msg: ClientMessage): void {

@@ -36,7 +36,7 @@ import {
 import { ClusterList, HistoryList, IClusterActions, button } from './clusters';
 import { ask } from './dialogs';
 import { FormValues, INewCluster, checkNewCluster, newClusterFields, newClusterRequest } from './newCluster';
-import { EventsClient } from './events';
+import { EventsClient, IEventsFeed } from './events';
 import { clusterIcon } from './icon';
 import { JobsView } from './jobs';
 import { Loader } from './loader';
@@ -211,6 +211,15 @@ export class ClusterPanel extends Widget {
   /** The active notebook's kernel id as last set. */
   get activeKernel(): string | null {
     return this.state.activeKernel;
+  }
+
+  /**
+   * The panel's events connection, for the main-area views to listen on
+   * (a sweep tab's socket would add the server's full pushes per tab); a
+   * listener connects it even before the panel is first shown.
+   */
+  get feed(): IEventsFeed {
+    return this.events;
   }
 
   /** Re-style the charts for a dark or light theme. */

@@ -19,7 +19,8 @@ import { Widget } from '@lumino/widgets';
 
 import { requestAPI } from '../api';
 import type { IMetricsModel } from '../charts/data';
-import { EventsClient } from '../panel/events';
+import type { IRunRecord } from '../model';
+import type { IEventsFeed } from '../panel/events';
 import type { ITableRow, ItemCurves } from './model';
 import { sweepFromTable } from './model';
 import { SweepView } from './view';
@@ -32,24 +33,8 @@ const POLL_SECONDS = 3;
  *  the events socket is closed: while it is open, the server's "run" message says when to read again. */
 const MAX_MISSES = 20;
 
-/** The events socket's message about a run (see server/handlers.py EventsSocket). */
-interface IRunEvent {
-  type: 'run';
-  event: 'added' | 'finished';
-  run: IRunRecord;
-}
-
-/** A run as `GET runs` lists it (the fields used here). */
-export interface IRunRecord {
-  run: string;
-  name?: string | null;
-  notebook?: string | null;
-  state?: string | null;
-  started?: number | null;
-  cluster?: string | null;
-  history?: string | null;
-  metrics?: string[];
-}
+// the run record lives in model.ts, with the events message that carries one
+export type { IRunRecord } from '../model';
 
 interface IRunDetail {
   run: IRunRecord;
@@ -70,23 +55,17 @@ export class SweepArea extends Widget {
   private misses = 0;
   private loading = false;
   private again = false;
-  private readonly events = new EventsClient({
-    onMessage: msg => {
-      const m = msg as unknown as IRunEvent;
-      if (m.type === 'run' && m.run?.run === this.run) {
-        void this.load();
-      }
-    },
-    // (re)connected: what the socket did not see meanwhile is read once
-    onStatus: error => {
-      if (error === null && this.isAttached) {
-        void this.load();
-      }
-    }
-  });
+  private stopListening: (() => void) | null = null;
 
+  /**
+   * @param run the run's id
+   * @param feed the events connection it listens on (the sidebar's: each tab opening its own socket would
+   *   have the server push its whole cluster and job lists once more per tab)
+   * @param dark the theme at opening
+   */
   constructor(
     readonly run: string,
+    private readonly feed: IEventsFeed,
     dark?: boolean
   ) {
     super();
@@ -119,6 +98,10 @@ export class SweepArea extends Widget {
     let missed = true;
     try {
       const detail = await requestAPI<IRunDetail>(`runs/${encodeURIComponent(this.run)}`);
+      // the tab may close during any read: a disposed view is not drawn into
+      if (this.isDisposed) {
+        return;
+      }
       const rec = detail.run;
       running = rec.state === 'running';
       this.title.label = `Sweep: ${rec.name || rec.run}`;
@@ -126,6 +109,9 @@ export class SweepArea extends Widget {
       const { curves } = await requestAPI<{ curves: ItemCurves[string] }>(
         `runs/${encodeURIComponent(this.run)}/curves`
       ).catch(() => ({ curves: {} as ItemCurves[string] }));
+      if (this.isDisposed) {
+        return;
+      }
       // the cluster's topics: the series of rows without curves of their own, and each row's colour
       // (its series' in the topic's charts); a topic is read again only when its version changed
       const cluster = rec.history || rec.cluster;
@@ -135,6 +121,9 @@ export class SweepArea extends Widget {
         const { topics } = await requestAPI<{ topics: { topic: string; scalars: string[]; version?: number }[] }>(
           `clusters/${encodeURIComponent(cluster)}/metrics`
         );
+        if (this.isDisposed) {
+          return;
+        }
         for (const t of topics.filter(t => t.scalars.some(s => wanted.has(s)))) {
           const id = `${cluster}\u0000${t.topic}`;
           const kept = this.topicModels.get(id);
@@ -144,6 +133,9 @@ export class SweepArea extends Widget {
               : await requestAPI<IMetricsModel>(
                   `clusters/${encodeURIComponent(cluster)}/metrics/${encodeURIComponent(t.topic)}`
                 );
+          if (this.isDisposed) {
+            return;
+          }
           this.topicModels.set(id, { version: t.version, model });
           models.push(model);
         }
@@ -162,7 +154,7 @@ export class SweepArea extends Widget {
       void this.load();
       return;
     }
-    const waitForEvent = missed && this.events.isOpen;
+    const waitForEvent = missed && this.feed.isOpen;
     if ((running || (missed && !waitForEvent && this.misses < MAX_MISSES)) && !this.isDisposed) {
       this.timer = window.setTimeout(() => void this.load(), POLL_SECONDS * 1000);
     }
@@ -170,7 +162,19 @@ export class SweepArea extends Widget {
 
   protected onAfterAttach(msg: Message): void {
     super.onAfterAttach(msg);
-    this.events.connect();
+    this.stopListening ??= this.feed.listen({
+      onMessage: m => {
+        if (m.type === 'run' && m.run?.run === this.run) {
+          void this.load();
+        }
+      },
+      // (re)connected: what the socket did not see meanwhile is read once
+      onStatus: error => {
+        if (error === null && this.isAttached) {
+          void this.load();
+        }
+      }
+    });
     void this.load();
   }
 
@@ -179,19 +183,21 @@ export class SweepArea extends Widget {
       return;
     }
     window.clearTimeout(this.timer);
-    this.events.dispose();
+    this.stopListening?.();
+    this.stopListening = null;
     this.view.dispose();
     super.dispose();
   }
 }
 
 /**
- * Register the command that opens a run's sweep table in the main area.
- * Returns a function that re-styles the open tables for a theme.
+ * Register the command that opens a run's sweep table in the main area; the
+ * tables listen on `feed` (the sidebar's events connection).  Returns a function that re-styles the open tables for a theme.
  */
 export function registerSweep(
   app: JupyterFrontEnd,
   palette: ICommandPalette | null,
+  feed: IEventsFeed,
   dark: () => boolean | undefined,
   icon?: LabIcon
 ): (dark: boolean) => void {
@@ -221,7 +227,7 @@ export function registerSweep(
         app.shell.activateById(existing.parent?.id ?? existing.id);
         return;
       }
-      const content = new SweepArea(run, dark());
+      const content = new SweepArea(run, feed, dark());
       const widget = new MainAreaWidget({ content });
       widget.id = `${content.id}-area`;
       widget.title.label = content.title.label;
