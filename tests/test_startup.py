@@ -69,7 +69,7 @@ if __name__ == "__main__":
         client = handle.client
         print(json.dumps({
             "results": results, "again": again, "paths": [first.path, second.path],
-            "leases": [first.leases, first._leases.reused, second.leases, second._leases.reused],
+            "leases": [first.leases, first._counters.reused, second.leases, second._counters.reused],
             "direct": getattr(client, "_jc_direct", None),
             "registered": sorted(handle.cluster.scheduler.worker_plugins),
             "dashboard_imported": "distributed.dashboard.scheduler" in sys.modules,
@@ -292,3 +292,65 @@ def test_a_notebook_function_that_names_the_package_travels_to_the_workers():
     # '_Package' object" for every cell function that calls jc.report (found by the as-installed check)
     got = _run(NOTEBOOK_FUNCTION_NAMING_JC)
     assert got == {"out": [0, 1, 2, 3], "values": [0.0, 0.5, 1.0, 1.5], "same": True}
+
+
+LOAD_EXT_ENVIRONMENT = """
+import json, os, sys
+KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_", "PYTHONHASHSEED", "JC_EXTRA")
+for key in KEYS:  # none of them set by the user: what the kernel has after is what the package set
+    os.environ.pop(key, None)
+# a user's own pre-spawn variable, under dask's other spelling of the key: Dask's defaults still apply
+os.environ["DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON"] = "{'JC_EXTRA': 'yes'}"
+import psutil
+from IPython.core.interactiveshell import InteractiveShell
+
+def mine():
+    return {k: os.environ.get(k) for k in KEYS}
+
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "jupyter_cluster")
+from jupyter_cluster.backends.local import forkserver
+forkserver._forkserver_thread.join(60)
+from multiprocessing import forkserver as mp_forkserver
+server = psutil.Process(mp_forkserver._forkserver._forkserver_pid).environ()
+out = {"after_load_ext": mine(), "server": {k: server.get(k) for k in KEYS}}
+assert shell.run_cell("%cluster start --workers 1 --name startup-environment").error_in_exec is None
+import jupyter_cluster as jc
+handle = jc.current()
+try:
+    out["after_start"] = mine()
+    out["worker"] = next(iter(handle.client.run(eval, "dict(env={k: __import__('os').environ.get(k) for k in %r}, "
+                                                "hash=hash('jupyter-cluster'))" % (KEYS,)).values()))
+finally:
+    handle.close()
+print(json.dumps(out))
+"""
+
+
+def test_load_ext_and_a_start_leave_the_kernels_environment_and_the_workers_get_dasks():
+    # The fork server began at %load_ext once set Dask's pre-spawn variables (OMP_NUM_THREADS=1 ...) in
+    # the kernel itself, and Dask's nannies do so at every worker start: numpy imported in the notebook
+    # afterwards ran on one thread.
+    got = _run(LOAD_EXT_ENVIRONMENT)
+    none = dict.fromkeys(got["after_load_ext"])
+    assert got["after_load_ext"] == none, got
+    assert got["after_start"] == none, got
+    dask_env = {
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MALLOC_TRIM_THRESHOLD_": "65536",
+        "PYTHONHASHSEED": "6640",
+        "JC_EXTRA": "yes",
+    }
+    # the fork server's interpreter started with them (the hash seed is read only then), and so its workers
+    assert got["server"] == dask_env, got["server"]
+    assert got["worker"]["env"] == dask_env, got["worker"]
+    seeded = subprocess.run(
+        [sys.executable, "-c", "print(hash('jupyter-cluster'))"],
+        env={"PYTHONHASHSEED": "6640", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert got["worker"]["hash"] == int(seeded.stdout), "the worker's interpreter did not start with PYTHONHASHSEED"

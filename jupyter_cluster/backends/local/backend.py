@@ -37,7 +37,7 @@ from . import dashboard
 from .forkserver import environ_since_forkserver, start_forkserver, use_forkserver
 from .gpus import GPU_RESOURCE, _cuda_cluster_class, gpu_worker_specs, select_gpus
 from .main_guard import check_main_guard
-from .workers import IgnoreSigint, NoWorkerHttp, QuietWorker, sigint_blocked_for_children
+from .workers import ForkedNanny, IgnoreSigint, NoWorkerHttp, QuietWorker, sigint_blocked_for_children
 
 
 def default_workers() -> int:
@@ -256,6 +256,7 @@ class LocalBackend(Backend):
             kwargs["plugins"] = tuple(plugins) + ((EnginePlugin(), flush_plugin()) if engine_at_spawn else ())
         if devices is None and kwargs["processes"] and use_forkserver():
             kwargs["env"] = environ_since_forkserver()  # {} before the server's first start
+            kwargs["worker_class"] = ForkedNanny
             start_forkserver()  # the nannies' first process start waits for it (multiprocessing's lock)
         try:
             with sigint_blocked_for_children():

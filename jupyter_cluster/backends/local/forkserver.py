@@ -3,14 +3,20 @@
 Standard library and dask.config only: :func:`start_early` begins the server
 before this process imports distributed (``jupyter_cluster.start``,
 ``%load_ext``), so that the server's import of distributed and this process's
-run side by side on two cores.
+run side by side on two cores.  The server starts with Dask's pre-spawn
+environment; this process's own is left as the user has it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib.util
 import os
+import subprocess
 import sys
 import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ... import config
@@ -34,57 +40,58 @@ def _forkserver_is_private() -> bool:
 WORKER_MODULES = ["distributed", "jupyter_cluster.backends.local.workers", "jupyter_cluster.engine.worker"]
 
 _forkserver_lock = threading.Lock()
-#: this process's environment when it started the fork server (None: it did not start one)
+#: the environment the fork server started with (None: this process did not start one)
 _forkserver_environ: dict[str, str] | None = None
 _forkserver_thread: threading.Thread | None = None
-_preload_set = False
+#: the fork server's process, kept: a dropped ``Popen`` of a running process warns, and is reaped by the next one
+_forkserver_process: subprocess.Popen | None = None
+
+
+@functools.lru_cache(maxsize=1)
+def _distributed_defaults() -> dict:
+    """distributed's defaults (its ``distributed.yaml``), read as distributed reads them when it is imported."""
+    spec = importlib.util.find_spec("distributed")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    path = os.path.join(list(spec.submodule_search_locations)[0], "distributed.yaml")
+    import yaml
+
+    try:
+        with open(path) as f:
+            # the C loader when there is one: 10 ms instead of 80 (distributed itself is imported in the background)
+            return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    except OSError:
+        return {}
 
 
 def distributed_setting(key: str) -> Any:
-    """``key`` of dask.config, or distributed's default for it before distributed is imported.
+    """``key`` of dask.config as it is once distributed is imported, also before that.
 
     distributed adds its defaults (``distributed.yaml``) to dask.config when it
-    is imported; the user's own settings (files, ``DASK_*`` variables) are there
-    from the start.  Before, the default is read from distributed's file itself.
+    is imported; the user's own settings (files, ``DASK_*`` variables,
+    ``dask.config.set``) are there from the start.  They are merged as
+    distributed merges them (keys canonicalised, a user's partial mapping
+    completed by the defaults), without importing distributed.
     """
     import dask.config
 
-    value = dask.config.get(key, None)
-    if value is not None or "distributed.config" in sys.modules:
-        return value
-    import importlib.util
-
-    import yaml
-
-    spec = importlib.util.find_spec("distributed")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "distributed.yaml")
-    try:
-        with open(path) as f:
-            node: Any = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except OSError:
-        return None
-    for part in key.split("."):
-        if not isinstance(node, dict):
-            return None
-        node = node.get(part)
-    return node
+    merged = dask.config.merge(_distributed_defaults(), dask.config.config)
+    return dask.config.get(key, None, config=merged)
 
 
 def start_early(backend: str | None, options: dict) -> None:
-    """Begin the fork server of a local start now, if this process has not imported distributed yet.
+    """Begin the fork server of a local start now, before the rest of the start is imported.
 
     Called by ``jupyter_cluster.start`` and ``%load_ext jupyter_cluster``
     before they import the rest of the package: the server (a fresh
-    interpreter that imports distributed) and this process then import
-    distributed at the same time, on two cores, instead of one after the
-    other.  Nothing is checked or started that the start itself would refuse
-    (a remote backend, ``processes=False``, ``--gpus``, a script without its
+    interpreter that imports distributed) then imports distributed while this
+    process imports it and the session, on two cores, instead of after.
+    Nothing is checked or started that the start itself would refuse (a
+    remote backend, ``processes=False``, ``--gpus``, a script without its
     ``__main__`` guard, the fork server switched off).
     """
-    if "distributed" in sys.modules or _forkserver_thread is not None:
-        return  # imported already: the start begins the server itself (LocalBackend.prepare)
+    if _forkserver_thread is not None:
+        return  # begun already (the start itself checks it: LocalBackend.prepare)
     try:
         if (backend or config.get("backend")) != "local":
             return
@@ -138,51 +145,40 @@ def use_forkserver() -> bool:
 def start_forkserver() -> threading.Thread:
     """Start the fork server in a thread (a no-op when it runs already); returns the thread.
 
-    In a thread beside the scheduler's start, the server's import of
-    distributed overlaps the scheduler's import of its dashboard.  The server
-    gets what a spawned worker would get from this process: SIGINT blocked
-    (see :func:`sigint_blocked_for_children`), and the environment Dask sets
-    before spawning (``distributed.nanny.pre-spawn-environ``, e.g.
-    ``OMP_NUM_THREADS=1``, which the nannies put into this process's
-    environment anyway).  It preloads :data:`WORKER_MODULES`: nothing of the
-    notebook side (the package's ``__init__`` leaves it out in the fork server
-    as in workers), and nothing that holds per-process random state (numpy's
-    global generator, say, is imported by each worker after the fork).
+    The server gets what a spawned worker would get from this process: SIGINT
+    blocked (see :func:`sigint_blocked_for_children`), and the environment
+    Dask sets before spawning (``distributed.nanny.pre-spawn-environ``, e.g.
+    ``OMP_NUM_THREADS=1``, and ``PYTHONHASHSEED``), in the server's own
+    environment only: this process keeps the user's (numpy imported in the
+    notebook keeps its threads).  It preloads :data:`WORKER_MODULES`: nothing
+    of the notebook side (the package's ``__init__`` leaves it out in the fork
+    server as in workers), and nothing that holds per-process random state
+    (numpy's global generator, say, is imported by each worker after the fork).
     """
-    global _forkserver_thread, _preload_set
+    global _forkserver_thread
     import multiprocessing
 
     with _forkserver_lock:
-        # distributed's own preload list (set by its first get_mp_context) also imports numpy
-        # and pandas into the notebook's process; ours is WORKER_MODULES.  Its flag is set once
-        # distributed is imported (the server may have started before).
-        dist_utils = sys.modules.get("distributed.utils")
-        if dist_utils is not None and not getattr(dist_utils, "_forkserver_preload_set", False):
-            if not _preload_set:
-                multiprocessing.get_context("forkserver").set_forkserver_preload(WORKER_MODULES)
-            setattr(dist_utils, "_forkserver_preload_set", True)  # noqa: B010 - distributed's own flag
-            _preload_set = True
+        utils = sys.modules.get("distributed.utils")
+        if utils is not None:
+            # distributed's first get_mp_context would set its own preload list, importing numpy and
+            # pandas into this process for it; that flag exists once distributed is (being) imported,
+            # which may be after the server started, so it is set at every call, before the nannies'.
+            setattr(utils, "_forkserver_preload_set", True)  # noqa: B010 - distributed's private flag
         if _forkserver_thread is not None and (_forkserver_thread.is_alive() or _forkserver_environ is not None):
             return _forkserver_thread  # started (or starting) already; the server itself is checked by the nannies
-        if not _preload_set:
-            multiprocessing.get_context("forkserver").set_forkserver_preload(WORKER_MODULES)
-            _preload_set = True
-        pre_spawn = distributed_setting("distributed.nanny.pre-spawn-environ") or {}
-        env = {k: str(v) for k, v in pre_spawn.items() if v is not None}
-        env.setdefault("PYTHONHASHSEED", "6640")  # as the nanny sets it: the same hashing in every worker
-        for k, v in env.items():
-            os.environ.setdefault(k, v)
+        multiprocessing.get_context("forkserver").set_forkserver_preload(WORKER_MODULES)
+        env = _server_environ()
 
     def run() -> None:
         global _forkserver_environ
         from multiprocessing import forkserver
 
         with _forkserver_lock:
-            if _forkserver_environ is None:
-                _forkserver_environ = dict(os.environ)
             try:
-                with sigint_blocked_for_children():
+                with sigint_blocked_for_children(), _spawning_with(env):
                     forkserver.ensure_running()
+                _forkserver_environ = env
             except Exception:
                 # A thread's traceback on stderr says nothing useful: the nannies start the
                 # server themselves on their first process start, and raise what went wrong.
@@ -192,6 +188,47 @@ def start_forkserver() -> threading.Thread:
         _forkserver_thread = threading.Thread(target=run, name="jupyter-cluster-forkserver", daemon=True)
         _forkserver_thread.start()
         return _forkserver_thread
+
+
+def _server_environ() -> dict[str, str]:
+    """This process's environment with what Dask's nanny adds for a worker's interpreter (``nanny._get_env_variables``).
+
+    A variable set here wins over the setting, as in Dask; ``PYTHONHASHSEED``
+    is fixed as the nanny fixes it, so that every worker hashes alike.
+    """
+    env = dict(os.environ)
+    for k, v in (distributed_setting("distributed.nanny.pre-spawn-environ") or {}).items():
+        if v is not None:
+            env.setdefault(k, str(v))
+    if env.get("PYTHONHASHSEED") in (None, "0"):
+        env["PYTHONHASHSEED"] = "6640"
+    return env
+
+
+@contextlib.contextmanager
+def _spawning_with(env: dict[str, str]) -> Iterator[None]:
+    """multiprocessing's fork server, started meanwhile, starts with ``env`` instead of this process's environment.
+
+    multiprocessing has no way to give it an environment of its own, and
+    setting this process's (for the moment of the start) would reach the
+    notebook's other threads too: the one function it starts the server
+    with is swapped for the same start with ``env``.
+    """
+    from multiprocessing import util
+
+    original = util.spawnv_passfds
+
+    def spawnv_passfds(path: Any, args: Any, passfds: Sequence[int]) -> int:
+        global _forkserver_process
+        # as util.spawnv_passfds does it (only ``passfds`` kept open, signals as they are), with ``env``
+        _forkserver_process = subprocess.Popen(args, executable=path, pass_fds=passfds, env=env, restore_signals=False)
+        return _forkserver_process.pid
+
+    util.spawnv_passfds = spawnv_passfds
+    try:
+        yield
+    finally:
+        util.spawnv_passfds = original
 
 
 def environ_since_forkserver() -> dict[str, str]:

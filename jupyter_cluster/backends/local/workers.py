@@ -1,12 +1,16 @@
-"""What every local worker process gets: SIGINT blocked then ignored, no TCP HTTP server, a quiet close."""
+"""What every local worker process gets: SIGINT blocked then ignored, no TCP HTTP server, a quiet close.
+
+And the nanny of a forked worker (:class:`ForkedNanny`), which leaves the notebook's environment alone.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import threading
+from typing import Any
 
-from distributed import WorkerPlugin
+from distributed import Nanny, WorkerPlugin
 
 from .sigint import sigint_blocked_for_children  # noqa: F401  (re-exported: where it was)
 
@@ -109,3 +113,20 @@ class QuietWorker(WorkerPlugin):
         if idle is not None:
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
                 await asyncio.wait_for(idle.wait(), HEARTBEAT_GRACE)
+
+
+class ForkedNanny(Nanny):
+    """The nanny of a worker forked from the fork server: the notebook's own environment stays as it was.
+
+    Dask's nanny puts ``distributed.nanny.pre-spawn-environ`` (``OMP_NUM_THREADS=1``
+    and the like) into the environment of the process it runs in, the notebook's,
+    before each worker start, for the worker's new interpreter to start with;
+    numpy imported in the notebook afterwards then runs on one thread.  A forked
+    worker's interpreter is the fork server's, which started with them
+    (:func:`.forkserver.start_forkserver`), and each worker still sets them
+    itself before it runs anything (the nanny's ``env``, which includes them).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pre_spawn_env = {}
