@@ -106,7 +106,7 @@ def assert_ran_on_leases(job) -> None:
     the same client takes over that map's idle leases instead (``reused``).
     """
     assert job.path == "direct", f"the map ran on the {job.path!r} path, not on leases"
-    leases = job._leases
+    leases = job._counters
     assert leases is not None and job.leases + leases.reused > 0, "the map placed no lease and took over none"
 
 

@@ -191,7 +191,7 @@ def test_a_map_right_after_start_keeps_its_leases_while_the_warm_up_runs():
         try:
             job = mapping.MapJob(abs, (range(-3000, 0),), client=handle, progress=False)
             assert len(list(job)) == 3000
-            counts.append(job.leases + job._leases.reused)
+            counts.append(job.leases + job._counters.reused)
         finally:
             handle.close()
     assert counts == [2] * 6, f"leases placed per map right after a start: {counts}"

@@ -293,7 +293,7 @@ def test_a_new_leases_first_batch_is_sent_with_its_placement_and_runs_once_it_st
     out = mapping.map(interval, range(40), client=cluster, progress=False)
     job = mapping.last_job()
     assert job.path == "direct" and job.leases == 2
-    assert job._leases.early_sent == 2  # one per new lease, none once they attached
+    assert job._counters.early_sent == 2  # one per new lease, none once they attached
     assert len(out) == 40 and len({pid for pid, _, _ in out}) == 2
     assert sum(client.run(early_kept).values()) == 0
 
@@ -318,7 +318,7 @@ def test_an_early_batch_for_a_lease_queued_behind_a_task_comes_back_at_once(clus
         job = mapping.last_job()
         assert took < 20, f"the map waited {took:.1f} s for a queued lease"
         assert [pid for pid, _, _ in out] == [pids[workers[0]]] * 6  # each item once, on the free worker
-        assert job.leases == 2 and job._leases.early_sent == 2
+        assert job.leases == 2 and job._counters.early_sent == 2
         queued = [ls for ls in idle_leases(client) if ls.addr == workers[1]]
         assert len(queued) == 1 and not queued[0].ready and not queued[0].early  # bounced: no second early batch
         assert sum(client.run(early_kept).values()) == 0

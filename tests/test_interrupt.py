@@ -99,7 +99,7 @@ def test_stop_button_leaves_the_local_cluster_working(kernel, tmp_path):
     _execute(
         kc,
         "j = _parallel_job\nassert j.state == 'cancelled' and j.path == 'direct', (j.state, j.path)\n"
-        "assert j.leases + j._leases.reused > 0, 'no lease'",
+        "assert j.leases + j._counters.reused > 0, 'no lease'",
     )
     _execute(kc, "%%parallel x in range(6) --out again\nx + 1\n")
     _execute(kc, "assert again == list(range(1, 7)), again\n%cluster stop")

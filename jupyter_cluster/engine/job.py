@@ -333,20 +333,20 @@ class MapJob:
         return self._dispatcher.name if self._dispatcher is not None else None
 
     @property
-    def _leases(self) -> Counters | None:
+    def _counters(self) -> Counters | None:
         """What the dispatcher placed and sent so far (:class:`.dispatch.Counters`; None before the first step)."""
         return self._dispatcher.stats() if self._dispatcher is not None else None
 
     @property
     def leases(self) -> int:
         """Lease tasks this map placed (direct path; 0 on the task path)."""
-        counters = self._leases
+        counters = self._counters
         return counters.placed if counters is not None else 0
 
     @property
     def relays(self) -> int:
         """Relay messages this map sent (each carried the batches of a group of workers; 0 without relays)."""
-        counters = self._leases
+        counters = self._counters
         return counters.relayed if counters is not None else 0
 
     @property
@@ -786,7 +786,8 @@ class MapJob:
         r = ChunkResult._make(result)  # a plain tuple on the wire (see .protocol)
         values, durations, outputs, errors, worker = r.values, r.durations, r.outputs, r.errors, r.worker
         n = len(values)
-        self.chunk_log.append((chunk.start, n, worker, r.started, sum(durations)))
+        busy = sum(durations)
+        self.chunk_log.append((chunk.start, n, worker, r.started, busy))
         start = chunk.start
         if n < len(chunk.items):  # the budget ran out (or the task was stopped): run the rest again
             if chunk.suspect or chunk.pin is not None or chunk.budget is None:
@@ -798,7 +799,7 @@ class MapJob:
         if worker:
             self.workers_used[worker] = self.workers_used.get(worker, 0) + n
         self._durations.append((start, durations))
-        self._time_sum += sum(durations)
+        self._time_sum += busy
         self._time_n += n
         idx = range(start, start + n)
         self.results.update(zip(idx, values))
