@@ -58,7 +58,6 @@ from typing import Any
 
 import cloudpickle
 
-from .. import config
 from ..capture import LARGE_VALUE_BYTES
 from ..errors import ClusterError, WorkerLostError
 from ..runs import in_run
@@ -75,12 +74,11 @@ from .cluster import (
     workers_now,
 )
 from .demand import adaptive
-from .direct import DirectDispatcher
 from .dispatch import Chunk, Counters, Dispatcher, Event, Note
 from .faults import Faults, abbreviate  # noqa: F401  (abbreviate: re-exported by mapping)
+from .paths import MapSpec, open_dispatcher, task_dispatcher
 from .planner import MAX_CHUNK_ITEMS
-from .protocol import ChunkResult, ItemError, RemoteItemError, Run, TaskRun
-from .tasks import TaskDispatcher
+from .protocol import ChunkResult, ItemError, RemoteItemError
 
 logger = logging.getLogger(__name__)
 
@@ -281,7 +279,7 @@ class MapJob:
         self._next_check = 0.0
         self._no_workers_since: float | None = None
         self._no_workers_warned = False
-        #: Sends the chunks: a DirectDispatcher or a TaskDispatcher, picked on the first step (_choose_path).
+        #: Sends the chunks: the direct path's or the task path's, picked on the first step (.paths).
         self._dispatcher: Dispatcher | None = None
         self._round_remaining: int | None = None
 
@@ -473,24 +471,17 @@ class MapJob:
     # -- the dispatcher -------------------------------------------------------------------
     def _choose_path(self) -> None:
         """Leases and direct batches when the workers answer this client; plain tasks otherwise (picked once)."""
-        if self._pin is None and config.get("engine.path", "auto") != "tasks" and self.total != 0:
-            self._dispatcher = DirectDispatcher.open(
-                self.client,
-                self.id,
-                self.resources,
-                self.concurrency,
-                Run(self._token, self._blob, self._star, self.options),
-                self._shared.futures,
-                self._check_connection,
-            )
-        if self._dispatcher is None:
-            self._dispatcher = self._task_dispatcher()
+        self._dispatcher = open_dispatcher(self._spec(), pinned=self._pin is not None, empty=self.total == 0)
 
-    def _task_dispatcher(self) -> TaskDispatcher:
-        return TaskDispatcher(
+    def _spec(self) -> MapSpec:
+        """What a dispatcher needs of this map (:mod:`.paths`)."""
+        return MapSpec(
             self.client,
             self.id,
-            TaskRun(self._token, self._blob, None, self._star, self.options),
+            self._token,
+            self._blob,
+            self._star,
+            self.options,
             self._shared,
             self.resources,
             self.concurrency,
@@ -499,7 +490,7 @@ class MapJob:
 
     def _fall_back(self) -> None:
         """Carry on over plain tasks (the workers cannot be reached directly from here)."""
-        old, self._dispatcher = self._dispatcher, self._task_dispatcher()
+        old, self._dispatcher = self._dispatcher, task_dispatcher(self._spec())
         for handle in list(self._inflight):
             self._requeue(self._take_back(handle))
         if old is not None:
