@@ -43,8 +43,6 @@ _forkserver_lock = threading.Lock()
 #: the environment the fork server started with (None: this process did not start one)
 _forkserver_environ: dict[str, str] | None = None
 _forkserver_thread: threading.Thread | None = None
-#: the fork server's process, kept: a dropped ``Popen`` of a running process warns, and is reaped by the next one
-_forkserver_process: subprocess.Popen | None = None
 
 
 @functools.lru_cache(maxsize=1)
@@ -205,6 +203,17 @@ def _server_environ() -> dict[str, str]:
     return env
 
 
+class _Spawned(subprocess.Popen):
+    """A process that multiprocessing waits for (``ForkServer.ensure_running``), not this object.
+
+    A ``Popen`` dropped while its process runs warns ("still running") and
+    has the next ``Popen`` reap it, which multiprocessing would then miss.
+    """
+
+    def __del__(self) -> None:
+        pass
+
+
 @contextlib.contextmanager
 def _spawning_with(env: dict[str, str]) -> Iterator[None]:
     """multiprocessing's fork server, started meanwhile, starts with ``env`` instead of this process's environment.
@@ -219,10 +228,8 @@ def _spawning_with(env: dict[str, str]) -> Iterator[None]:
     original = util.spawnv_passfds
 
     def spawnv_passfds(path: Any, args: Any, passfds: Sequence[int]) -> int:
-        global _forkserver_process
         # as util.spawnv_passfds does it (only ``passfds`` kept open, signals as they are), with ``env``
-        _forkserver_process = subprocess.Popen(args, executable=path, pass_fds=passfds, env=env, restore_signals=False)
-        return _forkserver_process.pid
+        return _Spawned(args, executable=path, pass_fds=passfds, env=env, restore_signals=False).pid
 
     util.spawnv_passfds = spawnv_passfds
     try:
