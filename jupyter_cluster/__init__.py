@@ -19,6 +19,7 @@ import sys as _sys
 import types as _types
 
 from . import config  # noqa: F401  (registers dask.config defaults)
+from ._lazy import attach as _attach
 from .context import in_worker_process as _in_dask_worker_process
 from .errors import CellError, ClusterError, SerializationError
 
@@ -30,6 +31,13 @@ _PUBLIC = {
     "launcher": ".widgets", "show_metrics": ".widgets", "show_runs": ".widgets", "spmd": ".spmd", "run": ".runs", "runs": ".runs",
 }  # fmt: skip
 
+# Every public name is imported on its first use, in the notebook as in a worker process (which
+# imports the package only to unpickle what runs there: engine.worker, cellfunc, a Pool task; that
+# cut 0.1-0.3 s per worker process off `%cluster start`).  `import jupyter_cluster` imports neither
+# distributed nor the notebook side, so that `start` can begin the local cluster's fork server
+# before either is imported (see `start`).
+_import_public, _dir_public = _attach(__name__, _PUBLIC)
+
 
 def __getattr__(name: str):
     if name == "__version__":
@@ -38,36 +46,42 @@ def __getattr__(name: str):
 
         globals()["__version__"] = value = version("jupyter-cluster")
         return value
-    # Every public name is imported on its first use, in the notebook as in a worker process
-    # (which imports the package only to unpickle what runs there: engine.worker, cellfunc, a Pool
-    # task; that cut 0.1-0.3 s per worker process off `%cluster start`).  `import jupyter_cluster`
-    # imports neither distributed nor the notebook side, so that `start` can begin the local
-    # cluster's fork server before either is imported (see `start`).
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'jupyter_cluster' has no attribute {name!r}")
-    if module == ".telemetry" and not _in_dask_worker_process():
+    if _PUBLIC.get(name) == ".telemetry" and not _in_dask_worker_process():
         # the notebook's own reports reach its charts through the kernel sink that the session
         # installs on import; a worker's go to the scheduler and must not import the notebook side
         _importlib.import_module(".session", __name__)
-    value = getattr(_importlib.import_module(module, __name__), name)
-    if name not in _SHADOWED:  # those stay properties: importing their module sets the attribute
-        globals()[name] = value
-    return value
+    return _import_public(name)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PUBLIC) | {"__version__"})
+    return sorted({*_dir_public(), "__version__"})
 
 
-#: Public functions named as a module of the package: importing ``jupyter_cluster.runs`` sets the
-#: package's ``runs`` to the module; these properties keep answering with the function.
-_SHADOWED = ("runs", "spmd")
+def _function_of_module(name: str) -> property:
+    """The public function ``name``, defined in the package's module of the same name.
+
+    Importing ``jupyter_cluster.<name>`` sets the package's attribute ``<name>``
+    to that module; as a property of the package's type, the name keeps
+    answering with the function.  The import's own assignment is let through
+    (it changes nothing); any other raises, since it would change nothing either.
+    """
+
+    def get(self: _types.ModuleType):
+        return getattr(_importlib.import_module(f".{name}", __name__), name)
+
+    def set_(self: _types.ModuleType, value: object) -> None:
+        if value is not _sys.modules.get(f"{__name__}.{name}"):
+            raise AttributeError(
+                f"jupyter_cluster.{name} cannot be replaced: it reads the function {name} of the module "
+                f"jupyter_cluster.{name}, so patch that (importlib.import_module('jupyter_cluster.{name}').{name})."
+            )
+
+    return property(get, set_)
 
 
 class _Package(_types.ModuleType):
-    runs = property(lambda self: _importlib.import_module(".runs", __name__).runs, lambda self, value: None)
-    spmd = property(lambda self: _importlib.import_module(".spmd", __name__).spmd, lambda self, value: None)
+    runs = _function_of_module("runs")
+    spmd = _function_of_module("spmd")
 
 
 _sys.modules[__name__].__class__ = _Package
@@ -121,31 +135,11 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
     return session_start(name, backend, wait, **options)
 
 
-def _handle_mimebundle(handle):
-    from .widgets import _handle_mimebundle as mimebundle
+if not _in_dask_worker_process() and "IPython" in _sys.modules:
+    # a handle shows as the live widget in a running IPython; widgets (not ipywidgets) is cheap to import
+    from .widgets import register_display as _register_display
 
-    return mimebundle(handle)
-
-
-def _register_display_by_name() -> None:
-    """Show cluster handles as the live widget in a running IPython, without importing them now.
-
-    IPython finds the formatter by the class's module and name when a handle
-    is first displayed; ``%load_ext`` registers it the same way (:func:`.widgets.register_display`).
-    """
-    if "IPython" not in _sys.modules:  # not in IPython: nothing displays a handle
-        return
-    from IPython import get_ipython
-
-    ipython = get_ipython()
-    if ipython is not None:
-        ipython.display_formatter.mimebundle_formatter.for_type_by_name(
-            "jupyter_cluster.session", "ClusterHandle", _handle_mimebundle
-        )
-
-
-if not _in_dask_worker_process():
-    _register_display_by_name()
+    _register_display()
 
 __all__ = [
     "CellError",
@@ -180,14 +174,17 @@ def load_ipython_extension(ipython):
     # lazy: IPython's magics machinery loads only when an IPython shell loads the extension
     from .backends.local.forkserver import start_early
 
-    start_early(None, {})  # a local cluster's fork server, before distributed is imported (see `start`)
+    # A local cluster's fork server, while the next cell is written: %cluster start then forks its
+    # workers at once (0.3-0.5 s sooner on 2 cores).  A notebook that never starts one pays one idle
+    # process (about 40 MB) and 0.5 s of CPU on another core; its own environment is left alone.
+    start_early(None, {})
     from . import _background
     from .magics import register_magics
     from .widgets import register_display
 
     register_magics(ipython)
     register_display(ipython)
-    _background.start()  # distributed's dashboard and ipywidgets, while the next cell is written
+    _background.start()  # distributed and ipywidgets, while the next cell is written
 
 
 # -- Jupyter server and JupyterLab extension hooks (the extension template's names) --

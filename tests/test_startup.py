@@ -31,8 +31,14 @@ heavy = sorted(m for m in ("distributed", "bokeh", "IPython", "ipywidgets", "jup
 names = {n: type(getattr(jc, n)).__name__ for n in ("runs", "spmd", "map", "start", "Pool", "ClusterHandle")}
 import jupyter_cluster.runs, jupyter_cluster.spmd  # the modules of the same names, imported
 after = {n: type(getattr(jc, n)).__name__ for n in ("runs", "spmd")}
+try:
+    jc.runs = len
+    refused = None
+except AttributeError as exc:
+    refused = str(exc)
 from jupyter_cluster.engine import job
-print(json.dumps({"heavy": heavy, "names": names, "after": after, "observers": len(job._observer_factories),
+print(json.dumps({"heavy": heavy, "names": names, "after": after, "refused": refused, "kept": jc.runs is not len,
+                  "observers": len(job._observer_factories),
                   "all": sorted(set(jc.__all__) - set(dir(jc)))}))
 """
 
@@ -50,6 +56,9 @@ def test_import_leaves_distributed_and_the_notebook_side_for_their_first_use():
     }
     # importing a module named as a public function leaves the package's name to the function
     assert got["after"] == {"runs": "function", "spmd": "function"}
+    # setting it (once silently ignored) says why it cannot be
+    assert got["refused"] is not None and got["refused"].startswith("jupyter_cluster.runs cannot be replaced"), got
+    assert got["kept"] is True
     assert got["observers"] == 1, "maps made through mapping get the progress observer"
     assert got["all"] == [], "every name in __all__ is listed by dir()"
 
@@ -354,3 +363,20 @@ def test_load_ext_and_a_start_leave_the_kernels_environment_and_the_workers_get_
         check=True,
     )
     assert got["worker"]["hash"] == int(seeded.stdout), "the worker's interpreter did not start with PYTHONHASHSEED"
+
+
+IMPORT_IN_IPYTHON = """
+import json, sys
+from IPython.core.interactiveshell import InteractiveShell
+
+shell = InteractiveShell.instance()
+import jupyter_cluster
+deferred = shell.display_formatter.mimebundle_formatter.deferred_printers
+print(json.dumps({"registered": ("jupyter_cluster.session", "ClusterHandle") in deferred,
+                  "heavy": sorted(m for m in ("ipywidgets", "jupyter_cluster.session", "distributed") if m in sys.modules)}))
+"""
+
+
+def test_import_in_a_running_shell_registers_the_handles_display_by_name():
+    got = _run(IMPORT_IN_IPYTHON)
+    assert got == {"registered": True, "heavy": []}, got

@@ -10,8 +10,9 @@ other names are imported on first use, so a worker never loads the notebook side
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import attach as _attach
 
 if TYPE_CHECKING:
     from .pool import Pool
@@ -26,10 +27,4 @@ _WHERE = {
 }  # fmt: skip
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'jupyter_cluster.pool' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = _attach(__name__, _WHERE)

@@ -21,7 +21,10 @@ def register_display(ipython: Any = None) -> None:
 
     A widget in a kernel, status text in a terminal; the handle's own
     ``_repr_html_`` stays the static fallback.  Called by ``%load_ext
-    jupyter_cluster`` and by ``import jupyter_cluster`` in a running shell.
+    jupyter_cluster``, and by ``import jupyter_cluster`` in a running shell
+    (which imports this package for it, and so nothing of ipywidgets or the
+    session: the formatter is found by the class's name when a handle is
+    first shown).
     """
     if ipython is None:
         if "IPython" not in sys.modules:  # not in IPython: nothing displays a handle

@@ -13,30 +13,19 @@ begun (:func:`.forkserver.start_early`) before distributed is imported.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..._lazy import attach as _attach
 
 #: public name -> the module of this package that defines it
 _NAMES = {
-    "LocalBackend": "backend", "default_workers": "backend", "max_local_workers": "backend", "wants_tls": "backend",
-    "WORKER_MODULES": "forkserver", "environ_since_forkserver": "forkserver", "start_forkserver": "forkserver",
-    "use_forkserver": "forkserver", "GPU_RESOURCE": "gpus", "_cuda_cluster_class": "gpus",
-    "gpu_worker_specs": "gpus", "select_gpus": "gpus", "visible_gpus": "gpus", "GUARD_FIX": "main_guard",
-    "check_main_guard": "main_guard", "main_imported_by_workers": "main_guard", "IgnoreSigint": "workers",
-    "NoWorkerHttp": "workers", "QuietWorker": "workers", "sigint_blocked_for_children": "sigint",
+    "LocalBackend": ".backend", "default_workers": ".backend", "max_local_workers": ".backend", "wants_tls": ".backend",
+    "WORKER_MODULES": ".forkserver", "environ_since_forkserver": ".forkserver", "start_forkserver": ".forkserver",
+    "use_forkserver": ".forkserver", "GPU_RESOURCE": ".gpus", "_cuda_cluster_class": ".gpus",
+    "gpu_worker_specs": ".gpus", "select_gpus": ".gpus", "visible_gpus": ".gpus", "GUARD_FIX": ".main_guard",
+    "check_main_guard": ".main_guard", "main_imported_by_workers": ".main_guard", "IgnoreSigint": ".workers",
+    "ForkedNanny": ".workers", "NoWorkerHttp": ".workers", "QuietWorker": ".workers", "sigint_blocked_for_children": ".sigint",
 }  # fmt: skip
 
 __all__ = sorted(_NAMES)
 
 
-def __getattr__(name: str) -> Any:
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_NAMES))
+__getattr__, __dir__ = _attach(__name__, _NAMES)
