@@ -168,8 +168,6 @@ class ClusterHandle:
         self.cluster.adapt(minimum=minimum, maximum=upper)
         # The panel draws an adaptive cluster's card apart, from the bounds in the registry record the
         # server reads (%cluster adapt, jc.adapt and the panel's Adapt alike all come here).
-        import time  # here, so that this method stays the one hunk of session.py about adaptivity
-
         self.extra["adaptive"] = {"minimum": minimum, "maximum": upper, "since": time.time()}
         record = registry.read(self.name)
         if record is not None and record.address == self.address and not record.attached:
@@ -290,12 +288,13 @@ def _leave_final_word(handle: ClusterHandle, gone: bool) -> None:
         jobs += [j for j in kept_jobs() if j.get("kind") == "run" and j.get("cluster") is None and j.get("run") in runs]
         if not jobs:
             return
-        info = {} if gone else (handle.client.scheduler_info() or {})
-        workers = (info.get("workers") or {}).values()
+        # the scheduler's own totals, as the server reads them (server.manager): the client's cached
+        # list of workers may still be empty right after a start, and lists only some by default
+        info = {} if gone else (handle.client.scheduler_info(n_workers=0) or {})
         totals = {
-            "n_workers": len(workers),
-            "cores": sum(int(w.get("nthreads") or 0) for w in workers),
-            "memory_limit": sum(int(w.get("memory_limit") or 0) for w in workers),
+            "n_workers": int(info.get("n_workers") or 0),
+            "cores": int(info.get("total_threads") or 0),
+            "memory_limit": int(info.get("total_memory") or 0),
         }
         summary = cluster_summary(record, handle.dashboard_link, "stopped", None, totals, 0, ())
         registry.write_final(
@@ -680,8 +679,6 @@ def clusters() -> list[dict[str, Any]]:
 
 
 def _pid() -> int:
-    import os
-
     return os.getpid()
 
 
