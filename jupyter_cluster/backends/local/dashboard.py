@@ -9,8 +9,9 @@ still listens, with Dask's other routes: health, Prometheus, JSON); the
 application is added to the same server afterwards, as
 ``Scheduler.__init__`` would have (:func:`attach_later`):
 
-* at once when the import is done already (``%load_ext`` imports it in the
-  background while the next cell is written);
+* at once when the import is done already (an earlier cluster's dashboard
+  imported it meanwhile; a start that finds it imported makes its scheduler
+  with the dashboard, as Dask does);
 * else by a background thread once this process has been idle for
   :data:`IDLE_SECONDS` (the user writes the next cell): not while a notebook
   run top to bottom runs its cells, whose first map would share the CPU (and
