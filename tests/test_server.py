@@ -465,6 +465,65 @@ def test_stop_answers_when_a_refresh_retires_the_cluster_it_waits_to_reach(tmp_p
         asyncio.run(main(f"tcp://127.0.0.1:{mute.getsockname()[1]}"))
 
 
+READ_ONLY_CONFIG = textwrap.dedent(
+    """
+    from jupyter_server.auth.authorizer import Authorizer
+
+
+    class ReadOnlyClusters(Authorizer):
+        # as a deployment's authorizer (JupyterHub's read-only access): watch the clusters, change none
+        def is_authorized(self, handler, user, action, resource):
+            return not (resource == "jupyter_cluster" and action != "read")
+
+
+    c.ServerApp.authorizer_class = ReadOnlyClusters
+    """
+)
+
+
+def test_a_read_only_user_watches_the_clusters_but_cannot_start_scale_or_stop_them(tmp_path):
+    """Every route was authenticated but put to no authorizer: a read-only user could Scale and Stop."""
+    import websocket
+
+    config = tmp_path / ".jupyter-config"
+    config.mkdir()
+    (config / "jupyter_server_config.py").write_text(READ_ONLY_CONFIG)
+    server = JupyterProcess(str(tmp_path), app="server").start(timeout=120)
+    try:
+
+        def call(method: str, path: str, **kw: Any) -> requests.Response:
+            return requests.request(method, server.api(path), headers=server.headers, timeout=60, **kw)
+
+        for path in ("clusters", "jobs", "runs", "config"):
+            assert call("GET", path).status_code == 200, path
+        assert call("GET", "clusters/nothing-1").status_code == 404  # read: on to the handler
+        for method, path, body in [
+            ("POST", "clusters", {"name": "denied-1", "workers": 1}),
+            ("POST", "clusters/nothing-1/scale", {"workers": 2}),
+            ("POST", "clusters/nothing-1/adapt", {"minimum": 0, "maximum": 2}),
+            ("DELETE", "clusters/nothing-1", None),
+        ]:
+            r = call(method, path, json=body)
+            assert r.status_code == 403, f"{method} {path}: {r.status_code} {r.text}"
+            assert "not authorized to write" in r.json()["message"]
+        dashboard = f"{server.url}jupyter-cluster/dashboard/nothing-1/status"  # the dashboard proxy: the same rule
+        assert requests.get(dashboard, headers=server.headers, timeout=60).status_code == 404
+        assert requests.post(dashboard, headers=server.headers, timeout=60).status_code == 403
+        url = server.api("events").replace("http://", "ws://")
+        ws = websocket.create_connection(url, header=[f"Authorization: token {server.token}"], timeout=30)
+        try:
+            assert json.loads(ws.recv())["type"] == "clusters"  # the events socket only reads
+        finally:
+            ws.close()
+    finally:
+        server.stop()
+        from jupyter_cluster import registry
+
+        started = registry.read("denied-1")  # (only were the POST let through: a panel cluster outlives its server)
+        if started is not None and started.owner_is_panel_host():
+            os.kill(started.owner_pid, signal.SIGTERM)
+
+
 # -- a panel cluster: start, details, scale, adapt, jobs, metrics, push, stop ------------
 @pytest.fixture(scope="module")
 def panel_cluster(server):

@@ -6,7 +6,8 @@ which other users of the machine cannot open.  Browsers reach it here::
 
     <base_url>jupyter-cluster/dashboard/<name>/<path>   HTTP and websockets (Bokeh)
 
-behind Jupyter's own authentication (token, cookie, XSRF for writes).  The
+behind Jupyter's own authentication (token, cookie, XSRF for writes) and its
+authorizer (resource ``"jupyter_cluster"``, as the REST routes).  The
 proxy strips the prefix (the dashboard's pages use relative links, as they do
 behind jupyter-server-proxy), never forwards the user's Jupyter cookies or
 token, and only connects to sockets owned by this user in a folder only this
@@ -80,7 +81,7 @@ def make_handler():
     """The tornado handler class (built lazily: tornado and jupyter_server are server-only imports)."""
     import tornado.web
     import tornado.websocket
-    from jupyter_server.auth.decorator import ws_authenticated
+    from jupyter_server.auth.decorator import authorized, ws_authenticated
     from jupyter_server.base.handlers import JupyterHandler
     from tornado.httpclient import HTTPRequest
     from tornado.simple_httpclient import SimpleAsyncHTTPClient
@@ -89,6 +90,8 @@ def make_handler():
         """HTTP and websocket proxy to a cluster's dashboard socket; Jupyter's auth applies."""
 
         upstream: Any = None
+        #: the resource the server's authorizer is asked about (reads: GET and the websocket; writes: POST)
+        auth_resource = "jupyter_cluster"
 
         def _upstream(self, name: str, path: str) -> tuple[str, Any, dict[str, str]]:
             """(URL, resolver or None, login headers) of ``path`` on cluster ``name``'s dashboard."""
@@ -163,6 +166,7 @@ def make_handler():
             await self.finish()
 
         @tornado.web.authenticated
+        @authorized
         async def post(self, name: str, path: str) -> None:
             await self._proxy(name, path)
 
@@ -177,11 +181,13 @@ def make_handler():
                 await result
 
         @tornado.web.authenticated
+        @authorized
         async def _get(self, name: str, path: str) -> None:
             await self._proxy(name, path)
 
         # -- websockets (Bokeh's live updates) ---------------------------------------------
         @ws_authenticated
+        @authorized  # "read" (a GET upgraded)
         async def _websocket(self, name: str, path: str) -> None:
             url, resolver, login = self._upstream(name, path)
             protocols = [

@@ -1,9 +1,14 @@
 """Thin HTTP and websocket handlers under ``<base_url>/jupyter-cluster/api/``.
 
 Every route needs Jupyter authentication; writes (POST, DELETE) go through
-Jupyter's XSRF check.  Handlers validate and translate; the work is done by
-:class:`~jupyter_cluster.server.manager.ClusterManager`.  Errors are JSON
-``{"message": "..."}`` with a 4xx status.
+Jupyter's XSRF check.  Each request is also put to the server's authorizer
+(``jupyter_server.auth.Authorizer``) as an action on the resource
+:data:`AUTH_RESOURCE`: ``"read"`` for GET and the events socket, ``"write"``
+for POST and DELETE (start, scale, adapt, stop), so that a deployment's
+authorizer (JupyterHub's read-only access, say) can let a user watch the
+clusters without changing them.  Handlers validate and translate; the work
+is done by :class:`~jupyter_cluster.server.manager.ClusterManager`.  Errors
+are JSON ``{"message": "..."}`` with a 4xx status.
 
 Routes::
 
@@ -34,7 +39,7 @@ from urllib.parse import unquote
 
 import tornado.web
 import tornado.websocket
-from jupyter_server.auth.decorator import ws_authenticated
+from jupyter_server.auth.decorator import authorized, ws_authenticated
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.utils import url_path_join
 
@@ -47,6 +52,8 @@ from .manager import ClusterManager, NotFound, validate_count, validate_name
 from .workers import WorkerFeed
 
 API = "jupyter-cluster/api"
+#: what the routes are to the server's authorizer (its ``is_authorized(handler, user, action, resource)``)
+AUTH_RESOURCE = "jupyter_cluster"
 NAME = r"(?P<name>[^/]+)"
 SETTINGS_KEY = "jupyter_cluster_manager"
 #: seconds between the events socket's looks at the watched cluster's workers
@@ -63,6 +70,8 @@ class Refusal(tornado.web.HTTPError):
 
 class BaseHandler(APIHandler):
     """JSON in, JSON out, one-sentence errors."""
+
+    auth_resource = AUTH_RESOURCE
 
     @property
     def manager(self) -> ClusterManager:
@@ -124,10 +133,12 @@ def _optional_count(data: dict[str, Any], key: str, what: str, minimum: int = 0)
 
 class ClustersHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     async def get(self) -> None:
         self.reply({"clusters": self.manager.clusters()})
 
     @tornado.web.authenticated
+    @authorized
     async def post(self) -> None:
         data = self.body()
         unknown = sorted(set(data) - {"name", "workers", "threads", "memory_limit", "backend"})
@@ -161,10 +172,12 @@ class ClustersHandler(BaseHandler):
 
 class ClusterHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     async def get(self, name: str) -> None:
         self.reply(await self.run(self.manager.cluster(self.name_arg(name))))
 
     @tornado.web.authenticated
+    @authorized
     async def delete(self, name: str) -> None:
         name = self.name_arg(name)
         await self.run(self.manager.stop(name))
@@ -173,6 +186,7 @@ class ClusterHandler(BaseHandler):
 
 class ScaleHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     async def post(self, name: str) -> None:
         name = self.name_arg(name)
         data = self.body()
@@ -184,6 +198,7 @@ class ScaleHandler(BaseHandler):
 
 class AdaptHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     async def post(self, name: str) -> None:
         name = self.name_arg(name)
         data = self.body()
@@ -195,6 +210,7 @@ class AdaptHandler(BaseHandler):
 
 class TopicsHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     async def get(self, name: str) -> None:
         name = self.name_arg(name)
         self.reply({"cluster": name, "topics": self.read(self.manager.topics, name)})
@@ -202,6 +218,7 @@ class TopicsHandler(BaseHandler):
 
 class MetricsHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     async def get(self, name: str, topic: str) -> None:
         name = self.name_arg(name)
         self.reply(self.read(self.manager.metrics, name, unquote(topic)))
@@ -209,6 +226,7 @@ class MetricsHandler(BaseHandler):
 
 class JobsHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     async def get(self) -> None:
         cluster, notebook, kernel = _run_filters(self)
         self.reply(self.read(self.manager.jobs, cluster, notebook, kernel))
@@ -228,6 +246,7 @@ def _run_filters(handler: BaseHandler) -> tuple[str | None, str | None, str | No
 
 class RunsHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     async def get(self) -> None:
         cluster, notebook, kernel = _run_filters(self)
         self.reply({"runs": self.read(self.manager.runs, notebook, cluster, kernel)})
@@ -235,18 +254,21 @@ class RunsHandler(BaseHandler):
 
 class RunHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     async def get(self, run: str) -> None:
         self.reply(self.read(self.manager.run, run))
 
 
 class RunCurvesHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     async def get(self, run: str) -> None:
         self.reply(self.read(self.manager.run_curves, run))
 
 
 class ConfigHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     async def get(self) -> None:
         self.reply(
             {
@@ -283,11 +305,14 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
         {"type": "interval", "ms": 1000}
     """
 
+    auth_resource = AUTH_RESOURCE
+
     @property
     def manager(self) -> ClusterManager:
         return self.settings[SETTINGS_KEY]
 
     @ws_authenticated
+    @authorized  # "read" (a GET upgraded): it pushes what GET reads; the panel's messages only choose what to watch
     async def get(self, *args: Any, **kwargs: Any) -> None:
         res = super().get(*args, **kwargs)
         if res is not None:
