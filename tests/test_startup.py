@@ -380,3 +380,34 @@ print(json.dumps({"registered": ("jupyter_cluster.session", "ClusterHandle") in 
 def test_import_in_a_running_shell_registers_the_handles_display_by_name():
     got = _run(IMPORT_IN_IPYTHON)
     assert got == {"registered": True, "heavy": []}, got
+
+
+BACKGROUND_WAIT = """
+import json, os, sys, tempfile, threading, time
+folder = tempfile.mkdtemp()
+with open(os.path.join(folder, "jc_slow_toolkit.py"), "w") as f:
+    f.write("import os, time\\n"  # held until released
+            "while not os.path.exists(os.path.join(os.path.dirname(__file__), 'release')):\\n    time.sleep(0.01)\\n")
+sys.path.insert(0, folder)
+from jupyter_cluster import _background
+_background.MODULES = ("distributed", "jc_slow_toolkit")
+_background.start()
+t0 = time.monotonic()
+_background.wait()
+waited = time.monotonic() - t0
+out = {"distributed": "distributed" in sys.modules and hasattr(sys.modules["distributed"], "LocalCluster"),
+       "toolkit_done": _background._thread.is_alive() is False, "waited": waited}
+open(os.path.join(folder, "release"), "w").close()
+_background._thread.join(60)
+out["then_done"] = not _background._thread.is_alive()
+print(json.dumps(out))
+"""
+
+
+def test_a_start_waits_for_the_background_import_of_distributed_not_of_the_widget_toolkit():
+    # ipywidgets (0.2-0.3 s) is imported after distributed; a start right after %load_ext (Run All)
+    # once waited for it too, although it needs it only to show its widget once started
+    got = _run(BACKGROUND_WAIT)
+    assert got["distributed"] is True, got
+    assert got["toolkit_done"] is False and got["waited"] < 30, got
+    assert got["then_done"] is True, got
