@@ -175,8 +175,10 @@ def load_ipython_extension(ipython):
     from .backends.local.forkserver import start_early
 
     # A local cluster's fork server, while the next cell is written: %cluster start then forks its
-    # workers at once (0.3-0.5 s sooner on 2 cores).  A notebook that never starts one pays one idle
-    # process (about 40 MB) and 0.5 s of CPU on another core; its own environment is left alone.
+    # workers at once (a first start right after %load_ext, 2 workers on 2 cores: 0.81-0.87 s, against
+    # 1.23-1.25 s when the start begins it; benchmarks/startup.py --cases kernel).  A notebook that
+    # never starts one pays one idle process (about 40 MB) and 0.5 s of CPU on another core; its own
+    # environment is left alone.
     start_early(None, {})
     from . import _background
     from .magics import register_magics
