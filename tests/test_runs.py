@@ -253,35 +253,31 @@ def test_an_items_tag_holds_only_while_its_cell_runs_in_this_thread():
     import gc
     import threading
 
-    from jupyter_cluster.runs import ItemTag, current_item
+    from jupyter_cluster.engine.worker.run import PreparedCell
+    from jupyter_cluster.runs import TAG_NAME, ItemTag, current_item
 
     tag = ItemTag("run-1", "lr, mom")
     seen = {}
     code = compile(
-        "__jc_run__.enter(__jc_item__, globals())\n"
         "def below(k):\n"  # a function of the cell: namespace -> function -> namespace, a cycle
         "    return current_item() if k == 0 else below(k - 1)\n"
         "seen['deep'] = below(100)\n"
         "t = threading.Thread(target=lambda: seen.__setitem__('thread', current_item()))\n"
-        "t.start(); t.join()\n",
+        "t.start(); t.join()\n"
+        "seen['later'] = below\n",
         "<cell>",
         "exec",
     )
+    values = {TAG_NAME: tag, "current_item": current_item, "seen": seen, "threading": threading}
+    run_item = PreparedCell(code, values, persistent=False).bind(None)
     gc.disable()  # the cycle keeps the namespace alive after the item, as it may on a worker
     try:
-        exec(
-            code,
-            {
-                "__jc_run__": tag,
-                "__jc_item__": (0.1, 0.9),
-                "current_item": current_item,
-                "seen": seen,
-                "threading": threading,
-            },
-        )
+        run_item((0.1, 0.9))
         assert seen["deep"] == ("run-1", "lr=0.1, mom=0.9", {"lr": 0.1, "mom": 0.9})
         assert seen["thread"] is None  # a thread the item started is not tagged
         assert current_item() is None  # the item ended: a later task on this thread is not tagged
+        assert seen["later"](3) is None  # nor is the item's own function, called after the item ended
+        assert tag.cached is None  # and the tag keeps no item once it ended
     finally:
         gc.enable()
 

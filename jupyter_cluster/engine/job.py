@@ -350,9 +350,16 @@ class MapJob:
     @property
     def durations(self) -> dict[int, float]:
         """Input index -> seconds the item took on its worker."""
+        return self.durations_below(None)
+
+    def durations_below(self, end: int | None) -> dict[int, float]:
+        """:attr:`durations` of the items before index ``end`` only (None: all of them)."""
         out: dict[int, float] = {}
         for start, ds in self._durations:
-            out.update(zip(range(start, start + len(ds)), ds))
+            if end is None:
+                out.update(zip(range(start, start + len(ds)), ds))
+            elif start < end:
+                out.update(zip(range(start, min(start + len(ds), end)), ds))
         return out
 
     def result_list(self) -> list:

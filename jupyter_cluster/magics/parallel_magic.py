@@ -33,7 +33,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, magics_class
 
 from .. import capture
-from ..cellfunc import ITEM_NAME, CellFunction
+from ..cellfunc import CellFunction
 from ..errors import CellError, ClusterError, SerializationError
 from ..runs import TAG_NAME, ItemTag, ItemTap, starting
 from .args import MagicArgumentParser, add_options, options_text
@@ -336,13 +336,13 @@ class ParallelMagics(Magics):
         if not args.all_workers:  # a sweep: each item's value is its config (jupyter_cluster.runs)
             tap = ItemTap(iterable, ItemTag(uuid.uuid4().hex[:12], targets))
             iterable = tap
+            # the workers run each item inside its tag (engine.worker.run), so its reports say which item
             captured.small[TAG_NAME] = cloudpickle.dumps(tap.tag)
         func = CellFunction(
-            # a sweep item says which run and item it is (its reports are tagged): one call on the magic's line
-            cell if tap is None else f"{TAG_NAME}.enter({ITEM_NAME}, globals())\n{cell}",
+            cell,
             targets=targets,
             filename=filename,
-            first_line=2 if tap is None else 1,
+            first_line=2,
             cell_text=text,
             modules=captured.modules,
             small=captured.small,

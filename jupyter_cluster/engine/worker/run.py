@@ -26,6 +26,7 @@ from typing import Any
 import cloudpickle
 
 from ...cellfunc import ITEM_NAME, RESULT_NAME, CellFunction
+from ...run_tags import TAG_NAME, item_state
 from ..protocol import Items
 from . import groups
 from .groups import GroupStopped, _async_raise, _group, run_in_group
@@ -73,6 +74,23 @@ class PreparedCell:
         assert base is not None  # made above for a cell that is not persistent
         base.update(captured)
         base.setdefault("__name__", "__main__")
+
+        tag = captured.get(TAG_NAME)
+        if tag is not None:  # a %%parallel sweep: report() in the item's cell names its run and item
+
+            def run_tagged(item):
+                ns = base.copy()
+                ns[ITEM_NAME] = item
+                item_state.ctx = (tag, item, id(ns))
+                try:
+                    exec(code, ns)
+                finally:
+                    item_state.ctx = None
+                    if tag.cached is not None:  # describe()'s cache: the item must not outlive its run
+                        tag.cached = None
+                return ns.get(RESULT_NAME)
+
+            return run_tagged
 
         def run(item):
             ns = base.copy()
