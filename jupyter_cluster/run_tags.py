@@ -85,12 +85,13 @@ class NamedRun(Protocol):
 
 #: the innermost ``with jc.run(...)`` block (a :class:`jupyter_cluster.runs.Run`), in the kernel
 _active: contextvars.ContextVar[Any] = contextvars.ContextVar("jupyter_cluster_run", default=None)
-#: The ``%%parallel`` item running in this thread: ``item_state.ctx`` is ``(its run's tag, the item,
-#: the id of the item's namespace)`` while the worker runs the item's cell, None otherwise
+#: The ``%%parallel`` item running in this thread: ``item_state.ctx`` is ``[its run's tag, the item,
+#: the id of the item's namespace, its (key, config) once a report asked (False: unreadable)]``
+#: while the worker runs the item's cell, None otherwise
 #: (:meth:`jupyter_cluster.engine.worker.run.PreparedCell.bind` sets it around the cell: a
 #: thread-local set and cleared inline costs 0.14 us per item, a context manager 0.5).  The
-#: item's key and config are worked out only when a report asks (most items of a large map
-#: report nothing), and nothing here outlives the item.
+#: item's key and config are worked out once, when a report first asks (most items of a large
+#: map report nothing), and nothing here outlives the item.
 item_state = threading.local()
 #: the named run whose map's function this worker thread is running (set by RunCall)
 _call = threading.local()
@@ -116,17 +117,20 @@ def current_item() -> tuple[str, str, dict[str, Any]] | None:
     ctx = getattr(item_state, "ctx", None)
     if ctx is None:
         return None
-    tag, item, namespace_id = ctx
+    tag, item, namespace_id, described = ctx
     # Only code of the item's own cell, or called from it, is the item's (its namespace is alive
     # while the item runs, so its id is its own).
     frame: Any = sys._getframe(1)
     while frame is not None:
         if id(frame.f_globals) == namespace_id:
-            try:
-                key, config = tag.describe(item)
-            except Exception:  # an item whose config cannot be read runs untagged
+            if described is None:
+                try:
+                    described = ctx[3] = tag.key_and_config(item)
+                except Exception:  # an item whose config cannot be read runs untagged
+                    described = ctx[3] = False
+            if described is False:
                 return None
-            return tag.run, key, config
+            return tag.run, described[0], described[1]
         frame = frame.f_back
     return None
 

@@ -224,10 +224,14 @@ class ItemTag:
         last = self.cached
         if last is not None and last[0] is item:
             return last[1], last[2]
-        config = item_config(self.structure, item)
-        key = config_key(config)
+        key, config = self.key_and_config(item)
         self.cached = (item, key, config)
         return key, config
+
+    def key_and_config(self, item: Any) -> tuple[str, dict[str, Any]]:
+        """``(key, config)`` of ``item``, worked out afresh (a worker keeps it per item: :func:`current_item`)."""
+        config = item_config(self.structure, item)
+        return config_key(config), config
 
 
 #: sources whose items can be read again by index once the map ended (what :class:`ItemTap` notes then)

@@ -257,11 +257,15 @@ def test_an_items_tag_holds_only_while_its_cell_runs_in_this_thread():
     from jupyter_cluster.runs import TAG_NAME, ItemTag, current_item
 
     tag = ItemTag("run-1", "lr, mom")
+    worked_out = []
+    key_and_config = tag.key_and_config
+    tag.key_and_config = lambda item: worked_out.append(item) or key_and_config(item)  # type: ignore[method-assign]
     seen = {}
     code = compile(
         "def below(k):\n"  # a function of the cell: namespace -> function -> namespace, a cycle
         "    return current_item() if k == 0 else below(k - 1)\n"
         "seen['deep'] = below(100)\n"
+        "seen['again'] = current_item()\n"
         "t = threading.Thread(target=lambda: seen.__setitem__('thread', current_item()))\n"
         "t.start(); t.join()\n"
         "seen['later'] = below\n",
@@ -273,7 +277,8 @@ def test_an_items_tag_holds_only_while_its_cell_runs_in_this_thread():
     gc.disable()  # the cycle keeps the namespace alive after the item, as it may on a worker
     try:
         run_item((0.1, 0.9))
-        assert seen["deep"] == ("run-1", "lr=0.1, mom=0.9", {"lr": 0.1, "mom": 0.9})
+        assert seen["deep"] == seen["again"] == ("run-1", "lr=0.1, mom=0.9", {"lr": 0.1, "mom": 0.9})
+        assert worked_out == [(0.1, 0.9)]  # once per item, however often it reports
         assert seen["thread"] is None  # a thread the item started is not tagged
         assert current_item() is None  # the item ended: a later task on this thread is not tagged
         assert seen["later"](3) is None  # nor is the item's own function, called after the item ended

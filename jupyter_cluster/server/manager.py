@@ -1048,8 +1048,9 @@ class ClusterManager:
             if time.monotonic() > deadline:
                 raise ClusterError(f"cluster {name!r} was asked to stop but is still registered after {timeout:g} s.")
             await asyncio.sleep(0.1)
-        proc = self._hosts.pop(name, None)
-        if proc is not None:
+        proc = self._hosts.get(name)
+        if proc is not None and proc.pid == rec.owner_pid:  # not the host of a new cluster of that name
+            del self._hosts[name]
             await _exit_code(proc, timeout=10)
         await self.refresh()
 

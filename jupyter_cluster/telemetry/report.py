@@ -529,7 +529,9 @@ def drain(client: Client, timeout: float = 5.0) -> None:
     A cluster's owner calls it before stopping the cluster, so that a map's
     last job message is not cut off by the client's close.
     """
-    state = _publishers.pop(client, None)  # the client is about to close: nothing is published on it after
+    # Kept, not popped: a stop that fails after this must not start a second lock (and so a
+    # second order) for the same client; the entry goes with the client (a weak key).
+    state = _publishers.get(client)
     if state is None or client.status != "running":
         return
 

@@ -228,6 +228,8 @@ def _spawning_with(env: dict[str, str]) -> Iterator[None]:
     original = util.spawnv_passfds
 
     def spawnv_passfds(path: Any, args: Any, passfds: Sequence[int]) -> int:
+        if not any("multiprocessing.forkserver import main" in str(a) for a in args):
+            return original(path, args, passfds)  # another thread's spawn meanwhile: as it would be
         # as util.spawnv_passfds does it (only ``passfds`` kept open, signals as they are), with ``env``
         return _Spawned(args, executable=path, pass_fds=passfds, env=env, restore_signals=False).pid
 

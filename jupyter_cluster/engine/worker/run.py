@@ -81,13 +81,11 @@ class PreparedCell:
             def run_tagged(item):
                 ns = base.copy()
                 ns[ITEM_NAME] = item
-                item_state.ctx = (tag, item, id(ns))
+                item_state.ctx = [tag, item, id(ns), None]
                 try:
                     exec(code, ns)
                 finally:
                     item_state.ctx = None
-                    if tag.cached is not None:  # describe()'s cache: the item must not outlive its run
-                        tag.cached = None
                 return ns.get(RESULT_NAME)
 
             return run_tagged
