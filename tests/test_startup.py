@@ -365,6 +365,33 @@ def test_load_ext_and_a_start_leave_the_kernels_environment_and_the_workers_get_
     assert got["worker"]["hash"] == int(seeded.stdout), "the worker's interpreter did not start with PYTHONHASHSEED"
 
 
+USERS_FORKSERVER = """
+import json, multiprocessing, os
+os.environ.pop("JC_LATE", None)
+with multiprocessing.get_context("forkserver").Pool(1) as pool:  # the user's own fork server, first
+    pool.map(abs, [1])
+os.environ["JC_LATE"] = "set after that server started"
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "jupyter_cluster")
+assert shell.run_cell("%cluster start --workers 1 --name startup-users-forkserver").error_in_exec is None
+import jupyter_cluster as jc
+handle = jc.current()
+try:
+    got = next(iter(handle.client.run(os.environ.get, "JC_LATE").values()))
+finally:
+    handle.close()
+print(json.dumps({"worker": got}))
+"""
+
+
+def test_a_fork_server_the_user_ran_first_still_gives_workers_the_notebooks_variables():
+    # A fork server someone else started has an environment (and signal mask) we do not know: the
+    # workers are spawned as Dask spawns them (use_forkserver), and so have the notebook's variables.
+    got = _run(USERS_FORKSERVER)
+    assert got == {"worker": "set after that server started"}, got
+
+
 IMPORT_IN_IPYTHON = """
 import json, sys
 from IPython.core.interactiveshell import InteractiveShell
