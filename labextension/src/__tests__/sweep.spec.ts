@@ -20,6 +20,7 @@ import {
   parallelOption,
   rowColorKey,
   rowSeries,
+  rowsComplete,
   seriesOfRow,
   sortRows,
   sweepColors,
@@ -252,5 +253,21 @@ describe('sweep from the runs table', () => {
       'r1:aux=True, lr=0.1, trial=0': curve(3, 1),
       'r1:aux=False, lr=0.1, trial=1': curve(4, 2)
     });
+  });
+});
+
+describe('rowsComplete', () => {
+  const tableRow = (key: string | null, final?: { [m: string]: number }): ITableRow => ({ run: 'r1', key, final });
+  const pts = [[0, 1] as Point];
+
+  it('holds when every item row has its finals and a curve for each', () => {
+    const rows = [tableRow('a', { loss: 1 }), tableRow('b', { loss: 2 }), tableRow(null)];
+    expect(rowsComplete(rows, { loss: { a: pts, b: pts } })).toBe(true);
+  });
+
+  it('fails while a row has no finals yet, or a final without its curve', () => {
+    expect(rowsComplete([tableRow('a', { loss: 1 }), tableRow('b')], { loss: { a: pts } })).toBe(false);
+    expect(rowsComplete([tableRow('a', { loss: 1, acc: 2 })], { loss: { a: pts } })).toBe(false);
+    expect(rowsComplete([tableRow('a', { loss: 1 })], { loss: { a: [] } })).toBe(false);
   });
 });

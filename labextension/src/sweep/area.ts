@@ -22,7 +22,7 @@ import type { IMetricsModel } from '../charts/data';
 import type { IRunRecord } from '../model';
 import type { IEventsFeed } from '../panel/events';
 import type { ITableRow, ItemCurves } from './model';
-import { sweepFromTable } from './model';
+import { rowsComplete, sweepFromTable } from './model';
 import { SweepView } from './view';
 
 export const OPEN_SWEEP = 'jupyter-cluster:open-sweep';
@@ -96,6 +96,8 @@ export class SweepArea extends Widget {
     // A view opened right after its run's cell may ask before the server has heard of the run (its
     // job messages reach the server through the scheduler): a miss is read again, a bounded number of times.
     let missed = true;
+    // rows listed, some of their reports not yet at the server: read again (bounded like a miss)
+    let partial = false;
     try {
       const detail = await requestAPI<IRunDetail>(`runs/${encodeURIComponent(this.run)}`);
       // the tab may close during any read: a disposed view is not drawn into
@@ -142,20 +144,23 @@ export class SweepArea extends Widget {
       }
       this.view.update(sweepFromTable(detail.rows, models, rec.name || rec.run, { [rec.run]: curves }));
       missed = detail.rows.length === 0;
+      partial = !missed && !rowsComplete(detail.rows, curves ?? {});
     } catch (error) {
       console.warn('jupyter-cluster:', (error as Error).message);
     } finally {
       this.loading = false;
     }
     window.clearTimeout(this.timer);
-    this.misses = missed ? this.misses + 1 : 0;
+    this.misses = missed || partial ? this.misses + 1 : 0;
     if (this.again && !this.isDisposed) {
       this.again = false;
       void this.load();
       return;
     }
     const waitForEvent = missed && this.feed.isOpen;
-    if ((running || (missed && !waitForEvent && this.misses < MAX_MISSES)) && !this.isDisposed) {
+    // (a partial table is read again even while the socket is open: no event says a report arrived)
+    const retry = (missed && !waitForEvent) || partial;
+    if ((running || (retry && this.misses < MAX_MISSES)) && !this.isDisposed) {
       this.timer = window.setTimeout(() => void this.load(), POLL_SECONDS * 1000);
     }
   }

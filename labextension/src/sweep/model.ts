@@ -567,6 +567,21 @@ function toNumber(v: unknown): number | null {
 /** Each run's items' own curves: run id -> metric -> item key ("" for the run itself) -> points. */
 export type ItemCurves = { [run: string]: { [metric: string]: { [key: string]: Point[] } } };
 
+/**
+ * Whether every item row of a run has what its item reported: its final values and each one's curve.
+ * The server hears a finished run's record before the last reports (both reach it through the
+ * scheduler), so a table read at once may show rows whose values and curves are still on their way.
+ */
+export function rowsComplete(rows: ITableRow[], curves: ItemCurves[string]): boolean {
+  return rows.every(r => {
+    if (!r.key) {
+      return true; // a row of the run itself: no item curves
+    }
+    const metrics = Object.keys(r.final ?? {});
+    return metrics.length > 0 && metrics.every(m => (curves[m]?.[r.key as string]?.length ?? 0) > 0);
+  });
+}
+
 /** A topic's model as far as the sweep reads it. */
 export interface ISweepTopic {
   topic?: string;
