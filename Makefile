@@ -98,7 +98,7 @@ as-installed: $(CORE) $(VENV)/.extra-test
 	$(PY) .ci/as_installed.py --workdir $(AS_INSTALLED_DIR) $(AS_INSTALLED_ARGS)
 
 # The example notebooks with their outputs, as a reader sees them on GitHub: executed at CI size by nbclient
-# (the same environment as tests/test_notebooks.py), volatile bits stripped (.ci/execute_notebooks.py).
+# (the same environment as tests/packaging/test_notebooks.py), volatile bits stripped (.ci/execute_notebooks.py).
 notebooks: $(CORE) $(call extra_stamps,$(VENV),test examples) $(LABEXT)
 	$(PY) .ci/execute_notebooks.py $(NOTEBOOKS_ARGS)
 

@@ -21,7 +21,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 
-#: the environment tests/test_notebooks.py runs them in: CI size, 2 single-threaded local workers
+#: the environment tests/packaging/test_notebooks.py runs them in: CI size, 2 single-threaded local workers
 CI_ENV = {
     "JUPYTER_CLUSTER_EXAMPLES_SIZE": "ci",
     "DASK_JUPYTER_CLUSTER__BACKEND": "local",

@@ -241,7 +241,7 @@ class JcMapAdapter(JcAdapter):
         """The map with the progress widget and job telemetry forced on, or both off."""
         import dask
 
-        from jupyter_cluster.telemetry import progress
+        from jupyter_cluster.tracking import progress
 
         if on:
             progress.set_renderer("widget")

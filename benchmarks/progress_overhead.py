@@ -70,7 +70,7 @@ def main() -> None:
     from jupyter_cluster import mapping
     from jupyter_cluster import telemetry as tm
     from jupyter_cluster.telemetry import hub as hub_module
-    from jupyter_cluster.telemetry import progress
+    from jupyter_cluster.tracking import progress
 
     handle = jc.start(workers=args.workers, threads=1)
     client = handle.client

@@ -123,7 +123,7 @@ def _phases() -> tuple[list[tuple[str, float]], float]:
             m.LocalBackend, "start", "cluster made (dashboard on its socket, link)"
         ),
         "distributed.client": lambda m: after(m.Client, "register_plugin", "a worker plugin registered"),
-        "jupyter_cluster.session": lambda m: (
+        "jupyter_cluster.cluster.session": lambda m: (
             marks.append(("distributed and the session imported", time.perf_counter())),
             after(m, "_connect_client", "client connected"),
             after(m, "_adopt", "registry record written, control listener"),
@@ -144,7 +144,7 @@ def _child_jc(workers: int, load_ext: bool, forkserver: bool = True) -> dict:
 
     imported = time.perf_counter() - t0
     if load_ext:  # what %load_ext begins (besides its magics)
-        from jupyter_cluster import _background
+        from jupyter_cluster._core import background as _background
         from jupyter_cluster.backends.local.forkserver import start_early
 
         start_early(None, {})

@@ -60,7 +60,7 @@ def _handshake_rows(n: int) -> list[tuple[str, float, float]]:
     from distributed import Scheduler
     from distributed.security import Security
 
-    from jupyter_cluster import credentials
+    from jupyter_cluster.state import credentials
 
     rows = []
 
@@ -91,7 +91,7 @@ def _raw_echo_row(rounds: int = 7, per_round: int = 20) -> tuple[float, float]:
     """
     from distributed.comm import connect, listen
 
-    from jupyter_cluster import credentials
+    from jupyter_cluster.state import credentials
 
     async def echo(comm):
         try:

@@ -13,22 +13,21 @@ From Python: :func:`start`, :func:`connect`, :func:`current`, :func:`clusters`,
 
 from __future__ import annotations
 
-import copyreg as _copyreg
 import importlib as _importlib
 import sys as _sys
-import types as _types
 
 from . import config  # noqa: F401  (registers dask.config defaults)
-from ._lazy import attach as _attach
-from .context import in_worker_process as _in_dask_worker_process
+from ._core.context import in_worker_process as _in_dask_worker_process
+from ._core.lazy import attach as _attach
 from .errors import CellError, ClusterError, SerializationError
 
 #: Public name -> module that defines it.
 _PUBLIC = {
-    "ClusterHandle": ".session", "clusters": ".session", "connect": ".session", "current": ".session",
-    "stop": ".session", "imap": ".mapping", "last_job": ".mapping", "map": ".mapping",
-    "Pool": ".pool", "Queue": ".dqueue", "actor": ".actors", "metrics": ".telemetry", "report": ".telemetry",
-    "launcher": ".widgets", "show_metrics": ".widgets", "show_runs": ".widgets", "spmd": ".spmd", "run": ".runs", "runs": ".runs",
+    "ClusterHandle": ".cluster.session", "clusters": ".cluster.session", "connect": ".cluster.session",
+    "current": ".cluster.session", "stop": ".cluster.session", "imap": ".mapping", "last_job": ".mapping", "map": ".mapping",
+    "Pool": ".pool", "Queue": ".primitives.queue", "actor": ".primitives.actors", "metrics": ".telemetry",
+    "report": ".telemetry", "launcher": ".widgets", "show_metrics": ".widgets", "show_runs": ".widgets",
+    "spmd": ".collective.client", "run": ".tracking.runs", "runs": ".tracking.runs",
 }  # fmt: skip
 
 # Every public name is imported on its first use, in the notebook as in a worker process (which
@@ -49,7 +48,7 @@ def __getattr__(name: str):
     if _PUBLIC.get(name) == ".telemetry" and not _in_dask_worker_process():
         # the notebook's own reports reach its charts through the kernel sink that the session
         # installs on import; a worker's go to the scheduler and must not import the notebook side
-        _importlib.import_module(".session", __name__)
+        _importlib.import_module(".cluster.session", __name__)
     return _import_public(name)
 
 
@@ -57,48 +56,8 @@ def __dir__() -> list[str]:
     return sorted({*_dir_public(), "__version__"})
 
 
-def _function_of_module(name: str) -> property:
-    """The public function ``name``, defined in the package's module of the same name.
-
-    Importing ``jupyter_cluster.<name>`` sets the package's attribute ``<name>``
-    to that module; as a property of the package's type, the name keeps
-    answering with the function.  The import's own assignment is let through
-    (it changes nothing); any other raises, since it would change nothing either.
-    """
-
-    def get(self: _types.ModuleType):
-        return getattr(_importlib.import_module(f".{name}", __name__), name)
-
-    def set_(self: _types.ModuleType, value: object) -> None:
-        if value is not _sys.modules.get(f"{__name__}.{name}"):
-            raise AttributeError(
-                f"jupyter_cluster.{name} cannot be replaced: it reads the function {name} of the module "
-                f"jupyter_cluster.{name}, so patch that (importlib.import_module('jupyter_cluster.{name}').{name})."
-            )
-
-    return property(get, set_)
-
-
-class _Package(_types.ModuleType):
-    runs = _function_of_module("runs")
-    spmd = _function_of_module("spmd")
-
-
-_sys.modules[__name__].__class__ = _Package
-
-
-def _reduce_package(module: _types.ModuleType):
-    # cloudpickle and pickle find a module's reduction by its exact type, so the package, now a
-    # _Package, must say itself that it travels by name: a notebook function that names `jc` is
-    # pickled with its globals, and `jc` is re-imported in the worker
-    return _importlib.import_module, (module.__name__,)
-
-
-_copyreg.pickle(_Package, _reduce_package)
-
-
 def start(name: str | None = None, backend: str | None = None, wait: bool = True, **options):
-    """Start a cluster and make it the current one (:func:`jupyter_cluster.session.start`).
+    """Start a cluster and make it the current one (:func:`jupyter_cluster.cluster.session.start`).
 
     Parameters
     ----------
@@ -130,7 +89,7 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
     from .backends.local.forkserver import start_early
 
     start_early(backend, options)
-    from .session import start as session_start
+    from .cluster.session import start as session_start
 
     return session_start(name, backend, wait, **options)
 
@@ -180,7 +139,7 @@ def load_ipython_extension(ipython):
     # never starts one pays one idle process (about 40 MB) and 0.5 s of CPU on another core; its own
     # environment is left alone.
     start_early(None, {})
-    from . import _background
+    from ._core import background as _background
     from .magics import register_magics
     from .widgets import register_display
 

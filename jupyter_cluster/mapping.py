@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import session
+from .cluster import session
 from .engine.cluster import workers_now
 from .engine.job import (  # noqa: F401  (re-exported: the engine's public names)
     MapJob,
@@ -161,9 +161,9 @@ def _resolve(cluster: Any) -> Any:
 
 # Progress bars (and the sidebar's job list) for every map, wherever it is made; not in a worker
 # process, which imports this module only for a map made inside a task.
-from .context import in_worker_process  # noqa: E402
+from ._core.context import in_worker_process  # noqa: E402
 
 if not in_worker_process():
-    from .telemetry.progress import install as _install_progress
+    from .tracking.progress import install as _install_progress
 
     _install_progress(add_observer_factory)

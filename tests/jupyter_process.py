@@ -1,6 +1,6 @@
 """Start a real Jupyter server (or JupyterLab) on a free loopback port, with a token.
 
-Used by tests/test_server.py and tests/ui/.  The process inherits the test
+Used by tests/server/test_server.py and tests/ui/.  The process inherits the test
 session's ``JUPYTER_RUNTIME_DIR`` (see conftest.py), so it sees the same
 private cluster registry as the tests.
 """

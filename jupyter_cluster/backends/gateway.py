@@ -32,7 +32,7 @@ from ..errors import ClusterError
 from . import Backend, StartedCluster
 
 if TYPE_CHECKING:
-    from ..registry import ClusterRecord
+    from ..state.registry import ClusterRecord
 
 
 def _import() -> Any:
@@ -154,7 +154,7 @@ def _proxied_link(name: str | None, own: str | None) -> str | None:
     """
     if not name or not own:
         return own
-    from ..dashboard_socket import link, parent_server_base_url
+    from ..state.dashboard_socket import link, parent_server_base_url
 
     return link(parent_server_base_url(), name)
 
@@ -189,7 +189,7 @@ def _call(gateway: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 class GatewayCluster:
-    """A gateway cluster as :class:`~jupyter_cluster.session.ClusterHandle` drives it.
+    """A gateway cluster as :class:`~jupyter_cluster.cluster.session.ClusterHandle` drives it.
 
     ``dask_gateway.GatewayCluster`` has ``close(shutdown=...)`` where the handle
     calls ``close(timeout=...)``; this adapter also lets ``distributed.Client``
@@ -369,7 +369,7 @@ def list_clusters(address: str | None = None) -> list[dict[str, Any]]:
 
 
 def cleanup_orphan(record: ClusterRecord) -> None:
-    """The registry's clean-up hook for a gateway cluster whose owner died (see :mod:`jupyter_cluster.orphans`).
+    """The registry's clean-up hook for a gateway cluster whose owner died (see :mod:`jupyter_cluster.state.orphans`).
 
     A record of a kernel that only attached to the cluster stops nothing.
     """

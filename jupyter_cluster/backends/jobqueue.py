@@ -47,7 +47,7 @@ from ..errors import ClusterError
 from . import Backend, StartedCluster
 
 if TYPE_CHECKING:
-    from ..registry import ClusterRecord
+    from ..state.registry import ClusterRecord
 
 INSTALL_HINT = "pip install 'jupyter-cluster[hpc]'"
 #: where the scheduler keeps the batch facts the sidebar shows (``Scheduler.get_metadata``)
@@ -200,7 +200,7 @@ def resolve(system: str, options: dict[str, Any]) -> dict[str, Any]:
         ``walltime``, ``gpus``, ``job_extra``, ``host``, ``interface``, ``port``,
         ``tls``, ``adapt_min``, ``adapt_max``.
     """
-    from ..models import validate_count, validate_size
+    from ..wire.models import validate_count, validate_size
 
     def pick(key: str, cfg: str, jq: str | None = None) -> Any:
         value = options.get(key)
@@ -424,7 +424,7 @@ def cancel_jobs(info: Any) -> None:
 
 
 def cleanup_orphan(record: ClusterRecord) -> None:
-    """The registry's clean-up hook for a batch cluster whose owner died (see :mod:`jupyter_cluster.orphans`)."""
+    """The registry's clean-up hook for a batch cluster whose owner died (see :mod:`jupyter_cluster.state.orphans`)."""
     if isinstance(record.extra, dict):
         cancel_jobs(record.extra.get("batch"))
 
@@ -644,7 +644,7 @@ class JobqueueBackend(Backend):
         security = client_security = None
         try:
             if opts["tls"]:
-                from ..credentials import forget_security, new_security, pem_path, written_identity
+                from ..state.credentials import forget_security, new_security, pem_path, written_identity
 
                 client_security = new_security(name)
                 identity = written_identity(name)

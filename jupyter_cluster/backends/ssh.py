@@ -17,7 +17,7 @@ refuses, a key it does not accept, an unknown host key or a Python without
 distributed gives one sentence within ``connect-timeout``.
 
 Security: TLS by default.  Per-cluster credentials (as for local clusters,
-:func:`jupyter_cluster.credentials.new_security`) are copied to each host into
+:func:`jupyter_cluster.state.credentials.new_security`) are copied to each host into
 ``~/.cache/jupyter-cluster/`` (0600 in a 0700 folder, written under
 ``umask 077``) and handed to the remote scheduler and workers through
 ``DASK_DISTRIBUTED__COMM__TLS__*`` variables; stop deletes them.  The remote
@@ -377,7 +377,7 @@ class SSHBackend(Backend):
             ) from None
         from distributed.deploy.ssh import SSHCluster
 
-        from ..credentials import forget_security, new_security, pem_path, written_identity
+        from ..state.credentials import forget_security, new_security, pem_path, written_identity
 
         host_list = parse_hosts(hosts)
         scheduler_host, worker_hosts = host_list[0], (host_list[1:] or host_list[:1])

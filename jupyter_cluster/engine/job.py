@@ -58,9 +58,9 @@ from typing import Any
 
 import cloudpickle
 
-from ..capture import LARGE_VALUE_BYTES
+from ..cell.capture import LARGE_VALUE_BYTES
 from ..errors import ClusterError, WorkerLostError
-from ..runs import in_run
+from ..tracking.runs import in_run
 from . import planner
 from .cluster import (
     Scattered,
@@ -213,7 +213,9 @@ class MapJob:
             raise ValueError(f"concurrency must be a positive integer or None, not {concurrency!r}.")
         if not iterables:
             raise TypeError("map() needs at least one iterable.")
-        fn = in_run(fn)  # inside `with jc.run(...)`: what the workers report is the run's (jupyter_cluster.runs)
+        fn = in_run(
+            fn
+        )  # inside `with jc.run(...)`: what the workers report is the run's (jupyter_cluster.tracking.runs)
         #: Most chunks running at once (``Pool(processes=N)``); None: every worker thread.
         self.concurrency = concurrency
         self.client, self.cluster = client_of(client)

@@ -1,6 +1,6 @@
 """``%cluster``: start, attach to, inspect, scale and stop clusters from a notebook.
 
-The magic only parses its line and calls :mod:`jupyter_cluster.session`; every
+The magic only parses its line and calls :mod:`jupyter_cluster.cluster.session`; every
 :class:`~jupyter_cluster.errors.ClusterError` becomes a one-sentence
 ``UsageError`` (no traceback).
 """
@@ -20,9 +20,9 @@ from .args import MagicArgumentParser
 from .lazy import LazyModule
 
 if TYPE_CHECKING:
-    from .. import session
+    from ..cluster import session
 else:  # imports distributed: on the first %cluster, not at %load_ext
-    session = LazyModule("jupyter_cluster.session")
+    session = LazyModule("jupyter_cluster.cluster.session")
 
 
 class _ArgumentParser(MagicArgumentParser):

@@ -2,7 +2,7 @@
 
 ``session``, ``mapping`` and ``spmd`` import Dask's distributed (about a second
 of a small machine's CPU).  ``%load_ext jupyter_cluster`` begins that import in
-a background thread (:mod:`jupyter_cluster._background`) while the next cell is
+a background thread (:mod:`jupyter_cluster._core.background`) while the next cell is
 written, so loading the magics must not do it first in the foreground.
 """
 
@@ -18,7 +18,7 @@ class LazyModule:
     Parameters
     ----------
     name : str
-        The module's full name, e.g. ``"jupyter_cluster.session"``.
+        The module's full name, e.g. ``"jupyter_cluster.cluster.session"``.
     """
 
     __slots__ = ("_name",)

@@ -7,8 +7,8 @@
     run_episode(env, policy)        # the last expression's value is the item's result
 
 The magic only translates: it parses the header and options, finds the cell's
-free names (:mod:`~jupyter_cluster.capture`), builds a
-:class:`~jupyter_cluster.cellfunc.CellFunction` and hands it to the one map
+free names (:mod:`~jupyter_cluster.cell.capture`), builds a
+:class:`~jupyter_cluster.cell.function.CellFunction` and hands it to the one map
 engine (:mod:`~jupyter_cluster.mapping`).  Results land in ``--out NAME``
 (default ``_parallel``) in input order; the run's record (counts, outputs,
 errors' text, timings) is stored as ``_parallel_job``, with the results only of
@@ -32,10 +32,10 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, magics_class
 
-from .. import capture
-from ..cellfunc import CellFunction
+from ..cell import capture
+from ..cell.function import CellFunction
 from ..errors import CellError, ClusterError, SerializationError
-from ..runs import TAG_NAME, ItemTag, ItemTap, starting
+from ..tracking.runs import TAG_NAME, ItemTag, ItemTap, starting
 from .args import MagicArgumentParser, add_options, options_text
 from .lazy import LazyModule
 from .tracebacks import (
@@ -46,10 +46,11 @@ from .tracebacks import (
 )
 
 if TYPE_CHECKING:
-    from .. import mapping, session
+    from .. import mapping
+    from ..cluster import session
 else:  # both import distributed: on the first %%parallel, not at %load_ext
     mapping = LazyModule("jupyter_cluster.mapping")
-    session = LazyModule("jupyter_cluster.session")
+    session = LazyModule("jupyter_cluster.cluster.session")
 
 DEFAULT_OUT = "_parallel"
 JOB_NAME = "_parallel_job"
@@ -333,7 +334,7 @@ class ParallelMagics(Magics):
         defined_on_workers = _worker_names.get(handle.address, set())
         captured = capture.capture(analysis.free, user_ns, maybe=analysis.maybe, exclude=defined_on_workers)
         tap = None
-        if not args.all_workers:  # a sweep: each item's value is its config (jupyter_cluster.runs)
+        if not args.all_workers:  # a sweep: each item's value is its config (jupyter_cluster.tracking.runs)
             tap = ItemTap(iterable, ItemTag(uuid.uuid4().hex[:12], targets))
             iterable = tap
             # the workers run each item inside its tag (engine.worker.run), so its reports say which item

@@ -9,9 +9,9 @@
     print(t.item())                    # shown as [rank 0] 3.0
 
 The magic only translates: it parses the options, finds the cell's free names
-(:mod:`~jupyter_cluster.capture`), wraps the body in a
-:class:`~jupyter_cluster.cellfunc.CellFunction` and calls
-:func:`jupyter_cluster.spmd.run`.  ``%spmd`` (line) shows the group;
+(:mod:`~jupyter_cluster.cell.capture`), wraps the body in a
+:class:`~jupyter_cluster.cell.function.CellFunction` and calls
+:func:`jupyter_cluster.collective.client.run`.  ``%spmd`` (line) shows the group;
 ``%spmd reset`` tears it down.
 """
 
@@ -24,21 +24,22 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from .. import capture
-from ..cellfunc import CellFunction
+from ..cell import capture
+from ..cell.function import CellFunction
 from ..errors import CellError, ClusterError, SerializationError
 from .args import MagicArgumentParser, add_options, options_text
 from .lazy import LazyModule
 from .tracebacks import remote_renderer
 
 if TYPE_CHECKING:
-    from .. import session, spmd
+    from ..cluster import session
+    from ..collective import client as spmd
 else:  # both import distributed: on the first %%spmd, not at %load_ext
-    session = LazyModule("jupyter_cluster.session")
-    spmd = LazyModule("jupyter_cluster.spmd")
+    session = LazyModule("jupyter_cluster.cluster.session")
+    spmd = LazyModule("jupyter_cluster.collective.client")
 
-#: ``jupyter_cluster.spmd.BACKENDS``, written out so that the options table needs no import of it
-#: (tests/test_startup.py checks that the two agree)
+#: ``jupyter_cluster.collective.client.BACKENDS``, written out so that the options table needs no import of it
+#: (tests/cluster/test_startup.py checks that the two agree)
 BACKENDS = ("gloo", "nccl", "auto")
 
 DEFAULT_OUT = "_spmd"
@@ -95,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def parse_show(text: str):
-    """``0`` / ``all`` / ``0,2`` / ``none`` -> what :class:`~jupyter_cluster.spmd.OutputPrinter` takes."""
+    """``0`` / ``all`` / ``0,2`` / ``none`` -> what :class:`~jupyter_cluster.collective.client.OutputPrinter` takes."""
     text = text.strip().lower()
     if text == "all":
         return "all"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import attach as _attach
+from .._core.lazy import attach as _attach
 
 if TYPE_CHECKING:
     from .pool import Pool

@@ -26,8 +26,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import session
-from ..context import in_kernel
+from .._core.context import in_kernel
+from ..cluster import session
 from ..engine.cluster import (
     SchedulerWatch,
     cancel_futures,

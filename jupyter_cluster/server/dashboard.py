@@ -1,7 +1,7 @@
 """The Dask dashboard of local clusters, served through the authenticated Jupyter server.
 
 A TLS local cluster (the default) takes its scheduler's dashboard off TCP: it
-listens on a Unix socket in a private folder (:func:`jupyter_cluster.dashboard_socket.dashboard_on_unix_socket`),
+listens on a Unix socket in a private folder (:func:`jupyter_cluster.state.dashboard_socket.dashboard_on_unix_socket`),
 which other users of the machine cannot open.  Browsers reach it here::
 
     <base_url>jupyter-cluster/dashboard/<name>/<path>   HTTP and websockets (Bokeh)
@@ -11,7 +11,7 @@ authorizer (resource ``"jupyter_cluster"``, as the REST routes).  The
 proxy strips the prefix (the dashboard's pages use relative links, as they do
 behind jupyter-server-proxy), never forwards the user's Jupyter cookies or
 token, and only connects to sockets owned by this user in a folder only this
-user can enter.  The kernel side (the socket, its link, its checks) is :mod:`jupyter_cluster.dashboard_socket`.
+user can enter.  The kernel side (the socket, its link, its checks) is :mod:`jupyter_cluster.state.dashboard_socket`.
 
 A dask-gateway cluster's dashboard comes through the same route: the proxy
 forwards to ``<gateway address>/clusters/<cluster>/<path>``, the gateway and
@@ -27,8 +27,8 @@ from collections.abc import Awaitable
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from .. import registry
-from ..dashboard_socket import ROUTE, link, socket_is_ours
+from ..state import registry
+from ..state.dashboard_socket import ROUTE, link, socket_is_ours
 from . import gateway_dashboard
 
 __all__ = ["ROUTE", "link", "make_handler", "route", "socket_is_ours"]

@@ -46,7 +46,7 @@ from jupyter_server.utils import url_path_join
 from .. import config
 from ..backends import available
 from ..errors import ClusterError
-from ..models import kernel_id_or_none, validate_size
+from ..wire.models import kernel_id_or_none, validate_size
 from . import dashboard
 from .manager import ClusterManager, NotFound, validate_count, validate_name
 from .workers import WorkerFeed

@@ -19,10 +19,17 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 from ..errors import ClusterError
-from ..history_files import checked_run_items, history_dir, history_files, kept_run_items, read_json, series_keys
-from ..history_files import size as _size
-from ..registry import private_folder
-from ..telemetry.store import TopicStore
+from ..state.history_files import (
+    checked_run_items,
+    history_dir,
+    history_files,
+    kept_run_items,
+    read_json,
+    series_keys,
+)
+from ..state.history_files import size as _size
+from ..state.registry import private_folder
+from ..telemetry.topic_store import TopicStore
 from .jobs import JobsStore, number
 
 logger = logging.getLogger(__name__)
@@ -82,7 +89,7 @@ def _points(value: Any, where: str, none: bool) -> None:
 
 
 def check_topic_model(data: Any, where: str = "topic") -> dict[str, Any]:
-    """``data`` if it is a topic's chart model (:func:`jupyter_cluster.models.metrics_model`), else :class:`BadFile`."""
+    """``data`` if it is a topic's chart model (:func:`jupyter_cluster.wire.models.metrics_model`), else :class:`BadFile`."""
     model = _obj(data, where)
     if not isinstance(model.get("topic"), str) or not model["topic"]:
         _fail(f"{where}/topic", "expected the topic's name")
@@ -408,7 +415,7 @@ class HistoryFolder:
 
         Only this user's regular files of mode 0600 (as :meth:`write` makes
         them) of at most ``max_bytes`` are read, as the kernel's
-        :func:`jupyter_cluster.runs.kept_runs` reads them: another's file, a
+        :func:`jupyter_cluster.tracking.runs.kept_runs` reads them: another's file, a
         link, or one that others could have written is not taken for the
         user's history.  A file refused, not JSON, or that ``check`` refuses
         (:class:`BadFile`) is skipped with one warning naming it.

@@ -1,7 +1,7 @@
 """The process that owns a cluster started from the JupyterLab panel.
 
 ``python -m jupyter_cluster.server.host --name N --workers 2`` starts a cluster
-through :mod:`jupyter_cluster.session` with owner kind ``"panel"``, prints one
+through :mod:`jupyter_cluster.cluster.session` with owner kind ``"panel"``, prints one
 JSON line (``{"ok": true, "name": ..., "address": ...}`` or
 ``{"ok": false, "error": ...}``) and then keeps the cluster alive until it is
 asked to stop (panel, ``%cluster stop NAME``, SIGTERM) or its scheduler goes
@@ -60,8 +60,8 @@ def _scheduler_gone(handle: Any) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # after the arguments: a bad command line fails before the notebook side loads
-    from .. import session
-    from ..control import listen
+    from ..cluster import session
+    from ..cluster.control import listen
     from ..errors import ClusterError
 
     session.set_owner_kind("panel")

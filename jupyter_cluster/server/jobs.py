@@ -1,10 +1,10 @@
 """Running and recent map jobs of one cluster, kept per notebook within a size budget.
 
 Every submitting kernel publishes its jobs' progress on ``jupyter-cluster:jobs``
-(see :mod:`jupyter_cluster.telemetry.progress`); the scheduler keeps only a short
+(see :mod:`jupyter_cluster.tracking.progress`); the scheduler keeps only a short
 backlog, so the server keeps the latest message per job here.  No Dask, no
 HTTP: messages in, the panel's JSON out.  (Metrics are kept by
-:class:`jupyter_cluster.telemetry.store.TopicStore`, the same class the notebook uses;
+:class:`jupyter_cluster.telemetry.topic_store.TopicStore`, the same class the notebook uses;
 what is kept of a stopped cluster is in :mod:`.history`.)
 
 Finished jobs are bounded by their size (JSON bytes), not by a count: each
@@ -25,8 +25,8 @@ from numbers import Real
 from typing import Any
 
 from .. import config
-from ..models import JOB_STATES, job_failures, job_message
-from ..runs import MAX_CONFIG_KEYS, MAX_ITEMS, RUN_KINDS, group_runs
+from ..tracking.runs import MAX_CONFIG_KEYS, MAX_ITEMS, RUN_KINDS, group_runs
+from ..wire.models import JOB_STATES, job_failures, job_message
 
 #: default budgets of finished jobs (JSON bytes): the whole store, and each notebook (or kernel) in it
 JOBS_BYTES = 16_000_000
@@ -72,7 +72,7 @@ def _count(v: Any) -> int | None:
 
 
 def run_fields(msg: dict[str, Any]) -> dict[str, Any]:
-    """The run fields of a job message (:mod:`jupyter_cluster.runs`), checked; what does not fit is left out."""
+    """The run fields of a job message (:mod:`jupyter_cluster.tracking.runs`), checked; what does not fit is left out."""
     out: dict[str, Any] = {}
     run = _text(msg.get("run"), 64)
     if run:
@@ -312,5 +312,5 @@ class JobsStore:
         return {"running": [listed(j) for j in running], "recent": [listed(j) for j in recent]}
 
     def runs(self) -> dict[str, dict[str, Any]]:
-        """The jobs grouped into run records (:func:`jupyter_cluster.runs.group_runs`)."""
+        """The jobs grouped into run records (:func:`jupyter_cluster.tracking.runs.group_runs`)."""
         return group_runs(self.jobs.values())

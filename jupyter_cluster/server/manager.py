@@ -1,10 +1,10 @@
 """The Jupyter server's view of every cluster on the machine (no HTTP in here).
 
-:class:`ClusterManager` reads the registry (:func:`jupyter_cluster.registry.live_records`)
+:class:`ClusterManager` reads the registry (:func:`jupyter_cluster.state.registry.live_records`)
 and keeps one asynchronous ``distributed.Client`` per live scheduler.  Each
 client subscribes to the telemetry topics (``jupyter-cluster:jobs``, and every
 ``jupyter-cluster:metrics:<topic>`` through the index topic) and keeps their
-history (:mod:`.jobs`, :class:`jupyter_cluster.telemetry.store.TopicStore`), because
+history (:mod:`.jobs`, :class:`jupyter_cluster.telemetry.topic_store.TopicStore`), because
 the scheduler itself keeps only a short backlog.  A lost
 scheduler connection is retried with backoff (a restarted scheduler is
 re-subscribed); a record whose owner died disappears at the next refresh.
@@ -31,11 +31,18 @@ from typing import Any
 # distributed takes a second or more and would stall the server's event loop.
 from distributed import Client
 
-from .. import backends, config, control, registry
-from ..credentials import saved_security
-from ..dashboard_socket import link
+from .. import backends, config
+from ..cluster import control
 from ..errors import ClusterError
-from ..models import (
+from ..state import registry
+from ..state.credentials import saved_security
+from ..state.dashboard_socket import link
+from ..telemetry.hub import Hub, follow
+from ..telemetry.topic_store import TopicStore
+from ..telemetry.topics import CONTROL_TOPIC, JOBS_TOPIC
+from ..tracking.runs import group_runs, merge_curves, merge_metrics
+from ..tracking.runs import table as run_table
+from ..wire.models import (
     ClusterDetail,
     ClusterSummary,
     TopicSummary,
@@ -46,11 +53,6 @@ from ..models import (
     validate_count,
     validate_name,
 )
-from ..runs import group_runs, merge_curves, merge_metrics
-from ..runs import table as run_table
-from ..telemetry.hub import Hub, follow
-from ..telemetry.store import TopicStore
-from ..telemetry.topics import CONTROL_TOPIC, JOBS_TOPIC
 from .gateway_dashboard import gateway_target
 from .history import HistoryFolder, KeptCluster, check_live, live_snapshot, restore_live, same_cluster
 from .jobs import LIST_PER_OWNER, JobsStore
@@ -356,7 +358,7 @@ class Connection:
         The newer of what this server last asked (the panel's Adapt or Scale)
         and what the owner wrote in its registry record when it adapted
         (``%cluster adapt``, ``jc.adapt``, a handle's ``.adapt``, the panel's
-        Adapt carried out: :meth:`jupyter_cluster.session.ClusterHandle.adapt`).
+        Adapt carried out: :meth:`jupyter_cluster.cluster.session.ClusterHandle.adapt`).
         """
         own = (self.record.extra or {}).get("adaptive")
         if isinstance(own, dict):
@@ -784,7 +786,7 @@ class ClusterManager:
     def runs(
         self, notebook: str | None = None, cluster: str | None = None, kernel_id: str | None = None
     ) -> list[dict[str, Any]]:
-        """Run records (:func:`jupyter_cluster.runs.group_runs`, without items), newest first.
+        """Run records (:func:`jupyter_cluster.tracking.runs.group_runs`, without items), newest first.
 
         Each has ``cluster`` (the cluster's name; for a stopped one, the key
         its history is kept under is ``history``) and ``metrics`` (the
@@ -816,7 +818,7 @@ class ClusterManager:
         return cached[1]
 
     def run(self, run_id: str) -> dict[str, Any]:
-        """One run: its record with ``items``, and its sweep table ``rows`` (:func:`jupyter_cluster.runs.table`).
+        """One run: its record with ``items``, and its sweep table ``rows`` (:func:`jupyter_cluster.tracking.runs.table`).
 
         Raises
         ------

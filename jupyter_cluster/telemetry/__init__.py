@@ -7,15 +7,15 @@ server (``server.manager``) ─► a :class:`.store.TopicStore` ─► a chart m
 Map jobs' progress (:mod:`.progress`) travels the same way on the jobs topic.
 
 The names below are the public face; the submodules ``report`` and ``store``
-are reached as ``jupyter_cluster.telemetry.report`` / ``.store`` with
+are reached as ``jupyter_cluster.telemetry.producer`` / ``.store`` with
 ``from ... import`` (the package attributes of those names are the functions).
 """
 
 from __future__ import annotations
 
 from .hub import Hub, attach, attached, follow, metrics, sync
-from .report import flush, identity_fields, publish, report, validate
-from .store import TopicStore, records, series_key, store, topics
+from .producer import flush, identity_fields, publish, report, validate
+from .topic_store import TopicStore, records, series_key, store, topics
 from .topics import CONTROL_TOPIC, INDEX_TOPIC, JOBS_TOPIC, PLUGIN_NAME, PREFIX, SPMD_OUTPUT_TOPIC, topic_name
 
 __all__ = [

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ClusterError
-from .report import current_handle, flush_plugin, send_buffered
-from .store import TopicStore, store
+from .producer import current_handle, flush_plugin, send_buffered
+from .topic_store import TopicStore, store
 from .topics import INDEX_TOPIC, PLUGIN_NAME, PREFIX
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""The kernel's side of :func:`~jupyter_cluster.telemetry.report.report`: the notebook's own reports.
+"""The kernel's side of :func:`~jupyter_cluster.telemetry.producer.report`: the notebook's own reports.
 
 A report made in the notebook is in this kernel's store at once, and goes to
 the current cluster's scheduler every flush interval (for the sidebar and
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import ticker
+from .._core import ticker
 from .hub import attach
-from .report import _flush_interval, _producer, publish
-from .store import store
+from .producer import _flush_interval, _producer, publish
+from .topic_store import store
 
 
 class KernelSink:

@@ -14,9 +14,9 @@ from __future__ import annotations
 PREFIX = "jupyter-cluster:metrics:"
 #: every metrics batch is logged here too, so one subscription sees every topic, new ones included
 INDEX_TOPIC = "jupyter-cluster:metrics"
-#: one message per progress update of a map job (:mod:`jupyter_cluster.telemetry.progress`)
+#: one message per progress update of a map job (:mod:`jupyter_cluster.tracking.progress`)
 JOBS_TOPIC = "jupyter-cluster:jobs"
-#: the panel's requests to the kernel that owns a cluster, and the replies (:mod:`jupyter_cluster.control`)
+#: the panel's requests to the kernel that owns a cluster, and the replies (:mod:`jupyter_cluster.cluster.control`)
 CONTROL_TOPIC = "jupyter-cluster:control"
 #: a ``%%spmd`` cell's printed lines, streamed from the ranks while the cell runs
 SPMD_OUTPUT_TOPIC = "jupyter-cluster:spmd-output"

@@ -1,9 +1,9 @@
 """Notebook widgets: the cluster view, the launcher and live metric charts.
 
-Progress bars live with their model in :mod:`jupyter_cluster.telemetry.progress`.
+Progress bars live with their model in :mod:`jupyter_cluster.tracking.progress`.
 Importing this package is cheap; ipywidgets is imported when a widget is made
 (the submodules are imported on first use, deliberately).  A
-:class:`~jupyter_cluster.session.ClusterHandle` shows as the live widget through
+:class:`~jupyter_cluster.cluster.session.ClusterHandle` shows as the live widget through
 IPython's display formatter, registered by :func:`register_display` (the session
 layer below knows nothing of widgets).
 """
@@ -36,7 +36,7 @@ def register_display(ipython: Any = None) -> None:
             return
     # by module and class name, resolved when a handle is first shown: %load_ext imports no session (distributed)
     ipython.display_formatter.mimebundle_formatter.for_type_by_name(
-        "jupyter_cluster.session", "ClusterHandle", _handle_mimebundle
+        "jupyter_cluster.cluster.session", "ClusterHandle", _handle_mimebundle
     )
 
 
@@ -77,7 +77,7 @@ def show_runs(runs: Any = None, *, topic: str | None = None, notebook: str | Non
 
 def cluster_widget(handle: Any = None, live: bool = True):
     """The live cluster widget of ``handle`` (the current cluster by default)."""
-    from .. import session
+    from ..cluster import session
     from .cluster import ClusterWidget
 
     return ClusterWidget(handle if handle is not None else session.get(), live=live)

@@ -1,6 +1,6 @@
 """The cluster widget: a live view of one cluster with scale and adapt controls.
 
-It is what a :class:`~jupyter_cluster.session.ClusterHandle` (and ``%cluster``)
+It is what a :class:`~jupyter_cluster.cluster.session.ClusterHandle` (and ``%cluster``)
 shows in a kernel with ipywidgets.  Everything it draws comes from
 ``ClusterHandle.model()``, refreshed every couple of seconds from the ticker
 thread (one scheduler query per cluster per refresh, however many widgets
@@ -19,8 +19,8 @@ from typing import Any
 
 import ipywidgets as w
 
-from .. import context, ticker
-from ..display import fmt_bytes, text_status
+from .._core import context, ticker
+from ..cluster.display import fmt_bytes, text_status
 from ..errors import ClusterError
 from . import static_render
 

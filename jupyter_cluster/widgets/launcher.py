@@ -2,7 +2,7 @@
 
 The cluster it starts becomes the kernel's current one, so ``%%parallel``
 cells and ``Pool`` below use it at once.  All lifecycle work goes through
-:mod:`jupyter_cluster.session`; this module only lays out controls.  Its
+:mod:`jupyter_cluster.cluster.session`; this module only lays out controls.  Its
 output also carries a static copy (the status line and the cluster's table),
 so a saved notebook shows what was started (:mod:`.static_render`).
 """
@@ -14,8 +14,9 @@ from typing import Any
 
 import ipywidgets as w
 
-from .. import backends, config, session
+from .. import backends, config
 from ..backends.local import default_workers
+from ..cluster import session
 from ..errors import ClusterError
 from . import static_render
 from .cluster import ClusterWidget

@@ -24,9 +24,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
-from .. import config, context, mapping, telemetry, ticker
+from .. import config, mapping, telemetry
+from .._core import context, ticker
 from ..errors import CellError
-from ..telemetry.report import current_handle
+from ..telemetry.producer import current_handle
 from .anywidgets import built_once
 
 STATIC = pathlib.Path(__file__).parent / "static"

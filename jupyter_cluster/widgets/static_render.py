@@ -47,9 +47,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 # an output's static part, defined a layer down (telemetry's progress bar uses it too); named here too
-from ..static_output import MARK as MARK
-from ..static_output import bundle as bundle
-from ..static_output import metadata as metadata
+from ..wire.static_output import MARK as MARK
+from ..wire.static_output import bundle as bundle
+from ..wire.static_output import metadata as metadata
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"

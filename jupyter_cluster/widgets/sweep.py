@@ -1,15 +1,15 @@
 """The sweep table in the notebook: one row per sweep item or run, its config and metrics, and its curves.
 
-:func:`show_runs` draws what :func:`jupyter_cluster.runs` returns as a DataFrame,
+:func:`show_runs` draws what :func:`jupyter_cluster.tracking.runs` returns as a DataFrame,
 live: a sortable, filterable table; ticked rows overlaid on one chart; curves
 grouped by a config key as mean ± sd bands; a parallel-coordinates view of
 config -> metric.  The drawing is the ES module ``static/sweep.js``, bundled
 from ``labextension/src/sweep`` (the same code as the sidebar's main-area
 view).  This side only sends the ``data`` trait: the rows of
-:func:`jupyter_cluster.runs.table` and, per metric, each row's curve.
+:func:`jupyter_cluster.tracking.runs.table` and, per metric, each row's curve.
 
 A row's curve is its item's own (each topic keeps every sweep item's curves,
-:func:`jupyter_cluster.runs.merge_curves`), else the topic's series that
+:func:`jupyter_cluster.tracking.runs.merge_curves`), else the topic's series that
 belongs to it: the series whose key is the item's key (``"lr=0.1, aux=True"``),
 or whose identity fields (e.g. ``report(step, trial=3, loss=...)``) all equal
 the row's config values.
@@ -29,8 +29,8 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .. import context, ticker
-from ..history_files import series_keys
+from .._core import context, ticker
+from ..state.history_files import series_keys
 from .anywidgets import built_once
 from .static_render import natural_key
 
@@ -156,12 +156,12 @@ def sweep_data(
     Parameters
     ----------
     rows : list of dict
-        Rows of :func:`jupyter_cluster.runs.table`: ``run``, ``key``, ``item``,
+        Rows of :func:`jupyter_cluster.tracking.runs.table`: ``run``, ``key``, ``item``,
         ``name``, ``state``, ``duration``, ``config``, ``final``, ``best``.
     models : iterable of dict
         Metrics models (:meth:`TopicStore.model`) the curves of rows without their own are taken from.
     item_curves : dict, optional
-        ``run -> metric -> item key -> points`` (:func:`jupyter_cluster.runs.merge_curves` per run).
+        ``run -> metric -> item key -> points`` (:func:`jupyter_cluster.tracking.runs.merge_curves` per run).
     topics : dict, optional
         ``topic -> its series keys``, by which each row gets its series' colour
         (:func:`row_series`); default: those of ``models``.
@@ -216,16 +216,16 @@ def _select(records: Iterable[Mapping[str, Any]], notebook: str | None, run: str
 
 
 def current_rows(notebook: str | None = None, run: str | None = None) -> list[dict[str, Any]]:
-    """This kernel's sweep table rows (as :func:`jupyter_cluster.runs` has them), newest run last."""
-    from ..runs import group_runs, kept_jobs, merge_metrics, table
-    from ..telemetry.store import all_stores
+    """This kernel's sweep table rows (as :func:`jupyter_cluster.tracking.runs` has them), newest run last."""
+    from ..telemetry.topic_store import all_stores
+    from ..tracking.runs import group_runs, kept_jobs, merge_metrics, table
 
     chosen = _select(group_runs(kept_jobs()).values(), notebook, run)
     return table(chosen, merge_metrics(all_stores(), [r["run"] for r in chosen]))
 
 
 def _stores(topic: str | None) -> list[Any]:
-    from ..telemetry.store import all_stores
+    from ..telemetry.topic_store import all_stores
 
     return [s for s in all_stores() if topic is None or s.topic == topic]
 
@@ -240,7 +240,7 @@ def _curves(
 ) -> tuple[dict[str, Any], list[Mapping[str, Any]], dict[str, list[str]]]:
     """The rows' own curves per run, the topics' models when some row has none (matched by series),
     and each topic's series keys (the rows' colours)."""
-    from ..runs import merge_curves
+    from ..tracking.runs import merge_curves
 
     stores = _stores(topic)
     own = {run: merge_curves(stores, run) for run in {str(r.get("run")) for r in rows}}
@@ -252,8 +252,8 @@ def _curves(
 
 
 def _version(topic: str | None) -> tuple:
-    from ..runs import kept_jobs
-    from ..telemetry.store import all_stores
+    from ..telemetry.topic_store import all_stores
+    from ..tracking.runs import kept_jobs
 
     jobs = kept_jobs()
     stores = [(s.topic, s.version) for s in all_stores() if topic is None or s.topic == topic]
@@ -399,10 +399,12 @@ def _build_widget_class() -> type:
 
 
 def _rows_from(runs: Any) -> list[dict[str, Any]]:
-    """Rows given by the caller: :func:`jupyter_cluster.runs.table` rows, or a DataFrame of :func:`jupyter_cluster.runs`."""
+    """Rows given by the caller: :func:`jupyter_cluster.tracking.runs.table` rows, or a DataFrame of :func:`jupyter_cluster.tracking.runs`."""
     if isinstance(runs, list):
         if not all(isinstance(r, Mapping) and "run" in r for r in runs):
-            raise TypeError("show_runs(runs=...): a list must hold the row dicts of jupyter_cluster.runs.table().")
+            raise TypeError(
+                "show_runs(runs=...): a list must hold the row dicts of jupyter_cluster.tracking.runs.table()."
+            )
         return [dict(r) for r in runs]
     columns = getattr(runs, "columns", None)
     if columns is None or "run" not in columns:
@@ -445,7 +447,7 @@ def show_runs(
     Parameters
     ----------
     runs : pandas.DataFrame or list of dict, optional
-        What :func:`jupyter_cluster.runs` returned (a fixed table).  Default:
+        What :func:`jupyter_cluster.tracking.runs` returned (a fixed table).  Default:
         this kernel's runs, live.
     topic : str, optional
         The metrics topic the curves come from (default: every topic).
@@ -455,7 +457,7 @@ def show_runs(
     Returns
     -------
     SweepWidget
-        In a kernel with ipywidgets; elsewhere the DataFrame of :func:`jupyter_cluster.runs`.
+        In a kernel with ipywidgets; elsewhere the DataFrame of :func:`jupyter_cluster.tracking.runs`.
 
     Examples
     --------
@@ -466,7 +468,7 @@ def show_runs(
         raise TypeError(f"show_runs(): topic must be a non-empty string, not {topic!r}.")
     rows = _rows_from(runs) if runs is not None else None
     if not (context.in_kernel() and context.widgets_available()):
-        from ..runs import frame
+        from ..tracking.runs import frame
 
         return frame(rows if rows is not None else current_rows(notebook, run))
     return widget_class()(rows, {"notebook": notebook, "run": run}, topic, topic or "runs")

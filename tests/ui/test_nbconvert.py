@@ -3,7 +3,7 @@
 The examples are committed with their outputs; every chart we display
 carries a static copy (an SVG ``<img>``) beside its widget, so a shared
 notebook's HTML export shows the charts with no kernel and no widget state.
-``tests/test_static_outputs.py`` reads the export's text; this test opens it
+``tests/widgets/test_static_outputs.py`` reads the export's text; this test opens it
 in Chromium from disk (``file://``) and looks at what is drawn.
 """
 

@@ -13,7 +13,7 @@ begun (:func:`.forkserver.start_early`) before distributed is imported.
 
 from __future__ import annotations
 
-from ..._lazy import attach as _attach
+from ..._core.lazy import attach as _attach
 
 #: public name -> the module of this package that defines it
 _NAMES = {

@@ -11,7 +11,7 @@ Two variants beyond the plain one:
   loopback uses TLS.  The credentials are saved (mode 0600) beside the
   cluster's registry record so other processes of the same user — another
   kernel's ``%cluster connect NAME``, the Jupyter server's panel — can attach
-  (:func:`jupyter_cluster.credentials.saved_security`).
+  (:func:`jupyter_cluster.state.credentials.saved_security`).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import weakref
 from typing import Any
 
 from ... import config
-from ...credentials import forget_security, new_security, written_identity
-from ...dashboard_socket import dashboard_on_unix_socket, link, parent_server_base_url, remove_dashboard_socket
 from ...engine.cluster import ENGINE_AT_SPAWN
 from ...engine.worker import EnginePlugin
 from ...errors import ClusterError
+from ...state.credentials import forget_security, new_security, written_identity
+from ...state.dashboard_socket import dashboard_on_unix_socket, link, parent_server_base_url, remove_dashboard_socket
 from ...telemetry.hub import FLUSH_AT_SPAWN
-from ...telemetry.report import flush_plugin
+from ...telemetry.producer import flush_plugin
 from .. import Backend, StartedCluster
 from . import dashboard
 from .forkserver import environ_since_forkserver, start_forkserver, use_forkserver

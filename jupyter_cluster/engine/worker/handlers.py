@@ -107,7 +107,7 @@ async def _batch(comm=None, lease=None, secret=None, run=None, items=None, budge
         return answer(Status.GONE)
     if isinstance(result, Status):  # NEED_FN, REFUSED, or WAITING (bounced by _bounce_early: queued here)
         return answer(result)
-    from ...telemetry.report import _producer, current_worker, flush_to_scheduler
+    from ...telemetry.producer import _producer, current_worker, flush_to_scheduler
 
     # The batch's reports reach the scheduler before its result reaches the client.  Looked up only
     # when there are some: finding the worker walks the process's workers (64 in benchmarks/scale_sim.py).

@@ -2,7 +2,7 @@
 
 :func:`run_chunk` loads the function once per worker process (cached by
 token, so a notebook-defined class is rebuilt once, not per item; a
-:class:`~jupyter_cluster.cellfunc.CellFunction` is prepared here into a
+:class:`~jupyter_cluster.cell.function.CellFunction` is prepared here into a
 :class:`PreparedCell`), runs each item in a fresh namespace (a cell's targets
 bound, its last expression kept), captures ``print`` output per item and per
 thread (bounded), times each item, applies ``--retries`` (stopping when
@@ -25,8 +25,8 @@ from typing import Any
 
 import cloudpickle
 
-from ...cellfunc import ITEM_NAME, RESULT_NAME, CellFunction
-from ...run_tags import TAG_NAME, item_state
+from ...cell.function import ITEM_NAME, RESULT_NAME, CellFunction
+from ...telemetry.tags import TAG_NAME, item_state
 from ..protocol import Items
 from . import groups
 from .groups import GroupStopped, _async_raise, _group, run_in_group

@@ -1,8 +1,8 @@
 /**
- * The wire contract: payloads written by the Python builders (jupyter_cluster/models.py,
- * tests/test_models.py -> fixtures/wire.json) against the interfaces of model.ts.
+ * The wire contract: payloads written by the Python builders (jupyter_cluster/wire/models.py,
+ * tests/wire/test_models.py -> fixtures/wire.json) against the interfaces of model.ts.
  *
- * The assignments below are checked by tsc (`jlpm lint`, and tests/test_models.py): a
+ * The assignments below are checked by tsc (`jlpm lint`, and tests/wire/test_models.py): a
  * field renamed on either side leaves a required property missing.  The tests then
  * feed the payloads to the panel's reducers and read them back through the fields.
  */

@@ -14,7 +14,7 @@ export interface IVectorSeries {
   rows: (number | null)[][];
 }
 
-/** The shared metrics data model (mirrors TopicStore.model() in jupyter_cluster/telemetry/store.py). */
+/** The shared metrics data model (mirrors TopicStore.model() in jupyter_cluster/telemetry/topic_store.py). */
 export interface IMetricsModel {
   topic: string;
   /** value name -> series key ("member=3", or "all") -> points */

@@ -2,7 +2,7 @@
  * The sweep table and its comparisons, as plain data (no DOM, no ECharts
  * import, unit-tested with Jest): one row per sweep item or run, with its
  * config and each metric's final and best value (the rows of
- * `jupyter_cluster.runs.table()`, which `jc.runs()` shows as a DataFrame);
+ * `jupyter_cluster.tracking.runs.table()`, which `jc.runs()` shows as a DataFrame);
  * sorting, filtering, grouping by a config key with mean ± spread bands, and
  * the ECharts options of the curves overlay and the parallel-coordinates
  * (config -> metric) view.
@@ -512,7 +512,7 @@ export function parallelOption(
   };
 }
 
-/** A row of `jupyter_cluster.runs.table()` as the server's `GET runs/RUN` and `jc.runs()` have it. */
+/** A row of `jupyter_cluster.tracking.runs.table()` as the server's `GET runs/RUN` and `jc.runs()` have it. */
 export interface ITableRow {
   run: string;
   key?: string | null;

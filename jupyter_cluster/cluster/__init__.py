@@ -1,0 +1,6 @@
+"""This process's clusters: ``session`` starts, connects, holds and stops them; ``control`` asks another owner to stop.
+
+``display`` renders a cluster as HTML and text, ``versions`` compares package
+versions across the cluster.  What every process reads about clusters (the
+registry, credentials) is the lower package :mod:`jupyter_cluster.state`.
+"""
