@@ -303,7 +303,7 @@ def test_a_kernel_that_connects_by_name_is_attached_until_it_detaches_or_dies(tm
     """``%cluster connect NAME`` in a real kernel: an attachment naming the kernel, gone on stop and on kill."""
 
     from ..helpers import kernel_ok, start_jupyter_named_kernel, stop_jupyter_named_kernel
-    from .test_server import start_kernel_like
+    from ..server.test_server import start_kernel_like
 
     owner = start_kernel_like("att-owner")
     km, kc, kernel_id = start_jupyter_named_kernel(tmp_path)
