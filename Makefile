@@ -5,8 +5,11 @@
 #                                    (EXTRAS=examples: torch, gymnasium, pandas, numpy); no test tools
 #   make lab EXTRAS=                 the lean lab environment: jupyter_cluster and JupyterLab only
 #   make lab LAB_ARGS="--port 9999"  options for `jupyter lab` (--allow-root is added when run as root)
-#   make test                        `make lint`, then the test suite, in the development environment $(VENV)
-#                                    (extras test, examples, kubernetes; the browser tests need Chromium)
+#   make test                        `make lint`, then the fast layers of the test suite (unit and real-cluster
+#                                    tests) in the development environment $(VENV) (extras test, examples,
+#                                    kubernetes); the slow, browser and netns tests are skipped (opt-in)
+#   make test-all                    `make lint`, then every test, the slow, browser (Chromium) and netns (root)
+#                                    ones included: what .ci/run runs
 #   make lint                        ruff (lint + format check) on the Python, mypy on the package, import-linter's
 #                                    layer contracts (pyproject.toml [tool.importlinter]), eslint,
 #                                    prettier and tsc on the TypeScript; settings in pyproject.toml, package.json
@@ -45,7 +48,7 @@ JLPM = PATH="$(abspath $(BUILD_VENV))/bin:$$PATH" $(abspath $(BUILD_VENV))/bin/j
 # (which `jupyter labextension develop` now defers to, with a deprecation) links the extension in.
 BUILDER := "jupyter-builder>=1.2,<2"
 
-.PHONY: setup lab lint test as-installed notebooks bench clean
+.PHONY: setup lab lint test test-all as-installed notebooks bench clean
 # Prerequisites are listed in the order they must be made (an environment before the extension its
 # jlpm rebuilds); the lab's and the tests' environments are the two goals' only difference.
 .NOTPARALLEL:
@@ -86,11 +89,16 @@ lint: $(CORE) $(VENV)/.extra-test $(LABEXT)
 	$(PY) -m ruff format --check
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
+	$(PY) .ci/module_sizes.py
 	$(JLPM) lint
 
-# lint first: CI (.ci/run) runs `make as-installed`, then `make test`
+# lint first: CI (.ci/run) runs `make as-installed`, then `make test-all`.  The slowest tests' times are
+# printed at the end (--durations), so a run says where its minutes went.
 test: lint $(CORE) $(call extra_stamps,$(VENV),$(TEST_EXTRAS)) $(LABEXT)
-	$(PY) -m pytest -ra $(PYTEST_ARGS)
+	$(PY) -m pytest -ra --durations=15 $(PYTEST_ARGS)
+
+test-all: lint $(CORE) $(call extra_stamps,$(VENV),$(TEST_EXTRAS)) $(LABEXT)
+	$(PY) -m pytest -ra --durations=25 --run-all $(PYTEST_ARGS)
 
 # The product as users get it: the release builds, installed from the wheel without Node.js, driven
 # through real kernels by nbclient from $(VENV).

@@ -16,6 +16,35 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+#: Markers whose tests run only when asked for (distributed's ``--runslow`` is the model): ``make test`` is
+#: the fast default, ``make test-all`` (and CI) adds ``--run-all``.
+OPT_IN = {
+    "slow": "takes more than ~20 s",
+    "browser": "needs a headless Chromium",
+    "netns": "needs root and network namespaces",
+}
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("jupyter_cluster", "jupyter_cluster's opt-in test layers")
+    group.addoption("--run-all", action="store_true", help="also run the slow, browser and netns tests")
+    for marker, what in OPT_IN.items():
+        group.addoption(f"--run-{marker}", action="store_true", help=f"also run the tests marked {marker} ({what})")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-all"):
+        return
+    skipped = {m for m in OPT_IN if not config.getoption(f"--run-{m}")}
+    for item in items:
+        wanted = skipped.intersection(item.keywords)
+        if wanted:
+            flags = " ".join(f"--run-{m}" for m in sorted(wanted))
+            item.add_marker(
+                pytest.mark.skip(reason=f"opt-in ({', '.join(sorted(wanted))}): {flags} or --run-all (make test-all)")
+            )
+
+
 def pytest_configure(config):
     # A runner that starts the suite in the background of a shell without job control (`make test &`)
     # hands it SIGINT ignored, which every kernel and child inherits; the stop-button tests need Ctrl-C

@@ -37,7 +37,7 @@ def attach(package: str, names: Mapping[str, str]) -> tuple[Callable[[str], Any]
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(module, package), name)
-        # the next read is a plain one; into the module's dict, past a property of its type (jupyter_cluster.tracking.runs)
+        # the next read is a plain one
         vars(sys.modules[package])[name] = value
         return value
 

@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import ClusterError
 from ..state import registry
 from ..state.credentials import saved_security
-from ..telemetry.topics import CONTROL_TOPIC
+from ..telemetry.topic_names import CONTROL_TOPIC
 
 OPS = ("scale", "adapt", "stop")
 

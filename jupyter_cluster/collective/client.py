@@ -835,7 +835,7 @@ def spmd(
     ...     import torch, torch.distributed as dist
     ...     t = torch.tensor([rank + 1.0]); dist.all_reduce(t)
     ...     return t.item()
-    >>> jupyter_cluster.collective.client(total)                       # doctest: +SKIP
+    >>> jupyter_cluster.spmd(total)                       # doctest: +SKIP
     {0: 3.0, 1: 3.0}
     """
     try:

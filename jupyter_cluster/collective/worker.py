@@ -43,7 +43,7 @@ import typing
 from typing import Any
 
 from ..cell.function import RESULT_NAME
-from ..telemetry.topics import SPMD_OUTPUT_TOPIC as OUTPUT_TOPIC
+from ..telemetry.topic_names import SPMD_OUTPUT_TOPIC as OUTPUT_TOPIC
 
 #: error messages that mean "a peer went away", not "this rank's code failed"
 COLLATERAL_MARKERS = (

@@ -38,8 +38,8 @@ from ..state import registry
 from ..state.credentials import saved_security
 from ..state.dashboard_socket import link
 from ..telemetry.hub import Hub, follow
+from ..telemetry.topic_names import CONTROL_TOPIC, JOBS_TOPIC
 from ..telemetry.topic_store import TopicStore
-from ..telemetry.topics import CONTROL_TOPIC, JOBS_TOPIC
 from ..tracking.runs import group_runs, merge_curves, merge_metrics
 from ..tracking.runs import table as run_table
 from ..wire.models import (

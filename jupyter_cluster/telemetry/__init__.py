@@ -1,22 +1,29 @@
 """Telemetry: metrics and job progress from the workers to the notebook and the sidebar.
 
-A reported metric goes ``report()`` (:mod:`.report`: validated, buffered,
-numbered per producer) ─► a Dask event topic (:mod:`.topics`) ─► the scheduler
-─► :func:`.hub.follow` in the kernel (:class:`.hub.Hub`) and in the Jupyter
-server (``server.manager``) ─► a :class:`.store.TopicStore` ─► a chart model.
-Map jobs' progress (:mod:`.progress`) travels the same way on the jobs topic.
-
-The names below are the public face; the submodules ``report`` and ``store``
-are reached as ``jupyter_cluster.telemetry.producer`` / ``.store`` with
-``from ... import`` (the package attributes of those names are the functions).
+A reported metric goes ``report()`` (:mod:`.producer`: validated, tagged with
+its run by :mod:`.tags`, buffered, numbered per producer) ─► a Dask event topic
+(:mod:`.topic_names`) ─► the scheduler ─► :func:`.hub.follow` in the kernel
+(:class:`.hub.Hub`) and in the Jupyter server (``server.manager``) ─► a
+:class:`.topic_store.TopicStore` ─► a chart model.  Map jobs' progress
+(``tracking.progress``) travels the same way on the jobs topic.
 """
 
 from __future__ import annotations
 
-from .hub import Hub, attach, attached, follow, metrics, sync
-from .producer import flush, identity_fields, publish, report, validate
-from .topic_store import TopicStore, records, series_key, store, topics
-from .topics import CONTROL_TOPIC, INDEX_TOPIC, JOBS_TOPIC, PLUGIN_NAME, PREFIX, SPMD_OUTPUT_TOPIC, topic_name
+from .._core.lazy import attach as _attach
+
+#: Public name -> the module that defines it.  Loaded on first use: a worker process imports
+#: telemetry.tags (for the engine) without the hub, the stores and the JSON models.
+_NAMES = {
+    **dict.fromkeys(["Hub", "attach", "attached", "follow", "metrics", "sync"], ".hub"),
+    **dict.fromkeys(["flush", "identity_fields", "publish", "report", "validate"], ".producer"),
+    **dict.fromkeys(["TopicStore", "records", "series_key", "store", "topics"], ".topic_store"),
+    **dict.fromkeys(
+        ["CONTROL_TOPIC", "INDEX_TOPIC", "JOBS_TOPIC", "PLUGIN_NAME", "PREFIX", "SPMD_OUTPUT_TOPIC", "topic_name"],
+        ".topic_names",
+    ),
+}
+__getattr__, __dir__ = _attach(__name__, _NAMES)
 
 __all__ = [
     "CONTROL_TOPIC",

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ClusterError
 from .producer import current_handle, flush_plugin, send_buffered
+from .topic_names import INDEX_TOPIC, PLUGIN_NAME, PREFIX
 from .topic_store import TopicStore, store
-from .topics import INDEX_TOPIC, PLUGIN_NAME, PREFIX
 
 if TYPE_CHECKING:
     from distributed import Client

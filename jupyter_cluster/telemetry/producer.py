@@ -43,8 +43,8 @@ from typing import Any, Protocol
 from distributed import Client, WorkerPlugin
 
 from .tags import tag_record as _tag_record
+from .topic_names import INDEX_TOPIC, PLUGIN_NAME, topic_name
 from .topic_store import metrics_setting
-from .topics import INDEX_TOPIC, PLUGIN_NAME, topic_name
 
 logger = logging.getLogger(__name__)
 
@@ -287,8 +287,18 @@ class _Producer:
     def pending(self) -> bool:
         return bool(self._buffers)
 
+    def forked(self) -> None:
+        """In a forked child: a producer of its own.
+
+        Local workers are forked from a fork server that may have imported this
+        module: a shared ``source`` would make the stores drop one worker's
+        reports as the other's duplicates, and buffered reports would be sent twice.
+        """
+        self.__init__()  # type: ignore[misc]
+
 
 _producer = _Producer()
+os.register_at_fork(after_in_child=_producer.forked)
 
 
 def _flush_interval() -> float:
@@ -456,7 +466,7 @@ def report(
         identity fields that split the topic into series.
     config : dict, optional
         Hyperparameters of the run (or ``%%parallel`` item) this report
-        belongs to, added to its config in :func:`jupyter_cluster.tracking.runs` and
+        belongs to, added to its config in :func:`jupyter_cluster.runs` and
         the panel's sweep table (see :mod:`jupyter_cluster.tracking.runs`); outside
         a sweep item or a ``jc.run()`` block it is not kept.
 

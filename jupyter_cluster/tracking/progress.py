@@ -32,7 +32,7 @@ from .._core import context, ticker
 from ..state.registry import current_kernel_id
 from ..telemetry.hub import attach, attached
 from ..telemetry.producer import current_handle, publish
-from ..telemetry.topics import JOBS_TOPIC
+from ..telemetry.topic_names import JOBS_TOPIC
 from ..wire import static_output
 from ..wire.models import MAX_JOB_FAILURES, JobFailure, JobMessage, job_failure, job_message
 

@@ -412,7 +412,7 @@ class Run:
         keep(msg)
         try:
             from ..telemetry.producer import publish
-            from ..telemetry.topics import JOBS_TOPIC
+            from ..telemetry.topic_names import JOBS_TOPIC
 
             h = _current_handle()
             if h is not None:

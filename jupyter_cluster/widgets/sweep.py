@@ -1,6 +1,6 @@
 """The sweep table in the notebook: one row per sweep item or run, its config and metrics, and its curves.
 
-:func:`show_runs` draws what :func:`jupyter_cluster.tracking.runs` returns as a DataFrame,
+:func:`show_runs` draws what :func:`jupyter_cluster.runs` returns as a DataFrame,
 live: a sortable, filterable table; ticked rows overlaid on one chart; curves
 grouped by a config key as mean ± sd bands; a parallel-coordinates view of
 config -> metric.  The drawing is the ES module ``static/sweep.js``, bundled
@@ -216,7 +216,7 @@ def _select(records: Iterable[Mapping[str, Any]], notebook: str | None, run: str
 
 
 def current_rows(notebook: str | None = None, run: str | None = None) -> list[dict[str, Any]]:
-    """This kernel's sweep table rows (as :func:`jupyter_cluster.tracking.runs` has them), newest run last."""
+    """This kernel's sweep table rows (as :func:`jupyter_cluster.runs` has them), newest run last."""
     from ..telemetry.topic_store import all_stores
     from ..tracking.runs import group_runs, kept_jobs, merge_metrics, table
 
@@ -399,7 +399,7 @@ def _build_widget_class() -> type:
 
 
 def _rows_from(runs: Any) -> list[dict[str, Any]]:
-    """Rows given by the caller: :func:`jupyter_cluster.tracking.runs.table` rows, or a DataFrame of :func:`jupyter_cluster.tracking.runs`."""
+    """Rows given by the caller: :func:`jupyter_cluster.tracking.runs.table` rows, or a DataFrame of :func:`jupyter_cluster.runs`."""
     if isinstance(runs, list):
         if not all(isinstance(r, Mapping) and "run" in r for r in runs):
             raise TypeError(
@@ -447,7 +447,7 @@ def show_runs(
     Parameters
     ----------
     runs : pandas.DataFrame or list of dict, optional
-        What :func:`jupyter_cluster.tracking.runs` returned (a fixed table).  Default:
+        What :func:`jupyter_cluster.runs` returned (a fixed table).  Default:
         this kernel's runs, live.
     topic : str, optional
         The metrics topic the curves come from (default: every topic).
@@ -457,7 +457,7 @@ def show_runs(
     Returns
     -------
     SweepWidget
-        In a kernel with ipywidgets; elsewhere the DataFrame of :func:`jupyter_cluster.tracking.runs`.
+        In a kernel with ipywidgets; elsewhere the DataFrame of :func:`jupyter_cluster.runs`.
 
     Examples
     --------

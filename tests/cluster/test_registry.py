@@ -230,7 +230,7 @@ def test_a_record_written_in_a_kernel_names_that_kernel_and_others_name_none(tmp
     try:
         out: list[str] = []
         code = (
-            "from jupyter_cluster import registry\n"
+            "from jupyter_cluster.state import registry\n"
             "registry.write(registry.ClusterRecord(name='in-kernel', backend='local', address='tcp://127.0.0.1:9'))\n"
             "print('written', registry.current_kernel_id())"
         )

@@ -27,7 +27,7 @@ from jupyter_cluster.errors import ClusterError
 from ..conftest import wait_for
 from ..helpers import ANSI, kernel_execute
 
-spmd_mod = importlib.import_module("jupyter_cluster.collective.client")  # jc.spmd is the function
+spmd_mod = importlib.import_module("jupyter_cluster.collective.client")
 
 
 @pytest.fixture(scope="module")

@@ -189,7 +189,7 @@ def test_stop_button_during_cluster_start_leaves_nothing_running(kernel):
         )
         _execute(
             kc,
-            "from jupyter_cluster import registry, session\n"
+            "from jupyter_cluster.state import registry\nfrom jupyter_cluster.cluster import session\n"
             "import os\n"
             "assert session.handles() == [], session.handles()\n"
             "left = [f for f in os.listdir(registry.registry_dir()) if f.startswith('half-started')]\n"

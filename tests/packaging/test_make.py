@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -97,11 +98,12 @@ def test_as_installed_check_runs_from_ci(tmp_path):
     assert lines[-1].rstrip() == f"{tmp_path}/dev/bin/python .ci/as_installed.py --workdir {tmp_path}/ai", lines
     with open(os.path.join(ROOT, ".ci/run")) as f:
         ci = [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
-    assert ci.index("make as-installed") < ci.index("make test") == len(ci) - 1, ci  # pytest's summary last
+    assert ci.index("make as-installed") < ci.index("make test-all") == len(ci) - 1, ci  # pytest's summary last
 
 
-def test_make_test_runs_the_linters_first(tmp_path):
-    lines = _dry("test", f"VENV={tmp_path}/venv")
+@pytest.mark.parametrize("target", ["test", "test-all"])
+def test_make_test_runs_the_linters_first(tmp_path, target):
+    lines = _dry(target, f"VENV={tmp_path}/venv")
     order = [
         next(i for i, ln in enumerate(lines) if needle in ln)
         for needle in ("-m ruff check", "-m ruff format --check", "-m mypy", "jlpm lint", "-m pytest")
@@ -110,3 +112,45 @@ def test_make_test_runs_the_linters_first(tmp_path):
     with open(os.path.join(ROOT, "pyproject.toml")) as f:
         test_extra = f.read().split("test = [", 1)[1].split("]", 1)[0]
     assert '"ruff' in test_extra and '"mypy' in test_extra  # installed by the project's own files
+
+
+def test_make_test_is_the_fast_layer_and_test_all_everything(tmp_path):
+    (fast,) = [ln for ln in _dry("test", f"VENV={tmp_path}/venv") if "-m pytest" in ln]
+    (full,) = [ln for ln in _dry("test-all", f"VENV={tmp_path}/venv") if "-m pytest" in ln]
+    assert "--run-all" not in fast and "--run-all" in full, (fast, full)
+
+
+def test_opt_in_layers_are_skipped_unless_asked(tmp_path):
+    # a real pytest run over a small test file: the conftest's opt-in layers, not the markers' mere presence
+    (tmp_path / "conftest.py").write_text(open(os.path.join(ROOT, "tests", "conftest.py")).read())
+    (tmp_path / "test_layers.py").write_text(
+        "import pytest\n"
+        "def test_fast(): pass\n"
+        "@pytest.mark.slow\ndef test_slow(): pass\n"
+        "@pytest.mark.browser\ndef test_browser(): pass\n"
+    )
+
+    def run(*flags):
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "no:randomly",
+                *flags,
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        ).stdout
+        return out.strip().splitlines()[-1]
+
+    assert "1 passed, 2 skipped" in run(), run()
+    assert "2 passed, 1 skipped" in run("--run-slow"), run("--run-slow")
+    assert "3 passed" in run("--run-all"), run("--run-all")

@@ -230,7 +230,7 @@ async def test_a_run_published_before_the_server_subscribed_to_a_slow_scheduler_
 
     from jupyter_cluster.server.manager import Connection
     from jupyter_cluster.state import registry
-    from jupyter_cluster.telemetry.topics import JOBS_TOPIC
+    from jupyter_cluster.telemetry.topic_names import JOBS_TOPIC
 
     async with Scheduler(host="127.0.0.1", port=0, dashboard=False) as s:
         async with Client(s.address, asynchronous=True) as kernel:

@@ -328,7 +328,7 @@ SILENT_OWNER_SCRIPT = textwrap.dedent(
     import sys, threading
     from distributed import Client, LocalCluster
     from jupyter_cluster.state import registry
-    from jupyter_cluster.telemetry.topics import CONTROL_TOPIC
+    from jupyter_cluster.telemetry.topic_names import CONTROL_TOPIC
 
     if __name__ == "__main__":
         name = sys.argv[1]

@@ -56,11 +56,13 @@ def test_report_accepts_numpy_scalars_arrays_and_identity_fields():
 
 
 def test_report_in_the_notebook_without_a_cluster_is_kept_locally():
+    import jupyter_cluster as jc  # as a notebook reaches it: the package's report installs the kernel's sink
+
     topic = unique_topic("nb")
     for step in range(3):
-        telemetry.report(step=step, topic=topic, member=1, reward=step * 2.0)
-    telemetry.report(topic=topic, load=[1, 2, 3])
-    df = telemetry.metrics(topic)
+        jc.report(step=step, topic=topic, member=1, reward=step * 2.0)
+    jc.report(topic=topic, load=[1, 2, 3])
+    df = jc.metrics(topic)
     assert list(df.columns[:3]) == ["step", "time", "worker"]
     assert df["reward"].tolist()[:3] == [0.0, 2.0, 4.0]
     assert df["member"].tolist()[:3] == [1, 1, 1]

@@ -346,9 +346,7 @@ def test_jobs_group_into_runs_with_their_counts_state_and_duration():
 def test_the_kernel_keeps_a_bounded_number_of_sweep_items(monkeypatch):
     import importlib
 
-    runs_module = importlib.import_module(
-        "jupyter_cluster.tracking.runs"
-    )  # `jupyter_cluster.tracking.runs` is the function
+    runs_module = importlib.import_module("jupyter_cluster.tracking.runs")
     monkeypatch.setattr(runs_module, "KEEP_ITEMS", 25)
     ids = [f"bound-{i}-{id(monkeypatch)}" for i in range(3)]
     for i, job in enumerate(ids):

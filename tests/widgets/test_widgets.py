@@ -307,7 +307,7 @@ def test_metrics_widget_payload_stays_bounded_for_100_series(chart_class):
 # -- a real kernel ------------------------------------------------------------------------------
 def test_in_a_real_kernel_the_views_are_widgets():
     cells = [
-        "import jupyter_cluster as jc\nfrom jupyter_cluster.telemetry import progress\n%load_ext jupyter_cluster\n"
+        "import jupyter_cluster as jc\nfrom jupyter_cluster.tracking import progress\n%load_ext jupyter_cluster\n"
         "jc.report(step=1, topic='k', member=1, reward=1.0)",
         "jc.show_metrics('k')",
         "%cluster metrics k",
