@@ -213,6 +213,45 @@ def test_every_malformed_memory_limit_is_a_400(api, raw):
     assert message.endswith(".") and message.count(". ") == 0, message  # one sentence
 
 
+#: malformed adapt bodies (issue 37.6: 19 of 31 like these answered 200 and scaled the cluster to zero)
+BAD_ADAPT = [
+    ({"min": 2, "max": 2}, "'max', 'min'"),
+    ({"min": 2}, "'min'"),
+    ({"Minimum": 1, "maximum": 2}, "'Minimum'"),
+    ({"minimum": 1, "maximum": 2, "workers": 3}, "'workers'"),
+    ({"minimum": 1, "maxium": 2}, "'maxium'"),
+    ({"n": 2}, "'n'"),
+    ({}, "give the bounds"),
+    ({"minimum": None, "maximum": None}, "give the bounds"),
+    ({"minimum": "2"}, "minimum must be a whole number"),
+    ({"minimum": 2.0}, "minimum must be a whole number"),
+    ({"minimum": True}, "minimum must be a whole number"),
+    ({"minimum": -1}, "minimum must be a whole number"),
+    ({"minimum": [2]}, "minimum must be a whole number"),
+    ({"maximum": "inf"}, "maximum must be a whole number"),
+    ({"maximum": {"n": 2}}, "maximum must be a whole number"),
+    ({"minimum": 3, "maximum": 1}, "at least minimum"),
+]
+
+
+@pytest.mark.parametrize("body,words", BAD_ADAPT)
+def test_every_malformed_adapt_body_is_a_400_naming_the_field(api, body, words):
+    """Refused before the cluster is looked up (a 404 for 'x' would mean the body was taken)."""
+    r = api("POST", "clusters/x/adapt", json=body)
+    assert r.status_code == 400, (body, r.status_code, r.text)
+    message = r.json()["message"]
+    assert words in message and message.endswith(".") and message.count(". ") == 0, message
+
+
+@pytest.mark.parametrize("method,path", [r for r in ROUTES if r[1] != "events"])
+def test_every_route_refuses_an_unknown_field_and_query_argument(api, method, path):
+    """One check for all routes: a field or query argument a route does not take is a 400 naming it."""
+    r = api(method, path, params={"colour": "red"}, json={"workers": 1} if method == "POST" else None)
+    assert r.status_code == 400 and "unknown query argument 'colour'" in r.json()["message"], (path, r.text)
+    r = api(method, path, json={"colour": "red"})
+    assert r.status_code == 400 and "unknown field 'colour'" in r.json()["message"], (path, r.text)
+
+
 def test_bad_json_body(api):
     r = api("POST", "clusters", data="{not json")
     assert r.status_code == 400 and r.json()["message"] == "the request body is not valid JSON."
