@@ -504,6 +504,41 @@ def test_stop_answers_when_a_refresh_retires_the_cluster_it_waits_to_reach(tmp_p
         asyncio.run(main(f"tcp://127.0.0.1:{mute.getsockname()[1]}"))
 
 
+def test_a_listed_cluster_not_yet_reached_has_the_lists_view_in_its_detail(api):
+    """``GET clusters/NAME`` answered 400 "does not answer right now" while the list showed the cluster (issue 37.7).
+
+    The scheduler is a socket that accepts and never answers: the server lists the record
+    but its connection is never made.  The detail gives the record's view with the list's status.
+    """
+    import socket
+
+    from jupyter_cluster.state import registry
+
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        address = f"tcp://127.0.0.1:{mute.getsockname()[1]}"
+        registry.write(
+            registry.ClusterRecord(name="mute-detail", backend="local", address=address, owner_kind="process")
+        )
+        try:
+
+            def listed() -> dict:
+                return {c["name"]: c for c in api.ok("GET", "clusters")["clusters"]}.get("mute-detail") or {}
+
+            wait_for(lambda: listed(), 30, interval=0.1, message="the record listed")
+            for _ in range(3):
+                row = listed()
+                detail = api.ok("GET", "clusters/mute-detail")
+                assert detail["status"] == row["status"] in ("connecting", "unreachable"), (row, detail)
+                assert detail["workers"] == [] and detail["address"] == address and detail["name"] == "mute-detail"
+                assert detail["n_workers"] == row["n_workers"]
+                time.sleep(0.2)
+        finally:
+            registry.remove("mute-detail")
+    wait_for(lambda: "mute-detail" not in api.names(), 30, message="the record gone from the list")
+
+
 READ_ONLY_CONFIG = textwrap.dedent(
     """
     from jupyter_server.auth.authorizer import Authorizer
