@@ -178,6 +178,13 @@ FILTERS = req.Fields(
 )
 
 
+#: the events socket's messages from the panel: the fields each takes (their values are checked where read)
+SOCKET_MESSAGES = {
+    "watch": req.Fields("a watch message", {"type": str, "cluster": lambda v: v, "topics": lambda v: v}),
+    "interval": req.Fields("an interval message", {"type": str, "ms": lambda v: v}),
+}
+
+
 def _kernel(value: Any) -> str:
     kernel = kernel_id_or_none(value)
     if kernel is None:
@@ -372,6 +379,8 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
         try:
             msg = json.loads(message)
             kind = msg["type"]
+            if kind in SOCKET_MESSAGES:  # a field the message does not take is refused, as on every route
+                SOCKET_MESSAGES[kind].check(msg)
             if kind == "watch":
                 cluster = msg.get("cluster")
                 self.cluster = validate_name(cluster) if cluster else None

@@ -282,6 +282,15 @@ def test_deeply_nested_json_is_a_400_not_a_500(api, server):
         else:
             pytest.fail("no error message for a deeply nested websocket message")
         ws.send(json.dumps({"type": "interval", "ms": 500}))  # the socket still works
+        ws.send(json.dumps({"type": "watch", "cluster": None, "topix": ["t"]}))  # a misspelt field: named
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            msg = json.loads(ws.recv())
+            if msg["type"] == "error":
+                assert "unknown field 'topix'" in msg["message"], msg
+                break
+        else:
+            pytest.fail("no error message for a watch message with an unknown field")
     finally:
         ws.close()
 
