@@ -176,7 +176,11 @@ def test_stop_button_during_start_then_kernel_killed_leave_no_process_on_the_hos
         start.join(120)
         assert not start.is_alive()
         status, out = replies["r"]
-        assert status == "error" and "KeyboardInterrupt" in out, out
+        if status == "ok":  # a very slow machine: the start ended before the interrupt came; then it is listed
+            assert "ssh-int" in kernel_ok(kc, "%cluster list")
+            kernel_ok(kc, "%cluster stop ssh-int", timeout=120)
+        else:
+            assert "KeyboardInterrupt" in out, out
         t0 = time.monotonic()
         wait_for(
             lambda: _hosts_clean(hosts),
