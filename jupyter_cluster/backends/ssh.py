@@ -435,6 +435,7 @@ class SSHBackend(Backend):
                 forget_security(cred_name, identity)
 
         lines = _RemoteLines()
+        before = _spec_clusters()
         try:
             with lines:
                 cluster = SSHCluster(
@@ -446,6 +447,10 @@ class SSHBackend(Backend):
                     security=security,
                 )
         except BaseException as exc:
+            if not isinstance(exc, Exception):  # the stop button (KeyboardInterrupt): the start goes on without it
+                for cut_short in _spec_clusters():
+                    if cut_short not in before and _scheduler_host(cut_short) == scheduler_host:
+                        end_cut_short_start(cut_short)
             forget()
             cause = _unwrap(exc)
             if isinstance(cause, (ClusterError, TypeError)) or not isinstance(cause, Exception):
@@ -469,6 +474,57 @@ class SSHBackend(Backend):
             cleanup=cleanup,
             extra={"hosts": unique_hosts, "scheduler_host": scheduler_host},
         )
+
+
+def _spec_clusters() -> list[Any]:
+    """Every Dask ``SpecCluster`` of this process now (an SSH cluster is one, from the moment it is made)."""
+    from distributed.deploy.spec import SpecCluster
+
+    return list(SpecCluster._instances)
+
+
+def _scheduler_host(cluster: Any) -> Any:
+    spec = getattr(cluster, "scheduler_spec", None) or {}
+    return (spec.get("options") or {}).get("address")
+
+
+def end_cut_short_start(cluster: Any, timeout: float = 20.0) -> None:
+    """End what an interrupted SSH cluster start left running: its SSH sessions and its event loop.
+
+    The stop button raises ``KeyboardInterrupt`` in the kernel while Dask's
+    ``SSHCluster`` waits for its start on the cluster's own event loop thread;
+    Dask then cancels the start, but nothing closes the SSH sessions it had
+    opened, and the cluster object never reaches the caller: the remote
+    scheduler and workers ran on until the kernel exited, listed nowhere
+    (issue 37.4).  Their sessions are closed here; the remote processes end
+    with them (:func:`dask_setup`).
+    """
+    from distributed.core import Status
+
+    async def end_sessions() -> None:
+        await asyncio.sleep(0)  # after the start's cancellation, which Dask queued first on this loop
+        processes = [getattr(cluster, "scheduler", None), *getattr(cluster, "workers", {}).values()]
+        processes += list(getattr(cluster, "_created", ()))
+        connections = [c for c in (getattr(p, "connection", None) for p in processes) if c is not None]
+        for connection in connections:
+            connection.close()
+        for connection in connections:
+            try:
+                await asyncio.wait_for(connection.wait_closed(), 5)
+            except Exception:  # closed or broken: its processes end all the same
+                pass
+
+    try:
+        if cluster.loop is not None and cluster.loop.asyncio_loop.is_running():
+            cluster.sync(end_sessions, callback_timeout=timeout)
+    except Exception:  # the loop is gone: so are the sessions it held
+        pass
+    finally:
+        cluster.status = Status.closed  # nothing left to close at exit (Dask's atexit closes live ones)
+        try:
+            cluster._loop_runner.stop()
+        except Exception:
+            pass
 
 
 #: how often new remote processes are looked for, to read their output (seconds)

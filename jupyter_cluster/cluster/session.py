@@ -455,8 +455,14 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
         _discard(started)
         raise
     handle = ClusterHandle(name, backend, started, client)
-    for plugin in started.worker_plugins:
-        client.register_plugin(plugin)
+    try:
+        for plugin in started.worker_plugins:
+            client.register_plugin(plugin)
+    except BaseException:  # the stop button too: a cluster that is listed nowhere would run until the kernel exits
+        handle.closed = True
+        client.close()
+        _discard(started)
+        raise
     if wait and started.cluster is not None and options.get("workers", 1) != 0:
         try:
             handle.wait_for_workers(1, timeout=max(config.timeout_seconds("connect-timeout"), 60))

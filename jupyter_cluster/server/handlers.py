@@ -46,9 +46,10 @@ from jupyter_server.utils import url_path_join
 from .. import config
 from ..backends import available
 from ..errors import ClusterError
-from ..wire.models import kernel_id_or_none, validate_size
+from ..wire import requests as req
+from ..wire.models import kernel_id_or_none
 from . import dashboard
-from .manager import ClusterManager, NotFound, validate_count, validate_name
+from .manager import ClusterManager, NotFound, validate_name
 from .workers import WorkerFeed
 
 API = "jupyter-cluster/api"
@@ -72,6 +73,8 @@ class BaseHandler(APIHandler):
     """JSON in, JSON out, one-sentence errors."""
 
     auth_resource = AUTH_RESOURCE
+    #: the query arguments :meth:`fields` checked
+    checked_args: dict[str, Any]
 
     @property
     def manager(self) -> ClusterManager:
@@ -87,6 +90,7 @@ class BaseHandler(APIHandler):
         raise Refusal(status, message)
 
     def body(self) -> dict[str, Any]:
+        """The request's JSON object (``{}`` when it has no body)."""
         if not self.request.body:
             return {}
         try:
@@ -96,6 +100,25 @@ class BaseHandler(APIHandler):
         if not isinstance(data, dict):
             self.fail(400, "the request body must be a JSON object.")
         return data
+
+    def fields(self, takes: req.Fields, args: req.Fields = req.NOTHING) -> dict[str, Any]:
+        """The body's fields as ``takes`` checks them; a field it does not take, or of the wrong type, is a 400.
+
+        The query arguments are checked first, as ``args`` (none by default); :attr:`checked_args` holds them.
+        """
+        self.checked_args = self.query(args)
+        try:
+            return takes.check(self.body())
+        except ClusterError as exc:
+            self.fail(400, str(exc))
+
+    def query(self, takes: req.Fields) -> dict[str, Any]:
+        """The query arguments as ``takes`` checks them (Jupyter's ``token`` and ``_xsrf`` aside); others are a 400."""
+        args = {k: self.get_query_argument(k) for k in self.request.query_arguments if k not in req.JUPYTER_ARGUMENTS}
+        try:
+            return takes.check(args, kind="query argument")
+        except ClusterError as exc:
+            self.fail(400, str(exc))
 
     def name_arg(self, name: str) -> str:
         name = unquote(name)
@@ -126,45 +149,67 @@ class BaseHandler(APIHandler):
         self.finish(json.dumps(data))
 
 
-def _optional_count(data: dict[str, Any], key: str, what: str, minimum: int = 0) -> int | None:
-    value = data.get(key)
-    return None if value is None else validate_count(value, what, minimum)
+#: what each route takes (a route not named here takes nothing: ``req.NOTHING``)
+NEW_CLUSTER = req.Fields(
+    "a new cluster",
+    {
+        "name": lambda v: None if v == "" else req.name(v),
+        "workers": req.count("workers"),
+        "threads": req.count("threads", minimum=1),
+        "memory_limit": req.size("memory_limit"),
+        "backend": lambda v: None if v == "" else req.text("backend", 100)(v),
+    },
+)
+SCALE = req.Fields(
+    "scale",
+    {"workers": req.count("workers")},
+    required=("workers",),
+    hint='give the number of workers as {"workers": N}',
+)
+ADAPT = req.Fields(
+    "adapt",
+    {"minimum": req.count("minimum"), "maximum": req.count("maximum")},
+    one_of=True,
+    hint='give the bounds as {"minimum": A, "maximum": B} (either may be left out)',
+)
+FILTERS = req.Fields(
+    "this list",
+    {"cluster": req.name, "notebook": req.text("notebook"), "kernel": lambda v: _kernel(v)},
+)
+
+
+#: the events socket's messages from the panel: the fields each takes (their values are checked where read)
+SOCKET_MESSAGES = {
+    "watch": req.Fields("a watch message", {"type": str, "cluster": lambda v: v, "topics": lambda v: v}),
+    "interval": req.Fields("an interval message", {"type": str, "ms": lambda v: v}),
+}
+
+
+def _kernel(value: Any) -> str:
+    kernel = kernel_id_or_none(value)
+    if kernel is None:
+        raise ClusterError(f"kernel must be a kernel id, not {str(value)[:40]!r}.")
+    return kernel
 
 
 class ClustersHandler(BaseHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
+        self.fields(req.NOTHING)
         self.reply({"clusters": self.manager.clusters()})
 
     @tornado.web.authenticated
     @authorized
     async def post(self) -> None:
-        data = self.body()
-        unknown = sorted(set(data) - {"name", "workers", "threads", "memory_limit", "backend"})
-        if unknown:
-            self.fail(
-                400,
-                f"unknown field(s) {', '.join(unknown)}; a new cluster takes name, workers, threads, memory_limit and backend.",
-            )
-        try:
-            workers = _optional_count(data, "workers", "workers")
-            threads = _optional_count(data, "threads", "threads", minimum=1)
-            name = validate_name(data["name"]) if data.get("name") not in (None, "") else None
-        except ClusterError as exc:
-            self.fail(400, str(exc))
-        memory_limit = data.get("memory_limit")
-        try:
-            if memory_limit is not None:
-                validate_size(memory_limit, "memory_limit")
-        except ClusterError as exc:
-            self.fail(400, str(exc))
-        backend = data.get("backend") or None
-        if backend is not None and not isinstance(backend, str):
-            self.fail(400, "backend must be the name of a backend.")
+        data = self.fields(NEW_CLUSTER)
         summary = await self.run(
             self.manager.start_cluster(
-                name=name, workers=workers, threads=threads, memory_limit=memory_limit, backend=backend
+                name=data.get("name"),
+                workers=data.get("workers"),
+                threads=data.get("threads"),
+                memory_limit=data.get("memory_limit"),
+                backend=data.get("backend") or None,
             )
         )
         self.reply({"cluster": summary}, status=201)
@@ -174,11 +219,13 @@ class ClusterHandler(BaseHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self, name: str) -> None:
+        self.fields(req.NOTHING)
         self.reply(await self.run(self.manager.cluster(self.name_arg(name))))
 
     @tornado.web.authenticated
     @authorized
     async def delete(self, name: str) -> None:
+        self.fields(req.Fields("stopping a cluster"))
         name = self.name_arg(name)
         await self.run(self.manager.stop(name))
         self.reply({"stopped": name})
@@ -189,9 +236,7 @@ class ScaleHandler(BaseHandler):
     @authorized
     async def post(self, name: str) -> None:
         name = self.name_arg(name)
-        data = self.body()
-        if "workers" not in data:
-            self.fail(400, 'give the number of workers as {"workers": N}.')
+        data = self.fields(SCALE)
         await self.run(self.manager.scale(name, data["workers"]))
         self.reply({"cluster": name, "workers": data["workers"]})
 
@@ -201,9 +246,8 @@ class AdaptHandler(BaseHandler):
     @authorized
     async def post(self, name: str) -> None:
         name = self.name_arg(name)
-        data = self.body()
-        minimum = data.get("minimum", 0)
-        maximum = data.get("maximum")
+        data = self.fields(ADAPT)
+        minimum, maximum = data.get("minimum", 0), data.get("maximum")
         await self.run(self.manager.adapt(name, minimum, maximum))
         self.reply({"cluster": name, "minimum": minimum, "maximum": maximum})
 
@@ -212,6 +256,7 @@ class TopicsHandler(BaseHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self, name: str) -> None:
+        self.fields(req.NOTHING)
         name = self.name_arg(name)
         self.reply({"cluster": name, "topics": self.read(self.manager.topics, name)})
 
@@ -220,6 +265,7 @@ class MetricsHandler(BaseHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self, name: str, topic: str) -> None:
+        self.fields(req.NOTHING)
         name = self.name_arg(name)
         self.reply(self.read(self.manager.metrics, name, unquote(topic)))
 
@@ -233,15 +279,10 @@ class JobsHandler(BaseHandler):
 
 
 def _run_filters(handler: BaseHandler) -> tuple[str | None, str | None, str | None]:
-    """The ``cluster``, ``notebook`` and ``kernel`` query arguments, checked (a bad one is a 400)."""
-    cluster = handler.get_query_argument("cluster", None)
-    notebook = handler.get_query_argument("notebook", None)
-    kernel = handler.get_query_argument("kernel", None)
-    if notebook is not None and (not notebook or len(notebook) > 1000):
-        handler.fail(400, "notebook must be the notebook's path (1 to 1000 characters).")
-    if kernel is not None and kernel_id_or_none(kernel) is None:
-        handler.fail(400, f"kernel must be a kernel id, not {kernel[:40]!r}.")
-    return (handler.name_arg(cluster) if cluster else None), notebook, kernel
+    """The ``cluster``, ``notebook`` and ``kernel`` query arguments, checked (a bad or unknown one is a 400)."""
+    handler.fields(req.NOTHING, args=FILTERS)
+    args = handler.checked_args
+    return args.get("cluster"), args.get("notebook"), args.get("kernel")
 
 
 class RunsHandler(BaseHandler):
@@ -256,6 +297,7 @@ class RunHandler(BaseHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self, run: str) -> None:
+        self.fields(req.NOTHING)
         self.reply(self.read(self.manager.run, run))
 
 
@@ -263,6 +305,7 @@ class RunCurvesHandler(BaseHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self, run: str) -> None:
+        self.fields(req.NOTHING)
         self.reply(self.read(self.manager.run_curves, run))
 
 
@@ -270,6 +313,7 @@ class ConfigHandler(BaseHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
+        self.fields(req.NOTHING)
         self.reply(
             {
                 "backend": config.get("backend"),
@@ -335,6 +379,8 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
         try:
             msg = json.loads(message)
             kind = msg["type"]
+            if kind in SOCKET_MESSAGES:  # a field the message does not take is refused, as on every route
+                SOCKET_MESSAGES[kind].check(msg)
             if kind == "watch":
                 cluster = msg.get("cluster")
                 self.cluster = validate_name(cluster) if cluster else None

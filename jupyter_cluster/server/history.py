@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
@@ -372,8 +373,12 @@ class HistoryFolder:
         self.owner_bytes = (
             owner_bytes if owner_bytes is not None else _history_setting("history-owner-bytes", HISTORY_OWNER_BYTES)
         )
-        #: key -> owner of the files read or written by this process (others count as "?")
+        #: key -> owner of the files read (and accepted) or written by this process: those the budgets may delete
         self._owners: dict[str, str] = {}
+        #: path -> (inode, size, mtime) of each file refused: kept to look at, never counted or deleted
+        self._refused: dict[str, tuple[int, int, int]] = {}
+        #: what a file is checked with before it counts (``read_all`` sets the caller's)
+        self._check: Callable[[Any], Any] = _any_json
 
     def _path(self, key: str) -> str:
         return os.path.join(self.folder, f"{key}.json")
@@ -406,8 +411,8 @@ class HistoryFolder:
         except (OSError, ClusterError) as exc:
             logger.warning("jupyter-cluster: could not keep the history of %s: %s", key, exc)
             return [key]
-        if owner is not None:
-            self._owners[key] = owner
+        self._owners[key] = owner if owner is not None else "?"
+        self._refused.pop(self._path(key), None)
         return self._trim()
 
     def read_all(self, check: Callable[[Any], T]) -> list[T]:
@@ -418,45 +423,80 @@ class HistoryFolder:
         :func:`jupyter_cluster.tracking.runs.kept_runs` reads them: another's file, a
         link, or one that others could have written is not taken for the
         user's history.  A file refused, not JSON, or that ``check`` refuses
-        (:class:`BadFile`) is skipped with one warning naming it.
+        (:class:`BadFile`) is skipped with one warning naming it, and is never
+        counted against the budgets nor deleted by them (it is kept to look
+        at); a link, FIFO or folder named ``*.json`` is not opened at all.
+        ``check`` is also what later trims read a file written meanwhile by another server with.
         """
+        self._check = check
         out: list[T] = []
+        others: list[str] = []
+        files = history_files(self.folder, others)
+        for path in others:
+            logger.warning("jupyter-cluster: %s is not a regular file; the history folder leaves it alone", path)
         # newest first, so that damaged files do not take the places of the ``keep`` good ones
-        for path in reversed(self._files()):
+        for path in reversed(files):
             if self.keep is not None and len(out) == self.keep:
                 break
-            try:
-                data = read_json(path, self.max_bytes, private=True)
-                out.append(check(data))
-            except (OSError, ValueError, RecursionError) as exc:  # BadFile, JSONDecodeError, UnicodeError
-                logger.warning("jupyter-cluster: skipping the unreadable history file %s: %s", path, exc)
-                continue
-            if isinstance(data, dict) and isinstance(data.get("owner"), str):
-                self._owners[os.path.basename(path)[: -len(".json")]] = data["owner"]
+            data = self._read(path, check)
+            if data is not None:
+                out.append(data)
         return out[::-1]
+
+    def _read(self, path: str, check: Callable[[Any], T]) -> T | None:
+        """``check`` of the file's JSON, learning its owner; None (one warning, remembered) when refused."""
+        key = os.path.basename(path)[: -len(".json")]
+        try:
+            data = read_json(path, self.max_bytes, private=True)
+            checked = check(data)
+        except (OSError, ValueError, RecursionError) as exc:  # BadFile, JSONDecodeError, UnicodeError
+            logger.warning("jupyter-cluster: skipping the unreadable history file %s: %s", path, exc)
+            self._owners.pop(key, None)
+            self._refused[path] = _signature(path)
+            return None
+        owner = data.get("owner") if isinstance(data, dict) else None
+        self._owners[key] = owner if isinstance(owner, str) else "?"
+        self._refused.pop(path, None)
+        return checked
 
     def _files(self) -> list[str]:
         return history_files(self.folder)
 
-    def usage(self) -> dict[str, int]:
-        """Bytes on disk per owner."""
-        out: dict[str, int] = {}
+    def _deletable(self) -> list[tuple[str, str, int]]:
+        """(path, owner, size) of the files the budgets may delete, oldest first.
+
+        Those this process wrote or read and accepted; a file another process
+        wrote meanwhile is read now (once).  Files refused (another user's, open
+        to others, too large, damaged) are neither counted nor deleted.
+        """
+        out = []
         for path in self._files():
-            owner = self._owners.get(os.path.basename(path)[: -len(".json")], "?")
-            out[owner] = out.get(owner, 0) + _size(path)
+            key = os.path.basename(path)[: -len(".json")]
+            if key not in self._owners:
+                if path in self._refused and self._refused[path] == _signature(path):
+                    continue  # refused before and unchanged: not read again at every trim
+                if self._read(path, self._check) is None:
+                    continue
+            out.append((path, self._owners[key], _size(path)))
+        return out
+
+    def usage(self) -> dict[str, int]:
+        """Bytes on disk per owner, of the files the budgets count (see :meth:`_deletable`)."""
+        out: dict[str, int] = {}
+        for _, owner, size in self._deletable():
+            out[owner] = out.get(owner, 0) + size
         return out
 
     def _trim(self) -> list[str]:
-        files = self._files()  # oldest first
+        files = self._deletable()  # oldest first
         removed: list[str] = []
         if self.keep is not None:
-            for path in files[: max(0, len(files) - self.keep)]:
+            for path, _, _ in files[: max(0, len(files) - self.keep)]:
                 removed.append(self._remove(path))
             files = files[max(0, len(files) - self.keep) :]
         by_owner: dict[str, list[tuple[str, int]]] = {}
-        for path in files:
-            owner = self._owners.get(os.path.basename(path)[: -len(".json")], "?")
-            by_owner.setdefault(owner, []).append((path, _size(path)))
+        for path, owner, size in files:
+            by_owner.setdefault(owner, []).append((path, size))
         used = {o: sum(size for _, size in fs) for o, fs in by_owner.items()}
         for owner, fs in by_owner.items():  # each owner within its share (its newest file always stays)
             while used[owner] > self.owner_bytes and len(fs) > 1:
@@ -475,7 +515,9 @@ class HistoryFolder:
     def _remove(self, path: str) -> str:
         key = os.path.basename(path)[: -len(".json")]
         try:
-            os.remove(path)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():  # not what was swapped in meanwhile
+                os.remove(path)
         except OSError:
             pass
         self._owners.pop(key, None)
@@ -491,6 +533,19 @@ class HistoryFolder:
         except FileNotFoundError:
             pass
         self._owners.pop(key, None)
+
+
+def _any_json(data: Any) -> Any:
+    return data
+
+
+def _signature(path: str) -> tuple[int, int, int]:
+    """What tells a file changed since it was refused (a damaged file is not read again at every trim)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return (0, 0, 0)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 # -- what is kept of a running cluster -----------------------------------------------

@@ -372,9 +372,22 @@ class Connection:
         return self.adaptive
 
     async def model(self) -> ClusterDetail:
-        """Details and workers with the summary's fields (:func:`.models.cluster_detail`)."""
+        """Details and workers with the summary's fields (:func:`.models.cluster_detail`).
+
+        While the server is not connected (connecting, or the scheduler does
+        not answer), the record's view as the list shows it: its status, the
+        totals last seen, no worker rows (a 400 there once followed the list's
+        entry for half a second).
+        """
         if self.client is None:
-            raise ClusterError(f"the scheduler of {self.name!r} at {self.record.address} does not answer right now.")
+            r = self.record
+            summary = self.summary()
+            detail = cluster_detail(
+                cluster_model(r.name, r.backend, r.address, self.dashboard_link, not r.attached, {}), summary
+            )
+            for key in ("n_workers", "cores", "memory_limit"):  # the list's totals, not the empty table's
+                detail[key] = summary[key]
+            return detail
         scheduler = self.client.scheduler
         assert scheduler is not None  # set when the client connected
         info = await asyncio.wait_for(scheduler.identity(n_workers=-1), 10)

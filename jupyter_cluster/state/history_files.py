@@ -28,17 +28,33 @@ def history_dir() -> str:
     return os.path.join(jupyter_runtime_dir(), FOLDER_NAME)
 
 
-def history_files(folder: str) -> list[str]:
-    """The paths of the folder's ``*.json`` files, oldest (by modification time) first; none if unreadable."""
+def history_files(folder: str, others: list[str] | None = None) -> list[str]:
+    """The paths of the folder's regular ``*.json`` files, oldest (by modification time) first; none if unreadable.
+
+    Looked at without following links and without opening anything: a link, a
+    FIFO (whose open would wait for a writer, forever) or a folder named
+    ``*.json`` is not a history file; their paths are added to ``others`` when given.
+    """
     try:
         names = [n for n in os.listdir(folder) if n.endswith(".json")]
     except OSError:
         return []
-    return sorted((os.path.join(folder, n) for n in names), key=mtime)
+    found: list[tuple[float, str]] = []
+    for n in names:
+        path = os.path.join(folder, n)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue  # gone meanwhile
+        if stat.S_ISREG(st.st_mode):
+            found.append((st.st_mtime, path))
+        elif others is not None:
+            others.append(path)
+    return [path for _, path in sorted(found)]
 
 
 def read_json(path: str, max_bytes: int | None = None, private: bool = False) -> Any:
-    """The JSON a file holds.
+    """The JSON a regular file holds.
 
     Parameters
     ----------
@@ -54,15 +70,19 @@ def read_json(path: str, max_bytes: int | None = None, private: bool = False) ->
     Raises
     ------
     OSError
-        When it cannot be read, or is refused (``PermissionError``).
+        When it cannot be read, or is refused (``PermissionError``): never a
+        FIFO or device, which is opened without waiting and refused.
     ValueError
         When it is not JSON (nor UTF-8), or is too large.
     """
-    flags = os.O_RDONLY | (getattr(os, "O_NOFOLLOW", 0) if private else 0)
+    # O_NONBLOCK: a FIFO put in place of the file opens at once (and is refused) instead of waiting for a writer
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (getattr(os, "O_NOFOLLOW", 0) if private else 0)
     fd = os.open(path, flags)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
-        if private and (not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077):
+        if not stat.S_ISREG(st.st_mode):
+            raise PermissionError(f"{path} is not a regular file")
+        if private and (st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077):
             raise PermissionError(f"{path} is not a regular file of this user with mode 0600")
         if max_bytes is not None and st.st_size > max_bytes:
             raise ValueError(f"{path} is larger than {max_bytes} bytes")

@@ -41,8 +41,68 @@ def _can_run_slurm() -> str | None:
     return None
 
 
+DECOY_CONF = """\
+ClusterName=decoy
+SlurmctldHost=localhost(127.0.0.1)
+SlurmUser=root
+AuthType=auth/none
+CredType=cred/none
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmctldLogFile={dir}/slurmctld.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+NodeName=vm NodeAddr=127.0.0.1 CPUs=1 State=FUTURE
+PartitionName=other Nodes=vm Default=YES State=UP
+"""
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds: a closed one's TIME_WAIT is free
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
 @pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
+def decoy_slurm(tmp_path_factory):
+    """Another SLURM's controller on the default port 6817, as on a machine that runs one (issue 37.8).
+
+    Started before the test SLURM, for the whole session, so that every test's SLURM commands
+    would reach it were they not pinned to the test SLURM's own conf and ports.  Yields its
+    conf's path, or None where 6817 is taken already (by a real SLURM: the same test).
+    """
+    if _can_run_slurm() or shutil.which("slurmctld") is None or not _port_free(6817):
+        yield None
+        return
+    folder = tmp_path_factory.mktemp("decoy-slurm")
+    (folder / "state").mkdir()
+    conf = folder / "slurm.conf"
+    conf.write_text(DECOY_CONF.format(dir=folder))
+    proc = subprocess.Popen(
+        ["slurmctld", "-D", "-i", "-f", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for(lambda: not _port_free(6817) or proc.poll() is not None, 30, message="the decoy slurmctld")
+        yield str(conf) if proc.poll() is None else None
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(15)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory, decoy_slurm):
     """A running SLURM of NODES nodes; yields its folder.  Stops every daemon and namespace at the end."""
     why = _can_run_slurm()
     if why:
@@ -136,6 +196,22 @@ def restart_node(folder, i: int) -> None:
         timeout=60,
     )
     subprocess.run(["scontrol", "update", f"nodename=node{i}", "state=resume"], capture_output=True, timeout=30)
+
+
+def test_the_test_slurm_has_its_own_ports_and_another_slurm_cannot_answer_its_commands(slurm, decoy_slurm):
+    """A SLURM already on the default port answered the tests' sbatch in CI (issue 37.8)."""
+    names = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30, check=True)
+    assert sorted(names.stdout.split()) == ["debug*", "short"], names.stdout
+    assert os.environ["SLURM_CONF"] == str(slurm / "slurm.conf")  # every command of the tests and their kernels
+    conf = (slurm / "slurm.conf").read_text()
+    ports = dict(re.findall(r"^(SlurmctldPort|SlurmdPort)=(\d+)$", conf, re.M))
+    assert set(ports) == {"SlurmctldPort", "SlurmdPort"} and "6817" not in ports.values(), conf
+    if decoy_slurm is not None:  # the other SLURM runs, and answers its own conf's commands
+        env = dict(os.environ, SLURM_CONF=decoy_slurm)
+        other = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30, env=env)
+        assert other.stdout.split() == ["other*"], (other.stdout, other.stderr)
+    elif _port_free(6817):
+        pytest.fail("the decoy SLURM controller did not start on port 6817")
 
 
 def test_parallel_pool_report_and_attach_in_real_kernels(slurm, tmp_path):

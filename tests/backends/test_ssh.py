@@ -147,14 +147,51 @@ def test_map_survives_losing_a_worker_host(hosts, tmp_path):
     wait_for(lambda: _hosts_clean(hosts), CLEAN_WITHIN, message="every SSH-started process to leave the hosts")
 
 
-def test_kernel_killed_leaves_no_process_on_the_hosts(hosts, tmp_path):
+def test_stop_button_during_start_then_kernel_killed_leave_no_process_on_the_hosts(hosts, tmp_path):
+    """The stop button while ``%cluster start`` starts the remote processes left them running, listed
+    nowhere, until the kernel exited (issue 37.4); ``kill -9`` of the kernel must leave nothing either."""
+    from tests.helpers import kernel_execute
+
     km, kc, _ = start_jupyter_named_kernel(tmp_path)
     try:
         settings = hosts.dask_config()
+        kernel_ok(kc, f"import dask; dask.config.set({settings!r})\n%load_ext jupyter_cluster")
+        replies: dict = {}
+        start = threading.Thread(
+            target=lambda: replies.update(
+                r=kernel_execute(
+                    kc,
+                    f"%cluster start --backend ssh --hosts {hosts.addresses[0]},{hosts.addresses[1]} "
+                    "--name ssh-int --no-tls",
+                    timeout=180,
+                )
+            )
+        )
+        start.start()
+        # the stop button once the scheduler's process runs on its host, while the workers start
+        wait_for(
+            lambda: any("dask_spec" in c for c in hosts.commands(0)), 120, interval=0.05, message="the remote scheduler"
+        )
+        km.interrupt_kernel()
+        start.join(120)
+        assert not start.is_alive()
+        status, out = replies["r"]
+        if status == "ok":  # a very slow machine: the start ended before the interrupt came; then it is listed
+            assert "ssh-int" in kernel_ok(kc, "%cluster list")
+            kernel_ok(kc, "%cluster stop ssh-int", timeout=120)
+        else:
+            assert "KeyboardInterrupt" in out, out
+        t0 = time.monotonic()
+        wait_for(
+            lambda: _hosts_clean(hosts),
+            CLEAN_WITHIN,
+            message=f"the hosts to drop an interrupted start's processes: {hosts.commands(0)} {hosts.commands(1)}",
+        )
+        print(f"interrupted start: hosts clean {time.monotonic() - t0:.1f} s after the interrupt")
+        listed = kernel_ok(kc, "%cluster list")
+        assert "ssh-int" not in listed, listed
         kernel_ok(
             kc,
-            f"import dask; dask.config.set({settings!r})\n"
-            "%load_ext jupyter_cluster\n"
             # without TLS here: the plain-TCP path is covered too
             f"%cluster start --backend ssh --hosts {hosts.addresses[0]},{hosts.addresses[1]} --name ssh-kill9 --no-tls",
             timeout=180,

@@ -6,6 +6,8 @@
 #   DIR    state, spool, logs, pid files and slurm.conf go here (use SLURM_CONF=DIR/slurm.conf);
 #          nothing is written to /etc/slurm
 #   NODES  number of nodes (default 2): node1..nodeN at 10.77.0.11.., the controller at 10.77.0.1
+# Its own free ports (SlurmctldPort, SlurmdPort in slurm.conf), never the defaults, so that another
+# SLURM on the machine can neither hold its ports nor answer its commands (each run with SLURM_CONF).
 # Prints "pids: ..." of every daemon it started on its last line.  stop-slurm.sh DIR undoes it all.
 #
 # Debian's slurmctld/slurmd/munge packages (slurm 22.05) are installed when missing.  Partitions:
@@ -56,6 +58,21 @@ for i in $(seq "$nodes"); do
   ip -n "$ns" route add default via "$subnet.1"
 done
 
+# Ports of its own, free now, never SLURM's defaults (6817/6818): a SLURM already running on this
+# machine keeps its ports, and this one's commands (SLURM_CONF=DIR/slurm.conf) reach only this one.
+free_ports() {
+  python3 - "$1" <<'PY'
+import socket, sys
+held = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("", 0))  # all addresses, as slurmctld binds: free on the bridge too
+    held.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in held))
+PY
+}
+read -r ctld_port slurmd_port <<<"$(free_ports 2)"
+
 cpus=$(nproc)
 mem=$(( $(free -m | awk '/Mem:/{print $2}') / 4 ))
 rm -rf "$dir/state" "$dir"/spool-* "$dir/log"
@@ -63,6 +80,8 @@ mkdir -p "$dir/state" "$dir/log"
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=jctest
 SlurmctldHost=$(hostname -s)($subnet.1)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -111,6 +130,13 @@ for _ in $(seq 120); do
   sleep 0.5
 done
 sinfo
+# the controller that answers is this one (its cluster's name), not another SLURM on the machine
+ours=$(scontrol show config 2>/dev/null | awk -F' *= *' '$1 == "ClusterName" {print $2}')
+if [ "$ours" != jctest ] || ! kill -0 "$(cat "$dir/slurmctld.pid" 2>/dev/null)" 2>/dev/null; then
+  echo "the test SLURM's controller did not start on port $ctld_port (the one answering is cluster '${ours:-none}'); see $dir/log/slurmctld.log" >&2
+  exit 4
+fi
+echo "ports: slurmctld $ctld_port, slurmd $slurmd_port"
 pids="$(cat "$dir/slurmctld.pid")"
 for i in $(seq "$nodes"); do pids="$pids $(cat "$dir/slurmd-node$i.pid")"; done
 echo "pids: $pids"

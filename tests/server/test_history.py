@@ -424,6 +424,8 @@ def test_a_real_server_with_damaged_history_files_serves_its_routes_and_the_good
     os.utime(history / "good.stopped-120000.json", (10, 10))
     damaged = _damaged_kept_files(good)
     bad = _plant(history, {k: damaged[k] for k in ("topics-str", "scalars-list", "json-list", "not-json")})
+    os.mkfifo(history / "fifo.stopped-1.json", 0o600)  # once hung the server's start (issue 37.7)
+    bad.append(str(history / "fifo.stopped-1.json"))
     root = tmp_path / "root"
     root.mkdir()
     server = JupyterProcess(str(root), app="server").start(timeout=120)
@@ -483,6 +485,85 @@ def test_history_is_bounded_by_size_per_notebook_and_a_flood_evicts_only_its_own
     assert {k.key for k in again.load()} == {n[: -len(".json")] for n in on_disk}
     assert again.usage() == usage
     assert all(os.stat(tmp_path / n).st_mode & 0o777 == 0o600 for n in on_disk)
+
+
+def test_files_the_history_refuses_to_read_are_neither_counted_nor_deleted(tmp_path):
+    """Issue 37.5 and 7: a 150 MB unreadable crash.json counted against the budget and pushed out another
+    notebook's files; refused files (another user's, links, a damaged one of the user's own) were deleted;
+    a FIFO named ``*.json`` hung every read of the folder."""
+    import stat
+    import threading
+
+    from jupyter_cluster.tracking.runs import kept_runs
+
+    one = KeptCluster.from_connection("probe", _notebook_connection("probe", "a.ipynb", pad=150), PANEL_MODEL)
+    size = len(json.dumps(one.to_json(), separators=(",", ":")))
+    total = 8 * size
+    a_files = []
+    first = HistoryFolder(str(tmp_path), owner_bytes=4 * size, total_bytes=total)
+    for i in range(3):
+        kept = KeptCluster.from_connection(f"a{i}.stopped-1", _notebook_connection(f"a{i}", "a.ipynb"), PANEL_MODEL)
+        assert first.save(kept) == []
+        os.utime(tmp_path / f"{kept.key}.json", (100 + i, 100 + i))
+        a_files.append(f"{kept.key}.json")
+    # larger than the whole budget, the user's own, not JSON: kept to look at (as the docs say), never counted
+    crash = tmp_path / "crash.json"
+    with open(crash, "wb") as f:
+        f.write(b"\x00not json" * (2 * total // 10))
+    crash.chmod(0o600)
+    os.utime(crash, (50, 50))
+    refused = ["crash.json"]
+    for n in range(2):  # several damaged ones: once counted as one owner "?", its oldest went
+        _write(tmp_path / f"damaged{n}.json", '{"key": 1}' + " " * size)
+        os.utime(tmp_path / f"damaged{n}.json", (60 + n, 60 + n))
+        refused.append(f"damaged{n}.json")
+    theirs = tmp_path / "theirs.stopped-1.json"
+    _write(theirs, (tmp_path / a_files[0]).read_text() + " " * size)
+    os.chown(theirs, 65534, 65534)  # another user's (the tests run as root, as CI does)
+    os.utime(theirs, (70, 70))
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere.json"
+    _write(elsewhere, (tmp_path / a_files[1]).read_text())
+    (tmp_path / "link.stopped-1.json").symlink_to(elsewhere)
+    os.mkfifo(tmp_path / "fifo.json", 0o600)
+    refused += ["theirs.stopped-1.json", "link.stopped-1.json", "fifo.json"]
+
+    # a new server reads the folder (a FIFO once made this wait for a writer forever)
+    result: dict = {}
+    reader = threading.Thread(target=lambda: result.update(kept=HistoryFolder(str(tmp_path)).load()), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert not reader.is_alive(), "reading the history folder hangs on a FIFO"
+    assert sorted(k.key for k in result["kept"]) == ["a0.stopped-1", "a1.stopped-1", "a2.stopped-1"]
+    runs: dict = {}
+    reader = threading.Thread(target=lambda: runs.update(r=kept_runs("a.ipynb", folder=str(tmp_path))), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert not reader.is_alive(), "jc.runs()'s read of the history folder hangs on a FIFO"
+
+    # notebook C stops a cluster: within the budget once refused files are left out, so nothing goes
+    folder = HistoryFolder(str(tmp_path), owner_bytes=4 * size, total_bytes=total)
+    folder.load()
+    kept = KeptCluster.from_connection("c0.stopped-1", _notebook_connection("c0", "c.ipynb"), PANEL_MODEL)
+    assert folder.save(kept) == []
+    on_disk = set(os.listdir(tmp_path))
+    assert set(a_files) <= on_disk, on_disk
+    assert (
+        set(refused) <= on_disk
+        and os.path.exists(elsewhere)
+        and stat.S_ISFIFO(os.lstat(tmp_path / "fifo.json").st_mode)
+    )
+    assert sum(folder.usage().values()) <= total
+    # over budget for real: only files it read as the user's go, never a refused one
+    for i in range(12):
+        kept = KeptCluster.from_connection(
+            f"c{i + 1}.stopped-1", _notebook_connection(f"c{i + 1}", "c.ipynb", pad=150), PANEL_MODEL
+        )
+        removed = folder.save(kept)
+        assert not set(refused) & {f"{k}.json" for k in removed}, removed
+        os.utime(tmp_path / f"{kept.key}.json", (200 + i, 200 + i))
+    on_disk = set(os.listdir(tmp_path))
+    assert set(refused) <= on_disk and set(a_files) <= on_disk, on_disk
+    assert sum(folder.usage().values()) <= total
 
 
 def test_kept_clusters_have_unique_keys_and_titles(tmp_path, monkeypatch):

@@ -213,6 +213,45 @@ def test_every_malformed_memory_limit_is_a_400(api, raw):
     assert message.endswith(".") and message.count(". ") == 0, message  # one sentence
 
 
+#: malformed adapt bodies (issue 37.6: 19 of 31 like these answered 200 and scaled the cluster to zero)
+BAD_ADAPT = [
+    ({"min": 2, "max": 2}, "'max', 'min'"),
+    ({"min": 2}, "'min'"),
+    ({"Minimum": 1, "maximum": 2}, "'Minimum'"),
+    ({"minimum": 1, "maximum": 2, "workers": 3}, "'workers'"),
+    ({"minimum": 1, "maxium": 2}, "'maxium'"),
+    ({"n": 2}, "'n'"),
+    ({}, "give the bounds"),
+    ({"minimum": None, "maximum": None}, "give the bounds"),
+    ({"minimum": "2"}, "minimum must be a whole number"),
+    ({"minimum": 2.0}, "minimum must be a whole number"),
+    ({"minimum": True}, "minimum must be a whole number"),
+    ({"minimum": -1}, "minimum must be a whole number"),
+    ({"minimum": [2]}, "minimum must be a whole number"),
+    ({"maximum": "inf"}, "maximum must be a whole number"),
+    ({"maximum": {"n": 2}}, "maximum must be a whole number"),
+    ({"minimum": 3, "maximum": 1}, "at least minimum"),
+]
+
+
+@pytest.mark.parametrize("body,words", BAD_ADAPT)
+def test_every_malformed_adapt_body_is_a_400_naming_the_field(api, body, words):
+    """Refused before the cluster is looked up (a 404 for 'x' would mean the body was taken)."""
+    r = api("POST", "clusters/x/adapt", json=body)
+    assert r.status_code == 400, (body, r.status_code, r.text)
+    message = r.json()["message"]
+    assert words in message and message.endswith(".") and message.count(". ") == 0, message
+
+
+@pytest.mark.parametrize("method,path", [r for r in ROUTES if r[1] != "events"])
+def test_every_route_refuses_an_unknown_field_and_query_argument(api, method, path):
+    """One check for all routes: a field or query argument a route does not take is a 400 naming it."""
+    r = api(method, path, params={"colour": "red"}, json={"workers": 1} if method == "POST" else None)
+    assert r.status_code == 400 and "unknown query argument 'colour'" in r.json()["message"], (path, r.text)
+    r = api(method, path, json={"colour": "red"})
+    assert r.status_code == 400 and "unknown field 'colour'" in r.json()["message"], (path, r.text)
+
+
 def test_bad_json_body(api):
     r = api("POST", "clusters", data="{not json")
     assert r.status_code == 400 and r.json()["message"] == "the request body is not valid JSON."
@@ -243,6 +282,15 @@ def test_deeply_nested_json_is_a_400_not_a_500(api, server):
         else:
             pytest.fail("no error message for a deeply nested websocket message")
         ws.send(json.dumps({"type": "interval", "ms": 500}))  # the socket still works
+        ws.send(json.dumps({"type": "watch", "cluster": None, "topix": ["t"]}))  # a misspelt field: named
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            msg = json.loads(ws.recv())
+            if msg["type"] == "error":
+                assert "unknown field 'topix'" in msg["message"], msg
+                break
+        else:
+            pytest.fail("no error message for a watch message with an unknown field")
     finally:
         ws.close()
 
@@ -463,6 +511,41 @@ def test_stop_answers_when_a_refresh_retires_the_cluster_it_waits_to_reach(tmp_p
         mute.bind(("127.0.0.1", 0))
         mute.listen(8)
         asyncio.run(main(f"tcp://127.0.0.1:{mute.getsockname()[1]}"))
+
+
+def test_a_listed_cluster_not_yet_reached_has_the_lists_view_in_its_detail(api):
+    """``GET clusters/NAME`` answered 400 "does not answer right now" while the list showed the cluster (issue 37.7).
+
+    The scheduler is a socket that accepts and never answers: the server lists the record
+    but its connection is never made.  The detail gives the record's view with the list's status.
+    """
+    import socket
+
+    from jupyter_cluster.state import registry
+
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        address = f"tcp://127.0.0.1:{mute.getsockname()[1]}"
+        registry.write(
+            registry.ClusterRecord(name="mute-detail", backend="local", address=address, owner_kind="process")
+        )
+        try:
+
+            def listed() -> dict:
+                return {c["name"]: c for c in api.ok("GET", "clusters")["clusters"]}.get("mute-detail") or {}
+
+            wait_for(lambda: listed(), 30, interval=0.1, message="the record listed")
+            for _ in range(3):
+                row = listed()
+                detail = api.ok("GET", "clusters/mute-detail")
+                assert detail["status"] == row["status"] in ("connecting", "unreachable"), (row, detail)
+                assert detail["workers"] == [] and detail["address"] == address and detail["name"] == "mute-detail"
+                assert detail["n_workers"] == row["n_workers"]
+                time.sleep(0.2)
+        finally:
+            registry.remove("mute-detail")
+    wait_for(lambda: "mute-detail" not in api.names(), 30, message="the record gone from the list")
 
 
 READ_ONLY_CONFIG = textwrap.dedent(
