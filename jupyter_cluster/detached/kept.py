@@ -1,0 +1,135 @@
+"""Kept clusters: started in a host process that is not the kernel, attached from any kernel by name.
+
+``%cluster start --keep`` and ``jupyter_cluster.start(keep=True)`` spawn
+``python -m jupyter_cluster.detached.host`` in a session of its own, read the
+one line it announces, and attach this kernel to the cluster by name
+(:func:`jupyter_cluster.cluster.session.connect`).  The kernel's death or
+restart then only drops its attachment; the cluster, its detached jobs and
+their results stay, until it is stopped or idles out (``idle_timeout``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .. import config
+from ..cluster import session
+from ..errors import ClusterError
+from ..state import job_store, registry
+
+#: how long the host may take to start its cluster and announce it (seconds), beyond connect-timeout
+START_GRACE = 120.0
+
+
+def is_kept(name: str) -> bool:
+    """Whether the registered cluster ``name`` is a kept one (owned by a host process)."""
+    record = registry.read(name)
+    return bool(record is not None and not record.attached and (record.extra or {}).get("kept"))
+
+
+def _idle_seconds(idle_timeout: Any) -> float | None:
+    if idle_timeout is None:
+        return None
+    from dask.utils import parse_timedelta
+
+    try:
+        seconds = float(parse_timedelta(idle_timeout, default="s"))
+    except (ValueError, TypeError, KeyError):
+        raise ClusterError(
+            f"--idle-timeout takes a duration such as 20s, 30min or 0 (never), not {idle_timeout!r}."
+        ) from None
+    if seconds < 0:
+        raise ClusterError("--idle-timeout must be 0 (never) or more.")
+    return seconds
+
+
+def start(
+    name: str | None = None,
+    backend: str | None = None,
+    idle_timeout: Any = None,
+    **options: Any,
+) -> session.ClusterHandle:
+    """Start a kept cluster in a host process and attach this process to it; returns the attached handle.
+
+    Parameters
+    ----------
+    name : str, optional
+        Unique name; defaults to ``<backend>-<n>``.
+    backend : str, optional
+        As for :func:`jupyter_cluster.start`.
+    idle_timeout : str or float, optional
+        The cluster stops itself after this long with no running detached
+        job and no attached kernel ("20s", "30min", seconds; 0 = never).
+        Default: ``jupyter-cluster.detached.idle-timeout``.
+    **options
+        Backend options (``workers``, ``threads``, ...), as for :func:`jupyter_cluster.start`.
+    """
+    seconds = _idle_seconds(idle_timeout)
+    if name is not None and registry.read(name) is not None:
+        raise ClusterError(
+            f"a cluster named {name!r} already exists; choose another --name or attach with %cluster connect {name}."
+        )
+    options = {k: v for k, v in options.items() if v is not None}
+    if options.pop("wait", True) is False:
+        raise ClusterError("--no-wait and --keep do not go together: a kept cluster starts before it is attached.")
+    try:
+        encoded = json.dumps(options)
+    except TypeError as exc:
+        raise ClusterError(f"the start options cannot be given to a kept cluster's host: {exc}.") from None
+    cmd = [sys.executable, "-m", "jupyter_cluster.detached.host", "--options", encoded]
+    if name is not None:
+        cmd += ["--name", name]
+    if backend is not None:
+        cmd += ["--backend", backend]
+    if seconds is not None:
+        cmd += ["--idle-timeout", f"{seconds:g}"]
+    log = os.path.join(job_store.store_dir(), f".host-{name or 'cluster'}-{os.getpid()}-{time.time_ns()}.log")
+    cmd += ["--log", log]
+    # a session of its own: a kernel's shutdown signals its process group, and the cluster must outlive it
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    announced = _read_announcement(proc, config.timeout_seconds("connect-timeout") + START_GRACE)
+    if not announced.get("ok"):
+        raise ClusterError(announced.get("error") or "the kept cluster's host did not start its cluster.")
+    return session.connect(announced["name"])
+
+
+def _read_announcement(proc: subprocess.Popen, timeout: float) -> dict[str, Any]:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            proc.kill()
+            raise ClusterError(f"the kept cluster's host did not announce its cluster within {timeout:g} s.")
+        ready, _, _ = select.select([proc.stdout], [], [], min(left, 0.5))
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            line += chunk
+        elif proc.poll() is not None:
+            break
+    proc.stdout.close()
+    try:
+        return json.loads(line.decode() or "{}")
+    except ValueError:
+        return {"ok": False, "error": f"the kept cluster's host said something unexpected: {line[:200]!r}"}
+
+
+def stop(name: str) -> str:
+    """Stop the kept cluster ``name``: this process lets go of it, and its host shuts it down."""
+    from ..cluster.control import stop_remote
+
+    held = {h.name: h for h in session.handles()}
+    if name in held:
+        held[name].close()  # only our attachment goes: the host owns the cluster
+    return stop_remote(name)
