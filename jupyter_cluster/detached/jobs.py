@@ -239,6 +239,8 @@ class Job:
 
     def _not_finished(self, meta: dict, state: str, done: int, total: int) -> str:
         why = f" ({meta['reason']})" if meta.get("reason") else ""
+        if state == "lost":
+            why = f" (the host process of cluster {meta.get('cluster')!r}, pid {meta.get('host_pid')}, died while it ran)"
         if state == "evicted":
             return f"detached job {self.name!r} was evicted{why}."
         return (
