@@ -70,11 +70,13 @@ class Host:
         self.idle_since: float | None = time.time()
         self._published: dict[str, Any] | None = None
 
-    def take_requests(self) -> None:
+    def take_requests(self) -> bool:
+        """Carry out the requests waiting in the inbox; whether there were any."""
         from ..state import job_store
         from .driver import JobRun
 
-        for job, op in job_store.take_requests(self.name):
+        requests = job_store.take_requests(self.name)
+        for job, op in requests:
             run = self.runs.get(job)
             if op == "cancel":
                 if run is not None and run.alive:
@@ -85,6 +87,7 @@ class Host:
             run = JobRun(job, self.handle, self.name)
             self.runs[job] = run
             run.start()
+        return bool(requests)
 
     def running(self) -> int:
         return sum(1 for r in self.runs.values() if r.alive)
@@ -191,11 +194,11 @@ def main(argv: list[str] | None = None) -> int:
             why = f"the scheduler of {handle.name!r} went away while the job ran"
             break
         try:
-            host.take_requests()
+            taken = host.take_requests()
         except Exception:  # a request file we cannot read must not end the cluster
-            pass
+            taken = False
         now = time.time()
-        if now >= next_check:
+        if now >= next_check or taken:  # a job that starts shows at once in the record
             next_check = now + IDLE_CHECK_INTERVAL
             if host.check_idle(now):
                 print(

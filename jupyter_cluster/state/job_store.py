@@ -333,28 +333,22 @@ def inbox_dir(cluster: str) -> str:
 
 def post(cluster: str, job: str, op: str) -> None:
     """Ask the host of ``cluster`` to ``op`` ("run", "resume", "cancel") the job ``job``."""
-    _write_atomic(
-        os.path.join(inbox_dir(cluster), f"{check_name(job)}.{op}.req"), json.dumps({"op": op, "job": job}).encode()
-    )
+    # named by the time: the host takes them in the order they were posted
+    entry = f"{time.time_ns():020d}.{check_name(job)}.{op}.req"
+    _write_atomic(os.path.join(inbox_dir(cluster), entry), json.dumps({"op": op, "job": job}).encode())
 
 
 def take_requests(cluster: str) -> list[tuple[str, str]]:
     """The requests waiting for ``cluster``'s host, oldest first, each deleted as it is taken."""
     path = inbox_dir(cluster)
     out = []
-    entries = []
-    for entry in os.listdir(path):
-        if entry.endswith(".req"):
-            try:
-                entries.append((os.stat(os.path.join(path, entry)).st_mtime, entry))
-            except FileNotFoundError:
-                continue
-    for _, entry in sorted(entries):
-        job, _, op = entry[: -len(".req")].rpartition(".")
+    for entry in sorted(e for e in os.listdir(path) if e.endswith(".req")):
+        stamp, _, rest = entry[: -len(".req")].partition(".")
+        job, _, op = rest.rpartition(".")
         try:
             os.remove(os.path.join(path, entry))
         except FileNotFoundError:
             continue
-        if valid_name(job) and op in ("run", "resume", "cancel"):
+        if stamp.isdigit() and valid_name(job) and op in ("run", "resume", "cancel"):
             out.append((job, op))
     return out

@@ -1,0 +1,81 @@
+"""The panel's REST view of detached work: jobs with progress and cell, kept clusters' countdown, Cancel;
+a Jupyter server restart in the middle of a detached job changes nothing for it."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import requests
+
+import jupyter_cluster as jc
+
+from ..conftest import wait_for
+from ..jupyter_process import JupyterProcess
+
+pytestmark = pytest.mark.slow
+
+
+def reporting(x):
+    time.sleep(0.3)
+    jc.report(step=x, score=float(x))
+    return -x
+
+
+def sleepy(x):
+    time.sleep(5)
+    return x
+
+
+def _get(server, path):
+    r = requests.get(server.api(path), headers=server.headers, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_rest_lists_detached_jobs_and_kept_clusters_across_a_server_restart(tmp_path):
+    server = JupyterProcess(str(tmp_path)).start()
+    handle = None
+    try:
+        handle = jc.start(keep=True, workers=2, idle_timeout=300, name="srv-k")
+        job = jc.submit(reporting, range(12), name="srv-job", cluster=handle, chunksize=1)
+        data = _get(server, "detached")
+        row = next(j for j in data["jobs"] if j["name"] == "srv-job")
+        assert row["cluster"] == "srv-k" and row["total"] == 12 and row["state"] in ("running", "finished")
+        assert "jc.job('srv-job').result()" in row["fetch_code"]
+        wait_for(
+            lambda: [a["pid"] for k in _get(server, "detached")["kept"] if k["name"] == "srv-k" for a in k["attached"]]
+            == [os.getpid()],
+            10,
+            message="this process listed as attached",
+        )
+        kept = next(k for k in _get(server, "detached")["kept"] if k["name"] == "srv-k")
+        assert kept["idle_timeout"] == 300 and kept["stops_in"] is None  # attached, busy: no countdown
+
+        server.stop()  # the Jupyter server restarts while the job runs
+        server = JupyterProcess(str(tmp_path)).start()
+        assert job.result(timeout=120) == [-x for x in range(12)]
+        row = next(j for j in _get(server, "detached")["jobs"] if j["name"] == "srv-job")
+        assert row["state"] == "finished" and row["done"] == 12
+
+        handle.close()  # nothing attached, nothing running: the countdown shows
+        wait_for(
+            lambda: (next(k for k in _get(server, "detached")["kept"] if k["name"] == "srv-k")["stops_in"] or 0) > 0,
+            30,
+            message="the idle countdown",
+        )
+        long = jc.submit(sleepy, range(20), name="srv-long", cluster="srv-k")
+        r = requests.post(server.api("detached/srv-long/cancel"), headers=server.headers, timeout=30)
+        assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+        assert long.status == "cancelled"
+        r = requests.post(server.api("detached/nope/cancel"), headers=server.headers, timeout=30)
+        assert r.status_code == 404 and "no detached job named 'nope'" in r.json()["message"]
+        r = requests.get(server.api("detached"), timeout=10)  # no token
+        assert r.status_code == 403
+    finally:
+        for h in jc.cluster.session.handles():
+            h.close()
+        if jc.cluster.session.registry.read("srv-k") is not None:
+            jc.stop("srv-k")
+        server.stop()
