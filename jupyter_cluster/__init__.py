@@ -24,7 +24,7 @@ from .errors import CellError, ClusterError, SerializationError
 #: Public name -> module that defines it.
 _PUBLIC = {
     "ClusterHandle": ".cluster.session", "clusters": ".cluster.session", "connect": ".cluster.session",
-    "current": ".cluster.session", "stop": ".cluster.session", "imap": ".mapping", "last_job": ".mapping", "map": ".mapping",
+    "current": ".cluster.session", "imap": ".mapping", "last_job": ".mapping", "map": ".mapping",
     "Pool": ".pool", "Queue": ".primitives.queue", "actor": ".primitives.actors", "metrics": ".telemetry",
     "report": ".telemetry", "launcher": ".widgets", "show_metrics": ".widgets", "show_runs": ".widgets",
     "spmd": ".collective.client", "run": ".tracking.runs", "runs": ".tracking.runs",
@@ -115,6 +115,21 @@ def start(
     from .cluster.session import start as session_start
 
     return session_start(name, backend, wait, **options)
+
+
+def stop(name: str | None = None) -> str:
+    """Stop (or detach from) a cluster; returns its name (:func:`jupyter_cluster.cluster.session.stop`).
+
+    A kept cluster (``start(keep=True)``) is stopped by its host process, with
+    its detached jobs (their finished results stay on disk).
+    """
+    from .cluster import session
+    from .detached import kept
+
+    target = name if name is not None else getattr(session.current(), "name", None)
+    if target is not None and kept.is_kept(target):
+        return kept.stop(target)
+    return session.stop(name)
 
 
 if not _in_dask_worker_process() and "IPython" in _sys.modules:

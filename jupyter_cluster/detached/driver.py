@@ -161,7 +161,8 @@ class JobRun:
 def _reason(exc: BaseException) -> str:
     if job_store.disk_full(exc):
         return (
-            f"the disk is full: the results could not be written to {job_store.store_dir()} ({exc.strerror}); "
+            f"the disk is full: the results could not be written to {job_store.store_dir()} "
+            f"({getattr(exc, 'strerror', exc)}); "
             "free space there (or set jupyter-cluster.detached.store-dir) and resume() the job"
         )
     return f"{type(exc).__name__}: {exc}"

@@ -110,7 +110,9 @@ class Host:
         elif self.idle_since is None:
             self.idle_since = now
         self._publish(attached, running)
-        return bool(self.idle_timeout > 0 and self.idle_since is not None and now - self.idle_since >= self.idle_timeout)
+        return bool(
+            self.idle_timeout > 0 and self.idle_since is not None and now - self.idle_since >= self.idle_timeout
+        )
 
     def _publish(self, attached: list[dict[str, Any]], running: int) -> None:
         from ..state import registry

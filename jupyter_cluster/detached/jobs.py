@@ -126,6 +126,7 @@ def submit(
 
 
 def _kept_cluster(cluster: Any) -> session.ClusterHandle:
+    handle: Any
     if isinstance(cluster, str):
         handle = session.get(cluster) if cluster in {h.name for h in session.handles()} else session.connect(cluster)
     else:
@@ -185,7 +186,9 @@ class Job:
     def errors(self) -> dict[int, BaseException]:
         """Input index -> exception, for the items that failed."""
         return {
-            i: value[0] for i, (kind, value) in job_store.read_results(self.name).items() if kind == job_store.KIND_ERROR
+            i: value[0]
+            for i, (kind, value) in job_store.read_results(self.name).items()
+            if kind == job_store.KIND_ERROR
         }
 
     def __repr__(self) -> str:
@@ -240,7 +243,9 @@ class Job:
     def _not_finished(self, meta: dict, state: str, done: int, total: int) -> str:
         why = f" ({meta['reason']})" if meta.get("reason") else ""
         if state == "lost":
-            why = f" (the host process of cluster {meta.get('cluster')!r}, pid {meta.get('host_pid')}, died while it ran)"
+            why = (
+                f" (the host process of cluster {meta.get('cluster')!r}, pid {meta.get('host_pid')}, died while it ran)"
+            )
         if state == "evicted":
             return f"detached job {self.name!r} was evicted{why}."
         return (

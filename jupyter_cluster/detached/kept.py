@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -125,11 +126,40 @@ def _read_announcement(proc: subprocess.Popen, timeout: float) -> dict[str, Any]
         return {"ok": False, "error": f"the kept cluster's host said something unexpected: {line[:200]!r}"}
 
 
-def stop(name: str) -> str:
-    """Stop the kept cluster ``name``: this process lets go of it, and its host shuts it down."""
-    from ..cluster.control import stop_remote
+def stop(name: str, timeout: float = 60.0) -> str:
+    """Stop the kept cluster ``name``: this process lets go of it, and its host shuts it down.
 
+    The host is asked with SIGTERM (it is a process of this user on this
+    machine, proven by its command line), not over the scheduler: a client
+    whose scheduler closes under it logs reconnect errors.
+    """
+    record = registry.read(name)
+    if record is None or not (record.extra or {}).get("kept"):
+        raise ClusterError(f"no kept cluster named {name!r} is running; see %cluster list.")
     held = {h.name: h for h in session.handles()}
     if name in held:
         held[name].close()  # only our attachment goes: the host owns the cluster
-    return stop_remote(name)
+    if not _is_host(record):
+        raise ClusterError(f"the owner of {name!r} (pid {record.owner_pid}) is not its host process; stop it there.")
+    os.kill(record.owner_pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while registry.read(name) is not None and record.owner_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if registry.read(name) is not None and record.owner_alive():
+        raise ClusterError(
+            f"the host of kept cluster {name!r} (pid {record.owner_pid}) did not stop within {timeout:g} s."
+        )
+    return name
+
+
+def _is_host(record: registry.ClusterRecord) -> bool:
+    """Whether the record's owner is a kept cluster's host process of this user (never signal another)."""
+    import psutil
+
+    if not record.owner_alive():
+        return False
+    try:
+        process = psutil.Process(record.owner_pid)
+        return process.uids().real == os.getuid() and "jupyter_cluster.detached.host" in process.cmdline()
+    except (psutil.Error, OSError):
+        return False

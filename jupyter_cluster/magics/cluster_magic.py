@@ -89,7 +89,7 @@ def _parser() -> _ArgumentParser:
         "name", nargs="?", metavar="NAME"
     )
     command("jobs", "every detached job of yours: cluster, notebook, cell, state, progress")
-    j = command("job", "a detached job's state; --out NAME puts its results in a variable")
+    j = command("job", "a detached job's state; --out VAR puts its results in a variable")
     j.add_argument("name", metavar="NAME")
     j.add_argument("--out", metavar="VAR")
     j.add_argument("--cancel", action="store_true")

@@ -79,7 +79,7 @@ OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     (
         "--detach",
         {"metavar": "NAME"},
-        "run as detached job NAME on a kept cluster and return at once; get it back with %cluster job NAME --out VAR",
+        "run as detached job NAME on a kept cluster, returning at once (%cluster job NAME --out VAR)",
     ),
 ]
 
@@ -377,7 +377,9 @@ class ParallelMagics(Magics):
         if args.detach is not None:
             from .detached_magic import submit_cell
 
-            return submit_cell(func, cast(ItemTap, tap), args.detach, header, cell, execution_count(self.shell), options)
+            return submit_cell(
+                func, cast(ItemTap, tap), args.detach, header, cell, execution_count(self.shell), options
+            )
         printer = _OutputPrinter()
         # The engine takes a callable or a CellFunction (prepared once per worker process, by the
         # worker); imap's annotation names only the first.  Not started: it runs in _drive.

@@ -66,7 +66,7 @@ def snapshot() -> dict[str, Any]:
 def handlers(base: type) -> list[tuple[str, type]]:
     """The routes, with handler classes built on the server's ``BaseHandler`` (JSON errors, authorizer)."""
 
-    class DetachedList(base):  # type: ignore[valid-type,misc]
+    class DetachedList(base):
         @tornado.web.authenticated
         @authorized
         async def get(self) -> None:
@@ -76,7 +76,7 @@ def handlers(base: type) -> list[tuple[str, type]]:
                 self.fail(400, str(exc))
             self.reply(data)
 
-    class DetachedCancel(base):  # type: ignore[valid-type,misc]
+    class DetachedCancel(base):
         @tornado.web.authenticated
         @authorized
         async def post(self, name: str) -> None:

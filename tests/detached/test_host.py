@@ -12,7 +12,7 @@ import pytest
 
 import jupyter_cluster as jc
 from jupyter_cluster.errors import ClusterError, SerializationError
-from jupyter_cluster.state import job_store, registry
+from jupyter_cluster.state import registry
 
 from ..conftest import wait_for
 
@@ -81,7 +81,9 @@ def test_host_killed_mid_job_keeps_results_and_resume_runs_only_the_rest(tmp_pat
         wait_for(lambda: job.status == "lost", 30, message="the job to be seen lost")
         before = job.partial()
         assert 4 <= len(before) < n and all(before[i] == i * 10 for i in before)
-        with pytest.raises(ClusterError, match=r"is lost \(the host process .* died while it ran\) .*resume\(\) runs the rest"):
+        with pytest.raises(
+            ClusterError, match=r"is lost \(the host process .* died while it ran\) .*resume\(\) runs the rest"
+        ):
             job.result()
         a.close()  # this process's hold on the dead cluster
         b = jc.start(keep=True, workers=2, idle_timeout=0, name="kill-b")

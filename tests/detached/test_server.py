@@ -45,8 +45,10 @@ def test_rest_lists_detached_jobs_and_kept_clusters_across_a_server_restart(tmp_
         assert row["cluster"] == "srv-k" and row["total"] == 12 and row["state"] in ("running", "finished")
         assert "jc.job('srv-job').result()" in row["fetch_code"]
         wait_for(
-            lambda: [a["pid"] for k in _get(server, "detached")["kept"] if k["name"] == "srv-k" for a in k["attached"]]
-            == [os.getpid()],
+            lambda: (
+                [a["pid"] for k in _get(server, "detached")["kept"] if k["name"] == "srv-k" for a in k["attached"]]
+                == [os.getpid()]
+            ),
             10,
             message="this process listed as attached",
         )
