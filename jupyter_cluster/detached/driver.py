@@ -22,6 +22,7 @@ import psutil
 
 from .. import mapping
 from ..state import job_store
+from ..tracking.runs import ItemTap, starting
 
 logger = logging.getLogger(__name__)
 #: how often the running counts in the metadata are brought up to date (seconds)
@@ -120,7 +121,14 @@ class JobRun:
             return "finished", None
         options = dict(spec["options"])
         options.update(ordered=False, retain=False, errors="collect", client=self.handle, progress=False)
-        job = mapping.imap(spec["fn"], *[[it[i] for i in todo] for it in iterables], **options)
+        inputs: list[Any] = [[it[i] for i in todo] for it in iterables]
+        tag = spec.get("tag")
+        if tag is not None and len(inputs) == 1:  # a %%parallel sweep: the map is its run's, as in the kernel
+            tap = ItemTap(inputs[0], tag)
+            with starting(tap):
+                job = mapping.imap(spec["fn"], tap, **options)
+        else:
+            job = mapping.imap(spec["fn"], *inputs, **options)
         last_meta = 0.0
         try:
             while True:

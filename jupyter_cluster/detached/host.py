@@ -151,19 +151,17 @@ class Host:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from .. import config
     from ..cluster import session
     from ..cluster.control import listen
     from ..errors import ClusterError
+    from . import kept
 
     session.set_owner_kind("process")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    idle_timeout = args.idle_timeout
-    if idle_timeout is None:
-        idle_timeout = config.timeout_seconds("detached.idle-timeout")
     try:
+        idle_timeout = args.idle_timeout if args.idle_timeout is not None else kept.idle_seconds()
         options = json.loads(args.options)
         if not isinstance(options, dict):
             raise ValueError("--options must be a JSON object")

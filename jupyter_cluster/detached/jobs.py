@@ -36,6 +36,7 @@ def submit(
     cluster: Any = None,
     notebook: str | None = None,
     cell: str | None = None,
+    run_tag: Any = None,
     **options: Any,
 ) -> Job:
     """Map ``fn`` over ``iterables`` on a kept cluster, driven by its host; returns at once.
@@ -53,6 +54,9 @@ def submit(
         A kept cluster (``%cluster start --keep``); default: the current one.
     notebook, cell : str, optional
         Where the job came from, shown by :func:`jobs` and the panel.
+    run_tag : ItemTag, optional
+        A ``%%parallel`` sweep's tag (:class:`jupyter_cluster.tracking.runs.ItemTag`):
+        the host's map is that run's, as in the kernel.
     **options
         ``chunksize``, ``retries``, ``timeout``, ``errors`` ("raise" or
         "collect": how :meth:`Job.result` gives failures back), ``resources``,
@@ -95,7 +99,7 @@ def submit(
         lists = [it[:n] for it in lists]
     kept = {k: v for k, v in options.items() if k in _OPTIONS and v is not None}
     try:
-        spec = cloudpickle.dumps({"fn": fn, "iterables": lists, "options": kept})
+        spec = cloudpickle.dumps({"fn": fn, "iterables": lists, "options": kept, "tag": run_tag})
     except Exception as exc:
         raise SerializationError(
             f"detached job {name!r} cannot be handed to the cluster's host: its function, items or captured "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -34,17 +35,24 @@ def is_kept(name: str) -> bool:
     return bool(record is not None and not record.attached and (record.extra or {}).get("kept"))
 
 
-def _idle_seconds(idle_timeout: Any) -> float | None:
-    if idle_timeout is None:
-        return None
+def idle_seconds(idle_timeout: Any = None) -> float:
+    """``--idle-timeout`` (or ``detached.idle-timeout`` when None) in seconds: "20s", "30min", "1h", 90, 0.
+
+    Raises
+    ------
+    ClusterError
+        For a value that is not a duration, or a negative one.
+    """
     from dask.utils import parse_timedelta
 
+    value = config.get("detached.idle-timeout") if idle_timeout is None else idle_timeout
+    text = str(value).strip()
+    # "30min" is how people write it; Dask's parser knows "m" and "minutes" only
+    text = re.sub(r"(?<=[0-9 ])mins?$", "minutes", text)
     try:
-        seconds = float(parse_timedelta(idle_timeout, default="s"))
+        seconds = float(parse_timedelta(text, default="s"))
     except (ValueError, TypeError, KeyError):
-        raise ClusterError(
-            f"--idle-timeout takes a duration such as 20s, 30min or 0 (never), not {idle_timeout!r}."
-        ) from None
+        raise ClusterError(f"--idle-timeout takes a duration such as 20s, 30min or 0 (never), not {value!r}.") from None
     if seconds < 0:
         raise ClusterError("--idle-timeout must be 0 (never) or more.")
     return seconds
@@ -71,7 +79,7 @@ def start(
     **options
         Backend options (``workers``, ``threads``, ...), as for :func:`jupyter_cluster.start`.
     """
-    seconds = _idle_seconds(idle_timeout)
+    seconds = idle_seconds(idle_timeout)
     if name is not None and registry.read(name) is not None:
         raise ClusterError(
             f"a cluster named {name!r} already exists; choose another --name or attach with %cluster connect {name}."
@@ -88,17 +96,19 @@ def start(
         cmd += ["--name", name]
     if backend is not None:
         cmd += ["--backend", backend]
-    if seconds is not None:
-        cmd += ["--idle-timeout", f"{seconds:g}"]
+    cmd += ["--idle-timeout", f"{seconds:g}"]
     log = os.path.join(job_store.store_dir(), f".host-{name or 'cluster'}-{os.getpid()}-{time.time_ns()}.log")
     cmd += ["--log", log]
     # a session of its own: a kernel's shutdown signals its process group, and the cluster must outlive it
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+    with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as err:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, start_new_session=True
+        )
     announced = _read_announcement(proc, config.timeout_seconds("connect-timeout") + START_GRACE)
     if not announced.get("ok"):
-        raise ClusterError(announced.get("error") or "the kept cluster's host did not start its cluster.")
+        raise ClusterError(
+            announced.get("error") or f"the kept cluster's host did not start its cluster; its log is {log}."
+        )
     return session.connect(announced["name"])
 
 

@@ -80,6 +80,7 @@ def submit_cell(func: Any, tap: Any, name: str, header: str, cell: str, count: A
         cluster=options["client"],
         cell=f"{where}: %%parallel {header} | {first.strip()[:60]}",
         label=f"%%parallel {header} --detach {name}",
+        run_tag=tap.tag,
         **{k: options[k] for k in ("chunksize", "retries", "timeout", "errors", "resources", "shared")},
     )
     print(job.summary_line())

@@ -118,3 +118,38 @@ def test_detach_needs_a_kept_cluster(ip):
     with pytest.raises(UsageError, match="needs a kept cluster .* --keep"):
         ip.run_cell_magic("parallel", "x in range(3) --detach nowhere", "x")
     assert jc.current() is None  # nothing was started for it
+
+
+def big(x):
+    return bytes([x]) * 40_000
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs (a disk that fills up) needs root")
+def test_a_full_disk_fails_the_job_with_that_reason_and_keeps_whole_results(tmp_path, monkeypatch):
+    import subprocess
+
+    import dask.config
+
+    disk = tmp_path / "small-disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(disk)])
+    if mounted.returncode != 0:
+        pytest.skip("no tmpfs mount here")
+    store = str(disk / "jobs")
+    try:
+        with dask.config.set({"jupyter-cluster.detached.store-dir": store}):
+            monkeypatch.setenv("DASK_JUPYTER_CLUSTER__DETACHED__STORE_DIR", store)  # the host's store too
+            handle = jc.start(keep=True, workers=1, idle_timeout=0, name="full-k")
+            try:
+                job = jc.submit(big, range(12), name="fills", cluster=handle, chunksize=1)
+                assert job.wait(60) == "failed"
+                assert "the disk is full" in job.meta["reason"], job.meta
+                with pytest.raises(ClusterError, match="failed .*the disk is full"):
+                    job.result()
+                kept = job.partial()
+                assert 1 <= len(kept) < 12 and all(kept[i] == bytes([i]) * 40_000 for i in kept)
+            finally:
+                handle.close()
+                jc.stop("full-k")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])

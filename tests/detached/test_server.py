@@ -3,6 +3,7 @@ a Jupyter server restart in the middle of a detached job changes nothing for it.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -17,12 +18,6 @@ from ..jupyter_process import JupyterProcess
 pytestmark = pytest.mark.slow
 
 
-def reporting(x):
-    time.sleep(0.3)
-    jc.report(step=x, score=float(x))
-    return -x
-
-
 def sleepy(x):
     time.sleep(5)
     return x
@@ -34,12 +29,17 @@ def _get(server, path):
     return r.json()
 
 
-def test_rest_lists_detached_jobs_and_kept_clusters_across_a_server_restart(tmp_path):
+def test_rest_lists_detached_jobs_and_kept_clusters_across_a_server_restart(tmp_path, ip):
     server = JupyterProcess(str(tmp_path)).start()
     handle = None
     try:
         handle = jc.start(keep=True, workers=2, idle_timeout=300, name="srv-k")
-        job = jc.submit(reporting, range(12), name="srv-job", cluster=handle, chunksize=1)
+        ip.run_cell_magic(
+            "parallel",
+            "x in range(12) --detach srv-job --chunksize 1",
+            "import time, jupyter_cluster\ntime.sleep(0.3)\njupyter_cluster.report(step=x, score=float(x))\n-x",
+        )
+        job = jc.job("srv-job")
         data = _get(server, "detached")
         row = next(j for j in data["jobs"] if j["name"] == "srv-job")
         assert row["cluster"] == "srv-k" and row["total"] == 12 and row["state"] in ("running", "finished")
@@ -60,6 +60,18 @@ def test_rest_lists_detached_jobs_and_kept_clusters_across_a_server_restart(tmp_
         assert job.result(timeout=120) == [-x for x in range(12)]
         row = next(j for j in _get(server, "detached")["jobs"] if j["name"] == "srv-job")
         assert row["state"] == "finished" and row["done"] == 12
+        # the sweep's run, with its curves, as the panel reads it (reported while no kernel waited on it)
+        run = wait_for(
+            lambda: next(
+                (r for r in _get(server, "runs")["runs"] if r["label"].endswith("--detach srv-job") and r["metrics"]),
+                None,
+            ),
+            30,
+            message="the detached sweep's run",
+        )
+        assert run["state"] == "finished" and run["cluster"] == "srv-k" and run["metrics"] == ["score"], run
+        curves = _get(server, f"runs/{run['run']}/curves")
+        assert "score" in json.dumps(curves), curves
 
         handle.close()  # nothing attached, nothing running: the countdown shows
         wait_for(

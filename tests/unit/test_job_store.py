@@ -101,3 +101,20 @@ def test_requests_are_taken_once_in_order(store):
     assert job_store.take_requests("c1") == [("a", "run"), ("a", "cancel")]
     assert job_store.take_requests("c1") == []
     assert job_store.take_requests("c2") == [("b", "run")]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a folder another user's needs root")
+def test_another_users_store_is_refused(tmp_path):
+    path = tmp_path / "theirs"
+    path.mkdir(mode=0o700)
+    os.chown(path, 65534, 65534)
+    with dask.config.set({"jupyter-cluster.detached.store-dir": str(path)}):
+        with pytest.raises(ClusterError, match="is not a folder of this user"):
+            job_store.names()
+
+
+def test_a_store_others_could_read_is_tightened(store):
+    os.makedirs(store, mode=0o755)
+    os.chmod(store, 0o755)
+    job_store.names()
+    assert os.stat(store).st_mode & 0o077 == 0
