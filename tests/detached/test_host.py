@@ -55,15 +55,15 @@ def test_idle_cluster_stops_itself_but_not_while_a_job_runs():
     host = record.owner_pid
     workers = list(handle.client.run(os.getpid).values())
     assert _files_of("idle-k")  # its record and TLS credentials
-    job = jc.submit(slow_square, range(6), name="busy", cluster=handle, chunksize=1)
+    job = jc.submit(slow_square, range(5), name="busy", cluster=handle, chunksize=1)
     handle.close()  # only this process's attachment goes: the job keeps the cluster busy
-    time.sleep(5)  # past the idle timeout, while the 6 x 1 s job runs
+    time.sleep(4)  # past the idle timeout, while the 5 x 1 s job runs
     assert registry.read("idle-k") is not None and not _gone(host), "a kept cluster with a running job idled out"
-    assert job.result(timeout=60) == [x * x for x in range(6)]
+    assert job.result(timeout=60) == [x * x for x in range(5)]
     wait_for(lambda: _gone(host) and registry.read("idle-k") is None, 60, message="the idle cluster to stop")
     wait_for(lambda: all(_gone(p) for p in workers), 30, message="its workers to end")
     assert _files_of("idle-k") == []  # record, credentials, attachments
-    assert jc.job("busy").result() == [x * x for x in range(6)]  # the results outlive the cluster
+    assert jc.job("busy").result() == [x * x for x in range(5)]  # the results outlive the cluster
     assert jc.job("busy").status == "finished"
 
 

@@ -86,6 +86,11 @@ def test_detached_cell_outlives_a_killed_kernel():
             "print(len(h.client.get_events(topic_name('default'))))",
         )
         assert int(out.strip().splitlines()[-1]) > 0, out
+        km2.restart_kernel(now=False)  # a restart (the kernel's own shutdown: it stops its clusters) only detaches
+        kc2.wait_for_ready(timeout=60)
+        assert psutil.pid_exists(host_pid)
+        out = kernel_ok(kc2, "import jupyter_cluster as jc\nprint([c['name'] for c in jc.clusters()])")
+        assert "kept-k" in out, out
         kernel_ok(kc2, "%load_ext jupyter_cluster\n%cluster stop kept-k")
         wait_for(lambda: not psutil.pid_exists(host_pid), 60, message="the host to end")
     finally:
