@@ -67,7 +67,7 @@ def test_idle_cluster_stops_itself_but_not_while_a_job_runs():
     assert jc.job("busy").status == "finished"
 
 
-def test_host_killed_mid_job_keeps_results_and_resume_runs_only_the_rest(tmp_path, private_store):
+def test_host_killed_mid_job_keeps_results_and_resume_runs_only_the_rest(tmp_path, private_store, ip):
     runs = tmp_path / "runs"
     runs.mkdir()
     n = 16
@@ -103,6 +103,18 @@ def test_host_killed_mid_job_keeps_results_and_resume_runs_only_the_rest(tmp_pat
         with pytest.raises(SerializationError, match="cannot be handed"):
             jc.submit(lambda x: (lock, x), [1], name="unpicklable", cluster=b)
         assert not os.path.exists(os.path.join(private_store, "unpicklable"))
+        from IPython.core.error import UsageError
+
+        ip.user_ns["held"] = lock  # a captured name that cannot travel: said before anything starts
+        with pytest.raises(UsageError, match="held"):
+            ip.run_cell_magic("parallel", "x in range(3) --detach locked", "held\nx")
+        assert not os.path.exists(os.path.join(private_store, "locked"))
+        by_address = jc.connect(b.address)  # the same scheduler, but not held as a kept cluster
+        try:
+            with pytest.raises(UsageError, match="is not kept.* --keep"):
+                ip.run_cell_magic("parallel", "x in range(3) --detach plain", "x")
+        finally:
+            by_address.close()
     finally:
         for h in (a, b):
             if h is not None and not h.closed:
