@@ -210,7 +210,20 @@ def main(argv: list[str] | None = None) -> int:
     host.end_jobs(why)
     if not handle.closed:
         handle.close()
+    _tidy(handle.name, args.log)
     return 0
+
+
+def _tidy(name: str, log: str | None) -> None:
+    """A clean stop leaves neither its log nor its empty inbox behind (a crash leaves the log to read)."""
+    from ..state import job_store
+
+    for remove, path in ((os.remove, log), (os.rmdir, os.path.join(job_store.store_dir(), job_store.INBOX, name))):
+        if path:
+            try:
+                remove(path)
+            except OSError:  # gone already, or a request arrived after the stop: left for the next host
+                pass
 
 
 if __name__ == "__main__":

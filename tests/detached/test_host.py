@@ -48,7 +48,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_idle_cluster_stops_itself_but_not_while_a_job_runs():
+def test_idle_cluster_stops_itself_but_not_while_a_job_runs(private_store):
     handle = jc.start(keep=True, workers=1, idle_timeout="3s", name="idle-k")
     record = registry.read("idle-k")
     assert record is not None and record.extra["kept"] and record.extra["idle_timeout"] == 3
@@ -63,6 +63,8 @@ def test_idle_cluster_stops_itself_but_not_while_a_job_runs():
     wait_for(lambda: _gone(host) and registry.read("idle-k") is None, 60, message="the idle cluster to stop")
     wait_for(lambda: all(_gone(p) for p in workers), 30, message="its workers to end")
     assert _files_of("idle-k") == []  # record, credentials, attachments
+    assert sorted(os.listdir(private_store)) == [".inbox", "busy"]  # no host log, and ...
+    assert os.listdir(os.path.join(private_store, ".inbox")) == []  # ... no inbox of the stopped cluster
     assert jc.job("busy").result() == [x * x for x in range(5)]  # the results outlive the cluster
     assert jc.job("busy").status == "finished"
 
