@@ -151,21 +151,46 @@ class Host:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        options = json.loads(args.options)
+    except ValueError:
+        options = None
+    if not isinstance(options, dict):
+        _announce({"ok": False, "error": "--options must be a JSON object."})
+        return 1
+    return serve(args.name, args.backend, options, args.idle_timeout, args.log)
+
+
+def serve(
+    name: str | None,
+    backend: str | None,
+    options: dict[str, Any],
+    idle_timeout: float | None,
+    log: str | None,
+    owner_kind: str = "process",
+) -> int:
+    """Start the cluster, announce it, then host it until it is stopped or idles out; the exit code.
+
+    Parameters
+    ----------
+    idle_timeout : float or None
+        Seconds (0 = never); None: ``jupyter-cluster.detached.idle-timeout``.
+    owner_kind : str
+        ``"process"`` for a kept cluster a kernel started, ``"panel"`` for the
+        panel's host (:mod:`jupyter_cluster.server.host`).
+    """
     from ..cluster import session
     from ..cluster.control import listen
     from ..errors import ClusterError
     from . import kept
 
-    session.set_owner_kind("process")
+    session.set_owner_kind(owner_kind)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        idle_timeout = args.idle_timeout if args.idle_timeout is not None else kept.idle_seconds()
-        options = json.loads(args.options)
-        if not isinstance(options, dict):
-            raise ValueError("--options must be a JSON object")
-        handle = session.start(name=args.name, backend=args.backend, **options)
+        idle = idle_timeout if idle_timeout is not None else kept.idle_seconds()
+        handle = session.start(name=name, backend=backend, **options)
         if isinstance(handle, str):
             raise ClusterError("--dry-run starts nothing, so there is nothing to keep; drop --keep.")
     except ClusterError as exc:
@@ -174,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # anything else still has to reach the kernel as one message
         _announce({"ok": False, "error": f"the cluster could not start: {type(exc).__name__}: {exc}"})
         return 1
-    host = Host(handle, idle_timeout)
+    host = Host(handle, idle)
     host.check_idle(time.time())  # the record says "kept" before anyone is told the cluster runs
     listen(handle, on_stop=stop.set)
     _announce(
@@ -186,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             "pid": os.getpid(),
         }
     )
-    _redirect_output(args.log)
+    _redirect_output(log)
     why = f"the cluster {handle.name!r} was stopped while the job ran"
     next_check = 0.0
     while not stop.wait(INBOX_INTERVAL):
@@ -202,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             next_check = now + IDLE_CHECK_INTERVAL
             if host.check_idle(now):
                 print(
-                    f"jupyter_cluster: cluster {handle.name!r} stops: idle for {idle_timeout:g} s "
+                    f"jupyter_cluster: cluster {handle.name!r} stops: idle for {idle:g} s "
                     "(no running job, no attached kernel)",
                     flush=True,
                 )
@@ -210,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     host.end_jobs(why)
     if not handle.closed:
         handle.close()
-    _tidy(handle.name, args.log)
+    _tidy(handle.name, log if owner_kind == "process" else None)  # the server names and keeps its hosts' logs
     return 0
 
 

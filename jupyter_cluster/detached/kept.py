@@ -170,6 +170,8 @@ def _is_host(record: registry.ClusterRecord) -> bool:
         return False
     try:
         process = psutil.Process(record.owner_pid)
-        return process.uids().real == os.getuid() and "jupyter_cluster.detached.host" in process.cmdline()
+        cmdline = process.cmdline()
+        hosts = ("jupyter_cluster.detached.host", "jupyter_cluster.server.host")  # a kernel's kept cluster, the panel's
+        return process.uids().real == os.getuid() and any(h in cmdline for h in hosts)
     except (psutil.Error, OSError):
         return False
