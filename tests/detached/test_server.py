@@ -29,7 +29,9 @@ def _get(server, path):
     return r.json()
 
 
-def test_rest_lists_detached_jobs_and_kept_clusters_across_a_server_restart(tmp_path, ip):
+def test_rest_lists_detached_jobs_and_kept_clusters_across_a_server_restart(tmp_path, ip, monkeypatch):
+    # the server's own (panel) clusters idle out after 4 s; the kept one below sets its own timeout
+    monkeypatch.setenv("DASK_JUPYTER_CLUSTER__DETACHED__IDLE_TIMEOUT", "4s")
     server = JupyterProcess(str(tmp_path)).start()
     handle = None
     try:
@@ -87,6 +89,13 @@ def test_rest_lists_detached_jobs_and_kept_clusters_across_a_server_restart(tmp_
         assert r.status_code == 404 and "no detached job named 'nope'" in r.json()["message"]
         r = requests.get(server.api("detached"), timeout=10)  # no token
         assert r.status_code == 403
+
+        # the panel's New: a kept cluster too, that stops itself once idle (no zombie clusters)
+        r = requests.post(server.api("clusters"), headers=server.headers, json={"name": "srv-panel", "workers": 1})
+        assert r.status_code == 201 and r.json()["cluster"]["kept"] is True, r.text
+        wait_for(
+            lambda: jc.cluster.session.registry.read("srv-panel") is None, 60, message="the idle panel cluster to stop"
+        )
     finally:
         for h in jc.cluster.session.handles():
             h.close()
