@@ -78,6 +78,9 @@ def test_detached_cell_outlives_a_killed_kernel():
         out = kernel_ok(kc2, code, timeout=180)
         assert f"finished {N} {N} kept-k" in out, out
         assert "%%parallel x in range" in out  # the cell it came from
+        out = kernel_ok(kc2, "%load_ext jupyter_cluster\n%cluster job sweep --out res\nprint(res[:3])\n%cluster jobs")
+        assert f"Detached job 'sweep': {N} results in res." in out and "[1, 2, 5]" in out, out
+        assert "sweep" in out.splitlines()[-1] and f"finished   {N}/{N}" in out.splitlines()[-1], out
         # the items' reports reached the cluster while no kernel was attached
         out = kernel_ok(
             kc2,
@@ -91,7 +94,7 @@ def test_detached_cell_outlives_a_killed_kernel():
         assert psutil.pid_exists(host_pid)
         out = kernel_ok(kc2, "import jupyter_cluster as jc\nprint([c['name'] for c in jc.clusters()])")
         assert "kept-k" in out, out
-        kernel_ok(kc2, "%load_ext jupyter_cluster\n%cluster stop kept-k")
+        kernel_ok(kc2, "%load_ext jupyter_cluster\n%cluster stop kept-k")  # restarted: load it again
         wait_for(lambda: not psutil.pid_exists(host_pid), 60, message="the host to end")
     finally:
         _stop(km2, kc2)
