@@ -24,10 +24,11 @@ from .errors import CellError, ClusterError, SerializationError
 #: Public name -> module that defines it.
 _PUBLIC = {
     "ClusterHandle": ".cluster.session", "clusters": ".cluster.session", "connect": ".cluster.session",
-    "current": ".cluster.session", "stop": ".cluster.session", "imap": ".mapping", "last_job": ".mapping", "map": ".mapping",
+    "current": ".cluster.session", "imap": ".mapping", "last_job": ".mapping", "map": ".mapping",
     "Pool": ".pool", "Queue": ".primitives.queue", "actor": ".primitives.actors", "metrics": ".telemetry",
     "report": ".telemetry", "launcher": ".widgets", "show_metrics": ".widgets", "show_runs": ".widgets",
     "spmd": ".collective.client", "run": ".tracking.runs", "runs": ".tracking.runs",
+    "submit": ".detached.jobs", "job": ".detached.jobs", "jobs": ".detached.jobs",
 }  # fmt: skip
 
 # Every public name is imported on its first use, in the notebook as in a worker process (which
@@ -56,7 +57,14 @@ def __dir__() -> list[str]:
     return sorted({*_dir_public(), "__version__"})
 
 
-def start(name: str | None = None, backend: str | None = None, wait: bool = True, **options):
+def start(
+    name: str | None = None,
+    backend: str | None = None,
+    wait: bool = True,
+    keep: bool = False,
+    idle_timeout: str | float | None = None,
+    **options,
+):
     """Start a cluster and make it the current one (:func:`jupyter_cluster.cluster.session.start`).
 
     Parameters
@@ -68,6 +76,15 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
     wait : bool
         Wait until the first worker has connected (``False``: a batch backend
         returns once its jobs are submitted).
+    keep : bool
+        Run the cluster in a host process that is not this kernel, so that it
+        outlives it (a kernel restart, a crash, a Jupyter server restart) and
+        takes detached jobs (:func:`submit`); this process attaches to it, and
+        any other attaches with :func:`connect` by name.
+    idle_timeout : str or float, optional
+        With ``keep``: the cluster stops itself after this long with no
+        running detached job and no attached kernel ("30min", seconds; 0 =
+        never; default ``jupyter-cluster.detached.idle-timeout``).
     **options
         Backend options, e.g. ``workers=8, threads=1, memory_limit="2GiB"``.
 
@@ -86,12 +103,33 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
     >>> import jupyter_cluster as jc
     >>> cluster = jc.start(workers=2)          # doctest: +SKIP
     """
+    if keep:
+        from .detached.kept import start as start_kept
+
+        return start_kept(name, backend, idle_timeout, wait=wait, **options)
+    if idle_timeout is not None:
+        raise ClusterError("idle_timeout is for kept clusters; add keep=True.")
     from .backends.local.forkserver import start_early
 
     start_early(backend, options)
     from .cluster.session import start as session_start
 
     return session_start(name, backend, wait, **options)
+
+
+def stop(name: str | None = None) -> str:
+    """Stop (or detach from) a cluster; returns its name (:func:`jupyter_cluster.cluster.session.stop`).
+
+    A kept cluster (``start(keep=True)``) is stopped by its host process, with
+    its detached jobs (their finished results stay on disk).
+    """
+    from .cluster import session
+    from .detached import kept
+
+    target = name if name is not None else getattr(session.current(), "name", None)
+    if target is not None and kept.is_kept(target):
+        return kept.stop(target)
+    return session.stop(name)
 
 
 if not _in_dask_worker_process() and "IPython" in _sys.modules:
@@ -120,11 +158,14 @@ __all__ = [
     "connect",
     "current",
     "imap",
+    "job",
+    "jobs",
     "last_job",
     "load_ipython_extension",
     "map",
     "start",
     "stop",
+    "submit",
 ]
 
 

@@ -421,6 +421,22 @@ class MapJob:
                 raise StopIteration
             self._step()
 
+    def drain(self) -> list[tuple[int, Any]]:
+        """Advance the map one step (waiting at most 0.2 s) and take the results that came back.
+
+        For a driver that must stay responsive between results (a detached
+        job's host, which also answers cancel requests).  Needs
+        ``ordered=False``; returns ``(input index, result or exception)``
+        pairs in completion order, removed from ``results``.
+        """
+        if not self.finished:
+            self._step()
+        out = []
+        while self._order:
+            i = self._order.popleft()
+            out.append((i, self.results.pop(i)))
+        return out
+
     def run(self) -> MapJob:
         """Drive the map to its end without yielding (what :func:`map` does)."""
         while not self.finished:

@@ -8,6 +8,7 @@ The magic only parses its line and calls :mod:`jupyter_cluster.cluster.session`;
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,8 @@ def _parser() -> _ArgumentParser:
     s.add_argument("--tls", action="store_true", default=None)
     s.add_argument("--no-tls", dest="tls", action="store_false")
     s.add_argument("--no-wait", action="store_true")
+    s.add_argument("--keep", action="store_true")  # a host process owns it: it outlives this kernel
+    s.add_argument("--idle-timeout", metavar="DURATION")  # --keep: stop after this long with nothing to do
     s.add_argument("--gpus", nargs="?", const=True, default=None, metavar="DEVICES")
     s.add_argument("--image", metavar="I")
     s.add_argument("--namespace", metavar="NS")
@@ -85,6 +88,12 @@ def _parser() -> _ArgumentParser:
     command("stop", "stop the current (or named) cluster; detach if it was attached").add_argument(
         "name", nargs="?", metavar="NAME"
     )
+    command("jobs", "every detached job of yours: cluster, notebook, cell, state, progress")
+    j = command("job", "a detached job's state; --out VAR puts its results in a variable")
+    j.add_argument("name", metavar="NAME")
+    j.add_argument("--out", metavar="VAR")
+    j.add_argument("--cancel", action="store_true")
+    j.add_argument("--resume", action="store_true")
     m = command("metrics", "live charts of what tasks report with jupyter_cluster.report()")
     m.add_argument("topic", nargs="?", metavar="TOPIC")
     m.add_argument("-h", "--help", action="store_true", dest="topics_help", help=argparse.SUPPRESS)
@@ -157,7 +166,14 @@ class ClusterMagics(Magics):
     def _dispatch(self, args: argparse.Namespace):
         cmd = args.command or "status"
         if cmd == "start":
-            handle = session.start(
+            if args.idle_timeout is not None and not args.keep:
+                raise ClusterError("--idle-timeout is for kept clusters; add --keep.")
+            start = session.start
+            if args.keep:
+                from ..detached import kept
+
+                start = functools.partial(kept.start, idle_timeout=args.idle_timeout)
+            handle = start(
                 name=args.name,
                 backend=args.backend,
                 wait=not args.no_wait,
@@ -172,8 +188,18 @@ class ClusterMagics(Magics):
             if isinstance(handle, str):  # --dry-run: the resources, nothing started
                 print(handle, end="")
                 return None
-            print(f"Started cluster {handle.name!r} ({handle.backend}) at {handle.address}")
+            if args.keep:
+                print(
+                    f"Started kept cluster {handle.name!r} at {handle.address}: it outlives this kernel; "
+                    f"attach from another with %cluster connect {handle.name}, stop it with %cluster stop {handle.name}."
+                )
+            else:
+                print(f"Started cluster {handle.name!r} ({handle.backend}) at {handle.address}")
             return _display_handle(handle)
+        if cmd in ("jobs", "job"):
+            from .detached_magic import job_command
+
+            return job_command(self.shell, args)
         if cmd == "connect":
             handle = session.connect(args.target)
             print(f"Attached to {handle.address} as {handle.name!r}")
@@ -213,6 +239,14 @@ class ClusterMagics(Magics):
 
             return metrics_command(self.shell, ["--help"] if args.topics_help else [args.topic or "default"])
         if cmd == "stop":
+            from ..detached import kept
+
+            held = session.current() if args.name is None else None
+            target = args.name or (held.name if held is not None else None)
+            if target is not None and kept.is_kept(target):
+                name = kept.stop(target)
+                print(f"Stopped kept cluster {name!r}")
+                return None
             name = session.stop(args.name)
             print(f"Stopped cluster {name!r}")
             return None

@@ -76,6 +76,11 @@ OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("--resources", {"metavar": "GPU=1"}, "run items only on workers with these Dask resources"),
     ("--all-workers", {"action": "store_true"}, "run once per worker; names it assigns stay there for later cells"),
     ("--no-progress", {"action": "store_true"}, "no progress display"),
+    (
+        "--detach",
+        {"metavar": "NAME"},
+        "run as detached job NAME on a kept cluster, returning at once (%cluster job NAME --out VAR)",
+    ),
 ]
 
 PARALLEL_USAGE = (
@@ -330,7 +335,14 @@ class ParallelMagics(Magics):
             except SyntaxError as exc:
                 raise CellError(f"the iterable `{iter_src}` is not valid Python: {exc.msg}.") from None
 
-        handle = session.resolve()
+        if args.detach is not None:
+            if args.all_workers:
+                raise CellError("--detach runs a sweep over items; --all-workers cannot be detached.")
+            from .detached_magic import kept_cluster_for
+
+            handle = kept_cluster_for(args.detach)  # a kept cluster and a free name, before anything starts
+        else:
+            handle = session.resolve()
         defined_on_workers = _worker_names.get(handle.address, set())
         captured = capture.capture(analysis.free, user_ns, maybe=analysis.maybe, exclude=defined_on_workers)
         tap = None
@@ -362,6 +374,12 @@ class ParallelMagics(Magics):
         )
         if args.all_workers:
             return self._run_all_workers(func, handle, analysis, args, options)
+        if args.detach is not None:
+            from .detached_magic import submit_cell
+
+            return submit_cell(
+                func, cast(ItemTap, tap), args.detach, header, cell, execution_count(self.shell), options
+            )
         printer = _OutputPrinter()
         # The engine takes a callable or a CellFunction (prepared once per worker process, by the
         # worker); imap's annotation names only the first.  Not started: it runs in _drive.

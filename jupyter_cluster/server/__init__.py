@@ -5,6 +5,7 @@ Kept import-light: tornado and jupyter_server are imported only by :func:`load`.
 * :mod:`.manager` - the server's view of every cluster (no HTTP)
 * :mod:`.jobs` - the latest state of every map job and the history of stopped clusters
 * :mod:`.host` - the process that owns clusters started from the panel
+* :mod:`.detached` - the routes of kept clusters and detached jobs (the Detached section)
 * :mod:`.handlers` - REST and websocket routes under ``<base_url>/jupyter-cluster/api/``
 * :mod:`.dashboard` - the Dask dashboards of local and dask-gateway clusters, under ``<base_url>/jupyter-cluster/dashboard/``
 """

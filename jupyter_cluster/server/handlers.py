@@ -25,6 +25,8 @@ Routes::
     GET    runs/RUN                         one run with its items and its sweep table rows
     GET    runs/RUN/curves                  its items' curves, per metric
     GET    config                           defaults the panel offers
+    GET    detached                         detached jobs and kept clusters (see server.detached)
+    POST   detached/NAME/cancel             cancel a detached job
     WS     events                           pushed updates (see EventsSocket)
 """
 
@@ -48,7 +50,7 @@ from ..backends import available
 from ..errors import ClusterError
 from ..wire import requests as req
 from ..wire.models import kernel_id_or_none
-from . import dashboard
+from . import dashboard, detached
 from .manager import ClusterManager, NotFound, validate_name
 from .workers import WorkerFeed
 
@@ -506,6 +508,7 @@ def setup_handlers(web_app: Any, manager: ClusterManager) -> None:
         (r"/runs/(?P<run>[A-Za-z0-9_.-]{1,64})/curves/?", RunCurvesHandler),
         (r"/config/?", ConfigHandler),
         (r"/events/?", EventsSocket),
+        *detached.handlers(BaseHandler),  # kept clusters and detached jobs (server.detached)
     ]
     web_app.add_handlers(
         ".*$",

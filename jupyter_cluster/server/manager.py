@@ -350,6 +350,8 @@ class Connection:
         adaptive = self.adaptive_bounds()
         if adaptive is not None:  # the panel draws an adaptive cluster's card apart
             summary["adaptive"] = adaptive  # type: ignore[typeddict-unknown-key]
+        if (self.record.extra or {}).get("kept"):  # owned by a host process (detached.host): marked kept
+            summary["kept"] = True  # type: ignore[typeddict-unknown-key]
         return summary
 
     def adaptive_bounds(self) -> dict[str, int | None] | None:

@@ -605,3 +605,53 @@ def test_no_wait_returns_with_the_jobs_queued_and_the_reason_shown(slurm, ip):
         if not handle.closed:
             handle.close()
         subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
+
+
+def test_kept_slurm_cluster_outlives_a_killed_kernel_and_idles_out(slurm, tmp_path, monkeypatch):
+    """``--backend slurm --keep``: a detached cell outlives ``kill -9`` of its kernel, a fresh kernel gets
+    the results in order; with nothing attached and nothing running the cluster stops itself, its
+    batch jobs and credentials with it."""
+    import psutil
+
+    from jupyter_cluster.state import registry
+
+    monkeypatch.setenv("DASK_JUPYTER_CLUSTER__DETACHED__STORE_DIR", str(tmp_path / "jobs"))
+    km, kc, _ = start_jupyter_named_kernel(tmp_path)
+    km2 = kc2 = None
+    try:
+        out = kernel_ok(
+            kc,
+            "%load_ext jupyter_cluster\n%cluster start --backend slurm --keep --name hpc-keep --workers 1 "
+            "--idle-timeout 20s",
+            timeout=240,
+        )
+        assert "Started kept cluster 'hpc-keep'" in out, out
+        host = registry.read("hpc-keep").owner_pid
+        (folder,) = [f for f in os.listdir(shared_dir()) if f.startswith("jc-hpc-keep-")]
+        out = kernel_ok(kc, "%%parallel i in range(12) --detach hpc-sweep\nimport time\ntime.sleep(0.3)\ni * 7")
+        assert "Detached job 'hpc-sweep'" in out, out
+        os.kill(km.provisioner.process.pid, signal.SIGKILL)
+        time.sleep(1.0)
+        assert len(jobs_named("jc-hpc-keep-")) == 1  # the kernel's death leaves the kept cluster's job alone
+        km2, kc2, _ = start_jupyter_named_kernel(tmp_path)
+        out = kernel_ok(
+            kc2,
+            "import jupyter_cluster as jc\nprint(jc.job('hpc-sweep').result(timeout=180) == [i * 7 for i in range(12)])",
+            timeout=240,
+        )
+        assert out.strip().splitlines()[-1] == "True", out
+        stop_jupyter_named_kernel(km2, kc2)
+        km2 = None
+        # nothing attached, nothing running: gone within a minute, batch job and credentials with it
+        wait_for(lambda: not psutil.pid_exists(host), 90, message="the idle kept cluster's host to end")
+        wait_for(lambda: not jobs_named("jc-hpc-keep-"), 30, message="its batch job to be cancelled")
+        assert registry.read("hpc-keep") is None
+        assert not os.path.exists(os.path.join(shared_dir(), folder))
+    finally:
+        for k, c in ((km2, kc2), (km, kc)):
+            if k is not None:
+                stop_jupyter_named_kernel(k, c)
+        rec = registry.read("hpc-keep")
+        if rec is not None and psutil.pid_exists(rec.owner_pid):
+            os.kill(rec.owner_pid, signal.SIGTERM)
+        subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)

@@ -110,6 +110,10 @@ class ClusterCard {
     if (adaptive) {
       badges.push(`adaptive ${adaptive.minimum ?? 0}–${adaptive.maximum ?? '∞'}`);
     }
+    if (c.kept === true) {
+      badges.push('kept');
+    }
+    this.node.classList.toggle('jc-kept-card', c.kept === true);
     setText(this.badges, badges.join(' · '));
     this.badges.style.display = badges.length ? '' : 'none';
     setText(this.status, c.status);

@@ -38,6 +38,7 @@ import { ask } from './dialogs';
 import { FormValues, INewCluster, checkNewCluster, newClusterFields, newClusterRequest } from './newCluster';
 import { EventsClient, IEventsFeed } from './events';
 import { clusterIcon } from './icon';
+import { DetachedView } from './detached';
 import { JobsView } from './jobs';
 import { Loader } from './loader';
 import { JobsScope, scopedJobs } from './order';
@@ -78,6 +79,7 @@ export class ClusterPanel extends Widget {
   private readonly clusterList: ClusterList;
   private readonly historyList: HistoryList;
   private readonly workersView = new WorkersView();
+  private readonly detachedView = new DetachedView();
   private readonly jobsView: JobsView;
   private readonly metricsView: MetricsView;
   private readonly pinButton = button('Follow', 'jc-pin', '', () =>
@@ -180,6 +182,7 @@ export class ClusterPanel extends Widget {
       clusters,
       this.section('Workers', this.workersView.node),
       this.section('Jobs', jobs),
+      this.section('Detached', this.detachedView.node),
       this.section('Metrics', this.metricsView.node)
     );
     this.render();
@@ -239,6 +242,7 @@ export class ClusterPanel extends Widget {
       this.started = true;
       this.events.setInterval(this.settings.refreshRate);
       this.events.connect();
+      this.detachedView.start();
     }
   }
 
@@ -247,6 +251,7 @@ export class ClusterPanel extends Widget {
       return;
     }
     this.events.dispose();
+    this.detachedView.dispose();
     this.metricsView.dispose();
     super.dispose();
   }
