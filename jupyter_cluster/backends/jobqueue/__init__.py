@@ -29,6 +29,7 @@ The modules:
 
 - :mod:`.backend`: :class:`JobqueueBackend` (start, ``--dry-run``, the wait for the first
   worker) and one backend per batch system;
+- :mod:`.systems`: the batch systems' table (dask-jobqueue's class, the submit command, ...);
 - :mod:`.options`: the options checked, with site defaults, and the address the scheduler binds;
 - :mod:`.credentials`: the 0700 folder the jobs read and the TLS files in it;
 - :mod:`.slurm`: SLURM's queue, its never-starts reasons, the cancel of a dead owner's jobs, the watchdog;
@@ -43,7 +44,7 @@ from ..._core.lazy import attach as _attach
 
 #: public name -> the module of this package that defines it
 _NAMES = {
-    "INSTALL_HINT": ".backend", "SYSTEMS": ".backend", "JobqueueBackend": ".backend", "SlurmBackend": ".backend",
+    "INSTALL_HINT": ".backend", "SYSTEMS": ".systems", "BatchSystem": ".systems", "JobqueueBackend": ".backend", "SlurmBackend": ".backend",
     "PBSBackend": ".backend", "SGEBackend": ".backend", "LSFBackend": ".backend", "cleanup_orphan": ".backend",
     "resolve": ".options", "reachable_host": ".options", "shared_directory": ".credentials",
     "NEVER_STARTS": ".slurm", "cancel_jobs": ".slurm", "pending_reason": ".slurm", "slurm_jobs": ".slurm",

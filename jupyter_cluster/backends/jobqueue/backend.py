@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from ... import config
 from ...errors import ClusterError
@@ -27,6 +27,7 @@ from .credentials import _copy_private, _job_security, shared_directory
 from .facts import _Facts
 from .options import reachable_host, resolve
 from .slurm import _sbatch_why, cancel_jobs, pending_reason, start_watchdog
+from .systems import SYSTEMS, BatchSystem
 
 if TYPE_CHECKING:
     from ...state.registry import ClusterRecord
@@ -66,15 +67,6 @@ def _import_dask_jobqueue() -> Any:
     return dask_jobqueue
 
 
-#: system -> (dask_jobqueue class, submit command, cancel command)
-SYSTEMS: dict[str, tuple[str, str, str]] = {
-    "slurm": ("SLURMCluster", "sbatch", "scancel"),
-    "pbs": ("PBSCluster", "qsub", "qdel"),
-    "sge": ("SGECluster", "qsub", "qdel"),
-    "lsf": ("LSFCluster", "bsub", "bkill"),
-}
-
-
 def cleanup_orphan(record: ClusterRecord) -> None:
     """The registry's clean-up hook for a batch cluster whose owner died (see :mod:`jupyter_cluster.state.orphans`)."""
     if isinstance(record.extra, dict):
@@ -82,7 +74,7 @@ def cleanup_orphan(record: ClusterRecord) -> None:
 
 
 class JobqueueBackend(Backend):
-    """Workers as batch jobs through dask-jobqueue; subclasses name the system."""
+    """Workers as batch jobs through dask-jobqueue; one subclass per row of the batch systems' table names the system."""
 
     system: ClassVar[str] = ""
     #: ``session.start`` passes its ``wait`` (``--no-wait``): a start may return with the jobs queued
@@ -113,7 +105,7 @@ class JobqueueBackend(Backend):
             raise ClusterError(
                 f"the {self.name} backend needs dask-jobqueue, which is not installed; install it with: {INSTALL_HINT}"
             ) from exc
-        return getattr(dask_jobqueue, SYSTEMS[self.system][0])
+        return getattr(dask_jobqueue, SYSTEMS[self.system].cluster_class)
 
     def _kwargs(
         self, opts: dict[str, Any], job_name: str, security: Any, log_dir: str | None, cluster_name: str | None = None
@@ -156,7 +148,7 @@ class JobqueueBackend(Backend):
         if opts["partition"] is not None:
             kwargs["queue"] = opts["partition"]
         if opts["account"] is not None:
-            kwargs["account" if self.system in ("slurm", "pbs") else "project"] = opts["account"]
+            kwargs[SYSTEMS[self.system].account_keyword] = opts["account"]
         if security is None:
             kwargs["protocol"] = "tcp://"
         return {k: v for k, v in kwargs.items() if v is not None}
@@ -188,7 +180,7 @@ class JobqueueBackend(Backend):
         self.check_options(options)
         opts = resolve(self.system, options)
         cls = self._cluster_class()
-        submit = SYSTEMS[self.system][1]
+        submit = SYSTEMS[self.system].submit
         if shutil.which(submit) is None:
             raise ClusterError(
                 f"{submit} is not on PATH, so no {self.name} job can be submitted from here; "
@@ -403,29 +395,20 @@ def _end(proc: subprocess.Popen) -> None:
         proc.wait(timeout=5)
 
 
-class SlurmBackend(JobqueueBackend):
-    """SLURM through dask-jobqueue's ``SLURMCluster`` (tested against a real SLURM)."""
-
-    name = "slurm"
-    system = "slurm"
-
-
-class PBSBackend(JobqueueBackend):
-    """PBS through ``PBSCluster`` (job scripts checked in tests; no real PBS runs there)."""
-
-    name = "pbs"
-    system = "pbs"
+def _backend_class(system: BatchSystem) -> type[JobqueueBackend]:
+    """The backend of one batch system: :class:`JobqueueBackend` named after the table's row."""
+    attrs = {
+        "__module__": __name__,
+        "__qualname__": system.backend,
+        "__doc__": f"{system.title} through dask-jobqueue's ``{system.cluster_class}`` ({system.checked}).",
+        "name": system.name,
+        "system": system.name,
+    }
+    return cast("type[JobqueueBackend]", type(system.backend, (JobqueueBackend,), attrs))
 
 
-class SGEBackend(JobqueueBackend):
-    """SGE through ``SGECluster`` (job scripts checked in tests; no real SGE runs there)."""
-
-    name = "sge"
-    system = "sge"
-
-
-class LSFBackend(JobqueueBackend):
-    """LSF through ``LSFCluster`` (job scripts checked in tests; no real LSF runs there)."""
-
-    name = "lsf"
-    system = "lsf"
+# one per row of the table; the backends' registry names them (``backends._BUILTIN``)
+SlurmBackend = _backend_class(SYSTEMS["slurm"])
+PBSBackend = _backend_class(SYSTEMS["pbs"])
+SGEBackend = _backend_class(SYSTEMS["sge"])
+LSFBackend = _backend_class(SYSTEMS["lsf"])
