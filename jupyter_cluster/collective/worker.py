@@ -117,7 +117,7 @@ def _this_worker():
 def interrupt(group: str) -> bool:
     """Raise ``KeyboardInterrupt`` in the thread running this group's cell (if any).
 
-    Done under the state lock, which :func:`run_rank` also holds when it
+    Done under the state lock, which :func:`~jupyter_cluster.collective.task.run_rank` also holds when it
     forgets its thread, so the exception can only land inside the rank's
     own code (where it is caught), never in Dask's thread after the cell.
     """
