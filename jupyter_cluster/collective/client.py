@@ -6,23 +6,21 @@ two front ends of :func:`run`.  The flow of one call::
     pick the group ─► reuse it while its workers live (same N, same backend);
                       else probe the workers (torch, GPUs), choose the backend,
                       and make a new group (a one-line notice when one existed)
+                      (collective.groups)
     rendezvous     ─► rank 0's worker holds the keys (Client.run); every rank joins with
                       init_process_group(store=...), the store reached over the Dask comm
-                      (TLS on a local cluster); nothing new listens for it
+                      (TLS on a local cluster); nothing new listens for it (collective.rendezvous)
     one task per rank, pinned: Client.submit(workers=[addr], allow_other_workers=False)
-                   ─► spmd_worker.run_rank: env, group, the cell in the rank's namespace
-    wait           ─► results and per-rank output; a failed rank cancels the others;
-                      a lost worker or an interrupt ends the wait within seconds
+                   ─► collective.task.run_rank: env, group, the cell in the rank's namespace
+    wait           ─► results and per-rank output (collective.output); a failed rank cancels
+                      the others; a lost worker or an interrupt ends the wait within seconds
 
-Per-rank state lives in the worker processes (:mod:`~jupyter_cluster.collective.worker`),
-so the client keeps only what it needs to decide whether a group can be reused.
 This module knows nothing of IPython.
 """
 
 from __future__ import annotations
 
 import inspect
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -30,97 +28,27 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..cell.capture import pickled_size
-from ..cluster import session
-from ..cluster.display import fmt_bytes
 from ..engine.cluster import workers_now
 from ..engine.worker import error_info
 from ..errors import ClusterError
 from ..tracking.progress import observer_factory
+from .groups import BACKENDS, STOP_WAIT_S, Group, interrupt_ranks, open_rendezvous, prepare, resolve_handle
+from .output import LiveOutput, OutputPrinter
 
 if TYPE_CHECKING:
-    from distributed import Client
+    from distributed import Client, Future
+
+# BACKENDS: what the magic's option table lists (tests/cluster/test_startup.py checks the two agree)
+__all__ = ["BACKENDS", "DEFAULT_TIMEOUT", "OutputPrinter", "SpmdJob", "raise_failure", "run", "spmd"]
 
 #: seconds a collective waits for its peers before it fails (``--timeout``)
 DEFAULT_TIMEOUT = 300.0
 #: after the first failed rank, how long the others get to finish on their own before they are interrupted
 FAILURE_GRACE_S = 2.0
-#: how long interrupted ranks get to stop before the notebook stops waiting for them
-STOP_WAIT_S = 1.5
-#: how long the next cell waits for ranks of an interrupted or failed cell before restarting their workers
-STUCK_WAIT_S = 5.0
 #: how often the wait loop asks the scheduler whether the group's workers are alive
 LIVENESS_INTERVAL_S = 0.25
 #: the largest captured-values payload sent inside the task; bigger ones are scattered to the ranks' workers
 INLINE_PAYLOAD_BYTES = 1 << 20
-BACKENDS = ("gloo", "nccl", "auto")
-
-
-@dataclass
-class Group:
-    """The client's record of one SPMD group.
-
-    Attributes
-    ----------
-    id : str
-        Names the group on the workers; a new id means fresh per-rank namespaces.
-    workers : list of str
-        Worker addresses in rank order.
-    names : list of str
-        Their Dask worker names.
-    hosts : list of str
-        Their hosts (``MASTER_ADDR`` is ``hosts[0]``).
-    backend : str
-        ``"gloo"`` or ``"nccl"`` (``auto`` is resolved when the group is made).
-    requested : str
-        The backend asked for (``gloo``, ``nccl`` or ``auto``).
-    generation : int
-        Rendezvous number; a new one re-initialises the process group (after a
-        failure) and keeps the per-rank namespaces.
-    store : str or None
-        The address of the worker that holds the current generation's rendezvous
-        keys (rank 0's); None until a rendezvous is opened, and again after a
-        failure, so that the next cell opens a new generation.
-    """
-
-    id: str
-    workers: list[str]
-    names: list[str]
-    hosts: list[str]
-    backend: str
-    requested: str
-    generation: int = 0
-    store: str | None = None
-    gpus: list[int] = field(default_factory=list)
-    healthy: bool = False
-    assigned: set[str] = field(default_factory=set)
-    pending: list[Any] = field(default_factory=list)
-    runs: int = 0
-
-    @property
-    def world_size(self) -> int:
-        return len(self.workers)
-
-    def spec(self, rank: int, timeout: float) -> dict[str, Any]:
-        host = self.hosts[rank]
-        same_host = [r for r, h in enumerate(self.hosts) if h == host]
-        return {
-            "group": self.id,
-            "generation": self.generation,
-            "rank": rank,
-            "world_size": self.world_size,
-            "local_rank": same_host.index(rank),
-            "local_world_size": len(same_host),
-            "host": self.hosts[0],
-            "store": self.store,
-            "bind": host,
-            "backend": self.backend,
-            "timeout": float(timeout),
-        }
-
-
-# scheduler address -> the group on that cluster
-_groups: dict[str, Group] = {}
-_lock = threading.RLock()
 
 
 class SpmdJob:
@@ -159,389 +87,6 @@ class SpmdJob:
 
     def __repr__(self) -> str:
         return f"<SpmdJob {self.label!r} {self.state} ranks={self.total} done={self.done} failed={self.failed}>"
-
-
-# -- backend choice -------------------------------------------------------------------------
-def choose_backend(requested: str | None, gpus: list[int], names: list[str] | None = None) -> str:
-    """Resolve ``gloo | nccl | auto`` for ranks with ``gpus[r]`` GPUs each.
-
-    ``auto`` is nccl when every rank has a GPU and gloo otherwise; ``nccl``
-    with a CPU-only rank raises one sentence naming the ranks.
-
-    Examples
-    --------
-    >>> choose_backend("auto", [0, 0])
-    'gloo'
-    >>> choose_backend("auto", [1, 1])
-    'nccl'
-    """
-    asked = (requested or "auto").lower()
-    if asked not in BACKENDS:
-        raise ClusterError(f"--backend takes gloo, nccl or auto, not {requested!r}.")
-    if asked == "gloo":
-        return "gloo"
-    cpu = [r for r, g in enumerate(gpus) if g < 1]
-    if asked == "auto":
-        return "gloo" if cpu or not gpus else "nccl"
-    if cpu:
-        names = names or [str(r) for r in range(len(gpus))]
-        which = ", ".join(f"{r} (worker {names[r]})" for r in cpu[:4]) + (", ..." if len(cpu) > 4 else "")
-        plural = "s" if len(cpu) > 1 else ""
-        raise ClusterError(
-            f"--backend nccl needs a GPU on every rank, but rank{plural} {which} "
-            f"{'have' if plural else 'has'} none; start GPU workers with %cluster start --gpus, or use --backend gloo."
-        )
-    return "nccl"
-
-
-# -- cluster helpers ----------------------------------------------------------------------
-def _natural(name: Any) -> tuple:
-    text = str(name)
-    return (0, int(text), "") if text.isdigit() else (1, 0, text)
-
-
-def _host(address: str) -> str:
-    from distributed.comm import get_address_host
-
-    return get_address_host(address)
-
-
-def _run_on(client: Client, fn: Callable, *args, workers: list[str], timeout: float = 30.0) -> dict[str, Any]:
-    """``Client.run`` in a worker thread (not on the worker's event loop), bounded by ``timeout``.
-
-    ``fn`` gets the worker as ``dask_worker=`` when its signature names it, as with ``Client.run``.
-    """
-    import functools
-
-    wants_worker = "dask_worker" in inspect.signature(fn).parameters
-
-    async def in_thread(*a, dask_worker=None, _fn=fn):
-        import asyncio
-
-        call = functools.partial(_fn, *a, **({"dask_worker": dask_worker} if wants_worker else {}))
-        return await asyncio.get_running_loop().run_in_executor(None, call)
-
-    box: dict[str, Any] = {}
-
-    def call():
-        try:
-            box["value"] = client.run(in_thread, *args, workers=workers, on_error="return")
-        except BaseException as exc:  # noqa: BLE001 - reported by the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=call, name="jupyter-cluster-spmd-run", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise ClusterError(f"the workers did not answer within {timeout:g} s; check the cluster with %cluster.")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def _resolve_handle(cluster: Any):
-    if cluster is None:
-        handle = session.current()
-        if handle is None:
-            raise ClusterError("no cluster is running; start one with %cluster start (or jupyter_cluster.start()).")
-        return handle
-    if isinstance(cluster, str):
-        return session.get(cluster)
-    return cluster
-
-
-# -- groups ---------------------------------------------------------------------------------
-def _pick_members(live: dict[str, dict], n: int | None) -> list[str]:
-    if not live:
-        raise ClusterError("the cluster has no workers yet; wait for them or scale it up (%cluster scale N).")
-    if n is not None and n < 1:
-        raise ClusterError(f"--workers must be at least 1, not {n}.")
-    if n is not None and n > len(live):
-        raise ClusterError(
-            f"%%spmd --workers {n} needs {n} workers but the cluster has {len(live)}; "
-            f"scale it up with %cluster scale {n}, or ask for fewer ranks."
-        )
-    order = sorted(live, key=lambda a: (_host(a), _natural(live[a].get("name", a))))
-    return order[: (n if n is not None else len(order))]
-
-
-def _ranks(n: int) -> str:
-    return f"{n} rank" + ("s" if n != 1 else "")
-
-
-def _describe_change(old: Group, live: dict[str, dict], members: list[str]) -> str:
-    gone = [f"rank {r} (worker {old.names[r]})" for r, a in enumerate(old.workers) if a not in live]
-    if gone:
-        why = f"{', '.join(gone)} left the cluster"
-    elif len(members) != old.world_size:
-        why = f"{_ranks(len(members))} {'were' if len(members) > 1 else 'was'} asked for instead of {old.world_size}"
-    else:
-        why = "the workers changed"
-    return (
-        f"%%spmd: {why}; rebuilt the process group with {_ranks(len(members))} "
-        "(per-rank state from earlier cells is gone: rerun the cells that built it)."
-    )
-
-
-def _restart_stuck(handle, group: Group, notice: Callable[[str], None]) -> None:
-    """Ranks still busy with an earlier (failed or interrupted) cell: wait a while, then restart their workers.
-
-    Whether a rank is busy is asked of its worker (is the cell's thread still
-    inside ``run_rank``?), not read from the task's future, whose state can
-    lag behind the worker's after an interrupt.
-    """
-    unfinished = [(a, f) for a, f in group.pending if not f.done()]
-    group.pending = []
-    if not unfinished:
-        return
-    addrs = sorted({a for a, _ in unfinished})
-    # a rank's task that has not started yet must not start now, with an old rendezvous
-    handle.client.cancel([f for _, f in unfinished])
-    # ask again (the interrupt went out without waiting), then give them time to unwind: a rank
-    # that was running Python stops within a second or two even on a busy machine
-    _interrupt_ranks(handle, group, [group.workers.index(a) for a in addrs if a in group.workers])
-    deadline = time.monotonic() + STUCK_WAIT_S
-    while addrs:
-        live = workers_now(handle.client)
-        addrs = [a for a in addrs if a in live]
-        try:
-            states = _run_on(handle.client, _worker_module().status, workers=addrs, timeout=5) if addrs else {}
-        except ClusterError:
-            states = {}
-        addrs = [a for a in addrs if not isinstance(states.get(a), dict) or states[a].get("running")]
-        if not addrs or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    stuck = addrs
-    if not stuck:
-        return
-    addrs = sorted(set(stuck))
-    live = workers_now(handle.client)
-    addrs = [a for a in addrs if a in live]
-    if not addrs:
-        return
-    ranks = ", ".join(str(group.workers.index(a)) for a in addrs if a in group.workers)
-    one = len(addrs) == 1
-    notice(
-        f"%%spmd: rank{'' if one else 's'} {ranks} {'was' if one else 'were'} still busy with an earlier cell, inside a call "
-        f"Python cannot interrupt; restarting {'its worker' if one else 'their workers'} so no rank stays stuck."
-    )
-    try:
-        handle.client.restart_workers(addrs, timeout=60, raise_for_error=False)
-    except Exception as exc:
-        raise ClusterError(
-            f"rank {ranks} is still running an earlier %%spmd cell and its worker cannot be restarted ({exc}); "
-            "restart the cluster with %cluster restart."
-        ) from None
-    handle.client.wait_for_workers(len(live), timeout=60)
-
-
-def _make_group(handle, members: list[str], live: dict[str, dict], requested: str) -> Group:
-    """Probe the members (torch, GPUs) and resolve the backend; nothing has run yet."""
-    infos = _run_on(handle.client, _worker_module().probe, workers=members, timeout=120)
-    names = [str(live[a].get("name", a)) for a in members]
-    for addr, name in zip(members, names):
-        info = infos.get(addr)
-        if (isinstance(info, BaseException) or info is None) and addr not in workers_now(handle.client):
-            # seen on SLURM workers with 500 MiB: the nanny restarts a worker that imports torch over its limit
-            limit = live[addr].get("memory_limit")
-            raise ClusterError(
-                f"worker {name} was lost while torch was imported on it ({info}); importing torch takes a few "
-                f"hundred MB, past which a worker's nanny restarts it: give the workers more memory than "
-                f"{fmt_bytes(limit) if limit else 'now'} (--memory-limit) and run the cell again."
-            )
-        if isinstance(info, BaseException) or info is None:
-            raise ClusterError(
-                f"worker {name} could not be asked about torch ({info}); check the cluster with %cluster."
-            )
-        if info.get("torch") is None or info.get("error"):
-            raise ClusterError(
-                f"torch.distributed is not usable on worker {name} ({info.get('error')}); install torch in the workers' environment."
-            )
-    gpus = [int(infos[a].get("gpus") or 0) for a in members]
-    backend = choose_backend(requested, gpus, names)
-    if backend == "nccl":
-        missing = [n for a, n in zip(members, names) if not infos[a].get("nccl")]
-        if missing:
-            raise ClusterError(
-                f"--backend nccl needs a torch build with NCCL, which worker {missing[0]} lacks; install a CUDA build of torch there, or use --backend gloo."
-            )
-    return Group(
-        id=uuid.uuid4().hex,
-        workers=list(members),
-        names=names,
-        hosts=[_host(a) for a in members],
-        backend=backend,
-        requested=(requested or "auto").lower(),
-        gpus=gpus,
-    )
-
-
-class _OutputRouter:
-    """One subscription per client to the ranks' live output; chunks are queued per job."""
-
-    def __init__(self, client: Client):
-        self.queues: dict[str, Any] = {}
-        self.lock = threading.Lock()
-        client.subscribe_topic(_worker_module().OUTPUT_TOPIC, self._on_event)
-
-    def _on_event(self, event) -> None:  # on the client's event loop
-        msg = event[1] if isinstance(event, (tuple, list)) and len(event) == 2 else event
-        if not isinstance(msg, dict):
-            return
-        with self.lock:
-            queue = self.queues.get(str(msg.get("job")))
-        if queue is not None:
-            queue.append(msg)
-
-    def register(self, job: str):
-        from collections import deque
-
-        queue: deque = deque()
-        with self.lock:
-            self.queues[job] = queue
-        return queue
-
-    def unregister(self, job: str) -> None:
-        with self.lock:
-            self.queues.pop(job, None)
-
-
-_routers: dict[str, _OutputRouter] = {}
-
-
-def _router(client: Client) -> _OutputRouter | None:
-    with _lock:
-        router = _routers.get(client.id)
-        if router is None:
-            try:
-                router = _routers[client.id] = _OutputRouter(client)
-            except Exception:  # no live output; the results still carry it
-                return None
-        return router
-
-
-def _worker_module():
-    from . import worker as spmd_worker  # lazy: the ranks' module, pickled by reference, loads with the first group
-
-    return spmd_worker
-
-
-def prepare(handle, n: int | None = None, backend: str | None = None, notice: Callable[[str], None] = print) -> Group:
-    """The group the next cell runs on: reused while its workers live, else made anew.
-
-    Every check that can refuse (too few workers, nccl on CPU ranks, no
-    torch) happens here, before anything runs.
-    """
-    client = handle.client
-    requested = (backend or "auto").lower()
-    if requested not in BACKENDS:
-        raise ClusterError(f"--backend takes gloo, nccl or auto, not {backend!r}.")
-    with _lock:
-        old = _groups.get(handle.address)
-    if old is not None and old.pending:
-        _restart_stuck(handle, old, notice)
-    live = workers_now(client)
-    members = _pick_members(live, n)
-    if old is not None:
-        alive = all(a in live for a in old.workers)
-        same_size = (n if n is not None else len(live)) == old.world_size
-        same_members = alive and same_size and (n is not None or members == old.workers)
-        # what the request means on the group's own ranks: `--backend gloo` after `auto` chose gloo keeps
-        # the group, and nccl asked of its CPU ranks is refused here, before anything runs
-        same_backend = requested == old.requested or (
-            same_members and choose_backend(requested, old.gpus, old.names) == old.backend
-        )
-        if same_members and same_backend:
-            return old
-        group = _make_group(handle, members, live, requested)
-        if alive and same_size and members == old.workers:
-            notice(
-                f"%%spmd: --backend {requested} differs from the group's ({old.requested}); rebuilt the process group "
-                "(per-rank state from earlier cells is gone: rerun the cells that built it)."
-            )
-        else:
-            notice(_describe_change(old, live, members))
-        _teardown(handle, old)
-    else:
-        group = _make_group(handle, members, live, requested)
-    with _lock:
-        _groups[handle.address] = group
-    return group
-
-
-def _open_rendezvous(handle, group: Group) -> None:
-    """A new rendezvous generation: rank 0's worker keeps its keys (see ``spmd_worker._StoreKeys``)."""
-    group.generation += 1
-    addr0 = group.workers[0]
-    where = _run_on(
-        handle.client,
-        _worker_module().open_store,
-        group.id,
-        group.generation,
-        workers=[addr0],
-        timeout=60,
-    )
-    store = where.get(addr0)
-    if not isinstance(store, str):
-        raise ClusterError(
-            f"rank 0's worker {group.names[0]} could not open the rendezvous ({store}); check the cluster with %cluster."
-        )
-    group.store = store
-
-
-def _teardown(handle, group: Group) -> None:
-    live = workers_now(handle.client)
-    members = [a for a in group.workers if a in live]
-    if members:
-        try:
-            _run_on(handle.client, _worker_module().teardown, group.id, workers=members, timeout=15)
-        except ClusterError:
-            pass
-
-
-def reset(cluster: Any = None) -> bool:
-    """Tear down the current cluster's SPMD group: process groups destroyed, per-rank state dropped.
-
-    Returns
-    -------
-    bool
-        Whether there was a group.
-    """
-    handle = _resolve_handle(cluster)
-    with _lock:
-        group = _groups.pop(handle.address, None)
-    if group is None:
-        return False
-    _teardown(handle, group)
-    return True
-
-
-def group(cluster: Any = None) -> Group | None:
-    """The current cluster's SPMD group (None before the first ``%%spmd``)."""
-    handle = _resolve_handle(cluster)
-    with _lock:
-        return _groups.get(handle.address)
-
-
-# -- running ----------------------------------------------------------------------------------
-def _choose_failure(results: dict[int, dict]) -> int:
-    """The rank whose failure caused the others': not collateral, earliest."""
-    failed = [(r, res) for r, res in results.items() if not res.get("ok")]
-    primary = [(r, res) for r, res in failed if not res.get("collateral")]
-    pool = primary or failed
-    return min(pool, key=lambda kv: (kv[1].get("failed_at", float("inf")), kv[0]))[0]
-
-
-def _interrupt_ranks(handle, group: Group, ranks: list[int], wait_s: float = STOP_WAIT_S) -> None:
-    """Raise KeyboardInterrupt in these ranks' cells; waits at most ``wait_s`` (the request still goes out)."""
-    addrs = [group.workers[r] for r in ranks]
-    if not addrs:
-        return
-    try:
-        _run_on(handle.client, _worker_module().interrupt, group.id, workers=addrs, timeout=wait_s)
-    except Exception:  # the notebook must not wait on a worker that does not answer
-        pass
 
 
 class _Observer:
@@ -584,37 +129,71 @@ def run(
     :func:`spmd`; the payload is ``{"kind": "cell", "func": CellFunction,
     "large": {...}}`` or ``{"kind": "fn", "fn": f, "args": ..., "kwargs": ...}``.
     """
-    from distributed import wait
-
-    handle = handle if handle is not None else _resolve_handle(cluster)
+    handle = handle if handle is not None else resolve_handle(cluster)
     timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
     if timeout <= 0:
         raise ClusterError(f"--timeout must be a positive number of seconds, not {timeout:g}.")
     group = prepare(handle, workers, backend, notice)
-    client = handle.client
+    payload = _begin(handle, group, payload)
+    job = SpmdJob(label, group.world_size, handle.client, getattr(handle, "name", None))
+    job.group = group
+    live = LiveOutput(handle.client, job.id, on_output)
+    observe = _Observer(job, progress)
+    ranks = _Ranks(handle, group, job, observe)
+    try:
+        ranks.submit(payload, timeout, live)
+        ranks.wait(live)
+    except BaseException as exc:  # Ctrl-C, or anything else: no rank is left running unattended
+        live.close(relay=False)
+        ranks.abandon()
+        if isinstance(exc, KeyboardInterrupt):
+            notice(
+                "%%spmd: interrupted; every rank was sent KeyboardInterrupt and the process group will be "
+                "re-initialised by the next %%spmd cell (per-rank state is kept)."
+            )
+        raise
+    live.close()
+    ranks.settle(on_output, notice)
+    return ranks.conclude()
+
+
+def _begin(handle, group: Group, payload: dict[str, Any]) -> dict[str, Any]:
+    """Ready the group for a new cell (a new rendezvous after a failure) and ship the payload's large values."""
     if group.store is None or not group.healthy:
-        _open_rendezvous(handle, group)
+        open_rendezvous(handle, group)
     group.healthy = False  # until this cell succeeds
     group.runs += 1
-    payload = _ship(client, group, payload)
-    job = SpmdJob(label, group.world_size, client, getattr(handle, "name", None))
-    job.group = group
-    stream_out: Callable[[int, int, str], None] | None = getattr(on_output, "live", None)
-    router = _router(client) if stream_out is not None else None
-    chunks = router.register(job.id) if router is not None else None
-    wants = getattr(on_output, "wants", lambda rank: False)
-    futures: list = []
-    observe = _Observer(job, progress)
-    results: dict[int, dict] = {}
-    lost: list[int] = []
+    return _ship(handle.client, group, payload)
+
+
+def _rank_task() -> Callable[..., dict[str, Any]]:
+    from . import task  # lazy: the ranks' module, pickled by reference, loads with the first cell
+
+    return task.run_rank
+
+
+@dataclass
+class _Ranks:
+    """The ranks' tasks of one run and what came back from them: submitted, waited for, settled into the job."""
+
+    handle: Any
+    group: Group
+    job: SpmdJob
+    observe: _Observer
+    futures: list[Future] = field(default_factory=list)
+    results: dict[int, dict] = field(default_factory=dict)
+    lost: list[int] = field(default_factory=list)
     first_failure: float | None = None
-    interrupted_others = False
-    try:
+    interrupted_others: bool = False
+
+    def submit(self, payload: dict[str, Any], timeout: float, live: LiveOutput) -> None:
+        """One task per rank, pinned to its worker."""
+        group, run_rank = self.group, _rank_task()
         for rank, addr in enumerate(group.workers):
-            spec = dict(group.spec(rank, timeout), job=job.id, stream=chunks is not None and wants(rank))
-            futures.append(
-                client.submit(
-                    _worker_module().run_rank,
+            spec = dict(group.spec(rank, timeout), job=self.job.id, stream=live.streams(rank))
+            self.futures.append(
+                self.handle.client.submit(
+                    run_rank,
                     spec,
                     payload,
                     key=f"spmd-{group.id[:8]}-{group.runs}-rank-{rank}",
@@ -624,109 +203,135 @@ def run(
                     retries=0,
                 )
             )
+
+    def _open(self) -> list[int]:
+        """Ranks neither finished nor lost."""
+        return [r for r in range(len(self.futures)) if r not in self.results and r not in self.lost]
+
+    def wait(self, live: LiveOutput) -> None:
+        """Until every rank finished or was lost, relaying output; a failure stops the other ranks."""
+        from distributed import wait
+
         next_check = 0.0
-        while len(results) < group.world_size:
-            waiting = [f for r, f in enumerate(futures) if r not in results and r not in lost]
+        while len(self.results) < self.group.world_size:
+            waiting = [self.futures[r] for r in self._open()]
             if not waiting:
                 break
             try:
                 wait(waiting, timeout=0.1, return_when="FIRST_COMPLETED")
             except Exception:  # distributed's TimeoutError: nothing new yet
                 pass
-            for rank, fut in enumerate(futures):
-                if rank in results or rank in lost or not fut.done():
-                    continue
-                results[rank] = _result_of(fut, rank)
-                res = results[rank]
-                if res.get("ok"):
-                    job.done += 1
-                else:
-                    job.failed += 1
-                    if first_failure is None:
-                        first_failure = time.monotonic()
-                observe("job_progress", job)
-            while chunks and stream_out is not None:
-                chunk = chunks.popleft()
-                stream_out(chunk["rank"], chunk["offset"], chunk["text"])
+            self._collect()
+            live.relay()
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + LIVENESS_INTERVAL_S
-                live = workers_now(client)
-                for rank, addr in enumerate(group.workers):
-                    if rank not in results and rank not in lost and addr not in live:
-                        lost.append(rank)
-                        if first_failure is None:
-                            first_failure = now
-            if first_failure is not None:
-                if not interrupted_others and now - first_failure > FAILURE_GRACE_S:
-                    interrupted_others = True
-                    _interrupt_ranks(
-                        handle, group, [r for r in range(group.world_size) if r not in results and r not in lost]
-                    )
-                elif interrupted_others and now - first_failure > FAILURE_GRACE_S + STOP_WAIT_S + 1.0:
-                    break  # a rank stuck inside torch: the next cell restarts its worker
-    except BaseException as exc:  # Ctrl-C, or anything else: no rank is left running unattended
-        if router is not None:
-            router.unregister(job.id)
-        _interrupt_ranks(handle, group, [r for r in range(len(futures)) if r not in results], wait_s=0.3)
+                self._find_lost(now)
+            if self.first_failure is not None and self._stop_others(now):
+                break  # a rank stuck inside torch: the next cell restarts its worker
+
+    def _collect(self) -> None:
+        """Take the results of the ranks that finished."""
+        for rank, fut in enumerate(self.futures):
+            if rank in self.results or rank in self.lost or not fut.done():
+                continue
+            res = self.results[rank] = _result_of(fut, rank)
+            if res.get("ok"):
+                self.job.done += 1
+            else:
+                self.job.failed += 1
+                if self.first_failure is None:
+                    self.first_failure = time.monotonic()
+            self.observe("job_progress", self.job)
+
+    def _find_lost(self, now: float) -> None:
+        """Ranks whose worker left the cluster."""
+        live = workers_now(self.handle.client)
+        for rank, addr in enumerate(self.group.workers):
+            if rank not in self.results and rank not in self.lost and addr not in live:
+                self.lost.append(rank)
+                if self.first_failure is None:
+                    self.first_failure = now
+
+    def _stop_others(self, now: float) -> bool:
+        """After a failure: interrupt the ranks still running once the grace is over; True when waiting is over."""
+        assert self.first_failure is not None
+        if not self.interrupted_others and now - self.first_failure > FAILURE_GRACE_S:
+            self.interrupted_others = True
+            interrupt_ranks(self.handle, self.group, self._open())
+        elif self.interrupted_others and now - self.first_failure > FAILURE_GRACE_S + STOP_WAIT_S + 1.0:
+            return True
+        return False
+
+    def abandon(self) -> None:
+        """The wait was interrupted: every rank still running is too; the next cell re-initialises the group."""
+        group, futures = self.group, self.futures
+        interrupt_ranks(self.handle, group, [r for r in range(len(futures)) if r not in self.results], wait_s=0.3)
         group.pending = [(group.workers[r], f) for r, f in enumerate(futures) if not f.done()]
         group.store = None
-        job._finish("cancelled")
-        observe("job_finished", job)
-        if isinstance(exc, KeyboardInterrupt):
-            notice(
-                "%%spmd: interrupted; every rank was sent KeyboardInterrupt and the process group will be "
-                "re-initialised by the next %%spmd cell (per-rank state is kept)."
+        self.job._finish("cancelled")
+        self.observe("job_finished", self.job)
+
+    def settle(self, on_output: Callable[[int, str, bool], None] | None, notice: Callable[[str], None]) -> None:
+        """Results, outputs, errors and timings into the job; each rank's output to ``on_output``."""
+        group, futures, job = self.group, self.futures, self.job
+        group.pending = [(group.workers[r], f) for r, f in enumerate(futures) if r not in self.results and not f.done()]
+        for rank in self.lost:
+            self.handle.client.cancel([futures[rank]])
+        for rank, res in sorted(self.results.items()):
+            job.outputs[rank] = res.get("output", "")
+            job.timings[rank] = res.get("ended", 0.0) - res.get("started", 0.0)
+            if res.get("ok"):
+                job.values[rank] = res.get("value")
+                if res.get("unsendable"):
+                    notice(f"%%spmd: rank {rank}'s result was left on the worker: {res['unsendable']}.")
+            else:
+                error, _tname, _msg, text, frames = res["error"]
+                job.errors[rank] = error
+                job.tracebacks[rank] = (text, frames)
+        if on_output is not None:
+            failed = self._failed()
+            for rank in sorted(job.outputs):
+                on_output(rank, job.outputs[rank], rank in failed)
+
+    def _failed(self) -> list[int]:
+        return [r for r, res in self.results.items() if not res.get("ok")]
+
+    def conclude(self) -> SpmdJob:
+        """The job's end: finished, failed with a rank's own exception (``failed_rank``), or a lost rank raised."""
+        group, job = self.group, self.job
+        if self.lost:
+            group.store = None  # the next cell sees the membership change and rebuilds the group (with a notice)
+            self._finish("failed")
+            which = ", ".join(f"rank {r} (worker {group.names[r]})" for r in self.lost)
+            raise ClusterError(
+                f"{which} died during the %%spmd cell (killed, or out of memory); the other ranks were stopped, the cluster "
+                "is still usable, and the next %%spmd cell builds a new group on the workers present then."
             )
-        raise
-    if router is not None and stream_out is not None:
-        while chunks:
-            chunk = chunks.popleft()
-            stream_out(chunk["rank"], chunk["offset"], chunk["text"])
-        router.unregister(job.id)
-    unfinished = [f for r, f in enumerate(futures) if r not in results]
-    group.pending = [(group.workers[r], f) for r, f in enumerate(futures) if r not in results and not f.done()]
-    for rank in lost:
-        client.cancel([futures[rank]])
-    for rank, res in sorted(results.items()):
-        job.outputs[rank] = res.get("output", "")
-        job.timings[rank] = res.get("ended", 0.0) - res.get("started", 0.0)
-        if res.get("ok"):
-            job.values[rank] = res.get("value")
-            if res.get("unsendable"):
-                notice(f"%%spmd: rank {rank}'s result was left on the worker: {res['unsendable']}.")
-        else:
-            error, _tname, _msg, text, frames = res["error"]
-            job.errors[rank] = error
-            job.tracebacks[rank] = (text, frames)
-    failed = [r for r, res in results.items() if not res.get("ok")]
-    if on_output is not None:
-        for rank in sorted(job.outputs):
-            on_output(rank, job.outputs[rank], rank in failed)
-    if lost:
-        group.store = None  # the next cell sees the membership change and rebuilds the group (with a notice)
-        job._finish("failed")
-        observe("job_finished", job)
-        which = ", ".join(f"rank {r} (worker {group.names[r]})" for r in lost)
-        raise ClusterError(
-            f"{which} died during the %%spmd cell (killed, or out of memory); the other ranks were stopped, the cluster "
-            "is still usable, and the next %%spmd cell builds a new group on the workers present then."
-        )
-    if failed:
-        group.store = None  # the next cell re-initialises the process group; per-rank namespaces stay
-        job.failed_rank = _choose_failure(results)
-        job._finish("failed")
-        observe("job_finished", job)
+        if self._failed():
+            group.store = None  # the next cell re-initialises the process group; per-rank namespaces stay
+            job.failed_rank = _choose_failure(self.results)
+            self._finish("failed")
+            return job
+        if len(self.results) < len(self.futures):  # cannot happen without a failure or a loss; kept for safety
+            group.store = None
+            self._finish("failed")
+            raise ClusterError("some ranks did not finish; the next %%spmd cell restarts their workers.")
+        group.healthy = True
+        self._finish("finished")
         return job
-    if unfinished:  # cannot happen without a failure or a loss; kept for safety
-        group.store = None
-        job._finish("failed")
-        observe("job_finished", job)
-        raise ClusterError("some ranks did not finish; the next %%spmd cell restarts their workers.")
-    group.healthy = True
-    job._finish("finished")
-    observe("job_finished", job)
-    return job
+
+    def _finish(self, state: str) -> None:
+        self.job._finish(state)
+        self.observe("job_finished", self.job)
+
+
+def _choose_failure(results: dict[int, dict]) -> int:
+    """The rank whose failure caused the others': not collateral, earliest."""
+    failed = [(r, res) for r, res in results.items() if not res.get("ok")]
+    primary = [(r, res) for r, res in failed if not res.get("collateral")]
+    pool = primary or failed
+    return min(pool, key=lambda kv: (kv[1].get("failed_at", float("inf")), kv[0]))[0]
 
 
 def _result_of(fut, rank: int) -> dict:
@@ -857,65 +462,3 @@ def spmd(
     if job.failed_rank is not None:
         raise_failure(job)
     return dict(job.values)
-
-
-class OutputPrinter:
-    """Prints the chosen ranks' output (and every failing rank's), each line labelled ``[rank r]``.
-
-    Lines appear as the ranks print them (:meth:`live`, fed from the workers'
-    stream); what had not arrived when the cell ended is printed from the
-    result (:meth:`__call__`), so every line appears once, in order per rank.
-    """
-
-    def __init__(self, show: str | int | list[int] | None = 0):
-        self.show = show
-        self._consumed: dict[int, int] = {}
-        self._partial: dict[int, str] = {}
-        self._pending: dict[int, dict[int, str]] = {}
-
-    def wants(self, rank: int) -> bool:
-        s = self.show
-        if s is None:
-            return False
-        if s == "all":
-            return True
-        if isinstance(s, int):
-            return rank == s
-        return rank in set(s)
-
-    def live(self, rank: int, offset: int, text: str) -> None:
-        """A chunk of ``rank``'s output starting at character ``offset``; whole lines are printed now."""
-        if not self.wants(rank):
-            return
-        pending = self._pending.setdefault(rank, {})
-        pending[offset] = text
-        while True:
-            got = self._consumed.get(rank, 0)
-            starts = [o for o in pending if o <= got]
-            if not starts:
-                return
-            for o in starts:
-                chunk = pending.pop(o)
-                if o + len(chunk) > got:
-                    self._emit(rank, chunk[got - o :], failed=False, final=False)
-                    break
-
-    def _emit(self, rank: int, text: str, failed: bool, final: bool) -> None:
-        self._consumed[rank] = self._consumed.get(rank, 0) + len(text)
-        lines = (self._partial.pop(rank, "") + text).split("\n")
-        if not final:
-            self._partial[rank] = lines.pop()  # an unfinished line waits for the rest
-        elif lines and lines[-1] == "":
-            lines.pop()
-        tag = f"[rank {rank}{', failed' if failed else ''}] "
-        for line in lines:
-            print(tag + line)
-
-    def __call__(self, rank: int, text: str, failed: bool) -> None:
-        """The cell ended: print what of ``rank``'s whole output ``text`` was not printed yet."""
-        if not (failed or self.wants(rank)):
-            return
-        self._pending.pop(rank, None)
-        rest = text[self._consumed.get(rank, 0) :]
-        if rest or self._partial.get(rank):
-            self._emit(rank, rest, failed, final=True)

@@ -34,9 +34,11 @@ from .tracebacks import remote_renderer
 if TYPE_CHECKING:
     from ..cluster import session
     from ..collective import client as spmd
-else:  # both import distributed: on the first %%spmd, not at %load_ext
+    from ..collective import groups as spmd_groups
+else:  # they import distributed: on the first %%spmd, not at %load_ext
     session = LazyModule("jupyter_cluster.cluster.session")
     spmd = LazyModule("jupyter_cluster.collective.client")
+    spmd_groups = LazyModule("jupyter_cluster.collective.groups")
 
 #: ``jupyter_cluster.collective.client.BACKENDS``, written out so that the options table needs no import of it
 #: (tests/cluster/test_startup.py checks that the two agree)
@@ -141,7 +143,7 @@ class SpmdMagics(Magics):
             raise UsageError(f"%spmd: {exc}.") from None
         cmd = words[0] if words else "status"
         if cmd == "reset" and len(words) == 1:
-            had = spmd.reset()
+            had = spmd_groups.reset()
             print(
                 "%spmd: the group was torn down; the next %%spmd cell builds a new one."
                 if had
@@ -150,7 +152,7 @@ class SpmdMagics(Magics):
             return
         if cmd == "status" and len(words) <= 1:
             handle = session.current()
-            group = spmd.group(handle) if handle is not None else None
+            group = spmd_groups.group(handle) if handle is not None else None
             if group is None:
                 print("No %%spmd group on the current cluster; the first %%spmd cell builds one.")
                 return
@@ -195,7 +197,7 @@ class SpmdMagics(Magics):
         user_ns = self.shell.user_ns
 
         handle = session.resolve()
-        group = spmd.prepare(handle, args.workers, args.backend, notice=print)  # refuses before anything runs
+        group = spmd_groups.prepare(handle, args.workers, args.backend, notice=print)  # refuses before anything runs
         captured = capture.capture(analysis.free, user_ns, maybe=analysis.maybe, exclude=group.assigned)
         func = CellFunction(
             cell,

@@ -17,10 +17,12 @@ import pytest
 
 import jupyter_cluster as jc
 from jupyter_cluster.backends import jobqueue
+from jupyter_cluster.backends.jobqueue import credentials as jobqueue_files
+from jupyter_cluster.backends.jobqueue import slurm as jobqueue_slurm
 from jupyter_cluster.errors import ClusterError
 
 # Not importorskip: importing dask_jobqueue here, at collection, would replace the test process's SIGINT
-# handler with sys.exit for every later test; the backend imports it through jobqueue._import_dask_jobqueue.
+# handler with sys.exit for every later test; the backend imports it through jobqueue.backend._import_dask_jobqueue.
 if importlib.util.find_spec("dask_jobqueue") is None:
     pytest.skip("dask-jobqueue is not installed (the hpc extra)", allow_module_level=True)
 
@@ -133,7 +135,7 @@ def test_the_job_folder_is_private(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
     src = tmp_path / "src.pem"
     src.write_text("secret")
-    jobqueue._copy_private(str(src), os.path.join(path, "tls.pem"))
+    jobqueue_files._copy_private(str(src), os.path.join(path, "tls.pem"))
     assert stat.S_IMODE(os.stat(os.path.join(path, "tls.pem")).st_mode) == 0o600
 
 
@@ -173,7 +175,7 @@ def test_cancel_jobs_runs_nothing_a_record_names(tmp_path, monkeypatch):
             "jc-a",
         ):
             jobqueue.cancel_jobs(info)  # refused before anything runs (no scancel of another's jobs)
-        for proc in list(jobqueue._CANCELS):
+        for proc in list(jobqueue_slurm._CANCELS):
             proc.wait(timeout=30)
         assert not calls.exists(), calls.read_text()
         assert os.path.isdir(keep)
@@ -181,9 +183,9 @@ def test_cancel_jobs_runs_nothing_a_record_names(tmp_path, monkeypatch):
         mine = os.path.join(jobs, "jc-a-1f2e3d")
         os.makedirs(mine)
         jobqueue.cancel_jobs({"system": "slurm", "job_name": "jc-a-1f2e3d"})
-        for proc in list(jobqueue._CANCELS):
+        for proc in list(jobqueue_slurm._CANCELS):
             proc.wait(timeout=30)
-    assert calls.read_text().split() == ["--name", "jc-a-1f2e3d", "-u", jobqueue._user()]
+    assert calls.read_text().split() == ["--name", "jc-a-1f2e3d", "-u", jobqueue_slurm._user()]
     assert not os.path.exists(mine) and os.path.isdir(keep)
 
 

@@ -8,7 +8,6 @@ Ctrl-C all end the cell within seconds, and the next ``%%spmd`` cell works.
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import signal
@@ -20,6 +19,7 @@ import pytest
 pytest.importorskip("torch")
 
 import jupyter_cluster as jc
+from jupyter_cluster.collective import groups as spmd_groups
 from jupyter_cluster.collective import worker as spmd_worker
 from jupyter_cluster.engine.cluster import workers_now
 from jupyter_cluster.errors import ClusterError
@@ -27,15 +27,13 @@ from jupyter_cluster.errors import ClusterError
 from ..conftest import wait_for
 from ..helpers import ANSI, kernel_execute
 
-spmd_mod = importlib.import_module("jupyter_cluster.collective.client")
-
 
 @pytest.fixture(scope="module")
 def cluster():
     handle = jc.start(workers=2, threads=1)
     handle.wait_for_workers(2, timeout=60)
     yield handle
-    spmd_mod._groups.pop(handle.address, None)
+    spmd_groups._groups.pop(handle.address, None)
     if not handle.closed:
         handle.close()
 
@@ -126,7 +124,7 @@ print(f"rank {rank} of {world_size}: sum {t.item()}")
         assert recv == [2 * r, 2 * r + 1, 100 + 2 * r, 101 + 2 * r]
         assert env["RANK"] == str(r) and env["WORLD_SIZE"] == "2"
         assert env["LOCAL_RANK"] == str(r)  # both workers are on this host
-        assert env["MASTER_ADDR"] == spmd_mod.group(cluster).hosts[0]
+        assert env["MASTER_ADDR"] == spmd_groups.group(cluster).hosts[0]
     # rank 0's print is shown, labelled; rank 1's is not (by default)
     assert "[rank 0] rank 0 of 2: sum 30.0" in out
     assert "[rank 1]" not in out
@@ -214,10 +212,10 @@ def test_python_api_shares_the_group_and_state(shell, cluster):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return rank, world_size, int(t.item()), state.get("counter")
 
-    before = spmd_mod.group(cluster)
+    before = spmd_groups.group(cluster)
     out = jc.spmd(grab, offset=5, show=None)
     assert out == {0: (0, 2, 6, 1), 1: (1, 2, 6, 101)}  # counter set by the %%spmd cells above
-    assert spmd_mod.group(cluster) is before  # same group, not rebuilt
+    assert spmd_groups.group(cluster) is before  # same group, not rebuilt
 
 
 def test_the_rendezvous_store_is_shared_by_the_ranks_over_the_cluster_comm(shell, cluster):
@@ -336,27 +334,27 @@ def test_nccl_on_cpu_ranks_is_one_sentence(shell, cluster, capsys):
     assert msg.startswith("--backend nccl needs a GPU on every rank, but ranks 0 (worker")
     assert "--gpus" in msg and "--backend gloo" in msg
     assert _statuses(cluster) == before
-    before_group = spmd_mod.group(cluster)
+    before_group = spmd_groups.group(cluster)
     assert before_group.backend == "gloo"  # the existing group was left alone
     # asking for what `auto` already chose keeps the group (and its per-rank state)
     res = run_cell(shell, "%%spmd --backend gloo --out b\nimport torch.distributed as dist\ndist.get_backend()\n")
     assert res.error_in_exec is None and shell.user_ns["b"] == {0: "gloo", 1: "gloo"}
-    assert spmd_mod.group(cluster) is before_group and "rebuilt" not in _out(capsys)
+    assert spmd_groups.group(cluster) is before_group and "rebuilt" not in _out(capsys)
 
 
 def test_backend_choice():
-    assert spmd_mod.choose_backend("auto", [0, 0]) == "gloo"
-    assert spmd_mod.choose_backend("auto", [1, 0]) == "gloo"  # any CPU rank -> gloo
-    assert spmd_mod.choose_backend("auto", [1, 2]) == "nccl"
-    assert spmd_mod.choose_backend(None, [0]) == "gloo"
-    assert spmd_mod.choose_backend("gloo", [1, 1]) == "gloo"
-    assert spmd_mod.choose_backend("nccl", [1, 1]) == "nccl"
+    assert spmd_groups.choose_backend("auto", [0, 0]) == "gloo"
+    assert spmd_groups.choose_backend("auto", [1, 0]) == "gloo"  # any CPU rank -> gloo
+    assert spmd_groups.choose_backend("auto", [1, 2]) == "nccl"
+    assert spmd_groups.choose_backend(None, [0]) == "gloo"
+    assert spmd_groups.choose_backend("gloo", [1, 1]) == "gloo"
+    assert spmd_groups.choose_backend("nccl", [1, 1]) == "nccl"
     with pytest.raises(
         ClusterError, match=r"^--backend nccl needs a GPU on every rank, but rank 1 \(worker b\) has none"
     ):
-        spmd_mod.choose_backend("nccl", [1, 0], ["a", "b"])
+        spmd_groups.choose_backend("nccl", [1, 0], ["a", "b"])
     with pytest.raises(ClusterError, match="takes gloo, nccl or auto"):
-        spmd_mod.choose_backend("mpi", [0])
+        spmd_groups.choose_backend("mpi", [0])
 
 
 # -- failures never hang -----------------------------------------------------------------------
@@ -468,7 +466,7 @@ def test_killed_worker_gives_a_clear_error_and_the_group_is_rebuilt(shell, clust
     res = run_cell(shell, "%%spmd --out pids\nimport os\nos.getpid()\n")
     assert res.error_in_exec is None
     victim = shell.user_ns["pids"][1]
-    old_group = spmd_mod.group(cluster)
+    old_group = spmd_groups.group(cluster)
     _out(capsys)
 
     def kill_when_blocked():
@@ -499,7 +497,7 @@ dist.all_reduce(torch.ones(1))
     _all_reduce_works(shell)
     out = _out(capsys)
     assert "rebuilt the process group with 2 ranks" in out and out.count("%%spmd:") == 1, out
-    assert spmd_mod.group(cluster).id != old_group.id
+    assert spmd_groups.group(cluster).id != old_group.id
 
 
 def test_reset_drops_the_state(shell, cluster, capsys):
@@ -509,7 +507,7 @@ def test_reset_drops_the_state(shell, cluster, capsys):
     assert "%%spmd group: 2 ranks, backend gloo" in out and "rank 1: worker" in out
     run_cell(shell, "%spmd reset")
     assert "torn down" in _out(capsys)
-    assert spmd_mod.group(cluster) is None
+    assert spmd_groups.group(cluster) is None
     assert all(s["group"] is None and not s["initialized"] for s in _statuses(cluster).values())
     res = run_cell(shell, "%%spmd --out fresh\n'secret' in globals()\n")
     assert res.error_in_exec is None
@@ -572,7 +570,7 @@ dist.barrier()
         for _ in range(2):
             res = run_cell(shell, cell)
             assert isinstance(res.error_in_exec, ValueError), res.error_in_exec
-            assert spmd_mod.group(cluster).pending == []  # every rank came back; none left blocked
+            assert spmd_groups.group(cluster).pending == []  # every rank came back; none left blocked
         _out(capsys)
         res = run_cell(shell, "%%spmd --out w\nimport torch.distributed as dist\ndist.barrier()\nrank\n")
         assert res.error_in_exec is None and shell.user_ns["w"] == {0: 0, 1: 1, 2: 2, 3: 3}
@@ -639,10 +637,10 @@ def test_a_worker_lost_to_its_memory_limit_while_importing_torch_is_one_sentence
     try:
         handle.wait_for_workers(1, timeout=60)
         with pytest.raises(ClusterError) as err:
-            spmd_mod.prepare(handle, notice=lambda _: None)
+            spmd_groups.prepare(handle, notice=lambda _: None)
         message = str(err.value)
         assert "was lost while torch was imported on it" in message, message
         assert "more memory than 300.00 MiB (--memory-limit)" in message and "\n" not in message
     finally:
-        spmd_mod._groups.pop(handle.address, None)
+        spmd_groups._groups.pop(handle.address, None)
         handle.close()
