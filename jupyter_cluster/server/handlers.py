@@ -48,6 +48,7 @@ from ..backends import available
 from ..errors import ClusterError
 from ..wire.models import kernel_id_or_none, validate_size
 from . import dashboard
+from .identity import check_shown
 from .manager import ClusterManager, NotFound, validate_count, validate_name
 from .workers import WorkerFeed
 
@@ -180,6 +181,12 @@ class ClusterHandler(BaseHandler):
     @authorized
     async def delete(self, name: str) -> None:
         name = self.name_arg(name)
+        shown = self.get_query_argument("id", None)
+        if shown is not None:  # the panel's Stop acts on the cluster it showed, never on a later one of that name
+            try:
+                check_shown(self.manager, name, shown)
+            except ClusterError as exc:
+                self.fail(409, str(exc))
         await self.run(self.manager.stop(name))
         self.reply({"stopped": name})
 
