@@ -36,6 +36,7 @@ from ..cell import capture
 from ..cell.function import CellFunction
 from ..errors import CellError, ClusterError, SerializationError
 from ..tracking.runs import TAG_NAME, ItemTag, ItemTap, starting
+from ..tracking.sweep_kind import is_sweep
 from .args import MagicArgumentParser, add_options, options_text
 from .lazy import LazyModule
 from .tracebacks import (
@@ -76,6 +77,11 @@ OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("--resources", {"metavar": "GPU=1"}, "run items only on workers with these Dask resources"),
     ("--all-workers", {"action": "store_true"}, "run once per worker; names it assigns stay there for later cells"),
     ("--no-progress", {"action": "store_true"}, "no progress display"),
+    (
+        "--sweep",
+        {"action": "store_true"},
+        "a row and a curve per item, as for dict items (plain numbers or strings are a map otherwise)",
+    ),
 ]
 
 PARALLEL_USAGE = (
@@ -335,7 +341,9 @@ class ParallelMagics(Magics):
         captured = capture.capture(analysis.free, user_ns, maybe=analysis.maybe, exclude=defined_on_workers)
         tap = None
         if not args.all_workers:  # a sweep: each item's value is its config (jupyter_cluster.tracking.runs)
-            tap = ItemTap(iterable, ItemTag(uuid.uuid4().hex[:12], targets))
+            tag = ItemTag(uuid.uuid4().hex[:12], targets)
+            tag.sweep = is_sweep(tag.structure, iterable, asked=args.sweep)  # a map over plain values is no sweep
+            tap = ItemTap(iterable, tag)
             iterable = tap
             # the workers run each item inside its tag (engine.worker.run), so its reports say which item
             captured.small[TAG_NAME] = cloudpickle.dumps(tap.tag)

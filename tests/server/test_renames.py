@@ -20,7 +20,7 @@ from ..jupyter_process import JupyterProcess
 
 pytestmark = pytest.mark.timeout(300)
 
-SWEEP = """%%parallel x in range(3)
+SWEEP = """%%parallel x in range(3) --sweep
 import jupyter_cluster as jc
 jc.report(step=0, topic="ren", loss=1.0 / (x + 1))
 x
