@@ -63,7 +63,12 @@ def test_a_renamed_notebook_keeps_its_jobs_history_and_runs(tmp_path):
         r = requests.post(
             f"{server.url}api/sessions",
             headers=h,
-            json={"path": "Untitled.ipynb", "name": "Untitled.ipynb", "type": "notebook", "kernel": {"name": "python3"}},
+            json={
+                "path": "Untitled.ipynb",
+                "name": "Untitled.ipynb",
+                "type": "notebook",
+                "kernel": {"name": "python3"},
+            },
             timeout=60,
         )
         assert r.status_code == 201, r.text

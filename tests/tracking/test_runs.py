@@ -492,7 +492,9 @@ def test_a_sweep_items_reports_are_its_series_named_by_config():
         for s in range(3)
         for key in ("lr=0.001, seed=0", "lr=0.01, seed=0")
     ]
-    recs.append({"step": 0, "time": 1.0, "series": {"member": 1}, "values": {"loss": 2.0}, "run": "r", "item": "lr=0.1"})
+    recs.append(
+        {"step": 0, "time": 1.0, "series": {"member": 1}, "values": {"loss": 2.0}, "run": "r", "item": "lr=0.1"}
+    )
     recs.append({"step": 0, "time": 1.0, "series": {}, "values": {"loss": 3.0}, "run": "r", "item": ""})  # a map's
     store.add("src", 0, recs)
     curves = store.model()["scalars"]["loss"]

@@ -144,4 +144,3 @@ def test_a_live_table_shows_the_run_it_was_made_for_and_every_widens_it(ip, clus
     early = RunPin([], now=0.0)
     assert early.resolve([{"run": "a", "started": 5.0}, {"run": "b", "started": 3.0}]) == "b"
     assert early.resolve([{"run": "c", "started": 9.0}]) == "b"
-

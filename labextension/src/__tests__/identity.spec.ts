@@ -71,7 +71,7 @@ describe('a reused cluster name', () => {
     expect(clusterOfKernel([second], 'kC', [job({ kernel_id: 'kC', started: 150 })])).toBe('local-1');
   });
 
-  it('does not select the other notebook\'s cluster when the first notebook is activated', () => {
+  it("does not select the other notebook's cluster when the first notebook is activated", () => {
     let s = reduce(initialState(), { type: 'clusters', clusters: [second] });
     s = reduce(s, { type: 'jobs', running: [], recent: [aJob], history: [] });
     s = setActiveKernel(s, 'kA', 'a.ipynb');

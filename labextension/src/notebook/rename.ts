@@ -6,7 +6,9 @@
 
 /** A Python string literal of `text` (JSON's escapes are Python's, and no quote or newline survives). */
 export function pyString(text: string): string {
-  return JSON.stringify(text).replace(/\u2028/g, '\\u2028').replace(/\u2029/g, '\\u2029');
+  return JSON.stringify(text)
+    .replace(/\u2028/g, '\\u2028')
+    .replace(/\u2029/g, '\\u2029');
 }
 
 /**

@@ -275,7 +275,9 @@ export function keptText(h: IHistoryCluster): string {
   const time = (t: number): string => new Date(t * 1000).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
   if (typeof h.started === 'number' && h.started > 0) {
     parts.push(
-      typeof h.stopped === 'number' && h.stopped > 0 ? `${time(h.started)}–${time(h.stopped)}` : `from ${time(h.started)}`
+      typeof h.stopped === 'number' && h.stopped > 0
+        ? `${time(h.started)}–${time(h.stopped)}`
+        : `from ${time(h.started)}`
     );
   }
   parts.push(h.topics.length ? `metrics: ${h.topics.join(', ')}` : 'jobs only');

@@ -10,6 +10,8 @@
 import type { Point } from '../charts/data';
 import { colorLookup } from '../charts/colors';
 import { escapeHTML, formatNumber, naturalCompare } from '../charts/data';
+import { AxisKind, axisKind } from './axes';
+import { parseFilter, termHolds } from './filter';
 import { overlayLegend } from '../charts/overlay';
 
 /** A config value as a table cell holds it. */
@@ -189,46 +191,45 @@ export function sortRows(rows: ISweepRow[], col: IColumn | null, descending = fa
     .map(x => x.row);
 }
 
+/** The keys a filter may name: config keys, metrics (final values) and `state`. */
+export function filterKeys(rows: ISweepRow[]): string[] {
+  const metrics = new Set<string>();
+  rows.forEach(r => Object.keys(r.final).forEach(m => metrics.add(m)));
+  return [...configKeys(rows), ...[...metrics].sort(naturalCompare), 'state'];
+}
+
 /**
- * The rows a filter keeps.  Terms are separated by spaces and all must hold:
- * `key=value` (a config key, metric or column equal to value), `key!=value`,
- * `key>n`, `key>=n`, `key<n`, `key<=n` (numbers), or plain text found in
- * the row's name or any config value.  A term on an unknown key keeps nothing.
+ * The rows a filter keeps (filter.ts: `key=value`, `key!=value`, `key>n`,
+ * `key>=n`, `key<n`, `key<=n` on a config key, a metric or `state`, and
+ * plain words found in a row's name or config).  A term on an unknown key is
+ * left out (filterProblems() names it) rather than keeping nothing.
  */
 export function filterRows(rows: ISweepRow[], text: string): ISweepRow[] {
-  const terms = text
-    .trim()
-    .split(/\s+/)
-    .filter(t => t);
+  const { terms } = parseFilter(text, filterKeys(rows));
   if (!terms.length) {
     return rows;
   }
-  const tests = terms.map(term => {
-    const m = /^([^<>=!]+?)\s*(!=|>=|<=|=|>|<)\s*(.*)$/.exec(term);
-    if (!m) {
-      const needle = term.toLowerCase();
-      return (r: ISweepRow): boolean =>
-        r.name.toLowerCase().includes(needle) ||
-        Object.values(r.config).some(v => cellText(v).toLowerCase().includes(needle));
-    }
-    const [, key, op, raw] = m;
-    return (r: ISweepRow): boolean => {
-      const v = key in r.config ? r.config[key] : key in r.final ? r.final[key] : key === 'state' ? r.state : undefined;
-      if (v === undefined) {
-        return false;
-      }
-      if (op === '=' || op === '!=') {
-        const same = cellText(v).toLowerCase() === raw.toLowerCase() || (typeof v === 'number' && v === Number(raw));
-        return op === '=' ? same : !same;
-      }
-      const n = Number(raw);
-      if (typeof v !== 'number' || !Number.isFinite(n)) {
-        return false;
-      }
-      return op === '>' ? v > n : op === '>=' ? v >= n : op === '<' ? v < n : v <= n;
-    };
-  });
-  return rows.filter(r => tests.every(t => t(r)));
+  return rows.filter(r =>
+    terms.every(t => {
+      const key = t.key;
+      const v =
+        key === null
+          ? undefined
+          : key in r.config
+            ? r.config[key]
+            : key in r.final
+              ? r.final[key]
+              : key === 'state'
+                ? (r.state ?? null)
+                : undefined;
+      return termHolds(t, v, [r.name, ...Object.values(r.config).map(c => cellText(c))]);
+    })
+  );
+}
+
+/** What is wrong with a filter for these rows (an unknown key, a comparison without a number), one sentence each. */
+export function filterProblems(rows: ISweepRow[], text: string): string[] {
+  return parseFilter(text, filterKeys(rows)).problems;
 }
 
 /** The rows grouped by a config key's value (groups in natural order of their value's text). */
@@ -424,15 +425,24 @@ export function parallelAxis(
   rows: ISweepRow[],
   key: string,
   dim: number,
-  isMetric: boolean
+  isMetric: boolean,
+  kind: AxisKind | null = null
 ): { [key: string]: unknown } {
   const values = rows.map(r => (isMetric ? r.final[key] : r.config[key]));
-  const numeric = values.every(v => v === null || v === undefined || typeof v === 'number');
-  if (numeric) {
-    return { dim, name: key, type: 'value', scale: true, nameTextStyle: { fontSize: 10 } };
+  // log for a learning rate's decades, categories for a seed's few values (axes.ts); `kind` is the user's switch
+  const chosen = kind ?? axisKind(values);
+  if (chosen === 'log') {
+    return { dim, name: key, type: 'log', scale: true, nameTextStyle: { fontSize: 10 }, axisKind: 'log' };
   }
-  const cats = [...new Set(values.map(v => cellText(v) || '(none)'))].sort(naturalCompare);
-  return { dim, name: key, type: 'category', data: cats, nameTextStyle: { fontSize: 10 } };
+  if (chosen === 'linear') {
+    return { dim, name: key, type: 'value', scale: true, nameTextStyle: { fontSize: 10 }, axisKind: 'linear' };
+  }
+  const present = values.filter(v => v !== null && v !== undefined);
+  const numeric = present.length > 0 && present.every(v => typeof v === 'number');
+  const cats = numeric
+    ? [...new Set(present as number[])].sort((a, b) => a - b).map(v => cellText(v))
+    : [...new Set(values.map(v => cellText(v) || '(none)'))].sort(naturalCompare);
+  return { dim, name: key, type: 'category', data: cats, nameTextStyle: { fontSize: 10 }, axisKind: 'category' };
 }
 
 /**
@@ -455,21 +465,34 @@ export function parallelOption(
   rows: ISweepRow[],
   metric: string,
   dark = false,
-  rowColor: ((row: ISweepRow) => string) | null = null
+  rowColor: ((row: ISweepRow) => string) | null = null,
+  ticked: Set<string> | null = null,
+  axisKinds: { [key: string]: AxisKind } = {}
 ): { [key: string]: unknown } {
   const keys = configKeys(rows);
-  const axes = keys.map((k, i) => parallelAxis(rows, k, i, false));
-  axes.push(parallelAxis(rows, metric, keys.length, true));
-  const data = rows.map(r => ({
-    name: r.name,
-    value: [
-      ...keys.map((k, i) =>
-        (axes[i] as { type: string }).type === 'value' ? (r.config[k] ?? null) : cellText(r.config[k]) || '(none)'
-      ),
-      r.final[metric] ?? null
-    ],
-    ...(rowColor ? { lineStyle: { color: rowColor(r) } } : {})
-  }));
+  const axes = keys.map((k, i) => parallelAxis(rows, k, i, false, axisKinds[k] ?? null));
+  // a metric is a value (never a few categories): log where it spans decades
+  const metricKind = axisKinds[metric] ?? (axisKind(rows.map(r => r.final[metric])) === 'log' ? 'log' : 'linear');
+  axes.push(parallelAxis(rows, metric, keys.length, true, metricKind));
+  const emphasis = ticked !== null && ticked.size > 0;
+  const data = rows.map(r => {
+    const style: { [key: string]: unknown } = rowColor ? { color: rowColor(r) } : {};
+    if (emphasis) {
+      // ticked rows stand out, the others stay as context
+      Object.assign(style, ticked.has(r.id) ? { width: 3, opacity: 1 } : { width: 1, opacity: 0.15 });
+    }
+    return {
+      name: r.name,
+      id: r.id,
+      value: [
+        ...keys.map((k, i) =>
+          (axes[i] as { type: string }).type !== 'category' ? (r.config[k] ?? null) : cellText(r.config[k]) || '(none)'
+        ),
+        r.final[metric] ?? null
+      ],
+      ...(Object.keys(style).length ? { lineStyle: style } : {})
+    };
+  });
   const finals = rows.map(r => r.final[metric]).filter((v): v is number => typeof v === 'number' && Number.isFinite(v));
   const lo = finals.length ? Math.min(...finals) : 0;
   const hi = finals.length ? Math.max(...finals) : 1;

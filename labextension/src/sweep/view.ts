@@ -35,6 +35,8 @@ import {
   columns,
   configKeys,
   curvesOption,
+  filterKeys,
+  filterProblems,
   filterRows,
   metricKeys,
   parallelColours,
@@ -43,6 +45,8 @@ import {
   sortRows,
   sweepColors
 } from './model';
+import { bestFirstDescending, defaultMetric } from './direction';
+import { filterExample, filterHelp } from './filter';
 
 echarts.use([
   LineChart,
@@ -84,6 +88,11 @@ export class SweepView {
   private groupBy = '';
   private metric = '';
   private parallelBy: 'row' | 'metric' = 'row';
+  /** the rows the parallel coordinates' brush keeps (their ids), or null: no brush */
+  private brushed: Set<string> | null = null;
+  /** the row under the pointer (in the table, a curve or a line): highlighted in every view */
+  private hovered: string | null = null;
+  private readonly problem = el('div', 'jc-sweep-filter-problem');
   private readonly selected = new Set<string>();
   private readonly status = el('div', 'jc-sweep-status');
   private readonly filterInput = el('input', 'jc-sweep-filter');
@@ -106,9 +115,9 @@ export class SweepView {
     const tools = el('div', 'jc-sweep-toolbar');
     tools.style.cssText = 'display: flex; flex-wrap: wrap; gap: 4px 10px; align-items: center; margin: 4px 0;';
     this.filterInput.type = 'search';
-    this.filterInput.placeholder = 'filter: lr>0.01 aux=on';
-    this.filterInput.title =
-      'Keep the rows where every term holds: key=value, key!=value, key>n, key<n (config keys and metrics), or text';
+    // placeholder and title name this table's keys (render()): an example that matches, never 0 rows
+    this.filterInput.placeholder = 'filter';
+    this.filterInput.title = filterHelp([]);
     this.filterInput.addEventListener('input', () => {
       this.filter = this.filterInput.value;
       this.changed();
@@ -140,6 +149,7 @@ export class SweepView {
     const parallelLabel = el('label', '', 'lines by ');
     parallelLabel.append(this.parallelSelect);
     tools.append(this.filterInput, metricLabel, groupLabel, parallelLabel, this.clearButton);
+    this.problem.style.cssText = 'color: var(--jp-error-color1, #d32f2f); margin: 2px 0; display: none;';
     const charts = el('div', 'jc-sweep-charts');
     charts.style.cssText =
       'display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 380px), 1fr)); gap: 8px;';
@@ -153,7 +163,7 @@ export class SweepView {
     this.table.style.cssText = 'border-collapse: collapse; font-size: 11px; white-space: nowrap;';
     scroller.append(this.table);
     this.status.style.cssText = 'margin: 2px 0;';
-    this.node.append(this.status, tools, charts, scroller);
+    this.node.append(this.status, tools, this.problem, charts, scroller);
     host.appendChild(this.node);
     this.style();
     this.resizer =
@@ -251,7 +261,7 @@ export class SweepView {
     const metrics = metricKeys(sweep);
     // (no rows yet: the choices restored from an earlier view are kept for when they come)
     if (!metrics.includes(this.metric) && sweep.rows.length) {
-      this.metric = metrics[0] ?? '';
+      this.metric = defaultMetric(metrics); // a loss before an accuracy: what a sweep minimises
     }
     const keys = configKeys(sweep.rows);
     if (this.groupBy && !keys.includes(this.groupBy) && sweep.rows.length) {
@@ -273,7 +283,18 @@ export class SweepView {
     );
     const cols = columns(sweep);
     const col = cols.find(c => c.id === this.sortBy) ?? null;
-    const rows = sortRows(filterRows(sweep.rows, this.filter), col, this.descending);
+    const keysForFilter = filterKeys(sweep.rows);
+    const example = filterExample(sweep.rows);
+    this.filterInput.placeholder = example ? `filter: ${example}` : 'filter';
+    this.filterInput.title = filterHelp(keysForFilter, example);
+    const problems = filterProblems(sweep.rows, this.filter);
+    this.problem.textContent = problems.join(' ');
+    this.problem.style.display = problems.length ? '' : 'none';
+    this.node.dataset.filterProblem = problems.join(' ');
+    const filtered = sortRows(filterRows(sweep.rows, this.filter), col, this.descending);
+    // the parallel coordinates' brush narrows the table and the curves (linked views)
+    const brushed = this.brushed;
+    const rows = brushed ? filtered.filter(r => brushed.has(r.id)) : filtered;
     const ticked = rows.filter(r => this.selected.has(r.id));
     const drawn = ticked.length ? ticked : rows.slice(0, MAX_DEFAULT_CURVES);
     // one colour per row (or group) in the table, the curves and the parallel coordinates
@@ -305,27 +326,105 @@ export class SweepView {
     ]);
     if (signature !== this.drawn.curves) {
       this.drawn.curves = signature;
-      this.curves ??= echarts.init(this.curvesBox, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
+      if (!this.curves) {
+        this.curves = echarts.init(this.curvesBox, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
+        // a curve under the pointer marks its row (and its line)
+        this.curves.on('mouseover', (p: { seriesName?: string }) => {
+          const row = this.sweep.rows.find(r => r.name === p.seriesName);
+          this.hoverRow(row?.id ?? null, 'curves');
+        });
+        this.curves.on('mouseout', () => this.hoverRow(null, 'curves'));
+      }
       this.curves.setOption(curves.option, { notMerge: true });
       this.curvesBox.dataset.lines = curves.lines.join('|');
       this.curvesBox.dataset.legend = String(curves.legend);
     }
-    const parallelRows = rows.filter(r => typeof r.final[this.metric] === 'number');
+    const parallelRows = filtered.filter(r => typeof r.final[this.metric] === 'number');
     const byRow = this.parallelBy === 'row';
     const rowColor = (r: ISweepRow): string => colorOf(rowColorKey(r, this.groupBy || null));
-    const psig = JSON.stringify([this.metric, parallelRows, byRow && parallelRows.map(rowColor)]);
+    const psig = JSON.stringify([this.metric, parallelRows, byRow && parallelRows.map(rowColor), [...this.selected]]);
     if (psig !== this.drawn.parallel) {
       this.drawn.parallel = psig;
-      this.parallel ??= echarts.init(this.parallelBox, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
-      this.parallel.setOption(parallelOption(parallelRows, this.metric, this.dark, byRow ? rowColor : null), {
-        notMerge: true
-      });
+      if (!this.parallel) {
+        this.parallel = echarts.init(this.parallelBox, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
+        this.linkParallel(this.parallel);
+      }
+      this.brushed = null; // a redrawn chart has no brush
+      this.node.dataset.brushed = '';
+      const option = parallelOption(parallelRows, this.metric, this.dark, byRow ? rowColor : null, this.selected);
+      this.parallel.setOption(option, { notMerge: true });
+      this.parallelRows = parallelRows;
+      // each axis's scale (log for decades, categories for few values), for tests and the reader
+      this.parallelBox.dataset.axes = ((option.parallelAxis as { name: string; axisKind: string }[]) ?? [])
+        .map(a => `${a.name}:${a.axisKind}`)
+        .join('|');
       this.parallelBox.dataset.lines = String(parallelRows.length);
       this.parallelBox.dataset.by = this.parallelBy;
       // each line's colour (by row), for tests
       this.parallelBox.dataset.colors = byRow ? parallelRows.map(rowColor).join('|') : '';
       // the colour scale drawn (the theme's): tests read it after a theme change
       this.parallelBox.dataset.scale = parallelColours(this.dark).join('|');
+    }
+  }
+
+  private parallelRows: ISweepRow[] = [];
+
+  /** The parallel coordinates' brush and hover reach the table and the curves (and back: hoverRow()). */
+  private linkParallel(chart: echarts.EChartsType): void {
+    chart.on('axisareaselected', () => {
+      const model = (
+        chart as unknown as {
+          getModel(): { getSeries(): { getRawIndicesByActiveState(s: string): number[] }[] };
+        }
+      ).getModel();
+      const series = model.getSeries()[0];
+      if (!series) {
+        return;
+      }
+      const active = series.getRawIndicesByActiveState('active');
+      const ids = active.map(i => this.parallelRows[i]?.id).filter((id): id is string => !!id);
+      this.brushed = ids.length === this.parallelRows.length ? null : new Set(ids);
+      this.node.dataset.brushed = this.brushed ? ids.join('|') : '';
+      this.render();
+    });
+    chart.on('mouseover', (p: { dataIndex?: number }) => {
+      const row = typeof p.dataIndex === 'number' ? this.parallelRows[p.dataIndex] : undefined;
+      this.hoverRow(row?.id ?? null, 'parallel');
+    });
+    chart.on('mouseout', () => this.hoverRow(null, 'parallel'));
+  }
+
+  /** Highlight one row everywhere: its table row, its line in the parallel coordinates, its curve. */
+  hoverRow(id: string | null, from: 'table' | 'parallel' | 'curves' = 'table'): void {
+    if (id === this.hovered) {
+      return;
+    }
+    const before = this.hovered;
+    this.hovered = id;
+    this.node.dataset.hovered = id ?? '';
+    this.table.querySelectorAll('tr.jc-sweep-row').forEach(tr => {
+      const on = (tr as HTMLElement).dataset.id === id;
+      tr.classList.toggle('jc-sweep-hovered', on);
+      (tr as HTMLElement).style.outline = on ? '2px solid var(--jp-brand-color1, #1976d2)' : '';
+    });
+    if (from !== 'parallel' && this.parallel) {
+      const index = (rid: string | null): number =>
+        rid === null ? -1 : this.parallelRows.findIndex(r => r.id === rid);
+      if (index(before) >= 0) {
+        this.parallel.dispatchAction({ type: 'downplay', seriesIndex: 0, dataIndex: index(before) });
+      }
+      if (index(id) >= 0) {
+        this.parallel.dispatchAction({ type: 'highlight', seriesIndex: 0, dataIndex: index(id) });
+      }
+    }
+    if (from !== 'curves' && this.curves) {
+      const name = (rid: string | null): string | undefined => this.sweep.rows.find(r => r.id === rid)?.name;
+      if (before !== null && name(before)) {
+        this.curves.dispatchAction({ type: 'downplay', seriesName: name(before) });
+      }
+      if (id !== null && name(id)) {
+        this.curves.dispatchAction({ type: 'highlight', seriesName: name(id) });
+      }
     }
   }
 
@@ -369,7 +468,13 @@ export class SweepView {
       th.title = `Sort by ${c.label} (click again to reverse)`;
       th.style.cssText = `cursor: pointer; text-align: left; padding: 2px 6px; border-bottom: ${border}; position: sticky; top: 0; background: var(--jp-layout-color1, ${this.dark ? '#111' : '#fff'});`;
       th.addEventListener('click', () => {
-        this.descending = this.sortBy === c.id ? !this.descending : c.kind === 'final' || c.kind === 'best';
+        // a metric's first click puts its best first: lowest for a loss, highest for an accuracy
+        this.descending =
+          this.sortBy === c.id
+            ? !this.descending
+            : c.kind === 'final' || c.kind === 'best'
+              ? bestFirstDescending(c.key)
+              : false;
         this.sortBy = c.id;
         this.changed();
       });
@@ -378,6 +483,12 @@ export class SweepView {
     const body = rows.map(r => {
       const tr = el('tr', 'jc-sweep-row');
       tr.dataset.id = r.id;
+      tr.addEventListener('mouseenter', () => this.hoverRow(r.id, 'table'));
+      tr.addEventListener('mouseleave', () => this.hoverRow(null, 'table'));
+      if (this.selected.has(r.id)) {
+        tr.classList.add('jc-sweep-ticked');
+        tr.style.fontWeight = '600';
+      }
       const box = el('input');
       box.type = 'checkbox';
       box.checked = this.selected.has(r.id);
