@@ -6,7 +6,8 @@ import { axisChoices, axisKind } from '../sweep/axes';
 import { bestFirstDescending, bestValue, defaultMetric, lowerIsBetter } from '../sweep/direction';
 import { booleanWord, filterExample, filterHelp, parseFilter, sameValue } from '../sweep/filter';
 import { aggregate, groupBy, meanText } from '../sweep/groups';
-import { ISweepRow, filterProblems, filterRows, parallelOption } from '../sweep/model';
+import { columnNotation } from '../sweep/notation';
+import { ISweepRow, filterProblems, filterRows, groupKeys, groupRows, parallelOption } from '../sweep/model';
 
 /** The sweep: lr × aux × seed (30 rows), loss falling with lr, acc rising. */
 function sweepRows(): ISweepRow[] {
@@ -105,7 +106,7 @@ describe('groups', () => {
     const groups = groupBy(sweepRows(), ['lr', 'aux'], ['loss', 'acc']);
     expect(groups).toHaveLength(10);
     expect(groups.every(g => g.stats.loss.n === 3)).toBe(true);
-    expect(groups[0].label).toBe('lr=0.0001, aux=off');
+    expect(groups[0].label).toBe('lr=0.0001, aux=off'); // groups.ts's own notation (the table passes its own)
     const g = groups.find(x => x.label === 'lr=0.001, aux=on')!;
     expect(g.stats.loss.mean).toBeCloseTo(1 / 1.1 + 0.01);
     expect(g.stats.loss.sd).toBeCloseTo(0.01);
@@ -114,5 +115,34 @@ describe('groups', () => {
     expect(meanText(g.stats.loss, v => v.toFixed(3))).toBe('0.919 ± 0.010');
     expect(aggregate('loss', [null])).toEqual({ mean: null, sd: null, n: 0, best: null });
     expect(groupBy(sweepRows(), [], ['loss'])).toEqual([]);
+  });
+});
+
+describe('the table grouped by two keys', () => {
+  it('orders groups by value (numbers as numbers) and labels them in the table notation', () => {
+    const rows = sweepRows();
+    const groups = groupRows(rows, 'lr,aux', ['loss']);
+    expect(groups).toHaveLength(10);
+    expect(groups.slice(0, 3).map(g => g.label)).toEqual([
+      'lr=1e-4, aux=false',
+      'lr=1e-4, aux=true',
+      'lr=3e-4, aux=false'
+    ]);
+    expect(groups.every(g => g.rows.length === 3 && g.stats.loss.n === 3)).toBe(true);
+    // the legend of the grouped curves: lr=0.001 before lr=0.003 before lr=0.01 (not by string)
+    const byLr = groupRows(rows, 'lr').map(g => g.label);
+    // (one notation in the column: all with exponents, not 1e-4 beside 0.001)
+    expect(byLr).toEqual(['lr=1e-4', 'lr=3e-4', 'lr=1e-3', 'lr=3e-3', 'lr=1e-2']);
+    expect(groupKeys(' lr, aux ')).toEqual(['lr', 'aux']);
+  });
+});
+
+describe('one notation per column', () => {
+  it('writes a column with exponents throughout where one value needs it', () => {
+    const lr = columnNotation([1e-4, 3e-4, 1e-3, 1e-2]);
+    expect([1e-4, 1e-3, 1e-2].map(lr)).toEqual(['1e-4', '1e-3', '1e-2']);
+    const plain = columnNotation([0.1, 0.25, 3]);
+    expect([0.1, 0.25, 3].map(plain)).toEqual(['0.1', '0.25', '3']);
+    expect(columnNotation([0, 1, 2])(2)).toBe('2');
   });
 });

@@ -46,8 +46,17 @@ export function aggregate(metric: string, values: (number | null | undefined)[])
   return { mean, sd, n, best };
 }
 
-/** The rows grouped by `keys` (in natural order of their values), each group with its metrics' aggregates. */
-export function groupBy(rows: ISweepRow[], keys: string[], metrics: string[]): IGroup[] {
+/**
+ * The rows grouped by `keys` (in order of their values: numbers as numbers),
+ * each group with its metrics' aggregates; `format` writes a value in the
+ * label as the table writes it.
+ */
+export function groupBy(
+  rows: ISweepRow[],
+  keys: string[],
+  metrics: string[],
+  format: (v: ConfigValue, key: string) => string = text
+): IGroup[] {
   if (!keys.length) {
     return [];
   }
@@ -55,7 +64,7 @@ export function groupBy(rows: ISweepRow[], keys: string[], metrics: string[]): I
   for (const r of rows) {
     const values: { [key: string]: ConfigValue } = {};
     keys.forEach(k => (values[k] = r.config[k] ?? null));
-    const label = keys.map(k => `${k}=${text(values[k])}`).join(', ');
+    const label = keys.map(k => `${k}=${format(values[k], k)}`).join(', ');
     let g = groups.get(label);
     if (!g) {
       g = { label, values, rows: [], stats: {} };

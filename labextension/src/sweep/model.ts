@@ -12,6 +12,8 @@ import { colorLookup } from '../charts/colors';
 import { escapeHTML, formatNumber, naturalCompare } from '../charts/data';
 import { AxisKind, axisKind } from './axes';
 import { parseFilter, termHolds } from './filter';
+import { IGroup, groupBy as groupByKeys } from './groups';
+import { columnNotation } from './notation';
 import { overlayLegend } from '../charts/overlay';
 
 /** A config value as a table cell holds it. */
@@ -55,10 +57,41 @@ export interface ISweep {
  * grouped, else its series key in the metric charts, else its own id.
  */
 export function rowColorKey(row: ISweepRow, groupBy: string | null = null): string {
-  if (groupBy) {
-    return `${groupBy}=${cellText(row.config[groupBy]) || '(none)'}`;
+  const keys = groupKeys(groupBy);
+  if (keys.length) {
+    return groupLabelOf(row, keys);
   }
   return row.series || row.id;
+}
+
+/** The config keys of a grouping (`"lr,aux"`: by lr, then aux). */
+export function groupKeys(groupBy: string | null | undefined): string[] {
+  return (groupBy ?? '')
+    .split(',')
+    .map(k => k.trim())
+    .filter(k => k);
+}
+
+/** A row's group as its label: `"lr=0.001, aux=true"`, in the table's notation. */
+export function groupLabelOf(row: ISweepRow, keys: string[], rows: ISweepRow[] = [row]): string {
+  const text = configText(rows);
+  return keys.map(k => `${k}=${text(k, row.config[k]) || '(none)'}`).join(', ');
+}
+
+/** A config cell's text in its column's one notation (notation.ts): `configText(rows)(key, value)`. */
+export function configText(rows: ISweepRow[]): (key: string, v: ConfigValue | undefined) => string {
+  const formats = new Map<string, (v: number) => string>();
+  return (key, v) => {
+    if (typeof v !== 'number') {
+      return cellText(v);
+    }
+    let f = formats.get(key);
+    if (!f) {
+      f = columnNotation(rows.map(r => r.config[key]));
+      formats.set(key, f);
+    }
+    return Number.isFinite(v) ? f(v) : cellText(v);
+  };
 }
 
 /**
@@ -69,9 +102,9 @@ export function rowColorKey(row: ISweepRow, groupBy: string | null = null): stri
  * the parallel coordinates all use it.
  */
 export function sweepColors(sweep: ISweep, dark = false, groupBy: string | null = null): (key: string) => string {
-  if (groupBy) {
+  if (groupKeys(groupBy).length) {
     return colorLookup(
-      groupRows(sweep.rows, groupBy).map(g => `${groupBy}=${g.value}`),
+      groupRows(sweep.rows, groupBy ?? '').map(g => g.key),
       dark
     );
   }
@@ -232,19 +265,26 @@ export function filterProblems(rows: ISweepRow[], text: string): string[] {
   return parseFilter(text, filterKeys(rows)).problems;
 }
 
-/** The rows grouped by a config key's value (groups in natural order of their value's text). */
-export function groupRows(rows: ISweepRow[], key: string): { value: string; rows: ISweepRow[] }[] {
-  const groups = new Map<string, ISweepRow[]>();
-  for (const r of rows) {
-    const value = cellText(r.config[key]) || '(none)';
-    const list = groups.get(value);
-    if (list) {
-      list.push(r);
-    } else {
-      groups.set(value, [r]);
-    }
-  }
-  return [...groups.entries()].sort(([a], [b]) => naturalCompare(a, b)).map(([value, list]) => ({ value, rows: list }));
+/**
+ * The rows grouped by one or more config keys (`"lr,aux"`), groups in the
+ * order of their values (numbers as numbers: lr=0.001 before lr=0.003 before
+ * lr=0.01), each with its label and its metrics' aggregates (groups.ts).
+ */
+export function groupRows(
+  rows: ISweepRow[],
+  groupBy: string,
+  metrics: string[] = []
+): { value: string; label: string; key: string; rows: ISweepRow[]; stats: IGroup['stats'] }[] {
+  const keys = groupKeys(groupBy);
+  const text = configText(rows);
+  return groupByKeys(rows, keys, metrics, (v, k) => text(k, v) || '(none)').map(g => ({
+    value: keys.length === 1 ? text(keys[0], g.values[keys[0]]) || '(none)' : g.label,
+    label: g.label,
+    // the colour key: rowColorKey()'s for each of its rows (the label is in the column's notation)
+    key: groupLabelOf(g.rows[0], keys),
+    rows: g.rows,
+    stats: g.stats
+  }));
 }
 
 /** The mean of a group's curves at each x, and the spread (± one standard deviation), from the curves that have x. */
@@ -319,8 +359,8 @@ export function curvesOption(
       if (!band.length) {
         continue;
       }
-      const name = `${groupBy}=${g.value} (n=${g.rows.length})`;
-      const color = colorOf(`${groupBy}=${g.value}`);
+      const name = `${g.label} (n=${g.rows.length})`;
+      const color = colorOf(g.key);
       const stack = `band:${g.value}`;
       lines.push(name);
       // the band: an invisible line at mean - sd, and the spread stacked on it as a filled area

@@ -28,7 +28,7 @@ import { CanvasRenderer } from 'echarts/renderers';
 
 import { controlStyle } from '../charts/controls';
 import { el } from '../charts/dom';
-import type { IColumn, ISweep, ISweepRow } from './model';
+import type { ConfigValue, IColumn, ISweep, ISweepRow } from './model';
 import {
   cellText,
   cellValue,
@@ -41,12 +41,16 @@ import {
   metricKeys,
   parallelColours,
   parallelOption,
+  groupKeys,
+  groupRows,
   rowColorKey,
   sortRows,
   sweepColors
 } from './model';
 import { bestFirstDescending, defaultMetric } from './direction';
 import { filterExample, filterHelp } from './filter';
+import { meanText } from './groups';
+import { columnNotation } from './notation';
 
 echarts.use([
   LineChart,
@@ -98,6 +102,10 @@ export class SweepView {
   private readonly filterInput = el('input', 'jc-sweep-filter');
   private readonly metricSelect = el('select', 'jc-sweep-metric');
   private readonly groupSelect = el('select', 'jc-sweep-group');
+  /** a second grouping key ("group by lr and aux") */
+  private readonly groupSelect2 = el('select', 'jc-sweep-group2');
+  /** the groups shown expanded (their labels) */
+  private readonly expanded = new Set<string>();
   private readonly parallelSelect = el('select', 'jc-sweep-parallel-by');
   private readonly clearButton = el('button', 'jc-sweep-clear', 'clear selection');
   private readonly table = el('table', 'jc-sweep-table');
@@ -129,7 +137,16 @@ export class SweepView {
     });
     this.groupSelect.title = "Group the curves by a config key's value: each group's mean ± one standard deviation";
     this.groupSelect.addEventListener('change', () => {
-      this.groupBy = this.groupSelect.value;
+      const second = groupKeys(this.groupBy)[1];
+      this.groupBy = [this.groupSelect.value, this.groupSelect.value ? second : ''].filter(k => k).join(',');
+      this.expanded.clear();
+      this.changed();
+    });
+    this.groupSelect2.title = 'Group by a second key too: a group per combination (e.g. per lr and aux, over seeds)';
+    this.groupSelect2.addEventListener('change', () => {
+      const first = groupKeys(this.groupBy)[0] ?? '';
+      this.groupBy = [first, this.groupSelect2.value].filter(k => k).join(',');
+      this.expanded.clear();
       this.changed();
     });
     this.parallelSelect.title =
@@ -145,7 +162,7 @@ export class SweepView {
     const metricLabel = el('label', '', 'metric ');
     metricLabel.append(this.metricSelect);
     const groupLabel = el('label', '', 'group by ');
-    groupLabel.append(this.groupSelect);
+    groupLabel.append(this.groupSelect, ' and ', this.groupSelect2);
     const parallelLabel = el('label', '', 'lines by ');
     parallelLabel.append(this.parallelSelect);
     tools.append(this.filterInput, metricLabel, groupLabel, parallelLabel, this.clearButton);
@@ -250,7 +267,14 @@ export class SweepView {
 
   private style(): void {
     this.node.dataset.theme = this.dark ? 'dark' : 'light';
-    for (const c of [this.filterInput, this.metricSelect, this.groupSelect, this.parallelSelect, this.clearButton]) {
+    for (const c of [
+      this.filterInput,
+      this.metricSelect,
+      this.groupSelect,
+      this.groupSelect2,
+      this.parallelSelect,
+      this.clearButton
+    ]) {
       c.style.cssText = controlStyle(this.dark);
     }
     this.filterInput.style.width = '14em';
@@ -264,15 +288,24 @@ export class SweepView {
       this.metric = defaultMetric(metrics); // a loss before an accuracy: what a sweep minimises
     }
     const keys = configKeys(sweep.rows);
-    if (this.groupBy && !keys.includes(this.groupBy) && sweep.rows.length) {
-      this.groupBy = '';
+    if (groupKeys(this.groupBy).some(k => !keys.includes(k)) && sweep.rows.length) {
+      this.groupBy = groupKeys(this.groupBy)
+        .filter(k => keys.includes(k))
+        .join(',');
     }
+    const [group1 = '', group2 = ''] = groupKeys(this.groupBy);
     this.options(
       this.metricSelect,
       metrics.map(m => [m, m] as [string, string]),
       this.metric
     );
-    this.options(this.groupSelect, [['', 'none'], ...keys.map(k => [k, k] as [string, string])], this.groupBy);
+    this.options(this.groupSelect, [['', 'none'], ...keys.map(k => [k, k] as [string, string])], group1);
+    this.options(
+      this.groupSelect2,
+      [['', '—'], ...keys.filter(k => k !== group1).map(k => [k, k] as [string, string])],
+      group2
+    );
+    this.groupSelect2.style.display = group1 ? '' : 'none';
     this.options(
       this.parallelSelect,
       [
@@ -302,7 +335,7 @@ export class SweepView {
     this.status.textContent =
       `${sweep.title ? `${sweep.title}: ` : ''}${rows.length} of ${sweep.rows.length} rows` +
       (ticked.length ? `, ${ticked.length} selected` : '') +
-      (this.groupBy ? `, grouped by ${this.groupBy}` : '');
+      (this.groupBy ? `, grouped by ${groupKeys(this.groupBy).join(' and ')}` : '');
     this.clearButton.style.display = this.selected.size ? '' : 'none';
     this.renderTable(cols, rows, colorOf);
     Object.assign(this.node.dataset, {
@@ -451,6 +484,7 @@ export class SweepView {
       this.sortBy,
       this.descending,
       this.groupBy,
+      [...this.expanded],
       rows.map(r => colorOf(rowColorKey(r, this.groupBy || null)))
     ]);
     if (signature === this.drawn.table) {
@@ -480,7 +514,11 @@ export class SweepView {
       });
       head.append(th);
     }
-    const body = rows.map(r => {
+    // one notation per column (notation.ts): 1e-4 … 1e-2 all with exponents, over every row of the sweep
+    const formats = new Map(cols.map(c => [c.id, columnNotation(this.sweep.rows.map(r => cellValue(r, c)))] as const));
+    const cellIn = (c: IColumn, v: ConfigValue | undefined): string =>
+      typeof v === 'number' && Number.isFinite(v) && c.kind !== 'duration' ? formats.get(c.id)!(v) : cellText(v);
+    const rowNode = (r: ISweepRow): HTMLElement => {
       const tr = el('tr', 'jc-sweep-row');
       tr.dataset.id = r.id;
       tr.addEventListener('mouseenter', () => this.hoverRow(r.id, 'table'));
@@ -510,12 +548,61 @@ export class SweepView {
       tr.append(first);
       for (const c of cols) {
         const v = cellValue(r, c);
-        const td = el('td', '', cellText(v));
+        const td = el('td', '', cellIn(c, v));
         td.style.cssText = `padding: 1px 6px; border-bottom: ${border};${typeof v === 'number' ? ' text-align: right; font-variant-numeric: tabular-nums;' : ''}`;
         tr.append(td);
       }
       return tr;
-    });
+    };
+    const keys = groupKeys(this.groupBy);
+    if (!keys.length) {
+      this.table.replaceChildren(head, ...rows.map(rowNode));
+      return;
+    }
+    // grouped: a collapsed row per group (n, mean ± sd and best of each metric) that expands to its runs
+    const metrics = [...new Set(cols.filter(c => c.kind === 'final' || c.kind === 'best').map(c => c.key))];
+    const body: HTMLElement[] = [];
+    for (const g of groupRows(rows, this.groupBy, metrics)) {
+      const open = this.expanded.has(g.label);
+      const tr = el('tr', 'jc-sweep-group-row');
+      tr.dataset.group = g.label;
+      tr.dataset.n = String(g.rows.length);
+      tr.style.cssText = `cursor: pointer; background: var(--jp-layout-color2, ${this.dark ? '#222' : '#f3f3f3'});`;
+      tr.title = open ? 'Collapse this group' : `Show the ${g.rows.length} runs of this group`;
+      tr.addEventListener('click', () => {
+        if (this.expanded.has(g.label)) {
+          this.expanded.delete(g.label);
+        } else {
+          this.expanded.add(g.label);
+        }
+        this.changed();
+      });
+      const first = el('td', '', open ? '▾' : '▸');
+      const swatch = el('span', 'jc-swatch');
+      swatch.dataset.color = colorOf(g.key);
+      swatch.style.cssText = `display: inline-block; width: 10px; height: 10px; margin-left: 3px; border-radius: 2px; background: ${colorOf(g.key)};`;
+      first.append(swatch);
+      tr.append(first);
+      for (const c of cols) {
+        let text = '';
+        if (c.kind === 'name') {
+          text = `${g.label} (n=${g.rows.length})`;
+        } else if (c.kind === 'config' && keys.includes(c.key)) {
+          text = cellIn(c, g.rows[0].config[c.key]);
+        } else if (c.kind === 'final' && g.stats[c.key]) {
+          text = meanText(g.stats[c.key], v => cellIn(c, v));
+        } else if (c.kind === 'best' && g.stats[c.key]) {
+          text = cellIn(c, g.stats[c.key].best);
+        }
+        const td = el('td', c.kind === 'final' ? 'jc-sweep-mean' : '', text);
+        td.style.cssText = `padding: 1px 6px; border-bottom: ${border}; font-weight: 600;`;
+        tr.append(td);
+      }
+      body.push(tr);
+      if (open) {
+        body.push(...g.rows.map(rowNode));
+      }
+    }
     this.table.replaceChildren(head, ...body);
   }
 }
