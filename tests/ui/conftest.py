@@ -54,6 +54,6 @@ def lab(tmp_path_factory):
     proc = JupyterProcess(str(root), app="lab", base_url="/hub/user/tester/").start(timeout=120)
     yield proc
     proc.stop()
-    from ..test_server import _stop_panel_clusters
+    from ..server.test_server import _stop_panel_clusters
 
     _stop_panel_clusters()
