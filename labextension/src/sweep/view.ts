@@ -182,6 +182,8 @@ export class SweepView {
     this.status.style.cssText = 'margin: 2px 0;';
     this.node.append(this.status, tools, this.problem, charts, scroller);
     host.appendChild(this.node);
+    // reachable from the page (tests, the browser console): node.jcSweepView.brush('lr', [0.0005, 0.002])
+    Object.defineProperty(this.node, 'jcSweepView', { value: this, enumerable: false });
     this.style();
     this.resizer =
       typeof ResizeObserver !== 'undefined'
@@ -216,6 +218,11 @@ export class SweepView {
     this.curves = this.parallel = null;
     this.drawn = { table: '', curves: '', parallel: '' };
     this.render();
+    // charts made again while the theme's styles apply were laid out at a passing size: lay them out once settled
+    requestAnimationFrame(() => {
+      this.curves?.resize();
+      this.parallel?.resize();
+    });
   }
 
   /** The user's choices now. */
@@ -425,6 +432,26 @@ export class SweepView {
       this.hoverRow(row?.id ?? null, 'parallel');
     });
     chart.on('mouseout', () => this.hoverRow(null, 'parallel'));
+  }
+
+  /**
+   * Brush a parallel-coordinates axis to `[lo, hi]` (as a drag along it does):
+   * the table and the curves keep the rows whose lines pass through.
+   */
+  brush(key: string, interval: [number, number]): void {
+    if (!this.parallel) {
+      return;
+    }
+    const axes = (this.parallel.getOption().parallelAxis ?? []) as { name?: string }[];
+    const index = axes.findIndex(a => a.name === key);
+    if (index < 0) {
+      return;
+    }
+    this.parallel.dispatchAction({
+      type: 'axisAreaSelect',
+      parallelAxisIndex: index,
+      intervals: [interval]
+    });
   }
 
   /** Highlight one row everywhere: its table row, its line in the parallel coordinates, its curve. */
