@@ -7,7 +7,8 @@ import { bestFirstDescending, bestValue, defaultMetric, lowerIsBetter } from '..
 import { booleanWord, filterExample, filterHelp, parseFilter, sameValue } from '../sweep/filter';
 import { aggregate, groupBy, meanText } from '../sweep/groups';
 import { columnNotation } from '../sweep/notation';
-import { ISweepRow, filterProblems, filterRows, groupKeys, groupRows, parallelOption } from '../sweep/model';
+import { parallelOption } from '../sweep/parallel';
+import { ISweepRow, filterProblems, filterRows, groupKeys, groupRows } from '../sweep/model';
 
 /** The issue's sweep: lr × aux × seed (30 rows), loss falling with lr, acc rising. */
 function sweepRows(): ISweepRow[] {

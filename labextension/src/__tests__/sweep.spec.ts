@@ -17,8 +17,6 @@ import {
   filterRows,
   groupRows,
   meanBand,
-  parallelColours,
-  parallelOption,
   rowColorKey,
   rowSeries,
   rowsComplete,
@@ -28,6 +26,7 @@ import {
   sweepFromTable
 } from '../sweep/model';
 import type { ITableRow } from '../sweep/model';
+import { parallelColours, parallelOption } from '../sweep/parallel';
 
 const row = (i: number, lr: number, aux: boolean, loss: number): ISweepRow => ({
   id: `r:${i}`,

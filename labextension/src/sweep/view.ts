@@ -39,8 +39,6 @@ import {
   filterProblems,
   filterRows,
   metricKeys,
-  parallelColours,
-  parallelOption,
   groupKeys,
   groupRows,
   rowColorKey,
@@ -51,6 +49,7 @@ import { bestFirstDescending, defaultMetric } from './direction';
 import { filterExample, filterHelp } from './filter';
 import { meanText } from './groups';
 import { columnNotation } from './notation';
+import { parallelColours, parallelOption } from './parallel';
 
 echarts.use([
   LineChart,
