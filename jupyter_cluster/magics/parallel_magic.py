@@ -36,6 +36,7 @@ from ..cell import capture
 from ..cell.function import CellFunction
 from ..errors import CellError, ClusterError, SerializationError
 from ..tracking.runs import TAG_NAME, ItemTag, ItemTap, starting
+from ..tracking.sweep_kind import is_sweep
 from .args import MagicArgumentParser, add_options, options_text
 from .lazy import LazyModule
 from .tracebacks import (
@@ -80,6 +81,11 @@ OPTIONS: list[tuple[str, dict[str, Any], str]] = [
         "--detach",
         {"metavar": "NAME"},
         "run as detached job NAME on a kept cluster, returning at once (%cluster job NAME --out VAR)",
+    ),
+    (
+        "--sweep",
+        {"action": "store_true"},
+        "a row and a curve per item, as for dict items (plain numbers or strings are a map otherwise)",
     ),
 ]
 
@@ -347,7 +353,9 @@ class ParallelMagics(Magics):
         captured = capture.capture(analysis.free, user_ns, maybe=analysis.maybe, exclude=defined_on_workers)
         tap = None
         if not args.all_workers:  # a sweep: each item's value is its config (jupyter_cluster.tracking.runs)
-            tap = ItemTap(iterable, ItemTag(uuid.uuid4().hex[:12], targets))
+            tag = ItemTag(uuid.uuid4().hex[:12], targets)
+            tag.sweep = is_sweep(tag.structure, iterable, asked=args.sweep)  # a map over plain values is no sweep
+            tap = ItemTap(iterable, tag)
             iterable = tap
             # the workers run each item inside its tag (engine.worker.run), so its reports say which item
             captured.small[TAG_NAME] = cloudpickle.dumps(tap.tag)

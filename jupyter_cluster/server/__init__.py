@@ -24,11 +24,14 @@ def load(serverapp: Any) -> None:
     from .handlers import setup_handlers
     from .jobs import set_root_dir
     from .manager import ClusterManager
+    from .renames import NotebookRenames, follow_sessions
 
     # kernels name their notebook by its absolute path: the panel knows it relative to the root
     set_root_dir(getattr(serverapp, "root_dir", None))
     manager = ClusterManager(base_url=serverapp.base_url)
     setup_handlers(serverapp.web_app, manager)
+    # a renamed or moved notebook keeps its jobs and kept history (its session's path changes)
+    follow_sessions(getattr(serverapp, "session_manager", None), NotebookRenames(manager).renamed)
     # the running clusters' jobs and metrics are written when the server stops (and every few
     # seconds while it runs), so a restarted server shows their curves from the start
     atexit.register(manager.save_live, True)

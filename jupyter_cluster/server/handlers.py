@@ -51,6 +51,7 @@ from ..errors import ClusterError
 from ..wire import requests as req
 from ..wire.models import kernel_id_or_none
 from . import dashboard, detached
+from .identity import check_shown
 from .manager import ClusterManager, NotFound, validate_name
 from .workers import WorkerFeed
 
@@ -227,8 +228,14 @@ class ClusterHandler(BaseHandler):
     @tornado.web.authenticated
     @authorized
     async def delete(self, name: str) -> None:
-        self.fields(req.Fields("stopping a cluster"))
+        self.fields(req.Fields("stopping a cluster"), req.Fields("stopping a cluster", {"id": req.text("id", 200)}))
         name = self.name_arg(name)
+        shown = self.checked_args.get("id")
+        if shown is not None:  # the panel's Stop acts on the cluster it showed, never on a later one of that name
+            try:
+                check_shown(self.manager, name, shown)
+            except ClusterError as exc:
+                self.fail(409, str(exc))
         await self.run(self.manager.stop(name))
         self.reply({"stopped": name})
 

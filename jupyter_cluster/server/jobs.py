@@ -27,6 +27,7 @@ from typing import Any
 from .. import config
 from ..tracking.runs import MAX_CONFIG_KEYS, MAX_ITEMS, RUN_KINDS, group_runs
 from ..wire.models import JOB_STATES, job_failures, job_message
+from .renames import current_notebook
 
 #: default budgets of finished jobs (JSON bytes): the whole store, and each notebook (or kernel) in it
 JOBS_BYTES = 16_000_000
@@ -79,7 +80,8 @@ def run_fields(msg: dict[str, Any]) -> dict[str, Any]:
         out["run"] = run
     if msg.get("kind") in RUN_KINDS:
         out["kind"] = msg["kind"]
-    out["notebook"] = notebook_name(_text(msg.get("notebook"), 1000))
+    # a renamed notebook's kernel still names its old path: the server knows the new one (.renames)
+    out["notebook"] = current_notebook(notebook_name(_text(msg.get("notebook"), 1000)), msg.get("kernel_id"))
     cell = msg.get("cell")
     if isinstance(cell, dict):
         out["cell"] = {

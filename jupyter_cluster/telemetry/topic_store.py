@@ -395,9 +395,19 @@ class TopicStore:
 
     def _ingest(self, rec: dict, worker: str | None) -> None:
         ident = rec.get("series") or {}
+        item = rec.get("item") if not ident else None
+        if item and isinstance(item, str):
+            # a sweep item's reports are its series, named by its config ("lr=0.001, seed=0"), as its
+            # table row is: one saw-tooth of every item's steps otherwise
+            ident = {"item": item}
         last = self._last_series
         if last is not None and (ident is last[0] or ident == last[0]):
             key = last[1]  # consecutive reports of one series: skip building the key
+        elif item and isinstance(item, str):
+            key = item
+            if key not in self.series:
+                self.series[key] = dict(ident)
+            self._last_series = (ident, key)
         else:
             key = series_key(ident)
             if key not in self.series:

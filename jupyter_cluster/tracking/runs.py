@@ -204,19 +204,22 @@ class ItemTag:
     belongs to (:func:`current_item`, which asks :meth:`describe`).
     """
 
-    def __init__(self, run: str, targets: str | None):
+    def __init__(self, run: str, targets: str | None, sweep: bool = True):
         named = _active.get()
+        #: a sweep tags each report with its item; a plain map (:mod:`.sweep_kind`) with its run alone
+        self.sweep = sweep
         #: inside ``with jc.run(...)`` the sweep's items are that run's items (its id, not ``run``)
         self.run = named.id if named is not None else run
         self.structure = target_names(targets)
         self.cached: tuple[Any, str, dict[str, Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"run": self.run, "structure": self.structure}
+        return {"run": self.run, "structure": self.structure, "sweep": self.sweep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.run = state["run"]
         self.structure = state["structure"]
+        self.sweep = state.get("sweep", True)
         self.cached = None
 
     def describe(self, item: Any) -> tuple[str, dict[str, Any]]:
@@ -229,7 +232,12 @@ class ItemTag:
         return key, config
 
     def key_and_config(self, item: Any) -> tuple[str, dict[str, Any]]:
-        """``(key, config)`` of ``item``, worked out afresh (a worker keeps it per item: :func:`current_item`)."""
+        """``(key, config)`` of ``item``, worked out afresh (a worker keeps it per item: :func:`current_item`).
+
+        A plain map's items are all its run's: ``("", {})``.
+        """
+        if not self.sweep:
+            return "", {}
         config = item_config(self.structure, item)
         return config_key(config), config
 
@@ -267,7 +275,8 @@ class ItemTap:
         if self._it is None:
             source = iter(self._source)
             indexable = type(self._source) in _INDEXABLE
-            self._it = source if indexable else itertools.chain(self._head(source), source)
+            plain = indexable or not self.tag.sweep  # a plain map's items are not listed
+            self._it = source if plain else itertools.chain(self._head(source), source)
         return self._it
 
     def _head(self, source: Iterator) -> Iterator:
@@ -623,6 +632,10 @@ def job_items(job: Any) -> dict[str, Any]:
     """
     tap = _taps.get(str(getattr(job, "id", "")))
     if tap is None:
+        return {}
+    if not tap.tag.sweep:  # a plain map: one row for the run, no item list
+        if getattr(job, "state", "") != "running":
+            tap.release()
         return {}
     if tap.final is not None:
         return tap.final

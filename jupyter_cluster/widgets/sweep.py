@@ -32,6 +32,7 @@ from typing import Any
 from .._core import context, ticker
 from ..state.history_files import series_keys
 from .anywidgets import built_once
+from .run_pin import RunPin
 from .static_render import natural_key
 
 STATIC = pathlib.Path(__file__).parent / "static"
@@ -215,12 +216,20 @@ def _select(records: Iterable[Mapping[str, Any]], notebook: str | None, run: str
     ]
 
 
-def current_rows(notebook: str | None = None, run: str | None = None) -> list[dict[str, Any]]:
-    """This kernel's sweep table rows (as :func:`jupyter_cluster.runs` has them), newest run last."""
+def current_rows(notebook: str | None = None, run: str | None = None, pin: Any = None) -> list[dict[str, Any]]:
+    """This kernel's sweep table rows (as :func:`jupyter_cluster.runs` has them), newest run last.
+
+    ``pin`` (a :class:`.run_pin.RunPin`) keeps them to the run a live table was made for.
+    """
     from ..telemetry.topic_store import all_stores
     from ..tracking.runs import group_runs, kept_jobs, merge_metrics, table
 
-    chosen = _select(group_runs(kept_jobs()).values(), notebook, run)
+    records = list(group_runs(kept_jobs()).values())
+    if pin is not None:
+        run = pin.resolve(records)
+        if run is None:  # made before any run: empty until the first one starts
+            return []
+    chosen = _select(records, notebook, run)
     return table(chosen, merge_metrics(all_stores(), [r["run"] for r in chosen]))
 
 
@@ -435,7 +444,12 @@ def _rows_from(runs: Any) -> list[dict[str, Any]]:
 
 
 def show_runs(
-    runs: Any = None, *, topic: str | None = None, notebook: str | None = None, run: str | None = None
+    runs: Any = None,
+    *,
+    topic: str | None = None,
+    notebook: str | None = None,
+    run: str | None = None,
+    every: bool = False,
 ) -> Any:
     """The sweep table: one row per sweep item (or run) with its config and final/best metrics.
 
@@ -453,6 +467,10 @@ def show_runs(
         The metrics topic the curves come from (default: every topic).
     notebook, run : str, optional
         Only the runs of this notebook path, or this run id.
+    every : bool, default False
+        Follow every run of this kernel, later ones too.  By default a live
+        table shows the run it was made for: the newest one then (the sweep
+        of the cell above), or, made before any run, the first that starts.
 
     Returns
     -------
@@ -467,8 +485,13 @@ def show_runs(
     if topic is not None and (not isinstance(topic, str) or not topic):
         raise TypeError(f"show_runs(): topic must be a non-empty string, not {topic!r}.")
     rows = _rows_from(runs) if runs is not None else None
+    where: dict[str, Any] = {"notebook": notebook, "run": run}
+    if rows is None and notebook is None and run is None and not every:
+        from ..tracking.runs import group_runs, kept_jobs
+
+        where["pin"] = RunPin(group_runs(kept_jobs()).values())
     if not (context.in_kernel() and context.widgets_available()):
         from ..tracking.runs import frame
 
-        return frame(rows if rows is not None else current_rows(notebook, run))
-    return widget_class()(rows, {"notebook": notebook, "run": run}, topic, topic or "runs")
+        return frame(rows if rows is not None else current_rows(**where))
+    return widget_class()(rows, where, topic, topic or "runs")

@@ -150,6 +150,8 @@ class ClusterSummary(TypedDict):
     #: ids of the Jupyter kernels that started it or attached to it (the panel follows the active
     #: notebook's kernel to its cluster), oldest first
     kernels: list[str]
+    #: the cluster's identity (:func:`cluster_id`): a name is reused by later clusters, this never
+    id: str
 
 
 def running_tasks(metrics: Mapping[str, Any]) -> int:
@@ -239,7 +241,20 @@ def cluster_summary(
         "jobs_running": jobs_running,
         "topics": sorted(topics),
         "kernels": kernel_ids,
+        "id": cluster_id(record),
     }
+
+
+def cluster_id(record: Any) -> str:
+    """A cluster's identity, as unique as the one scheduler it was: its address, start and owner, hashed.
+
+    A name is only a label (a stopped cluster's name is free for the next);
+    what the panel shows, follows and stops is matched by this id.
+    """
+    import hashlib
+
+    key = f"{record.name}|{record.address}|{float(record.started)!r}|{record.owner_pid}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 class ClusterDetail(ClusterModel, ClusterSummary):

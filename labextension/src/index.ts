@@ -10,6 +10,7 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { requestAPI } from './api';
 import { IClusterSummary, IJob, connectCode } from './model';
 import { ClusterPanel, DEFAULT_SETTINGS, IPanelSettings, clusterIcon } from './panel';
+import { followsRenames, renameCode } from './notebook/rename';
 import { jobCell } from './panel/jobs';
 import { OPEN_SWEEP, registerSweep } from './sweep/area';
 import { TopicView } from './topicView';
@@ -132,6 +133,22 @@ const plugin: JupyterFrontEndPlugin<void> = {
     };
     panel.onOpenCell = notebooks ? job => void openCell(job) : null;
 
+    // a renamed notebook's kernel learns its new path (a silent execution; Python kernels only)
+    const tellKernel = async (widget: NotebookPanel, oldPath: string, newPath: string): Promise<void> => {
+      const kernel = widget.sessionContext.session?.kernel;
+      if (!kernel || oldPath === newPath) {
+        return;
+      }
+      try {
+        const info = await kernel.info;
+        if (followsRenames(info.language_info?.name)) {
+          kernel.requestExecute({ code: renameCode(oldPath, newPath), silent: true, store_history: false });
+        }
+      } catch (err) {
+        console.warn('jupyter-cluster: could not tell the kernel its notebook was renamed', err);
+      }
+    };
+
     // follow the active notebook's kernel to its cluster (the panel holds it when pinned)
     if (notebooks) {
       const follow = (): void => {
@@ -145,6 +162,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
           watched.add(current);
           // a kernel started, restarted into a new id or changed by the user
           current.sessionContext.kernelChanged.connect(() => {
+            if (notebooks.currentWidget === current) {
+              follow();
+            }
+          });
+          // renamed or moved: "This notebook" is its new path, and its kernel is told (the server follows itself)
+          let path = current.context.path;
+          current.context.pathChanged.connect((_, newPath) => {
+            const oldPath = path;
+            path = newPath;
+            void tellKernel(current, oldPath, newPath);
             if (notebooks.currentWidget === current) {
               follow();
             }

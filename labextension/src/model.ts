@@ -31,6 +31,8 @@ export interface IClusterSummary {
   topics: string[];
   /** ids of the Jupyter kernels that started it or attached to it (owner's first) */
   kernels: string[];
+  /** the cluster's identity (a name is reused by later clusters; this never is) */
+  id?: string;
 }
 
 /** One worker of a cluster (ClusterHandle.model()["workers"]). */
@@ -102,6 +104,8 @@ export interface IHistoryCluster extends IClusterSummary {
   cluster: string;
   /** when it stopped (seconds since the epoch) */
   stopped: number | null;
+  /** the notebooks whose jobs it holds, the one that ran the most first */
+  notebooks?: string[];
 }
 
 export interface IJobs {
@@ -179,6 +183,8 @@ export interface IPanelState {
   overlayMetrics: { [topic: string]: IMetricsModel };
   /** the active notebook's cluster, shown when it stopped: its kept history is shown next, or nothing */
   stoppedOwn: string | null;
+  /** the id each cluster name was last listed with: a stopped one's kept history is found by it */
+  clusterIds: { [name: string]: string };
 }
 
 export function initialState(): IPanelState {
@@ -201,7 +207,8 @@ export function initialState(): IPanelState {
     kernelCluster: null,
     overlayTopics: [],
     overlayMetrics: {},
-    stoppedOwn: null
+    stoppedOwn: null,
+    clusterIds: {}
   };
 }
 
@@ -219,8 +226,11 @@ export function clusterOfKernel(clusters: IClusterSummary[], kernel: string | nu
   if (mine.length) {
     return mine[0].name;
   }
-  const live = new Set(clusters.map(c => c.name));
-  const mapped = jobs.filter(j => j.kernel_id === kernel && live.has(j.cluster)).sort((a, b) => b.started - a.started);
+  // a job that started before the live cluster of its name ran on an earlier one (a reused name)
+  const started = new Map(clusters.map(c => [c.name, c.started]));
+  const mapped = jobs
+    .filter(j => j.kernel_id === kernel && started.has(j.cluster) && j.started >= (started.get(j.cluster) ?? 0) - 1)
+    .sort((a, b) => b.started - a.started);
   return mapped[0]?.cluster ?? null;
 }
 
@@ -290,7 +300,7 @@ function cleared(state: IPanelState, selected: string | null): IPanelState {
 /** The new cluster list, with a selection that is still valid. */
 function keepSelection(state: IPanelState, clusters: IClusterSummary[]): IPanelState {
   const names = clusters.map(c => c.name);
-  const next = { ...state, clusters };
+  const next = { ...state, clusters, clusterIds: rememberIds(state.clusterIds, clusters) };
   const sel = state.selected;
   if (sel !== null && (names.includes(sel) || state.history.some(h => h.name === sel))) {
     return next;
@@ -374,7 +384,7 @@ export function followJobs(state: IPanelState, before: IJob[]): IPanelState {
   let next = state;
   const sel = state.selected;
   if (sel !== null && !live.includes(sel) && !state.history.some(h => h.name === sel)) {
-    const kept = state.history.find(h => h.cluster === sel);
+    const kept = keptOf(state.history, sel, state.clusterIds[sel]);
     // nothing kept of the active notebook's own cluster: show nothing rather than another notebook's
     const fallback = sel === state.stoppedOwn ? null : (live[0] ?? null);
     next = kept ? { ...state, selected: kept.name, detail: null } : cleared(state, fallback);
@@ -392,6 +402,37 @@ export function followJobs(state: IPanelState, before: IJob[]): IPanelState {
     return cleared(next, started.cluster);
   }
   return next;
+}
+
+/** The ids of the clusters listed, added to those seen before (a stopped one's id is still needed). */
+export function rememberIds(
+  known: { [name: string]: string },
+  clusters: IClusterSummary[]
+): { [name: string]: string } {
+  const changed = clusters.some(c => c.id && known[c.name] !== c.id);
+  if (!changed) {
+    return known;
+  }
+  const out = { ...known };
+  clusters.forEach(c => {
+    if (c.id) {
+      out[c.name] = c.id;
+    }
+  });
+  return out;
+}
+
+/**
+ * The kept history of the stopped cluster `name`: the one of its id where the
+ * server gave ids (another notebook's earlier cluster of that name is not it),
+ * else the newest of that name.
+ */
+export function keptOf(history: IHistoryCluster[], name: string, id: string | undefined): IHistoryCluster | undefined {
+  const named = history.filter(h => h.cluster === name);
+  if (id !== undefined && named.some(h => h.id)) {
+    return named.find(h => h.id === id);
+  }
+  return named[0];
 }
 
 /** Select a cluster (clears what belonged to the previous one). */

@@ -108,7 +108,7 @@ def api(server: JupyterProcess, path: str, **params) -> dict:
     return r.json()
 
 
-SWEEP_A = """%%parallel x in range(3) --errors collect
+SWEEP_A = """%%parallel x in range(3) --errors collect --sweep
 import jupyter_cluster as jc
 jc.report(step=0, topic="runs-a", score=10.0 * x)
 jc.report(step=1, topic="runs-a", score=10.0 * x + 1, config={"double": 2 * x})

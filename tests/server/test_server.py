@@ -369,6 +369,23 @@ def test_stop_from_the_panel_asks_the_owning_kernel(api):
             proc.kill()
 
 
+def test_stop_from_the_panel_stops_only_the_cluster_it_showed(api):
+    """A card's Stop names the cluster's id: a later cluster that took the name is not stopped."""
+    proc = start_kernel_like("proc-id")
+    try:
+        wait_for(lambda: "proc-id" in api.names(), 5, message="proc-id in the list")
+        row = next(c for c in api.ok("GET", "clusters")["clusters"] if c["name"] == "proc-id")
+        assert isinstance(row["id"], str) and len(row["id"]) == 16
+        r = api("DELETE", "clusters/proc-id", params={"id": "0123456789abcdef"})  # an earlier proc-id's card
+        assert r.status_code == 409 and "another cluster now has that name" in r.json()["message"]
+        assert "proc-id" in api.names() and proc.poll() is None
+        assert api.ok("DELETE", "clusters/proc-id", params={"id": row["id"]}) == {"stopped": "proc-id"}
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 # An owner that stops its cluster on a stop request before any answer reaches the server: the
 # race a real owner can lose (it answers, then closes; the scheduler may die before passing it on).
 SILENT_OWNER_SCRIPT = textwrap.dedent(

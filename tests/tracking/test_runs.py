@@ -232,7 +232,7 @@ def test_a_report_deep_below_an_item_is_tagged_and_a_later_plain_map_is_not(ip, 
     topic = unique_topic("deep")
     ip.user_ns.update(TOPIC=topic)
     cell = (
-        "%%parallel seed in range(4)\n"
+        "%%parallel seed in range(4) --sweep\n"
         "import jupyter_cluster as jc\n"
         "def deep(k):\n"  # a function of the cell: its namespace outlives the item until the GC runs
         "    return jc.report(step=0, topic=TOPIC, v=float(seed)) if k == 0 else deep(k - 1)\n"
@@ -301,7 +301,7 @@ def test_an_spmd_cell_is_a_run(ip, cluster):
 def test_a_long_sweep_lists_a_bounded_number_of_items_and_counts_the_rest(ip, cluster):
     from jupyter_cluster.tracking.runs import MAX_ITEMS, kept_jobs
 
-    assert ip.run_cell(f"%%parallel i in range({MAX_ITEMS + 500}) --no-progress\ni").error_in_exec is None
+    assert ip.run_cell(f"%%parallel i in range({MAX_ITEMS + 500}) --no-progress --sweep\ni").error_in_exec is None
     job = ip.user_ns["_parallel_job"]
     [msg] = [j for j in kept_jobs() if j["job"] == job.id]
     assert msg["item_count"] == MAX_ITEMS + 500 and len(msg["items"]) == MAX_ITEMS
@@ -466,3 +466,52 @@ def test_runs_lists_this_notebooks_runs_the_server_kept_after_a_kernel_restart(i
         assert math.isclose(row["loss.best"], cfg["lr"] + cfg["mom"])
     assert got["open"] == 0 and got["again"] == 4
     assert got.get("other", 0) == 0
+
+
+def test_plain_values_are_a_map_and_configurations_a_sweep():
+    from jupyter_cluster.tracking.sweep_kind import is_sweep
+
+    one, two = target_names("x"), target_names("lr, seed")
+    assert not is_sweep(one, range(2000))  # the Collatz map: no 2,000 rows
+    assert not is_sweep(one, [1e-4, 1e-3]) and not is_sweep(one, ("a.csv", "b.csv")) and not is_sweep(one, {"a": 1})
+    assert is_sweep(one, range(3), asked=True)  # --sweep
+    assert is_sweep(one, [{"lr": 0.1}, {"lr": 0.2}])  # dict items: configurations
+    assert is_sweep(two, [(0.1, 0), (0.2, 1)])  # several targets
+    assert is_sweep(one, iter([1, 2]))  # an iterator is not consumed to look: as before
+    assert not is_sweep(one, [])
+    tag = ItemTag("r1", "seed", sweep=False)
+    assert tag.describe(3) == ("", {})  # a map's reports are its run's, not an item's
+
+
+def test_a_sweep_items_reports_are_its_series_named_by_config():
+    store = TopicStore("t")
+    recs = [
+        {"step": s, "time": 1.0, "series": {}, "values": {"loss": 1.0 / (s + 1)}, "run": "r", "item": key}
+        for s in range(3)
+        for key in ("lr=0.001, seed=0", "lr=0.01, seed=0")
+    ]
+    recs.append(
+        {"step": 0, "time": 1.0, "series": {"member": 1}, "values": {"loss": 2.0}, "run": "r", "item": "lr=0.1"}
+    )
+    recs.append({"step": 0, "time": 1.0, "series": {}, "values": {"loss": 3.0}, "run": "r", "item": ""})  # a map's
+    store.add("src", 0, recs)
+    curves = store.model()["scalars"]["loss"]
+    assert sorted(curves) == ["all", "lr=0.001, seed=0", "lr=0.01, seed=0", "member=1"]  # explicit series win
+    assert [p[1] for p in curves["lr=0.01, seed=0"]] == [1.0, 0.5, 1 / 3]
+
+
+def test_a_parallel_cell_over_numbers_is_one_run_row_unless_sweep_is_asked(ip, cluster):
+    from jupyter_cluster.tracking.runs import kept_jobs
+
+    topic = unique_topic("map-or-sweep")
+    ip.user_ns.update(TOPIC=topic)
+    body = "import jupyter_cluster as jc\njc.report(step=0, topic=TOPIC, v=float(n))\nn"
+    assert ip.run_cell(f"%%parallel n in range(8) --no-progress\n{body}").error_in_exec is None
+    plain = ip.user_ns["_parallel_job"]
+    assert ip.run_cell(f"%%parallel n in range(3) --no-progress --sweep\n{body}").error_in_exec is None
+    swept = ip.user_ns["_parallel_job"]
+    by_job = {j["job"]: j for j in kept_jobs()}
+    assert "items" not in by_job[plain.id] and len(by_job[swept.id]["items"]) == 3
+    plain_rows = jc.runs(run=by_job[plain.id]["run"])
+    assert len(plain_rows) == 1 and plain_rows.iloc[0]["v"] in {float(n) for n in range(8)}
+    assert len(jc.runs(run=by_job[swept.id]["run"])) == 3

@@ -78,10 +78,12 @@ def test_sweep_table_sorts_filters_groups_and_overlays(lab, browser, artifacts):
         sweep.scroll_into_view_if_needed()
         shot(page, artifacts, "sweep-table.png", ".jc-sweep")
 
-        # -- sort by the final loss: highest first, then lowest first (numbers, not text) ---------
+        # -- sort by the final loss: best (lowest, a loss) first, then highest first (numbers, not text) ---------
         loss_header = sweep.locator('th[data-col="final:loss"]')
         loss_header.click()
         by_loss = sorted(range(ITEMS), key=_final_loss)
+        _wait_attr(page, ".jc-sweep", "order", f"v.split('|')[0].endsWith('trial={by_loss[0]}')")
+        loss_header.click()
         _wait_attr(page, ".jc-sweep", "order", f"v.split('|')[0].endsWith('trial={by_loss[-1]}')")
         loss_header.click()
         _wait_attr(page, ".jc-sweep", "order", f"v.split('|')[0].endsWith('trial={by_loss[0]}')")
@@ -114,7 +116,32 @@ def test_sweep_table_sorts_filters_groups_and_overlays(lab, browser, artifacts):
             "v === 'lr=0.001 (n=10)|lr=0.01 (n=10)|lr=0.1 (n=10)'",
         )
         shot(page, artifacts, "sweep-grouped.png", ".jc-sweep")
+        # -- and by aux: a collapsed row per (lr, aux) with n, mean ± sd and best, expanding to its runs --------
+        sweep.locator("select.jc-sweep-group2").select_option("aux")
+        groups = sweep.locator("tr.jc-sweep-group-row")
+        groups.first.wait_for(timeout=15_000)
+        assert groups.count() == 6 and {groups.nth(i).get_attribute("data-n") for i in range(6)} == {"5"}
+        assert sweep.locator("tr.jc-sweep-row").count() == 0  # collapsed
+        assert "±" in groups.first.locator("td.jc-sweep-mean").first.inner_text()
+        groups.first.click()
+        _wait_attr(page, ".jc-sweep", "rows", f"v === '{ITEMS}'")
+        page.wait_for_function("document.querySelectorAll('.jc-sweep tr.jc-sweep-row').length === 5", timeout=15_000)
+        shot(page, artifacts, "sweep-grouped-two-keys.png", ".jc-sweep")
         sweep.locator("select.jc-sweep-group").select_option("")
+        # -- the lr axis is logarithmic (0.001 to 0.1), aux categorical; an unknown filter key is named -----------
+        axes = page.locator(".jc-sweep-parallel").first.get_attribute("data-axes").split("|")
+        assert axes[:3] == ["trial:linear", "lr:log", "aux:category"], axes
+        box.fill("lrr>0.01")
+        _wait_attr(page, ".jc-sweep", "filterProblem", "v.includes(\"no column 'lrr'\")")
+        assert page.locator(".jc-sweep-filter-problem").first.is_visible()
+        box.fill("")
+        # -- dark: the same table and charts (for the review) ------------------------------------------------------
+        page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', { theme: 'JupyterLab Dark' })")
+        page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+        _wait_attr(page, ".jc-sweep", "theme", "v === 'dark'")
+        shot(page, artifacts, "sweep-table-dark.png", ".jc-sweep")
+        page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', { theme: 'JupyterLab Light' })")
+        page.wait_for_function("document.body.dataset.jpThemeLight === 'true'", timeout=30_000)
 
         # -- tick three rows: only their curves are overlaid ------------------------------------------
         rows = sweep.locator("tr.jc-sweep-row")

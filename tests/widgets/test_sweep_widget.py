@@ -120,3 +120,27 @@ def test_a_static_copy_draws_rows_that_share_a_name_apart():
         colors[row["id"]] for row in data["rows"]
     ]
     assert ">lr=0.1<" in svg and ">lr=0.1 (2)<" in svg  # the legend tells them apart
+
+
+def test_a_live_table_shows_the_run_it_was_made_for_and_every_widens_it(ip, cluster):
+    """A later, unrelated map does not add its rows (30 became 38); made before any run, the next one."""
+    from jupyter_cluster.tracking.runs import group_runs, kept_jobs
+    from jupyter_cluster.widgets.run_pin import RunPin
+
+    topic = unique_topic("pinned")
+    grid = [{"trial": i, "lr": 0.1} for i in range(3)]
+    ip.user_ns.update(grid=grid, TOPIC=topic)
+    assert ip.run_cell(SWEEP).error_in_exec is None
+    sweep_run = jc.runs()["run"].iloc[-1]
+    pin_after = RunPin(group_runs(kept_jobs()).values())
+    w = sweep.widget_class()(None, {"notebook": None, "run": None, "pin": pin_after}, topic, "t")
+    every_before = len(sweep.current_rows())
+    assert ip.run_cell("%%parallel m in range(8) --no-progress\nm").error_in_exec is None  # unrelated
+    w.refresh()
+    assert len(w.data["rows"]) == 3 and {r["run"] for r in sweep.current_rows(pin=pin_after)} == {sweep_run}
+    assert len(sweep.current_rows()) == every_before + 1  # every=True: the map's one row too
+    assert len(jc.show_runs()) == 1  # outside a widget front end, the newest run: the map
+    # made before any run: the first that starts after it
+    early = RunPin([], now=0.0)
+    assert early.resolve([{"run": "a", "started": 5.0}, {"run": "b", "started": 3.0}]) == "b"
+    assert early.resolve([{"run": "c", "started": 9.0}]) == "b"

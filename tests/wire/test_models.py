@@ -88,8 +88,8 @@ def payloads() -> dict:
         4,
         1,
         "running",
-        1.0,
-        2.0,
+        1_700_000_001.0,  # after its cluster started (a job older than the cluster ran on an earlier one)
+        1_700_000_002.0,
         [failure],
         kernel_id="5f0c2a9e-1b7d-4c1e-9a43-2f6e8d0b7c11",
     )

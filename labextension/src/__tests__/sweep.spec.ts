@@ -13,11 +13,10 @@ import {
   columns,
   compareValues,
   curvesOption,
+  filterProblems,
   filterRows,
   groupRows,
   meanBand,
-  parallelColours,
-  parallelOption,
   rowColorKey,
   rowSeries,
   rowsComplete,
@@ -27,6 +26,7 @@ import {
   sweepFromTable
 } from '../sweep/model';
 import type { ITableRow } from '../sweep/model';
+import { parallelColours, parallelOption } from '../sweep/parallel';
 
 const row = (i: number, lr: number, aux: boolean, loss: number): ISweepRow => ({
   id: `r:${i}`,
@@ -76,7 +76,9 @@ describe('sweep table', () => {
     expect(filterRows(rows, 'opt!=adam').map(r => r.id)).toEqual(['r:0', 'r:2']);
     expect(filterRows(rows, 'state=error').map(r => r.id)).toEqual(['r:3']);
     expect(filterRows(rows, 'adam').map(r => r.id)).toEqual(['r:1', 'r:3']);
-    expect(filterRows(rows, 'momentum=0.9')).toEqual([]);
+    // an unknown key is named (filterProblems), not a silently empty table
+    expect(filterRows(rows, 'momentum=0.9')).toHaveLength(rows.length);
+    expect(filterProblems(rows, 'momentum=0.9')[0]).toContain("no column 'momentum'");
     expect(filterRows(rows, '  ')).toBe(rows);
   });
 
@@ -150,7 +152,7 @@ describe('sweep table', () => {
       visualMap: { dimension: number; min: number; max: number };
     };
     expect(option.parallelAxis.map(a => [a.name, a.type])).toEqual([
-      ['lr', 'value'],
+      ['lr', 'log'], // 0.001 to 0.1: two decades
       ['aux', 'category'],
       ['opt', 'category'],
       ['loss', 'value']

@@ -230,15 +230,18 @@ export class HistoryList {
         this.rows.set(h.name, row);
       }
       row.node.classList.toggle('jc-selected', h.name === selected);
-      setText(row.meta, h.topics.length ? `metrics: ${h.topics.join(', ')}` : 'jobs only');
+      setText(row.meta, keptText(h));
       wanted.push(row.node);
     }
     placeChildren(this.node, wanted);
   }
 
   private row(h: IHistoryCluster): { node: HTMLElement; meta: HTMLElement } {
+    // the key ("local-1.stopped-140509") tells two kept clusters of one name apart where the card's text cannot
+    const tip = `${h.name}${h.id ? ` (id ${h.id})` : ''}`;
     const node = el('div', 'jc-cluster jc-cluster-stopped');
     node.dataset.name = h.name;
+    node.title = tip;
     node.addEventListener('click', () => this.actions.select(h.name));
     const when = h.stopped ? new Date(h.stopped * 1000).toLocaleTimeString() : '';
     const title = el('div', 'jc-cluster-title');
@@ -256,4 +259,31 @@ export class HistoryList {
     node.append(title, meta, actions);
     return { node, meta };
   }
+}
+
+/**
+ * What a kept (stopped) cluster's card says beside its name, so that two of
+ * one name differ: the notebooks that ran on it, its backend and when it
+ * started, and what was kept ("Untitled.ipynb +1 · local · 14:02–14:09 · metrics: loss").
+ */
+export function keptText(h: IHistoryCluster): string {
+  const parts: string[] = [];
+  const notebooks = Array.isArray(h.notebooks) ? h.notebooks.filter(n => typeof n === 'string' && n) : [];
+  if (notebooks.length) {
+    const first = notebooks[0].split('/').pop() ?? notebooks[0];
+    parts.push(notebooks.length > 1 ? `${first} +${notebooks.length - 1}` : first);
+  }
+  if (h.backend) {
+    parts.push(h.backend);
+  }
+  const time = (t: number): string => new Date(t * 1000).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
+  if (typeof h.started === 'number' && h.started > 0) {
+    parts.push(
+      typeof h.stopped === 'number' && h.stopped > 0
+        ? `${time(h.started)}–${time(h.stopped)}`
+        : `from ${time(h.started)}`
+    );
+  }
+  parts.push(h.topics.length ? `metrics: ${h.topics.join(', ')}` : 'jobs only');
+  return parts.join(' · ');
 }

@@ -516,6 +516,8 @@ export class ClusterPanel extends Widget {
 
   /** Confirm and stop ``name``. */
   async stopCluster(name: string, confirm = true): Promise<void> {
+    // the cluster shown when Stop was clicked, never a later cluster that took its name (the server checks the id)
+    const id = this.state.clusters.find(c => c.name === name)?.id;
     if (confirm) {
       const owner = this.state.clusters.find(c => c.name === name);
       const note =
@@ -531,8 +533,9 @@ export class ClusterPanel extends Widget {
         return;
       }
     }
+    const query = id ? `?id=${encodeURIComponent(id)}` : '';
     await this.act(`Could not stop ${name}`, () =>
-      requestAPI(`clusters/${encodeURIComponent(name)}`, { method: 'DELETE' })
+      requestAPI(`clusters/${encodeURIComponent(name)}${query}`, { method: 'DELETE' })
     );
   }
 

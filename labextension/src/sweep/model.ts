@@ -10,6 +10,9 @@
 import type { Point } from '../charts/data';
 import { colorLookup } from '../charts/colors';
 import { escapeHTML, formatNumber, naturalCompare } from '../charts/data';
+import { parseFilter, termHolds } from './filter';
+import { IGroup, groupBy as groupByKeys } from './groups';
+import { columnNotation } from './notation';
 import { overlayLegend } from '../charts/overlay';
 
 /** A config value as a table cell holds it. */
@@ -53,10 +56,41 @@ export interface ISweep {
  * grouped, else its series key in the metric charts, else its own id.
  */
 export function rowColorKey(row: ISweepRow, groupBy: string | null = null): string {
-  if (groupBy) {
-    return `${groupBy}=${cellText(row.config[groupBy]) || '(none)'}`;
+  const keys = groupKeys(groupBy);
+  if (keys.length) {
+    return groupLabelOf(row, keys);
   }
   return row.series || row.id;
+}
+
+/** The config keys of a grouping (`"lr,aux"`: by lr, then aux). */
+export function groupKeys(groupBy: string | null | undefined): string[] {
+  return (groupBy ?? '')
+    .split(',')
+    .map(k => k.trim())
+    .filter(k => k);
+}
+
+/** A row's group as its label: `"lr=0.001, aux=true"`, in the table's notation. */
+export function groupLabelOf(row: ISweepRow, keys: string[], rows: ISweepRow[] = [row]): string {
+  const text = configText(rows);
+  return keys.map(k => `${k}=${text(k, row.config[k]) || '(none)'}`).join(', ');
+}
+
+/** A config cell's text in its column's one notation (notation.ts): `configText(rows)(key, value)`. */
+export function configText(rows: ISweepRow[]): (key: string, v: ConfigValue | undefined) => string {
+  const formats = new Map<string, (v: number) => string>();
+  return (key, v) => {
+    if (typeof v !== 'number') {
+      return cellText(v);
+    }
+    let f = formats.get(key);
+    if (!f) {
+      f = columnNotation(rows.map(r => r.config[key]));
+      formats.set(key, f);
+    }
+    return Number.isFinite(v) ? f(v) : cellText(v);
+  };
 }
 
 /**
@@ -67,9 +101,9 @@ export function rowColorKey(row: ISweepRow, groupBy: string | null = null): stri
  * the parallel coordinates all use it.
  */
 export function sweepColors(sweep: ISweep, dark = false, groupBy: string | null = null): (key: string) => string {
-  if (groupBy) {
+  if (groupKeys(groupBy).length) {
     return colorLookup(
-      groupRows(sweep.rows, groupBy).map(g => `${groupBy}=${g.value}`),
+      groupRows(sweep.rows, groupBy ?? '').map(g => g.key),
       dark
     );
   }
@@ -189,61 +223,67 @@ export function sortRows(rows: ISweepRow[], col: IColumn | null, descending = fa
     .map(x => x.row);
 }
 
+/** The keys a filter may name: config keys, metrics (final values) and `state`. */
+export function filterKeys(rows: ISweepRow[]): string[] {
+  const metrics = new Set<string>();
+  rows.forEach(r => Object.keys(r.final).forEach(m => metrics.add(m)));
+  return [...configKeys(rows), ...[...metrics].sort(naturalCompare), 'state'];
+}
+
 /**
- * The rows a filter keeps.  Terms are separated by spaces and all must hold:
- * `key=value` (a config key, metric or column equal to value), `key!=value`,
- * `key>n`, `key>=n`, `key<n`, `key<=n` (numbers), or plain text found in
- * the row's name or any config value.  A term on an unknown key keeps nothing.
+ * The rows a filter keeps (filter.ts: `key=value`, `key!=value`, `key>n`,
+ * `key>=n`, `key<n`, `key<=n` on a config key, a metric or `state`, and
+ * plain words found in a row's name or config).  A term on an unknown key is
+ * left out (filterProblems() names it) rather than keeping nothing.
  */
 export function filterRows(rows: ISweepRow[], text: string): ISweepRow[] {
-  const terms = text
-    .trim()
-    .split(/\s+/)
-    .filter(t => t);
+  const { terms } = parseFilter(text, filterKeys(rows));
   if (!terms.length) {
     return rows;
   }
-  const tests = terms.map(term => {
-    const m = /^([^<>=!]+?)\s*(!=|>=|<=|=|>|<)\s*(.*)$/.exec(term);
-    if (!m) {
-      const needle = term.toLowerCase();
-      return (r: ISweepRow): boolean =>
-        r.name.toLowerCase().includes(needle) ||
-        Object.values(r.config).some(v => cellText(v).toLowerCase().includes(needle));
-    }
-    const [, key, op, raw] = m;
-    return (r: ISweepRow): boolean => {
-      const v = key in r.config ? r.config[key] : key in r.final ? r.final[key] : key === 'state' ? r.state : undefined;
-      if (v === undefined) {
-        return false;
-      }
-      if (op === '=' || op === '!=') {
-        const same = cellText(v).toLowerCase() === raw.toLowerCase() || (typeof v === 'number' && v === Number(raw));
-        return op === '=' ? same : !same;
-      }
-      const n = Number(raw);
-      if (typeof v !== 'number' || !Number.isFinite(n)) {
-        return false;
-      }
-      return op === '>' ? v > n : op === '>=' ? v >= n : op === '<' ? v < n : v <= n;
-    };
-  });
-  return rows.filter(r => tests.every(t => t(r)));
+  return rows.filter(r =>
+    terms.every(t => {
+      const key = t.key;
+      const v =
+        key === null
+          ? undefined
+          : key in r.config
+            ? r.config[key]
+            : key in r.final
+              ? r.final[key]
+              : key === 'state'
+                ? (r.state ?? null)
+                : undefined;
+      return termHolds(t, v, [r.name, ...Object.values(r.config).map(c => cellText(c))]);
+    })
+  );
 }
 
-/** The rows grouped by a config key's value (groups in natural order of their value's text). */
-export function groupRows(rows: ISweepRow[], key: string): { value: string; rows: ISweepRow[] }[] {
-  const groups = new Map<string, ISweepRow[]>();
-  for (const r of rows) {
-    const value = cellText(r.config[key]) || '(none)';
-    const list = groups.get(value);
-    if (list) {
-      list.push(r);
-    } else {
-      groups.set(value, [r]);
-    }
-  }
-  return [...groups.entries()].sort(([a], [b]) => naturalCompare(a, b)).map(([value, list]) => ({ value, rows: list }));
+/** What is wrong with a filter for these rows (an unknown key, a comparison without a number), one sentence each. */
+export function filterProblems(rows: ISweepRow[], text: string): string[] {
+  return parseFilter(text, filterKeys(rows)).problems;
+}
+
+/**
+ * The rows grouped by one or more config keys (`"lr,aux"`), groups in the
+ * order of their values (numbers as numbers: lr=0.001 before lr=0.003 before
+ * lr=0.01), each with its label and its metrics' aggregates (groups.ts).
+ */
+export function groupRows(
+  rows: ISweepRow[],
+  groupBy: string,
+  metrics: string[] = []
+): { value: string; label: string; key: string; rows: ISweepRow[]; stats: IGroup['stats'] }[] {
+  const keys = groupKeys(groupBy);
+  const text = configText(rows);
+  return groupByKeys(rows, keys, metrics, (v, k) => text(k, v) || '(none)').map(g => ({
+    value: keys.length === 1 ? text(keys[0], g.values[keys[0]]) || '(none)' : g.label,
+    label: g.label,
+    // the colour key: rowColorKey()'s for each of its rows (the label is in the column's notation)
+    key: groupLabelOf(g.rows[0], keys),
+    rows: g.rows,
+    stats: g.stats
+  }));
 }
 
 /** The mean of a group's curves at each x, and the spread (± one standard deviation), from the curves that have x. */
@@ -318,8 +358,8 @@ export function curvesOption(
       if (!band.length) {
         continue;
       }
-      const name = `${groupBy}=${g.value} (n=${g.rows.length})`;
-      const color = colorOf(`${groupBy}=${g.value}`);
+      const name = `${g.label} (n=${g.rows.length})`;
+      const color = colorOf(g.key);
       const stack = `band:${g.value}`;
       lines.push(name);
       // the band: an invisible line at mean - sd, and the spread stacked on it as a filled area
@@ -417,99 +457,6 @@ export function curvesOption(
     series
   };
   return { option, lines, legend };
-}
-
-/** A parallel axis of the parallel-coordinates view: numbers on a value axis, anything else as categories. */
-export function parallelAxis(
-  rows: ISweepRow[],
-  key: string,
-  dim: number,
-  isMetric: boolean
-): { [key: string]: unknown } {
-  const values = rows.map(r => (isMetric ? r.final[key] : r.config[key]));
-  const numeric = values.every(v => v === null || v === undefined || typeof v === 'number');
-  if (numeric) {
-    return { dim, name: key, type: 'value', scale: true, nameTextStyle: { fontSize: 10 } };
-  }
-  const cats = [...new Set(values.map(v => cellText(v) || '(none)'))].sort(naturalCompare);
-  return { dim, name: key, type: 'category', data: cats, nameTextStyle: { fontSize: 10 } };
-}
-
-/**
- * The parallel-coordinates lines' colour scale, low to high final value:
- * viridis-like, with ends that read as lines on the theme's background
- * (viridis's own ends, a dark purple and a pale yellow, vanish on dark and on
- * white backgrounds respectively).
- */
-export function parallelColours(dark: boolean): string[] {
-  return dark ? ['#7b6fd6', '#2fb5a5', '#fde725'] : ['#440154', '#21918c', '#b8860b'];
-}
-
-/**
- * The parallel-coordinates view (as TensorBoard's HParams): an axis per
- * config key and a last one for `metric`'s final value; a line per row, in
- * the row's own colour (`rowColor`, the colour of its swatch and its curve),
- * or without it coloured by the metric's value on one scale.
- */
-export function parallelOption(
-  rows: ISweepRow[],
-  metric: string,
-  dark = false,
-  rowColor: ((row: ISweepRow) => string) | null = null
-): { [key: string]: unknown } {
-  const keys = configKeys(rows);
-  const axes = keys.map((k, i) => parallelAxis(rows, k, i, false));
-  axes.push(parallelAxis(rows, metric, keys.length, true));
-  const data = rows.map(r => ({
-    name: r.name,
-    value: [
-      ...keys.map((k, i) =>
-        (axes[i] as { type: string }).type === 'value' ? (r.config[k] ?? null) : cellText(r.config[k]) || '(none)'
-      ),
-      r.final[metric] ?? null
-    ],
-    ...(rowColor ? { lineStyle: { color: rowColor(r) } } : {})
-  }));
-  const finals = rows.map(r => r.final[metric]).filter((v): v is number => typeof v === 'number' && Number.isFinite(v));
-  const lo = finals.length ? Math.min(...finals) : 0;
-  const hi = finals.length ? Math.max(...finals) : 1;
-  return {
-    animation: false,
-    backgroundColor: 'transparent',
-    title: { text: `config → ${metric}`, left: 4, top: 2, textStyle: { fontSize: 12 } },
-    tooltip: { trigger: 'item', confine: true },
-    // room on the right for the metric axis's labels and then the colour bar (if any)
-    parallel: { left: 40, right: rowColor ? 60 : 110, top: 50, bottom: 24 },
-    parallelAxis: axes,
-    // coloured by row: no value scale (each line is in its row's colour)
-    ...(rowColor
-      ? {}
-      : {
-          visualMap: {
-            type: 'continuous',
-            dimension: keys.length,
-            min: lo,
-            max: hi === lo ? lo + 1 : hi,
-            right: 6,
-            top: 50,
-            itemHeight: 100,
-            itemWidth: 10,
-            calculable: true,
-            textStyle: { fontSize: 10 },
-            formatter: (v: number) => formatNumber(Number(Number(v).toPrecision(3))),
-            inRange: { color: parallelColours(dark) }
-          }
-        }),
-    series: [
-      {
-        type: 'parallel',
-        lineStyle: { width: 1.5, opacity: 0.6 },
-        emphasis: { lineStyle: { width: 3, opacity: 1 } },
-        inactiveOpacity: dark ? 0.1 : 0.05,
-        data
-      }
-    ]
-  };
 }
 
 /** A row of `jupyter_cluster.tracking.runs.table()` as the server's `GET runs/RUN` and `jc.runs()` have it. */

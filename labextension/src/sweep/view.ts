@@ -28,21 +28,28 @@ import { CanvasRenderer } from 'echarts/renderers';
 
 import { controlStyle } from '../charts/controls';
 import { el } from '../charts/dom';
-import type { IColumn, ISweep, ISweepRow } from './model';
+import type { ConfigValue, IColumn, ISweep, ISweepRow } from './model';
 import {
   cellText,
   cellValue,
   columns,
   configKeys,
   curvesOption,
+  filterKeys,
+  filterProblems,
   filterRows,
   metricKeys,
-  parallelColours,
-  parallelOption,
+  groupKeys,
+  groupRows,
   rowColorKey,
   sortRows,
   sweepColors
 } from './model';
+import { bestFirstDescending, defaultMetric } from './direction';
+import { filterExample, filterHelp } from './filter';
+import { meanText } from './groups';
+import { columnNotation } from './notation';
+import { parallelColours, parallelOption } from './parallel';
 
 echarts.use([
   LineChart,
@@ -84,11 +91,20 @@ export class SweepView {
   private groupBy = '';
   private metric = '';
   private parallelBy: 'row' | 'metric' = 'row';
+  /** the rows the parallel coordinates' brush keeps (their ids), or null: no brush */
+  private brushed: Set<string> | null = null;
+  /** the row under the pointer (in the table, a curve or a line): highlighted in every view */
+  private hovered: string | null = null;
+  private readonly problem = el('div', 'jc-sweep-filter-problem');
   private readonly selected = new Set<string>();
   private readonly status = el('div', 'jc-sweep-status');
   private readonly filterInput = el('input', 'jc-sweep-filter');
   private readonly metricSelect = el('select', 'jc-sweep-metric');
   private readonly groupSelect = el('select', 'jc-sweep-group');
+  /** a second grouping key ("group by lr and aux") */
+  private readonly groupSelect2 = el('select', 'jc-sweep-group2');
+  /** the groups shown expanded (their labels) */
+  private readonly expanded = new Set<string>();
   private readonly parallelSelect = el('select', 'jc-sweep-parallel-by');
   private readonly clearButton = el('button', 'jc-sweep-clear', 'clear selection');
   private readonly table = el('table', 'jc-sweep-table');
@@ -106,9 +122,9 @@ export class SweepView {
     const tools = el('div', 'jc-sweep-toolbar');
     tools.style.cssText = 'display: flex; flex-wrap: wrap; gap: 4px 10px; align-items: center; margin: 4px 0;';
     this.filterInput.type = 'search';
-    this.filterInput.placeholder = 'filter: lr>0.01 aux=on';
-    this.filterInput.title =
-      'Keep the rows where every term holds: key=value, key!=value, key>n, key<n (config keys and metrics), or text';
+    // placeholder and title name this table's keys (render()): an example that matches, never 0 rows
+    this.filterInput.placeholder = 'filter';
+    this.filterInput.title = filterHelp([]);
     this.filterInput.addEventListener('input', () => {
       this.filter = this.filterInput.value;
       this.changed();
@@ -120,7 +136,16 @@ export class SweepView {
     });
     this.groupSelect.title = "Group the curves by a config key's value: each group's mean ± one standard deviation";
     this.groupSelect.addEventListener('change', () => {
-      this.groupBy = this.groupSelect.value;
+      const second = groupKeys(this.groupBy)[1];
+      this.groupBy = [this.groupSelect.value, this.groupSelect.value ? second : ''].filter(k => k).join(',');
+      this.expanded.clear();
+      this.changed();
+    });
+    this.groupSelect2.title = 'Group by a second key too: a group per combination (e.g. per lr and aux, over seeds)';
+    this.groupSelect2.addEventListener('change', () => {
+      const first = groupKeys(this.groupBy)[0] ?? '';
+      this.groupBy = [first, this.groupSelect2.value].filter(k => k).join(',');
+      this.expanded.clear();
       this.changed();
     });
     this.parallelSelect.title =
@@ -136,10 +161,11 @@ export class SweepView {
     const metricLabel = el('label', '', 'metric ');
     metricLabel.append(this.metricSelect);
     const groupLabel = el('label', '', 'group by ');
-    groupLabel.append(this.groupSelect);
+    groupLabel.append(this.groupSelect, ' and ', this.groupSelect2);
     const parallelLabel = el('label', '', 'lines by ');
     parallelLabel.append(this.parallelSelect);
     tools.append(this.filterInput, metricLabel, groupLabel, parallelLabel, this.clearButton);
+    this.problem.style.cssText = 'color: var(--jp-error-color1, #d32f2f); margin: 2px 0; display: none;';
     const charts = el('div', 'jc-sweep-charts');
     charts.style.cssText =
       'display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 380px), 1fr)); gap: 8px;';
@@ -153,8 +179,10 @@ export class SweepView {
     this.table.style.cssText = 'border-collapse: collapse; font-size: 11px; white-space: nowrap;';
     scroller.append(this.table);
     this.status.style.cssText = 'margin: 2px 0;';
-    this.node.append(this.status, tools, charts, scroller);
+    this.node.append(this.status, tools, this.problem, charts, scroller);
     host.appendChild(this.node);
+    // reachable from the page (tests, the browser console): node.jcSweepView.brush('lr', [0.0005, 0.002])
+    Object.defineProperty(this.node, 'jcSweepView', { value: this, enumerable: false });
     this.style();
     this.resizer =
       typeof ResizeObserver !== 'undefined'
@@ -189,6 +217,11 @@ export class SweepView {
     this.curves = this.parallel = null;
     this.drawn = { table: '', curves: '', parallel: '' };
     this.render();
+    // charts made again while the theme's styles apply were laid out at a passing size: lay them out once settled
+    requestAnimationFrame(() => {
+      this.curves?.resize();
+      this.parallel?.resize();
+    });
   }
 
   /** The user's choices now. */
@@ -240,7 +273,14 @@ export class SweepView {
 
   private style(): void {
     this.node.dataset.theme = this.dark ? 'dark' : 'light';
-    for (const c of [this.filterInput, this.metricSelect, this.groupSelect, this.parallelSelect, this.clearButton]) {
+    for (const c of [
+      this.filterInput,
+      this.metricSelect,
+      this.groupSelect,
+      this.groupSelect2,
+      this.parallelSelect,
+      this.clearButton
+    ]) {
       c.style.cssText = controlStyle(this.dark);
     }
     this.filterInput.style.width = '14em';
@@ -251,18 +291,27 @@ export class SweepView {
     const metrics = metricKeys(sweep);
     // (no rows yet: the choices restored from an earlier view are kept for when they come)
     if (!metrics.includes(this.metric) && sweep.rows.length) {
-      this.metric = metrics[0] ?? '';
+      this.metric = defaultMetric(metrics); // a loss before an accuracy: what a sweep minimises
     }
     const keys = configKeys(sweep.rows);
-    if (this.groupBy && !keys.includes(this.groupBy) && sweep.rows.length) {
-      this.groupBy = '';
+    if (groupKeys(this.groupBy).some(k => !keys.includes(k)) && sweep.rows.length) {
+      this.groupBy = groupKeys(this.groupBy)
+        .filter(k => keys.includes(k))
+        .join(',');
     }
+    const [group1 = '', group2 = ''] = groupKeys(this.groupBy);
     this.options(
       this.metricSelect,
       metrics.map(m => [m, m] as [string, string]),
       this.metric
     );
-    this.options(this.groupSelect, [['', 'none'], ...keys.map(k => [k, k] as [string, string])], this.groupBy);
+    this.options(this.groupSelect, [['', 'none'], ...keys.map(k => [k, k] as [string, string])], group1);
+    this.options(
+      this.groupSelect2,
+      [['', '—'], ...keys.filter(k => k !== group1).map(k => [k, k] as [string, string])],
+      group2
+    );
+    this.groupSelect2.style.display = group1 ? '' : 'none';
     this.options(
       this.parallelSelect,
       [
@@ -273,7 +322,18 @@ export class SweepView {
     );
     const cols = columns(sweep);
     const col = cols.find(c => c.id === this.sortBy) ?? null;
-    const rows = sortRows(filterRows(sweep.rows, this.filter), col, this.descending);
+    const keysForFilter = filterKeys(sweep.rows);
+    const example = filterExample(sweep.rows);
+    this.filterInput.placeholder = example ? `filter: ${example}` : 'filter';
+    this.filterInput.title = filterHelp(keysForFilter, example);
+    const problems = filterProblems(sweep.rows, this.filter);
+    this.problem.textContent = problems.join(' ');
+    this.problem.style.display = problems.length ? '' : 'none';
+    this.node.dataset.filterProblem = problems.join(' ');
+    const filtered = sortRows(filterRows(sweep.rows, this.filter), col, this.descending);
+    // the parallel coordinates' brush narrows the table and the curves (linked views)
+    const brushed = this.brushed;
+    const rows = brushed ? filtered.filter(r => brushed.has(r.id)) : filtered;
     const ticked = rows.filter(r => this.selected.has(r.id));
     const drawn = ticked.length ? ticked : rows.slice(0, MAX_DEFAULT_CURVES);
     // one colour per row (or group) in the table, the curves and the parallel coordinates
@@ -281,7 +341,7 @@ export class SweepView {
     this.status.textContent =
       `${sweep.title ? `${sweep.title}: ` : ''}${rows.length} of ${sweep.rows.length} rows` +
       (ticked.length ? `, ${ticked.length} selected` : '') +
-      (this.groupBy ? `, grouped by ${this.groupBy}` : '');
+      (this.groupBy ? `, grouped by ${groupKeys(this.groupBy).join(' and ')}` : '');
     this.clearButton.style.display = this.selected.size ? '' : 'none';
     this.renderTable(cols, rows, colorOf);
     Object.assign(this.node.dataset, {
@@ -305,27 +365,125 @@ export class SweepView {
     ]);
     if (signature !== this.drawn.curves) {
       this.drawn.curves = signature;
-      this.curves ??= echarts.init(this.curvesBox, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
+      if (!this.curves) {
+        this.curves = echarts.init(this.curvesBox, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
+        // a curve under the pointer marks its row (and its line)
+        this.curves.on('mouseover', (p: { seriesName?: string }) => {
+          const row = this.sweep.rows.find(r => r.name === p.seriesName);
+          this.hoverRow(row?.id ?? null, 'curves');
+        });
+        this.curves.on('mouseout', () => this.hoverRow(null, 'curves'));
+      }
       this.curves.setOption(curves.option, { notMerge: true });
       this.curvesBox.dataset.lines = curves.lines.join('|');
       this.curvesBox.dataset.legend = String(curves.legend);
     }
-    const parallelRows = rows.filter(r => typeof r.final[this.metric] === 'number');
+    const parallelRows = filtered.filter(r => typeof r.final[this.metric] === 'number');
     const byRow = this.parallelBy === 'row';
     const rowColor = (r: ISweepRow): string => colorOf(rowColorKey(r, this.groupBy || null));
-    const psig = JSON.stringify([this.metric, parallelRows, byRow && parallelRows.map(rowColor)]);
+    const psig = JSON.stringify([this.metric, parallelRows, byRow && parallelRows.map(rowColor), [...this.selected]]);
     if (psig !== this.drawn.parallel) {
       this.drawn.parallel = psig;
-      this.parallel ??= echarts.init(this.parallelBox, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
-      this.parallel.setOption(parallelOption(parallelRows, this.metric, this.dark, byRow ? rowColor : null), {
-        notMerge: true
-      });
+      if (!this.parallel) {
+        this.parallel = echarts.init(this.parallelBox, this.dark ? 'dark' : undefined, { renderer: 'canvas' });
+        this.linkParallel(this.parallel);
+      }
+      this.brushed = null; // a redrawn chart has no brush
+      this.node.dataset.brushed = '';
+      const option = parallelOption(parallelRows, this.metric, this.dark, byRow ? rowColor : null, this.selected);
+      this.parallel.setOption(option, { notMerge: true });
+      this.parallelRows = parallelRows;
+      // each axis's scale (log for decades, categories for few values), for tests and the reader
+      this.parallelBox.dataset.axes = ((option.parallelAxis as { name: string; axisKind: string }[]) ?? [])
+        .map(a => `${a.name}:${a.axisKind}`)
+        .join('|');
       this.parallelBox.dataset.lines = String(parallelRows.length);
       this.parallelBox.dataset.by = this.parallelBy;
       // each line's colour (by row), for tests
       this.parallelBox.dataset.colors = byRow ? parallelRows.map(rowColor).join('|') : '';
       // the colour scale drawn (the theme's): tests read it after a theme change
       this.parallelBox.dataset.scale = parallelColours(this.dark).join('|');
+    }
+  }
+
+  private parallelRows: ISweepRow[] = [];
+
+  /** The parallel coordinates' brush and hover reach the table and the curves (and back: hoverRow()). */
+  private linkParallel(chart: echarts.EChartsType): void {
+    chart.on('axisareaselected', () => {
+      const model = (
+        chart as unknown as {
+          getModel(): { getSeries(): { getRawIndicesByActiveState(s: string): number[] }[] };
+        }
+      ).getModel();
+      const series = model.getSeries()[0];
+      if (!series) {
+        return;
+      }
+      const active = series.getRawIndicesByActiveState('active');
+      const ids = active.map(i => this.parallelRows[i]?.id).filter((id): id is string => !!id);
+      this.brushed = ids.length === this.parallelRows.length ? null : new Set(ids);
+      this.node.dataset.brushed = this.brushed ? ids.join('|') : '';
+      this.render();
+    });
+    chart.on('mouseover', (p: { dataIndex?: number }) => {
+      const row = typeof p.dataIndex === 'number' ? this.parallelRows[p.dataIndex] : undefined;
+      this.hoverRow(row?.id ?? null, 'parallel');
+    });
+    chart.on('mouseout', () => this.hoverRow(null, 'parallel'));
+  }
+
+  /**
+   * Brush a parallel-coordinates axis to `[lo, hi]` (as a drag along it does):
+   * the table and the curves keep the rows whose lines pass through.
+   */
+  brush(key: string, interval: [number, number]): void {
+    if (!this.parallel) {
+      return;
+    }
+    const axes = (this.parallel.getOption().parallelAxis ?? []) as { name?: string }[];
+    const index = axes.findIndex(a => a.name === key);
+    if (index < 0) {
+      return;
+    }
+    this.parallel.dispatchAction({
+      type: 'axisAreaSelect',
+      parallelAxisIndex: index,
+      intervals: [interval]
+    });
+  }
+
+  /** Highlight one row everywhere: its table row, its line in the parallel coordinates, its curve. */
+  hoverRow(id: string | null, from: 'table' | 'parallel' | 'curves' = 'table'): void {
+    if (id === this.hovered) {
+      return;
+    }
+    const before = this.hovered;
+    this.hovered = id;
+    this.node.dataset.hovered = id ?? '';
+    this.table.querySelectorAll('tr.jc-sweep-row').forEach(tr => {
+      const on = (tr as HTMLElement).dataset.id === id;
+      tr.classList.toggle('jc-sweep-hovered', on);
+      (tr as HTMLElement).style.outline = on ? '2px solid var(--jp-brand-color1, #1976d2)' : '';
+    });
+    if (from !== 'parallel' && this.parallel) {
+      const index = (rid: string | null): number =>
+        rid === null ? -1 : this.parallelRows.findIndex(r => r.id === rid);
+      if (index(before) >= 0) {
+        this.parallel.dispatchAction({ type: 'downplay', seriesIndex: 0, dataIndex: index(before) });
+      }
+      if (index(id) >= 0) {
+        this.parallel.dispatchAction({ type: 'highlight', seriesIndex: 0, dataIndex: index(id) });
+      }
+    }
+    if (from !== 'curves' && this.curves) {
+      const name = (rid: string | null): string | undefined => this.sweep.rows.find(r => r.id === rid)?.name;
+      if (before !== null && name(before)) {
+        this.curves.dispatchAction({ type: 'downplay', seriesName: name(before) });
+      }
+      if (id !== null && name(id)) {
+        this.curves.dispatchAction({ type: 'highlight', seriesName: name(id) });
+      }
     }
   }
 
@@ -352,6 +510,7 @@ export class SweepView {
       this.sortBy,
       this.descending,
       this.groupBy,
+      [...this.expanded],
       rows.map(r => colorOf(rowColorKey(r, this.groupBy || null)))
     ]);
     if (signature === this.drawn.table) {
@@ -369,15 +528,31 @@ export class SweepView {
       th.title = `Sort by ${c.label} (click again to reverse)`;
       th.style.cssText = `cursor: pointer; text-align: left; padding: 2px 6px; border-bottom: ${border}; position: sticky; top: 0; background: var(--jp-layout-color1, ${this.dark ? '#111' : '#fff'});`;
       th.addEventListener('click', () => {
-        this.descending = this.sortBy === c.id ? !this.descending : c.kind === 'final' || c.kind === 'best';
+        // a metric's first click puts its best first: lowest for a loss, highest for an accuracy
+        this.descending =
+          this.sortBy === c.id
+            ? !this.descending
+            : c.kind === 'final' || c.kind === 'best'
+              ? bestFirstDescending(c.key)
+              : false;
         this.sortBy = c.id;
         this.changed();
       });
       head.append(th);
     }
-    const body = rows.map(r => {
+    // one notation per column (notation.ts): 1e-4 … 1e-2 all with exponents, over every row of the sweep
+    const formats = new Map(cols.map(c => [c.id, columnNotation(this.sweep.rows.map(r => cellValue(r, c)))] as const));
+    const cellIn = (c: IColumn, v: ConfigValue | undefined): string =>
+      typeof v === 'number' && Number.isFinite(v) && c.kind !== 'duration' ? formats.get(c.id)!(v) : cellText(v);
+    const rowNode = (r: ISweepRow): HTMLElement => {
       const tr = el('tr', 'jc-sweep-row');
       tr.dataset.id = r.id;
+      tr.addEventListener('mouseenter', () => this.hoverRow(r.id, 'table'));
+      tr.addEventListener('mouseleave', () => this.hoverRow(null, 'table'));
+      if (this.selected.has(r.id)) {
+        tr.classList.add('jc-sweep-ticked');
+        tr.style.fontWeight = '600';
+      }
       const box = el('input');
       box.type = 'checkbox';
       box.checked = this.selected.has(r.id);
@@ -399,12 +574,61 @@ export class SweepView {
       tr.append(first);
       for (const c of cols) {
         const v = cellValue(r, c);
-        const td = el('td', '', cellText(v));
+        const td = el('td', '', cellIn(c, v));
         td.style.cssText = `padding: 1px 6px; border-bottom: ${border};${typeof v === 'number' ? ' text-align: right; font-variant-numeric: tabular-nums;' : ''}`;
         tr.append(td);
       }
       return tr;
-    });
+    };
+    const keys = groupKeys(this.groupBy);
+    if (!keys.length) {
+      this.table.replaceChildren(head, ...rows.map(rowNode));
+      return;
+    }
+    // grouped: a collapsed row per group (n, mean ± sd and best of each metric) that expands to its runs
+    const metrics = [...new Set(cols.filter(c => c.kind === 'final' || c.kind === 'best').map(c => c.key))];
+    const body: HTMLElement[] = [];
+    for (const g of groupRows(rows, this.groupBy, metrics)) {
+      const open = this.expanded.has(g.label);
+      const tr = el('tr', 'jc-sweep-group-row');
+      tr.dataset.group = g.label;
+      tr.dataset.n = String(g.rows.length);
+      tr.style.cssText = `cursor: pointer; background: var(--jp-layout-color2, ${this.dark ? '#222' : '#f3f3f3'});`;
+      tr.title = open ? 'Collapse this group' : `Show the ${g.rows.length} runs of this group`;
+      tr.addEventListener('click', () => {
+        if (this.expanded.has(g.label)) {
+          this.expanded.delete(g.label);
+        } else {
+          this.expanded.add(g.label);
+        }
+        this.changed();
+      });
+      const first = el('td', '', open ? '▾' : '▸');
+      const swatch = el('span', 'jc-swatch');
+      swatch.dataset.color = colorOf(g.key);
+      swatch.style.cssText = `display: inline-block; width: 10px; height: 10px; margin-left: 3px; border-radius: 2px; background: ${colorOf(g.key)};`;
+      first.append(swatch);
+      tr.append(first);
+      for (const c of cols) {
+        let text = '';
+        if (c.kind === 'name') {
+          text = `${g.label} (n=${g.rows.length})`;
+        } else if (c.kind === 'config' && keys.includes(c.key)) {
+          text = cellIn(c, g.rows[0].config[c.key]);
+        } else if (c.kind === 'final' && g.stats[c.key]) {
+          text = meanText(g.stats[c.key], v => cellIn(c, v));
+        } else if (c.kind === 'best' && g.stats[c.key]) {
+          text = cellIn(c, g.stats[c.key].best);
+        }
+        const td = el('td', c.kind === 'final' ? 'jc-sweep-mean' : '', text);
+        td.style.cssText = `padding: 1px 6px; border-bottom: ${border}; font-weight: 600;`;
+        tr.append(td);
+      }
+      body.push(tr);
+      if (open) {
+        body.push(...g.rows.map(rowNode));
+      }
+    }
     this.table.replaceChildren(head, ...body);
   }
 }
