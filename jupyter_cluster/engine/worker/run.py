@@ -420,7 +420,8 @@ def run_chunk(
     t_begin = perf()
     next_check = t_begin + _CANCEL_CHECK_S
     deadline = t_begin + budget if budget else float("inf")
-    group = getattr(fn, "stop_group", None)  # a Pool's task: terminate() stops it (run_in_group)
+    # A Pool's task: terminate() stops it; any other lease batch: the map's stop (jc_close) does (run_in_group).
+    group = getattr(fn, "stop_group", None) or options.get("group")
     stop = _group(group).stopped if group is not None else None
     loop_args = (fn, items, star, retries, capture, runner, cancelled, next_check, deadline, stop)
     if group is None:
