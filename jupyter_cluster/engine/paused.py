@@ -28,8 +28,10 @@ from .cluster import worker_slots
 NOTICE_SECONDS = 2.0
 #: Every worker paused, nothing in flight and no progress for this long: the map fails, in seconds.
 GIVE_UP_SECONDS = 30.0
-#: How often a stalled map asks the scheduler about its workers, in seconds.
+#: How often a stalled map with nothing in flight asks the scheduler about its workers, in seconds.
 LOOK_EVERY_SECONDS = 1.0
+#: The same for a map with work in flight (long items, or tasks queued on the task path), in seconds.
+BUSY_LOOK_EVERY_SECONDS = 10.0
 
 
 def describe(workers: dict[str, dict]) -> str:
@@ -40,8 +42,8 @@ def describe(workers: dict[str, dict]) -> str:
         label = f"{addr} ({name})" if name not in (None, "", addr) else addr
         memory = (info.get("metrics") or {}).get("memory")
         limit = info.get("memory_limit")
-        used = format_bytes(memory) if isinstance(memory, (int, float)) else "?"
-        cap = format_bytes(limit) if limit else "no limit"
+        used = format_bytes(int(memory)) if isinstance(memory, (int, float)) else "?"
+        cap = format_bytes(int(limit)) if limit else "no limit"
         parts.append(f"{label}: {used} of {cap}")
     if len(workers) > 8:
         parts.append(f"and {len(workers) - 8} more")
@@ -84,7 +86,8 @@ class PausedWatch:
             return
         if now - self._progress_at < NOTICE_SECONDS or now < self._next_look:
             return
-        self._next_look = now + LOOK_EVERY_SECONDS
+        # Work in flight on a running lease will show progress: look seldom then (a round trip to the scheduler).
+        self._next_look = now + (LOOK_EVERY_SECONDS if idle else BUSY_LOOK_EVERY_SECONDS)
         try:
             workers = self._workers()
         except Exception:  # noqa: BLE001 - a scheduler that went away is the connection check's to report
