@@ -17,7 +17,6 @@ import time
 import warnings
 
 import cloudpickle
-import dask
 import pytest
 
 import jupyter_cluster as jc
@@ -116,16 +115,21 @@ def _all_paused(handle) -> bool:
     return bool(workers) and all(w.get("status") == "paused" for w in workers.values())
 
 
+def _pause_by_process_memory(dask_worker) -> None:
+    dask_worker.memory_manager.memory_pause_fraction = 0.8  # Dask's default, which in-process workers now skip
+
+
 def test_a_map_on_paused_workers_says_so_within_seconds_then_stops(monkeypatch):
     """Old: no word, and the map waited for ever (300 s until pytest's timeout in a CI run).
 
-    In-process workers with a limit far below the kernel's memory, counting the
-    kernel's memory as Dask does when asked (``local.in-process-memory-pause``): all pause.
+    In-process workers with a limit far below the kernel's memory, told after they
+    started to count the process's memory as Dask does (``local.in-process-memory-pause``
+    at the start would pause them before they register): all pause.
     """
     monkeypatch.setattr(engine_paused, "GIVE_UP_SECONDS", 4.0)
-    with dask.config.set({"jupyter-cluster.local.in-process-memory-pause": True}):
-        handle = jc.start(workers=2, threads=1, memory_limit="48MiB", processes=False)
+    handle = jc.start(workers=2, threads=1, memory_limit="48MiB", processes=False)
     try:
+        handle.client.run(_pause_by_process_memory)
         wait_for(lambda: _all_paused(handle), timeout=20, message="the workers to pause")
         stamped = _Stamped(sys.stderr, "is paused by Dask")
         monkeypatch.setattr(sys, "stderr", stamped)
@@ -153,3 +157,17 @@ def test_in_process_workers_do_not_hold_the_kernels_memory_against_their_limit()
         assert mapping.map(abs, [-1, -2], client=handle, progress=False) == [1, 2]
     finally:
         handle.close()
+
+
+def where_am_i(x):
+    from distributed import get_worker
+
+    return get_worker().address
+
+
+def test_items_still_find_their_worker_from_the_batchs_helper_thread(cluster):
+    """Batches run in a helper thread of the lease's (so the stop button frees it): distributed's
+    get_worker() lives in a context variable, which the helper must run in."""
+    addresses = set(cluster.client.scheduler_info(n_workers=-1)["workers"])
+    out = mapping.map(where_am_i, range(4), client=cluster, progress=False)
+    assert set(out) <= addresses
