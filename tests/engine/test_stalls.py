@@ -165,9 +165,19 @@ def where_am_i(x):
     return get_worker().address
 
 
-def test_items_still_find_their_worker_from_the_batchs_helper_thread(cluster):
+def nested(x):
+    from distributed import worker_client
+
+    with worker_client() as client:  # secede(), then rejoin(): on the helper thread, in the task's seat
+        return client.submit(abs, -x, pure=False).result()
+
+
+def test_items_still_find_their_worker_and_secede_from_the_batchs_helper_thread(cluster):
     """Batches run in a helper thread of the lease's (so the stop button frees it): distributed's
-    get_worker() lives in a context variable, which the helper must run in."""
+    get_worker() lives in a context variable the helper must run in, and worker_client()'s
+    secede()/rejoin() act on the calling thread's seat in Dask's pool (1-thread workers: no deadlock)."""
     addresses = set(cluster.client.scheduler_info(n_workers=-1)["workers"])
-    out = mapping.map(where_am_i, range(4), client=cluster, progress=False)
-    assert set(out) <= addresses
+    assert set(mapping.map(where_am_i, range(4), client=cluster, progress=False)) <= addresses
+    assert set(mapping.map(where_am_i, range(2), timeout=30, client=cluster, progress=False)) <= addresses
+    assert mapping.map(nested, range(4), client=cluster, progress=False) == [0, 1, 2, 3]
+    assert mapping.map(abs, [-1, -2], client=cluster, progress=False) == [1, 2]  # the pool is whole again
