@@ -47,6 +47,7 @@ import queue
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from enum import Enum
 from typing import Any
@@ -174,6 +175,8 @@ class LeasePool:
         self.lock = threading.Lock()
         self.idle: dict[tuple, list[Lease]] = {}
         self.timer: threading.Timer | None = None
+        # The leases of this client's maps that have not ended: a cluster closing ends them first too.
+        self.active: weakref.WeakSet[Leases] = weakref.WeakSet()
 
     def take(self, key: tuple, n: int) -> list[Lease]:
         """Up to ``n`` idle leases for resources ``key``, the most recently used first."""
@@ -236,10 +239,17 @@ class LeasePool:
 
 
 def release_leases(client: Client) -> None:
-    """End ``client``'s idle leases now (before the client or its cluster closes, so no task is cut off)."""
+    """End ``client``'s leases now, idle ones and those of maps still open (an unfinished ``imap``).
+
+    Called before the client or its cluster closes, so that no task is cut
+    off (Dask's "Async instruction ... ended with CancelledError" on the workers).
+    """
     pool = getattr(client, "_jc_lease_pool", None)
-    if pool is not None:
-        pool.reap(everything=True, wait=1.0)
+    if pool is None:
+        return
+    ending = [ls for leases in list(pool.active) for ls in leases.live()]
+    end_leases(client, pool.secret, ending, wait=1.0)
+    pool.reap(everything=True, wait=1.0)
 
 
 def pool_for(client: Client) -> LeasePool:
@@ -260,7 +270,9 @@ def end_leases(client: Client, secret: str, leases: list[Lease], wait: float = 0
     futures, closing = [], []
     for ls in leases:
         if not ls.dead:
-            closing.append(asyncio.run_coroutine_threadsafe(_close(client, ls, secret, wait), loop))
+            sent = _schedule(_close(client, ls, secret, wait), loop)
+            if sent is not None:
+                closing.append(sent)
         ls.dead = True
         futures.append(ls.future)
     if wait > 0 and closing:
@@ -274,7 +286,23 @@ def end_leases(client: Client, secret: str, leases: list[Lease], wait: float = 0
             logger.debug("cancelling leases failed", exc_info=True)
             return
         if asyncio.iscoroutine(cancelled):  # called on the client's own loop (a job collected there)
-            asyncio.run_coroutine_threadsafe(cancelled, loop)
+            _schedule(cancelled, loop)
+
+
+def _schedule(coro: Any, loop: asyncio.AbstractEventLoop) -> concurrent.futures.Future | None:
+    """Run ``coro`` on ``loop``; None, with ``coro`` closed unrun, where the loop is gone.
+
+    A map collected after its cluster closed (an ``imap`` its caller dropped)
+    otherwise left "coroutine '_close' was never awaited" on stderr.
+    """
+    if loop.is_closed():
+        coro.close()
+        return None
+    try:
+        return asyncio.run_coroutine_threadsafe(coro, loop)
+    except RuntimeError:  # closed in the meantime
+        coro.close()
+        return None
 
 
 async def _close(client: Client, ls: Lease, secret: str, wait: float = 0.0) -> None:
@@ -314,6 +342,7 @@ class Leases:
         self.token, self.blob, self.star, self.options = run
         self.big = big
         self.pool = pool_for(client)
+        self.pool.active.add(self)
         self.secret = self.pool.secret
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.leases: dict[str, Lease] = {}
@@ -598,6 +627,7 @@ class Leases:
         if self.closed:
             return
         self.closed = True
+        self.pool.active.discard(self)
         ending, keeping = [], []
         for ls in self.leases.values():
             if ls.dead:

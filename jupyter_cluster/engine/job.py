@@ -46,14 +46,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import sys
-import threading
 import time
 import uuid
 import weakref
+from bisect import insort
 from collections import deque
 from collections.abc import Callable, Iterator
+from operator import itemgetter
 from typing import Any
 
 import cloudpickle
@@ -76,7 +76,9 @@ from .cluster import (
 from .demand import adaptive
 from .dispatch import Chunk, Counters, Dispatcher, Event, Note
 from .faults import Faults, abbreviate  # noqa: F401  (abbreviate: re-exported by mapping)
+from .options import MAX_TIMEOUT_SECONDS, _add_note, _known_length, _text_of, check_options  # noqa: F401
 from .paths import MapSpec, open_dispatcher, task_dispatcher
+from .paused import PausedWatch
 from .planner import MAX_CHUNK_ITEMS
 from .protocol import ChunkResult, ItemError, RemoteItemError
 
@@ -84,8 +86,6 @@ logger = logging.getLogger(__name__)
 
 #: Observers hear about progress at most this often, in seconds.
 PROGRESS_INTERVAL = 0.1
-#: Longest --timeout accepted, in seconds (Python's own limit on a thread wait, about 292 years at most).
-MAX_TIMEOUT_SECONDS = float(min(threading.TIMEOUT_MAX, 10**9))
 #: How long a map waits on a cluster without workers before saying so, in seconds.
 NO_WORKERS_NOTICE_SECONDS = 5.0
 
@@ -281,6 +281,8 @@ class MapJob:
         self._next_check = 0.0
         self._no_workers_since: float | None = None
         self._no_workers_warned = False
+        where = f"cluster {self.cluster!r}" if isinstance(self.cluster, str) else "the cluster"
+        self._paused = PausedWatch(lambda: workers_now(self.client), where, self.resources)
         #: Sends the chunks: the direct path's or the task path's, picked on the first step (.paths).
         self._dispatcher: Dispatcher | None = None
         self._round_remaining: int | None = None
@@ -482,6 +484,7 @@ class MapJob:
                 self._next_check = now + 0.5
                 self._check_connection()
                 self._warn_if_no_workers(now)
+                self._paused.check(self.done + self.failed, not self._inflight, now)
                 if self._pin is not None:
                     self._check_pinned_workers()
             self._maybe_progress()
@@ -627,12 +630,15 @@ class MapJob:
         return planner.next_size(per_item=per_item, probe=probe, **spread)
 
     def _probe_size(self) -> int:
+        """Items of the next probe: the probes of a map share one probe's items, each half of what is left."""
         if self._probe_items is None:
             if not self._buffer and not self._exhausted:
                 self._take_ahead(1)
             first = self._returned[0][1][0] if self._returned else (self._buffer[0] if self._buffer else None)
             self._probe_items = planner.probe_items(item_bytes(first) if first is not None else 1)
-        return self._probe_items
+        share = max(1, (self._probe_items + 1) // 2)
+        self._probe_items = max(self._probe_items - share, 1)
+        return share
 
     def _take_ahead(self, want: int) -> None:
         buf = self._buffer
@@ -651,8 +657,9 @@ class MapJob:
         # while there is still time to shrink chunks for a balanced tail.
         # The distance is capped, so memory stays bounded by about
         # (chunks in flight + 1) × MAX_CHUNK_ITEMS items.
+        # Not before any item's duration is known: the probes alone read at most one probe's items.
         threads = self._dispatcher.threads() if self._dispatcher is not None else 1
-        ahead = min(size * 2 * threads, MAX_CHUNK_ITEMS) if self.chunksize == "auto" else 0
+        ahead = min(size * 2 * threads, MAX_CHUNK_ITEMS) if self.chunksize == "auto" and self._per_item() else 0
         self._take_ahead(size + ahead)
         buf = self._buffer
         n = min(size, len(buf))
@@ -808,9 +815,9 @@ class MapJob:
         if n < len(chunk.items):  # the budget ran out (or the task was stopped): run the rest again
             if chunk.suspect or chunk.pin is not None or chunk.budget is None:
                 self._resubmit.append(Chunk(start + n, chunk.items[n:], suspect=chunk.suspect, pin=chunk.pin))
-            else:  # back to the front of the queue, to be chunked anew with what is now known
+            else:  # back to the queue in input order (before what was never sent), chunked anew with what is now known
                 self.chunks_cut += 1
-                self._returned.appendleft((start + n, chunk.items[n:]))
+                insort(self._returned, (start + n, chunk.items[n:]), key=itemgetter(0))
                 self._returned_n += len(chunk.items) - n
         if worker:
             self.workers_used[worker] = self.workers_used.get(worker, 0) + n
@@ -975,84 +982,3 @@ class MapJob:
                 self._cancel_outstanding()
         except Exception:
             pass
-
-
-def check_options(
-    *,
-    errors: str = "raise",
-    chunksize: Any = "auto",
-    retries: int = 0,
-    timeout: Any = None,
-    resources: dict | None = None,
-) -> float | None:
-    """Check a map's options (every front end passes through here); returns the timeout to use.
-
-    Raises ``ValueError``/``TypeError`` with one sentence naming the option
-    and the fix.  ``timeout=inf`` means no limit.
-    """
-    if errors not in ("raise", "collect"):
-        raise ValueError(f"errors must be 'raise' or 'collect', not {errors!r}.")
-    if chunksize != "auto":
-        if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
-            raise ValueError(f"chunksize must be a positive integer or 'auto', not {chunksize!r}.")
-        if chunksize > sys.maxsize:
-            raise ValueError(
-                f"chunksize {chunksize} is larger than any input can be read at once; use at most {sys.maxsize} (or 'auto')."
-            )
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"retries must be a whole number, 0 or more, not {retries!r}.")
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}.")
-        if math.isnan(timeout) or timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}.")
-        if math.isinf(timeout):
-            timeout = None  # no limit, which is what "infinite" asks for
-        elif timeout > MAX_TIMEOUT_SECONDS:
-            raise ValueError(
-                f"timeout {timeout:g} s is longer than the {MAX_TIMEOUT_SECONDS:g} s an item can be waited for; "
-                "use a smaller number, or inf (or no timeout) for no limit."
-            )
-    if resources:
-        for name, amount in resources.items():
-            if (
-                isinstance(amount, bool)
-                or not isinstance(amount, (int, float))
-                or not math.isfinite(amount)
-                or amount <= 0
-            ):
-                shown = (
-                    f"{amount:g}" if isinstance(amount, (int, float)) and not isinstance(amount, bool) else repr(amount)
-                )
-                raise ValueError(
-                    f"resources {name}={shown} is not a positive amount, so no worker could ever run the map; "
-                    f"ask for a positive amount such as {name}=1, or drop it."
-                )
-    return timeout
-
-
-def _text_of(exc: BaseException) -> BaseException:
-    """A stand-in for ``exc`` that keeps only its text (what a finished map's record shows)."""
-    msg = str(exc).strip()
-    if isinstance(exc, RemoteItemError):  # already text: "TypeName: message"
-        stand_in = RemoteItemError(msg)
-    else:
-        stand_in = RemoteItemError(f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__)
-    for note in getattr(exc, "__notes__", None) or ():
-        _add_note(stand_in, str(note))
-    return stand_in
-
-
-def _add_note(exc: BaseException, note: str) -> None:
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-
-
-def _known_length(iterables: tuple) -> int | None:
-    lengths = []
-    for it in iterables:
-        try:
-            lengths.append(len(it))
-        except TypeError:
-            return None
-    return min(lengths) if lengths else None

@@ -42,8 +42,9 @@ from typing import Any, Protocol
 
 from distributed import Client, WorkerPlugin
 
+from . import job_log
 from .tags import tag_record as _tag_record
-from .topic_names import INDEX_TOPIC, PLUGIN_NAME, topic_name
+from .topic_names import INDEX_TOPIC, JOBS_TOPIC, PLUGIN_NAME, topic_name
 from .topic_store import metrics_setting
 
 logger = logging.getLogger(__name__)
@@ -516,6 +517,8 @@ def publish(client: Client, dask_topic: str | list[str], msg: Any) -> None:
             try:
                 scheduler = client.scheduler
                 assert scheduler is not None  # a connected client
+                if dask_topic == JOBS_TOPIC and isinstance(msg, dict) and "items" in msg:
+                    await job_log.ensure(client)  # the scheduler's log keeps the newest sweeps' items only
                 await scheduler.log_event(topic=dask_topic, msg=msg)
             except Exception:
                 logger.debug("could not publish on %s", dask_topic, exc_info=True)

@@ -37,7 +37,14 @@ from . import dashboard
 from .forkserver import environ_since_forkserver, start_forkserver, use_forkserver
 from .gpus import GPU_RESOURCE, _cuda_cluster_class, gpu_worker_specs, select_gpus
 from .main_guard import check_main_guard
-from .workers import ForkedNanny, IgnoreSigint, NoWorkerHttp, QuietWorker, sigint_blocked_for_children
+from .workers import (
+    ForkedNanny,
+    IgnoreSigint,
+    KernelMemoryNotOwn,
+    NoWorkerHttp,
+    QuietWorker,
+    sigint_blocked_for_children,
+)
 
 
 def default_workers() -> int:
@@ -238,6 +245,8 @@ class LocalBackend(Backend):
             [QuietWorker()]
             + ([IgnoreSigint()] if kwargs["processes"] else [])
             + ([NoWorkerHttp()] if security is not None else [])
+            # In-process workers would count the whole kernel's memory against each one's limit.
+            + ([KernelMemoryNotOwn()] if processes is False and not config.get("local.in-process-memory-pause") else [])
         )
         # The scheduler's Bokeh dashboard is attached once the cluster runs (see .dashboard): its import
         # was the largest step of a first start.

@@ -130,3 +130,25 @@ class ForkedNanny(Nanny):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pre_spawn_env = {}
+
+
+class KernelMemoryNotOwn(WorkerPlugin):
+    """Worker plugin for ``processes=False`` workers: no pausing or spilling by the process's memory.
+
+    Workers in the kernel's own process measure the whole kernel's memory
+    (Dask's memory monitor reads the process's RSS), so each held everything
+    the kernel used against its own limit: three workers with 1 GiB each
+    paused once the kernel passed 0.8 GiB, and a map waited on them for ever
+    (issue 37).  The limit still bounds the data each worker keeps (Dask's
+    ``target`` fraction counts a worker's own data).  The setting
+    ``jupyter-cluster.local.in-process-memory-pause: true`` keeps Dask's behaviour.
+    """
+
+    idempotent = True
+    name = "jupyter-cluster-kernel-memory-not-own"
+
+    def setup(self, worker) -> None:
+        manager = getattr(worker, "memory_manager", None)
+        if manager is not None:
+            manager.memory_pause_fraction = False
+            manager.memory_spill_fraction = False

@@ -7,11 +7,14 @@ back to Dask at once, even from a blocking C call.
 
 from __future__ import annotations
 
+import contextvars
 import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
+
+from . import pool_seat
 
 #: Per task thread: its helper thread (``group_runner``), and whether its last chunk was stopped.
 _local = threading.local()
@@ -101,15 +104,19 @@ class _GroupRunner:
             job = self.jobs.get()
             if job is None:
                 return
-            call, args, state, done, box = job
-            # get_worker(), get_client() and the task's key work in the call as in its task thread.
+            call, args, state, ctx, executor, done, box, seceded = job
+            # get_worker(), get_client() and the task's key work in the call as in its task thread
+            # (distributed keeps the worker in a context variable: the task thread's context runs the
+            # call), and so do secede() and rejoin() (worker_client()): the helper holds its seat.
             thread_state.__dict__.update(state)
+            pool_seat.sit(executor)
             try:
-                box.append((True, call(*args)))
+                box.append((True, ctx.run(call, *args)))
             except BaseException as exc:  # noqa: BLE001 - handed to the task thread
                 box.append((False, exc))
             finally:
                 thread_state.__dict__.clear()
+                seceded.append(pool_seat.stand(executor))
                 done.set()
 
 
@@ -131,16 +138,21 @@ def run_in_group(name: str, call: Callable, *args: Any) -> Any:
         runner = local.group_runner = _GroupRunner()
     done: threading.Event = threading.Event()
     box: list = []
+    seceded: list = []
     with _GROUPS_LOCK:
         group.running[runner.thread] = done
+    executor = None
     try:
         if group.stopped.is_set():  # stopped between the check above and the registration
             raise GroupStopped(f"stop group {name} was stopped")
-        runner.jobs.put((call, args, dict(thread_state.__dict__), done, box))
+        executor = pool_seat.lend(runner.thread)
+        ctx = contextvars.copy_context()
+        runner.jobs.put((call, args, dict(thread_state.__dict__), ctx, executor, done, box, seceded))
         done.wait()
     finally:
         with _GROUPS_LOCK:
             group.running.pop(runner.thread, None)
+        pool_seat.take_back(executor, runner.thread, bool(seceded and seceded[0]))
     if group.stopped.is_set():
         # Woken by stop_group, or stopped as the call ended: GroupStopped may still land in the helper
         # (raised asynchronously), so it is not used again; it ends after its call, and a new one is made.

@@ -29,6 +29,7 @@ from ..protocol import (
     unpack_relayed,
     wire_run,
 )
+from .groups import stop_group
 from .registry import _REGISTRY, _WAKE, ATTACH_WAIT_SECONDS, Early, _ask_room, _matches, _queued, _set, report_busy
 
 PLUGIN_NAME = "jupyter-cluster-engine"
@@ -224,6 +225,8 @@ async def _close(comm=None, lease=None, secret=None, wait=0.0):
     found = _REGISTRY.leases.get(lease)
     if found is not None and _matches(found, secret):
         found.mailbox.put(None)
+        if found.busy:  # its map stopped: the batch it runs is nobody's now (lease._run_entry)
+            stop_group(lease)
         deadline = asyncio.get_running_loop().time() + float(wait)
         # `ended` is set by the lease's own thread; an asyncio.Event may not be set from there
         while not found.ended and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110

@@ -109,7 +109,7 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
             if stays:
                 _ask_room(worker)
             try:
-                ran = _run_entry(entry, big, loop)
+                ran = _run_entry(entry, big, loop, lease_id)
             finally:
                 me.last_end = time.monotonic()
                 me.busy = False
@@ -135,8 +135,13 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
         me.ended = True
 
 
-def _run_entry(entry: Batch, big: dict | None, loop) -> int:
-    """Run one batch from a lease's mailbox and answer its ``jc_batch`` call; 1 if it ran, 0 if not."""
+def _run_entry(entry: Batch, big: dict | None, loop, lease_id: str) -> int:
+    """Run one batch from a lease's mailbox and answer its ``jc_batch`` call; 1 if it ran, 0 if not.
+
+    The batch runs as work of the stop group named by the lease (:mod:`.groups`): a ``jc_close``
+    while it runs (the map was stopped) gives the lease's thread back to Dask at once, even from
+    a blocking C call such as ``time.sleep(30)``, so the next map does not queue behind it.
+    """
     run = Run._make(entry.run.value if isinstance(entry.run, Packed) else entry.run)  # a list off the wire
     if run.blob is None and run.token not in _STATE.cache and not (big and "__fn__" in big):
         loop.call_soon_threadsafe(_set, entry.reply, Status.NEED_FN)  # evicted from the cache: the client resends it
@@ -146,7 +151,9 @@ def _run_entry(entry: Batch, big: dict | None, loop) -> int:
     except Exception as exc:  # noqa: BLE001 - items this worker cannot unpickle: the batch fails as a whole
         loop.call_soon_threadsafe(_fail, entry.reply, exc)
         return 0
-    opts = run.options if entry.budget is None else {**run.options, "budget": entry.budget}
+    opts = {**run.options, "group": lease_id}
+    if entry.budget is not None:
+        opts["budget"] = entry.budget
     result = run_chunk(run.token, run.blob, big, items, run.star, opts)
     loop.call_soon_threadsafe(_set, entry.reply, result)
     return 1

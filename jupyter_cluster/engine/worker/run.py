@@ -12,6 +12,7 @@ traceback text, frames) instead of failing the whole batch.
 
 from __future__ import annotations
 
+import contextvars
 import io
 import pickle
 import queue
@@ -304,10 +305,10 @@ class _TimedRunner:
             job = jobs.get()
             if job is None:
                 return
-            call, args, done, box, buf = job
+            call, args, done, box, buf, ctx = job
             _STATE.local.buf = buf
             try:
-                box.append((True, call(*args)))
+                box.append((True, ctx.run(call, *args)))  # the caller's context: get_worker() works
             except BaseException as exc:  # noqa: BLE001 - every item failure is data
                 box.append((False, exc))
             finally:
@@ -318,7 +319,7 @@ class _TimedRunner:
         thread = self.thread if self.thread is not None else self._start()
         done = threading.Event()
         box: list[tuple[bool, Any]] = []
-        self.jobs.put((call, args, done, box, buf))
+        self.jobs.put((call, args, done, box, buf, contextvars.copy_context()))
         if not done.wait(self.timeout):
             # Abandon the thread: ask it to stop (Python code stops at once, a
             # blocking C call when it returns) and use a fresh one next time.
@@ -420,7 +421,8 @@ def run_chunk(
     t_begin = perf()
     next_check = t_begin + _CANCEL_CHECK_S
     deadline = t_begin + budget if budget else float("inf")
-    group = getattr(fn, "stop_group", None)  # a Pool's task: terminate() stops it (run_in_group)
+    # A Pool's task: terminate() stops it; any other lease batch: the map's stop (jc_close) does (run_in_group).
+    group = getattr(fn, "stop_group", None) or options.get("group")
     stop = _group(group).stopped if group is not None else None
     loop_args = (fn, items, star, retries, capture, runner, cancelled, next_check, deadline, stop)
     if group is None:
