@@ -7,6 +7,7 @@ back to Dask at once, even from a blocking C call.
 
 from __future__ import annotations
 
+import contextvars
 import queue
 import threading
 from collections import OrderedDict
@@ -101,11 +102,11 @@ class _GroupRunner:
             job = self.jobs.get()
             if job is None:
                 return
-            call, args, state, done, box = job
+            call, args, state, context, done, box = job
             # get_worker(), get_client() and the task's key work in the call as in its task thread.
             thread_state.__dict__.update(state)
             try:
-                box.append((True, call(*args)))
+                box.append((True, context.run(call, *args)))
             except BaseException as exc:  # noqa: BLE001 - handed to the task thread
                 box.append((False, exc))
             finally:
@@ -136,7 +137,10 @@ def run_in_group(name: str, call: Callable, *args: Any) -> Any:
     try:
         if group.stopped.is_set():  # stopped between the check above and the registration
             raise GroupStopped(f"stop group {name} was stopped")
-        runner.jobs.put((call, args, dict(thread_state.__dict__), done, box))
+        # The task's context too: distributed keeps get_worker()'s worker in a context variable, which a
+        # plain thread does not inherit (a Queue or Pool used in the call must know it runs on a worker).
+        context = contextvars.copy_context()
+        runner.jobs.put((call, args, dict(thread_state.__dict__), context, done, box))
         done.wait()
     finally:
         with _GROUPS_LOCK:
