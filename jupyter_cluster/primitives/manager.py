@@ -74,7 +74,15 @@ class DictProxy(_Proxy):
     )
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._callmethod("keys"))
+        keys = list(self._callmethod("keys"))  # now, not at the first next(): as a dict's own iterator
+
+        def walk() -> Iterator[Any]:
+            for key in keys:
+                if self._callmethod("__len__") != len(keys):
+                    raise RuntimeError("dictionary changed size during iteration")
+                yield key
+
+        return walk()
 
     def __eq__(self, other: object) -> bool:
         return self.copy() == (other.copy() if isinstance(other, DictProxy) else other)
@@ -94,7 +102,13 @@ class ListProxy(_Proxy):
     )
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._callmethod("copy"))
+        index = 0  # item by item, as a list's own iterator: it sees changes made meanwhile
+        while True:
+            try:
+                yield self._callmethod("__getitem__", (index,))
+            except IndexError:
+                return
+            index += 1
 
     def __iadd__(self, other: Any) -> ListProxy:
         self._callmethod("extend", (list(other),))
@@ -141,6 +155,8 @@ class NamespaceProxy(_Proxy):
     def __repr__(self) -> str:
         return self._callmethod("__repr__").replace("namespace(", "Namespace(", 1)
 
+    __str__ = __repr__
+
 
 #: Value's typecodes (the array module's and ctypes' short names) -> the Python type they hold.
 _TYPES = {
@@ -169,7 +185,7 @@ class ValueProxy(_Proxy):
     def __init__(self, typecode: Any, value: Any = None, lock: Any = True, manager: SyncManager | None = None, *, client: Any = None):
         self._typecode = typecode
         super().__init__(_convert(typecode, _zero(typecode) if value is None else value), manager, client=client)
-        self._lock = (RLock(client=self._client) if lock is True else lock) if lock else None
+        self._lock = _lock_of(lock, self._client)
 
     def get(self) -> Any:
         return self._callmethod("get")
@@ -179,13 +195,20 @@ class ValueProxy(_Proxy):
 
     value = property(get, set)
 
+    @property
     def get_lock(self) -> Any:
+        """The lock's getter; absent (``AttributeError``) when made with ``lock=False``, as on a RawValue."""
         if self._lock is None:
-            raise AttributeError("'RawValue' has no lock (made with lock=False)")
-        return self._lock
+            raise AttributeError("'RawValue' object has no attribute 'get_lock'")
+        lock = self._lock
+        return lambda: lock
 
-    def get_obj(self) -> ValueProxy:
-        return self
+    @property
+    def get_obj(self) -> Any:
+        """The object's getter; absent, as ``get_lock``, without a lock."""
+        if self._lock is None:
+            raise AttributeError("a Raw value has no attribute 'get_obj'")
+        return lambda: self
 
     def acquire(self, *args: Any) -> bool:
         return self.get_lock().acquire(*args)
@@ -214,7 +237,7 @@ class ArrayProxy(ListProxy):
             initial = [_convert(typecode, v) for v in size_or_initializer]
         self._length = len(initial)
         super().__init__(initial, manager, client=client)
-        self._lock = (RLock(client=self._client) if lock is True else lock) if lock else None
+        self._lock = _lock_of(lock, self._client)
 
     def __len__(self) -> int:
         return self._length
@@ -231,13 +254,20 @@ class ArrayProxy(ListProxy):
     def __delitem__(self, index: Any) -> None:
         raise TypeError("Array doesn't support item deletion")
 
+    @property
     def get_lock(self) -> Any:
+        """The lock's getter; absent (``AttributeError``) when made with ``lock=False``, as on a RawArray."""
         if self._lock is None:
-            raise AttributeError("'RawArray' has no lock (made with lock=False)")
-        return self._lock
+            raise AttributeError("'RawArray' object has no attribute 'get_lock'")
+        lock = self._lock
+        return lambda: lock
 
-    def get_obj(self) -> ArrayProxy:
-        return self
+    @property
+    def get_obj(self) -> Any:
+        """The object's getter; absent, as ``get_lock``, without a lock."""
+        if self._lock is None:
+            raise AttributeError("a Raw value has no attribute 'get_obj'")
+        return lambda: self
 
     def acquire(self, *args: Any) -> bool:
         return self.get_lock().acquire(*args)
@@ -253,6 +283,17 @@ class ArrayProxy(ListProxy):
 
     def __repr__(self) -> str:
         return f"<Array({self._typecode!r}, {self.copy()!r})>"
+
+
+def _lock_of(lock: Any, client: Any) -> Any:
+    """``Value``'s ``lock`` argument: True or None (a new RLock), False (none) or a lock (``acquire``/``release``)."""
+    if lock is True or lock is None:
+        return RLock(client=client)
+    if lock is False:
+        return None
+    if not hasattr(lock, "acquire"):
+        raise AttributeError(f"{type(lock).__name__!r} object has no attribute 'acquire'")
+    return lock
 
 
 class SyncManager:

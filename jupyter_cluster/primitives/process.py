@@ -74,7 +74,7 @@ class Process(Shared):
     # -- what runs where -------------------------------------------------------------------
     def run(self) -> None:
         """What the process does: calls ``target(*args, **kwargs)``; override it in a subclass."""
-        if self._target:
+        if getattr(self, "_target", None):
             self._target(*self._args, **self._kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -95,24 +95,30 @@ class Process(Shared):
         from ..engine.cluster import submit_call  # the engine's one way to send a call
 
         blob = cloudpickle.dumps(self)
+        # As multiprocessing: the parent drops its references to what the target holds.
+        del self._target, self._args, self._kwargs
         self._future = submit_call(self._client, _run_process, blob, self._key, key=self._key, on_done=_ignore)
         with _children_lock:
             _children.add(self)
 
     # -- state -----------------------------------------------------------------------------
+    def _check_closed(self) -> None:
+        if self._closed:
+            raise ValueError("process object is closed")
+
     def _poll(self, timeout: float | None = 0.0) -> int | None:
         """The exit code once the task has ended (waiting up to ``timeout``), else None."""
         if self._exitcode is not None or self._future is None:
             return self._exitcode
-        from distributed import wait
-
         if not self._future.done():
             if timeout == 0:
                 return None
             try:
-                wait(self._future, timeout=timeout)
+                self._future.result(timeout=timeout)
             except TimeoutError:
                 return None
+            except BaseException:  # noqa: BLE001 - cancelled or lost: _outcome says how it ended
+                pass
         if self._exitcode is None:
             self._exitcode = self._outcome()
         with _children_lock:
@@ -131,12 +137,14 @@ class Process(Shared):
 
     def join(self, timeout: float | None = None) -> None:
         """Wait until the process ends (or ``timeout`` seconds pass)."""
+        self._check_closed()
         if self._future is None:
             raise AssertionError("can only join a started process")
         self._poll(None if timeout is None else max(timeout, 0.0) or 1e-3)
 
     def is_alive(self) -> bool:
         """Whether the process has started and not ended."""
+        self._check_closed()
         if self._future is None:
             return False
         return self._poll(0) is None
@@ -197,6 +205,7 @@ class Process(Shared):
         self._stop(SIGKILL_EXIT)
 
     def _stop(self, code: int) -> None:
+        self._check_closed()
         if self._future is None or self._poll(0) is not None:
             return
         from ..engine.cluster import run_on_every_worker
@@ -213,14 +222,18 @@ class Process(Shared):
 
     def close(self) -> None:
         """Release the process object; ``ValueError`` if it is still running."""
+        if self._closed:
+            return
         if self._future is not None and self._poll(0) is None:
             raise ValueError("Cannot close a process while it is still running. You should first call join() or terminate().")
         self._future = None
         self._closed = True
 
     def __repr__(self) -> str:
-        if self._future is None:
-            status = "initial" if not self._closed else "closed"
+        if self._closed:
+            status = "closed"
+        elif self._future is None:
+            status = "initial"
         else:
             code = self._poll(0)
             status = "started" if code is None else f"stopped exitcode={code}"
@@ -243,6 +256,7 @@ def _run_process(blob: bytes, key: str) -> tuple[int, str]:
 
     secede()  # hold no thread of the worker's pool: processes run beside maps and each other
     process = cloudpickle.loads(blob)
+    process._popen_pid = os.getpid()  # current_process().pid in the target: this worker process
     process._call("box_put", name=f"{key}-pid", data=cloudpickle.dumps({"pid": os.getpid(), "worker": get_worker().address}))
     token = _current.set(process)
     try:
@@ -254,6 +268,20 @@ def _run_process(blob: bytes, key: str) -> tuple[int, str]:
 
 
 def _run_target(process: Process) -> tuple[int, str]:
+    stderr = sys.stderr
+    try:
+        code, text = _exit_of(process)
+    finally:
+        replaced, sys.stderr = sys.stderr, stderr  # the worker's own stderr stays its logs'
+    if text and replaced is not stderr:  # the target redirected its stderr (to a file): the report goes there
+        replaced.write(text)
+        replaced.flush()
+        text = ""
+    return code, text
+
+
+def _exit_of(process: Process) -> tuple[int, str]:
+    """``run()``'s exit code and the report multiprocessing would print in the child's stderr."""
     try:
         process.run()
     except SystemExit as exc:

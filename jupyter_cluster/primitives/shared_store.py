@@ -175,11 +175,11 @@ class SharedStore(SchedulerPlugin):
         return woken
 
     # -- events ------------------------------------------------------------------
-    def event_op(self, name: str, op: str, **_: Any) -> bool:
+    def event_op(self, name: str, what: str, **_: Any) -> bool:
         event = self.events.setdefault(name, asyncio.Event())
-        if op == "set":
+        if what == "set":
             event.set()
-        elif op == "clear":
+        elif what == "clear":
             event.clear()
         return event.is_set()
 
@@ -221,13 +221,13 @@ class SharedStore(SchedulerPlugin):
         if b is not None:
             self._pass(b, "ok") if ok else self._break(b)
 
-    def barrier_op(self, name: str, op: str, **_: Any) -> dict[str, Any]:
+    def barrier_op(self, name: str, what: str, **_: Any) -> dict[str, Any]:
         b = self.barriers.get(name)
         if b is None:
             return {"status": "missing"}
-        if op == "abort":
+        if what == "abort":
             self._break(b)
-        elif op == "reset":
+        elif what == "reset":
             self._break(b)
             b.broken = False
         return {"status": "ok", "broken": b.broken, "n_waiting": len(b.waiting), "parties": b.parties}

@@ -188,16 +188,19 @@ class Event(Shared):
 
     def __init__(self, *, client: Any = None, ctx: Any = None):
         self._bind(client)
-        self._call("event_op", name=self._name, op="clear")
+        self._call("event_op", name=self._name, what="clear")
 
     def is_set(self) -> bool:
-        return bool(self._call("event_op", name=self._name, op="get"))
+        return bool(self._call("event_op", name=self._name, what="get"))
 
     def set(self) -> None:
-        self._call("event_op", name=self._name, op="set")
+        self._call("event_op", name=self._name, what="set")
 
     def clear(self) -> None:
-        self._call("event_op", name=self._name, op="clear")
+        self._call("event_op", name=self._name, what="clear")
+
+    def __repr__(self) -> str:
+        return f"<Event at {id(self):#x} {'set' if self.is_set() else 'unset'}>"
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until set (or ``timeout``); returns whether it is set."""
@@ -243,7 +246,7 @@ class Barrier(Shared):
         return int(reply["index"])
 
     def _op(self, op: str) -> dict[str, Any]:
-        reply = self._call("barrier_op", name=self._name, op=op)
+        reply = self._call("barrier_op", name=self._name, what=op)
         if reply["status"] == "missing":
             raise self._missing()
         return reply
