@@ -68,8 +68,21 @@ class DictProxy(_Proxy):
     _kind = "dict"
     locals().update(
         _forward(
-            "__getitem__", "__setitem__", "__delitem__", "__contains__", "__len__", "get", "keys", "values",
-            "items", "update", "pop", "popitem", "setdefault", "clear", "copy",
+            "__getitem__",
+            "__setitem__",
+            "__delitem__",
+            "__contains__",
+            "__len__",
+            "get",
+            "keys",
+            "values",
+            "items",
+            "update",
+            "pop",
+            "popitem",
+            "setdefault",
+            "clear",
+            "copy",
         )
     )
 
@@ -85,7 +98,7 @@ class DictProxy(_Proxy):
         return walk()
 
     def __eq__(self, other: object) -> bool:
-        return self.copy() == (other.copy() if isinstance(other, DictProxy) else other)
+        return self._getvalue() == (other._getvalue() if isinstance(other, DictProxy) else other)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -96,8 +109,22 @@ class ListProxy(_Proxy):
     _kind = "list"
     locals().update(
         _forward(
-            "__getitem__", "__setitem__", "__delitem__", "__contains__", "__len__", "append", "extend", "insert",
-            "pop", "remove", "index", "count", "reverse", "sort", "clear", "copy",
+            "__getitem__",
+            "__setitem__",
+            "__delitem__",
+            "__contains__",
+            "__len__",
+            "append",
+            "extend",
+            "insert",
+            "pop",
+            "remove",
+            "index",
+            "count",
+            "reverse",
+            "sort",
+            "clear",
+            "copy",
         )
     )
 
@@ -119,13 +146,13 @@ class ListProxy(_Proxy):
         return self
 
     def __add__(self, other: Any) -> list:
-        return self.copy() + list(other)
+        return self._getvalue() + list(other)
 
     def __mul__(self, n: int) -> list:
-        return self.copy() * n
+        return self._getvalue() * n
 
     def __eq__(self, other: object) -> bool:
-        return self.copy() == (other.copy() if isinstance(other, ListProxy) else other)
+        return self._getvalue() == (other._getvalue() if isinstance(other, ListProxy) else other)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -160,8 +187,20 @@ class NamespaceProxy(_Proxy):
 
 #: Value's typecodes (the array module's and ctypes' short names) -> the Python type they hold.
 _TYPES = {
-    "c": bytes, "u": str, "b": int, "B": int, "h": int, "H": int, "i": int, "I": int, "l": int, "L": int,
-    "q": int, "Q": int, "f": float, "d": float,
+    "c": bytes,
+    "u": str,
+    "b": int,
+    "B": int,
+    "h": int,
+    "H": int,
+    "i": int,
+    "I": int,
+    "l": int,
+    "L": int,
+    "q": int,
+    "Q": int,
+    "f": float,
+    "d": float,
 }
 
 
@@ -182,7 +221,15 @@ class ValueProxy(_Proxy):
 
     _kind = "value"
 
-    def __init__(self, typecode: Any, value: Any = None, lock: Any = True, manager: SyncManager | None = None, *, client: Any = None):
+    def __init__(
+        self,
+        typecode: Any,
+        value: Any = None,
+        lock: Any = True,
+        manager: SyncManager | None = None,
+        *,
+        client: Any = None,
+    ):
         self._typecode = typecode
         super().__init__(_convert(typecode, _zero(typecode) if value is None else value), manager, client=client)
         self._lock = _lock_of(lock, self._client)
@@ -229,7 +276,15 @@ class ValueProxy(_Proxy):
 class ArrayProxy(ListProxy):
     """An ``Array``: a fixed-length list of one typecode's values; ``get_lock()`` when made with a lock."""
 
-    def __init__(self, typecode: Any, size_or_initializer: Any, lock: Any = True, manager: SyncManager | None = None, *, client: Any = None):
+    def __init__(
+        self,
+        typecode: Any,
+        size_or_initializer: Any,
+        lock: Any = True,
+        manager: SyncManager | None = None,
+        *,
+        client: Any = None,
+    ):
         self._typecode = typecode
         if isinstance(size_or_initializer, int):
             initial = [_zero(typecode)] * size_or_initializer
@@ -282,7 +337,7 @@ class ArrayProxy(ListProxy):
         self.get_lock().__exit__(*exc)
 
     def __repr__(self) -> str:
-        return f"<Array({self._typecode!r}, {self.copy()!r})>"
+        return f"<Array({self._typecode!r}, {self._getvalue()!r})>"
 
 
 def _lock_of(lock: Any, client: Any) -> Any:

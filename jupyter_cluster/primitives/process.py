@@ -225,7 +225,9 @@ class Process(Shared):
         if self._closed:
             return
         if self._future is not None and self._poll(0) is None:
-            raise ValueError("Cannot close a process while it is still running. You should first call join() or terminate().")
+            raise ValueError(
+                "Cannot close a process while it is still running. You should first call join() or terminate()."
+            )
         self._future = None
         self._closed = True
 
@@ -257,7 +259,9 @@ def _run_process(blob: bytes, key: str) -> tuple[int, str]:
     secede()  # hold no thread of the worker's pool: processes run beside maps and each other
     process = cloudpickle.loads(blob)
     process._popen_pid = os.getpid()  # current_process().pid in the target: this worker process
-    process._call("box_put", name=f"{key}-pid", data=cloudpickle.dumps({"pid": os.getpid(), "worker": get_worker().address}))
+    process._call(
+        "box_put", name=f"{key}-pid", data=cloudpickle.dumps({"pid": os.getpid(), "worker": get_worker().address})
+    )
     token = _current.set(process)
     try:
         return run_in_group(key, _run_target, process)

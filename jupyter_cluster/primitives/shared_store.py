@@ -26,13 +26,47 @@ PLUGIN = "jupyter-cluster-shared"
 #: The methods a manager's proxies may call on each kind of shared object.
 ALLOWED = {
     "dict": {
-        "__getitem__", "__setitem__", "__delitem__", "__contains__", "__len__", "get", "keys", "values",
-        "items", "update", "pop", "popitem", "setdefault", "clear", "copy", "__repr__", "__eq__",
+        "__getitem__",
+        "__setitem__",
+        "__delitem__",
+        "__contains__",
+        "__len__",
+        "get",
+        "keys",
+        "values",
+        "items",
+        "update",
+        "pop",
+        "popitem",
+        "setdefault",
+        "clear",
+        "copy",
+        "__repr__",
+        "__eq__",
     },
     "list": {
-        "__getitem__", "__setitem__", "__delitem__", "__contains__", "__len__", "append", "extend", "insert",
-        "pop", "remove", "index", "count", "reverse", "sort", "clear", "copy", "__repr__", "__iadd__",
-        "__imul__", "__add__", "__mul__", "__eq__",
+        "__getitem__",
+        "__setitem__",
+        "__delitem__",
+        "__contains__",
+        "__len__",
+        "append",
+        "extend",
+        "insert",
+        "pop",
+        "remove",
+        "index",
+        "count",
+        "reverse",
+        "sort",
+        "clear",
+        "copy",
+        "__repr__",
+        "__iadd__",
+        "__imul__",
+        "__add__",
+        "__mul__",
+        "__eq__",
     },
     "namespace": {"__getattribute__", "__setattr__", "__delattr__", "__repr__"},
     "value": {"get", "set"},
@@ -277,7 +311,10 @@ class SharedStore(SchedulerPlugin):
             return {"status": "missing"}
         kind, obj = found
         if method not in ALLOWED[kind]:
-            return {"status": "error", "data": cloudpickle.dumps(AttributeError(f"{kind} proxy has no method {method!r}"))}
+            return {
+                "status": "error",
+                "data": cloudpickle.dumps(AttributeError(f"{kind} proxy has no method {method!r}")),
+            }
         args, kwargs = cloudpickle.loads(data)
         try:
             result = getattr(obj, method)(*args, **kwargs)
@@ -306,7 +343,21 @@ async def _wait_for(cond: asyncio.Condition, predicate: Any, timeout: float | No
 
 
 _HANDLERS = (
-    "sem_create", "sem_acquire", "sem_release", "sem_state", "cond_wait", "cond_notify", "event_op",
-    "event_wait", "barrier_create", "barrier_wait", "barrier_release", "barrier_op", "box_put", "box_get",
-    "obj_create", "obj_call", "release",
+    "sem_create",
+    "sem_acquire",
+    "sem_release",
+    "sem_state",
+    "cond_wait",
+    "cond_notify",
+    "event_op",
+    "event_wait",
+    "barrier_create",
+    "barrier_wait",
+    "barrier_release",
+    "barrier_op",
+    "box_put",
+    "box_get",
+    "obj_create",
+    "obj_call",
+    "release",
 )

@@ -217,7 +217,13 @@ class Barrier(Shared):
     _prefix = "barrier"
 
     def __init__(
-        self, parties: int, action: Callable | None = None, timeout: float | None = None, *, client: Any = None, ctx: Any = None
+        self,
+        parties: int,
+        action: Callable | None = None,
+        timeout: float | None = None,
+        *,
+        client: Any = None,
+        ctx: Any = None,
     ):
         if parties < 1:
             raise ValueError("parties must be > 0")

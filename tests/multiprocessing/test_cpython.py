@@ -120,13 +120,21 @@ def _manager():
     return _managers[0]
 
 
+def _copy(func):
+    def case(self):
+        return func(self)
+
+    case.__name__ = case.__qualname__ = func.__name__
+    return case
+
+
 def _bind(name: str, mixin: type) -> type:
     base = getattr(_mp_tests, name)
     cls = type("WithJupyterCluster" + name[1:], (base, mixin, unittest.TestCase), {"__module__": __name__})
     for case, reason in EXPECTED_FAILURES.items():
         owner, _, method = case.partition(".")
         if owner == name and hasattr(cls, method):
-            setattr(cls, method, unittest.expectedFailure(getattr(base, method)))
+            setattr(cls, method, pytest.mark.xfail(reason=reason, strict=True)(_copy(getattr(base, method))))
     return cls
 
 

@@ -33,7 +33,9 @@ def test_the_workers_script_gives_the_same_output_on_the_cluster(tmp_path):
     text = SCRIPT.read_text()
     assert "import multiprocessing as mp\n" in text
     ported = tmp_path / "ported.py"
-    ported.write_text(text.replace("import multiprocessing as mp\n", "import jupyter_cluster.multiprocessing as mp\n", 1))
+    ported.write_text(
+        text.replace("import multiprocessing as mp\n", "import jupyter_cluster.multiprocessing as mp\n", 1)
+    )
     expected = _run(SCRIPT)
     assert expected[0].startswith("results [(0, 0)")
     assert _run(ported) == expected
