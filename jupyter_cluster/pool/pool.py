@@ -26,6 +26,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import cloudpickle
+
 from .._core.context import in_kernel
 from ..cluster import session
 from ..engine.cluster import (
@@ -437,10 +439,18 @@ class Pool:
         if not isinstance(size, int):  # multiprocessing's default: four chunks per process
             size = max(1, -(-len(items) // (4 * self._processes)))
         result = MapResult(self, callback, error_callback)
+        try:
+            # Pickled here: an item that cannot be pickled raises its own error before anything runs, and
+            # Dask's messages hold bytes, not the items (CPython's test_release_task_refs).
+            blobs = [cloudpickle.dumps(items[start : start + size]) for start in range(0, len(items), size)]
+        except Exception as exc:
+            result._set(False, exc)
+            return result
+        del items
         parts = []
-        for start in range(0, len(items), size):
+        for blob in blobs:
             part = ApplyResult(self, None, None)
-            call = (part, task, (items[start : start + size],), {"\0chunk": True}, _funcname(task.func))
+            call = (part, task, (blob,), {"\0chunk": True}, _funcname(task.func))
             with self._lock:
                 if len(self._running) < self._processes:
                     self._submit(*call)
@@ -458,6 +468,8 @@ class Pool:
                 if self._state != TERMINATE:
                     result._set(False, exc)
                 return
+            finally:
+                parts.clear()  # the chunks' results are the map's list's now
             if self._state == TERMINATE:
                 return
             if failed is not None:
@@ -644,8 +656,10 @@ def _handle_results(outbox: queue.SimpleQueue, watch: weakref.WeakMethod) -> Non
                         break
                     if following is not None and following[0] == fn:
                         args[0].extend(following[1])
+                        del following  # it holds the batch's results too (CPython's test_release_task_refs)
                         continue
                     entry = following
+                    del following
                     break
             try:
                 fn(*args)

@@ -163,9 +163,9 @@ def _apply(task: _PoolTask, args: tuple, kwds: dict, secede: bool = False) -> An
         return None
 
 
-def _apply_chunk(task: _PoolTask, items: list, secede: bool) -> Any:
-    """The task of one chunk of a map of a pool wider than the cluster: each item's value or :class:`_Failed`."""
-    return _apply(task, (items,), {"\0chunk": True}, secede)
+def _apply_chunk(task: _PoolTask, blob: bytes, secede: bool) -> Any:
+    """The task of one chunk (pickled items) of a map of a pool wider than the cluster: each item's value or :class:`_Failed`."""
+    return _apply(task, (cloudpickle.loads(blob),), {"\0chunk": True}, secede)
 
 
 def _call(task: _PoolTask, args: tuple, kwds: dict) -> Any:
