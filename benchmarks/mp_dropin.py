@@ -66,7 +66,9 @@ FIRST_RESULT = {
 
 
 def first_result(code: str) -> float:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=dict(os.environ)
+    )
     lines = [line for line in out.stdout.splitlines() if line and not line.startswith("Started cluster")]
     if out.returncode != 0 or not lines:
         raise RuntimeError(out.stderr[-2000:])
