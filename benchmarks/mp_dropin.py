@@ -5,7 +5,7 @@ Two figures of issue 36:
 - a map of 10^6 trivial items with each system's *default* chunking, on a
   running 2-worker cluster / 2-process pool (``multiprocessing``:
   ``chunksize = len / (4 x processes)``; ours: ``chunksize=None``; plain
-  Dask: ``client.map`` over chunks as ``multiprocessing`` cuts them);
+  Dask: ``client.map`` over the chunks ``multiprocessing`` cuts, on a ``LocalCluster`` of its own);
 - a script's first ``Pool`` result, from a fresh interpreter's start
   (import, cluster or pool start, one ``apply``), for each system.
 
@@ -26,10 +26,6 @@ import time
 
 def inc(x):
     return x + 1
-
-
-def _chunks(items, n):
-    return [items[i : i + n] for i in range(0, len(items), n)]
 
 
 def _run_chunk(chunk):
@@ -94,16 +90,22 @@ def main() -> None:
         with jc.Pool() as pool:
             pool.map(inc, range(100))
             rows["jupyter_cluster Pool().map"] = min(_timed(lambda: pool.map(inc, items)) for _ in range(args.repeat))
-        client = handle.client
+    finally:
+        handle.close()
+
+    # Plain Dask on a cluster of its own: on ours, idle map leases would hold the threads its tasks need.
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, Client(cluster) as client:
+        client.submit(inc, 1).result()
+
         size = max(1, -(-len(items) // (4 * 2)))
 
         def dask_map():
-            futures = client.map(_run_chunk, _chunks(items, size), pure=False)
+            futures = client.map(_run_chunk, [items[i : i + size] for i in range(0, len(items), size)], pure=False)
             return [x for part in client.gather(futures) for x in part]
 
         rows["dask client.map (mp's chunks)"] = min(_timed(dask_map) for _ in range(args.repeat))
-    finally:
-        handle.close()
 
     base = rows["multiprocessing.Pool(2).map"]
     print(f"map of {args.items:,} trivial items, default chunking, best of {args.repeat} (2 workers / processes):")
