@@ -98,3 +98,32 @@ def test_value_array_and_the_module_functions():
     assert jmp.cpu_count() == 2
     assert jmp.get_context("spawn") is jmp
     assert jmp.current_process().name == "MainProcess"
+
+
+class Reporter:
+    def report(self, q, event, shared):
+        q.put("from actor")
+        shared["actor"] = True
+        event.set()
+        return True
+
+
+def test_the_shared_objects_work_from_an_actor():
+    import jupyter_cluster as jc
+
+    q, event, manager = jmp.Queue(), jmp.Event(), jmp.Manager()
+    try:
+        shared = manager.dict()
+        with jc.actor(Reporter) as reporter:
+            assert reporter.report(q, event, shared).result(timeout=60)
+        assert q.get(timeout=10) == "from actor"
+        assert event.wait(10) and shared["actor"] is True
+    finally:
+        manager.shutdown()
+
+
+def test_the_shared_objects_work_from_a_parallel_cell(ip):
+    q, lock = jmp.Queue(), jmp.Lock()
+    ip.user_ns.update(q=q, lock=lock)
+    ip.run_cell_magic("parallel", "x in range(3)", "with lock:\n    q.put(x * 10)\n")
+    assert sorted(q.get(timeout=30) for _ in range(3)) == [0, 10, 20]
