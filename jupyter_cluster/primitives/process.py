@@ -20,6 +20,7 @@ from typing import Any
 
 import cloudpickle
 
+from .queue import Queue as ClusterQueue
 from .shared import Shared
 
 _counter = itertools.count(1)
@@ -79,7 +80,7 @@ class Process(Shared):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for field in ("_client", "_future", "_start_client"):
+        for field in ("_client", "_future", "_start_client", "_drain"):
             state[field] = None
         return state
 
@@ -94,6 +95,12 @@ class Process(Shared):
         self._key = self._name
         from ..engine.cluster import submit_call  # the engine's one way to send a call
 
+        # What the target prints comes back here, line by line, as multiprocessing's children share our stdout.
+        self._output = ClusterQueue(client=self._client)
+        self._drain: threading.Thread | None = threading.Thread(
+            target=_print_output, args=(self._output,), daemon=True, name=f"jupyter-cluster-{self._key}-output"
+        )
+        self._drain.start()
         blob = cloudpickle.dumps(self)
         # As multiprocessing: the parent drops its references to what the target holds.
         del self._target, self._args, self._kwargs
@@ -121,6 +128,7 @@ class Process(Shared):
                 pass
         if self._exitcode is None:
             self._exitcode = self._outcome()
+            self._end_output()
         with _children_lock:
             _children.discard(self)
         return self._exitcode
@@ -134,6 +142,20 @@ class Process(Shared):
             sys.stderr.write(text)
             sys.stderr.flush()
         return code
+
+    def _end_output(self, stopped: bool = False) -> None:
+        """Wait (briefly) until what the target printed is shown here, then drop the output channel."""
+        drain, output = getattr(self, "_drain", None), getattr(self, "_output", None)
+        if drain is None or output is None:
+            return
+        if stopped:
+            try:
+                output.put(_END)
+            except Exception:  # the cluster is gone: nothing more will come
+                pass
+        drain.join(OUTPUT_WAIT_SECONDS)
+        output.close()
+        self._drain = None
 
     def join(self, timeout: float | None = None) -> None:
         """Wait until the process ends (or ``timeout`` seconds pass)."""
@@ -217,6 +239,7 @@ class Process(Shared):
             pass
         self._future.cancel()
         self._exitcode = code
+        self._end_output(stopped=True)
         with _children_lock:
             _children.discard(self)
 
@@ -272,11 +295,21 @@ def _run_process(blob: bytes, key: str) -> tuple[int, str]:
 
 
 def _run_target(process: Process) -> tuple[int, str]:
+    from ..engine.worker.run import _STATE, install_thread_streams
+
+    output = getattr(process, "_output", None)
+    if output is not None:
+        install_thread_streams(_STATE)  # this thread's prints go to output, other threads' stay theirs
+        _STATE.local.buf = _LineSender(output)
     stderr = sys.stderr
     try:
         code, text = _exit_of(process)
     finally:
         replaced, sys.stderr = sys.stderr, stderr  # the worker's own stderr stays its logs'
+        if output is not None:
+            _STATE.local.buf.flush()
+            _STATE.local.buf = None
+            output.put(_END)
     if text and replaced is not stderr:  # the target redirected its stderr (to a file): the report goes there
         replaced.write(text)
         replaced.flush()
@@ -297,6 +330,54 @@ def _exit_of(process: Process) -> tuple[int, str]:
     except BaseException:  # noqa: BLE001 - reported as multiprocessing does: traceback and exit code 1
         return 1, f"Process {process.name}:\n{traceback.format_exc()}"
     return 0, ""
+
+
+#: Longest a finished process's join() waits for the rest of its printed output, in seconds.
+OUTPUT_WAIT_SECONDS = 10.0
+#: What ends a process's output channel.
+_END = "\0jupyter-cluster-process-end"
+
+
+class _LineSender:
+    """A target's captured stdout/stderr: sent to its output queue a line at a time."""
+
+    def __init__(self, output: ClusterQueue):
+        self._output = output
+        self._pending: list[str] = []
+
+    def write(self, text: str) -> int:
+        self._pending.append(text)
+        if "\n" in text:
+            self.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            text, self._pending = "".join(self._pending), []
+            self._output.put(text)
+
+    def clear(self) -> None:
+        self._pending = []
+
+    def getvalue(self) -> str:
+        return ""
+
+
+def _print_output(output: ClusterQueue) -> None:
+    """The parent's thread that prints what a process's target prints, until its end marker."""
+    import queue as stdqueue
+
+    while True:
+        try:
+            text = output.get(timeout=5.0)
+        except stdqueue.Empty:
+            continue
+        except Exception:  # the queue or the cluster is gone: the process is over
+            return
+        if text == _END:
+            return
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 def current_process() -> Any:

@@ -127,3 +127,16 @@ def test_the_shared_objects_work_from_a_parallel_cell(ip):
     ip.user_ns.update(q=q, lock=lock)
     ip.run_cell_magic("parallel", "x in range(3)", "with lock:\n    q.put(x * 10)\n")
     assert sorted(q.get(timeout=30) for _ in range(3)) == [0, 10, 20]
+
+
+def print_lines(n):
+    for i in range(n):
+        print("line", i)
+
+
+def test_what_a_process_prints_appears_here_by_join(capsys):
+    p = jmp.Process(target=print_lines, args=(3,))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    assert "line 0\nline 1\nline 2\n" in capsys.readouterr().out
