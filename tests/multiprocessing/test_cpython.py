@@ -12,6 +12,7 @@ same list is in docs/pool.md).
 from __future__ import annotations
 
 import multiprocessing
+import os
 import unittest
 
 import pytest
@@ -45,7 +46,16 @@ EXPECTED_FAILURES: dict[str, str] = {
 
 @pytest.fixture(scope="module", autouse=True)
 def _current_cluster(cluster):
+    """The cases' objects use the current cluster: the module's 2-worker one.
+
+    Some cases leave empty files named like ``test.support.os_helper.TESTFN`` (``@test_<pid>_tmp...``,
+    the pid a worker's) in the working directory, the checkout: they are removed afterwards.
+    """
+    before = set(os.listdir("."))
     yield cluster
+    for name in set(os.listdir(".")) - before:
+        if name.startswith("@test_") and os.path.isfile(name):
+            os.remove(name)
 
 
 class JupyterClusterMixin(_mp_tests.BaseMixin):
