@@ -26,6 +26,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import cloudpickle
+
 from .._core.context import in_kernel
 from ..cluster import session
 from ..engine.cluster import (
@@ -55,7 +57,7 @@ from .results import (
     _Iter,
     _raise_first_failure,
 )
-from .worker import _apply, _Failed, _forget_pool, _PoolTask
+from .worker import _apply, _apply_chunk, _Failed, _forget_pool, _PoolTask
 
 #: Longest ``terminate()`` waits for the workers to confirm that the pool's running work stopped, in
 #: seconds (``join()`` waits for the rest); a sick cluster must not make it hang.
@@ -149,7 +151,12 @@ class Pool:
         self._handle = handle
         self._client = handle.client
         self._limit = processes
-        self._processes = processes if processes is not None else max(handle.nthreads, 1)
+        threads = max(handle.nthreads, 1)
+        self._processes = processes if processes is not None else threads
+        # Asked for more processes than the cluster has threads: each call leaves Dask's thread
+        # count as it starts (secede), so N calls run at once -- calls that wait on each other or on
+        # this process (a Queue) would otherwise deadlock with no message.
+        self._wide = processes is not None and processes > threads
         self._initializer = initializer
         self._initargs = tuple(initargs)
         self._maxtasksperchild = maxtasksperchild
@@ -252,9 +259,11 @@ class Pool:
         key = f"{name.replace('<', '').replace('>', '')}-{uuid.uuid4().hex}"
         try:
             # _on_done may start before the future is recorded below; it waits for self._lock.
-            future = submit_call(
-                self._client, _apply, task, args, kwds, key=key, on_done=functools.partial(self._on_done, name=name)
-            )
+            on_done = functools.partial(self._on_done, name=name)
+            if kwds.get("\0chunk"):  # a chunk of a wide pool's map (_map_wide)
+                future = submit_call(self._client, _apply_chunk, task, args[0], True, key=key, on_done=on_done)
+            else:
+                future = submit_call(self._client, _apply, task, args, kwds, self._wide, key=key, on_done=on_done)
         except Exception as exc:  # e.g. an argument that cannot be pickled
             error: BaseException = exc
             if not client_running(self._client):  # Dask's "client is closed": say what happened to the cluster
@@ -348,6 +357,8 @@ class Pool:
         return self._map(self._task(func, star=True), iterable, chunksize, f"Pool.starmap({_funcname(func)})")
 
     def _map(self, task: _PoolTask, iterable: Iterable, chunksize: Any, label: str) -> list:
+        if self._wide:
+            return self._map_wide(task, iterable, chunksize, None, None).get()
         # errors="collect": a failed item does not stop the others (multiprocessing's map runs them
         # all, then raises the failure); _raise_first_failure raises it once they have run.
         job = self._job(task, iterable, chunksize, label, ordered=True, errors="collect", retain=True)
@@ -390,6 +401,8 @@ class Pool:
     ) -> MapResult:
         self._check_running()
         task = self._task(func, star=method == "starmap_async")
+        if self._wide:
+            return self._map_wide(task, iterable, chunksize, callback, error_callback)
         if not hasattr(iterable, "__len__"):
             iterable = list(iterable)  # as multiprocessing: a failing generator raises here, in the caller
         label = f"Pool.{method}({_funcname(func)})"
@@ -415,6 +428,56 @@ class Pool:
                     self._map_jobs.discard(job)
 
         threading.Thread(target=run, daemon=True, name=f"jupyter-cluster-{self._id}-map").start()
+        return result
+
+    def _map_wide(
+        self, task: _PoolTask, iterable: Iterable, chunksize: Any, callback: Any, error_callback: Any
+    ) -> MapResult:
+        """A map of a pool wider than the cluster: its chunks are seceding calls, N at once (see ``_wide``)."""
+        size = _check_chunksize(chunksize)
+        items = list(iterable)
+        if not isinstance(size, int):  # multiprocessing's default: four chunks per process
+            size = max(1, -(-len(items) // (4 * self._processes)))
+        result = MapResult(self, callback, error_callback)
+        try:
+            # Pickled here: an item that cannot be pickled raises its own error before anything runs, and
+            # Dask's messages hold bytes, not the items (CPython's test_release_task_refs).
+            blobs = [cloudpickle.dumps(items[start : start + size]) for start in range(0, len(items), size)]
+        except Exception as exc:
+            result._set(False, exc)
+            return result
+        del items
+        parts = []
+        for blob in blobs:
+            part = ApplyResult(self, None, None)
+            call = (part, task, (blob,), {"\0chunk": True}, _funcname(task.func))
+            with self._lock:
+                if len(self._running) < self._processes:
+                    self._submit(*call)
+                else:
+                    self._pending.append(call)
+            parts.append(part)
+
+        def collect() -> None:
+            values: list = []
+            try:
+                for part in parts:
+                    values.extend(part.get())
+                failed = next((v for v in values if type(v) is _Failed), None)
+            except BaseException as exc:
+                if self._state != TERMINATE:
+                    result._set(False, exc)
+                return
+            finally:
+                parts.clear()  # the chunks' results are the map's list's now
+            if self._state == TERMINATE:
+                return
+            if failed is not None:
+                result._set(False, failed.error())
+            else:
+                result._set(True, values)
+
+        threading.Thread(target=collect, daemon=True, name=f"jupyter-cluster-{self._id}-map").start()
         return result
 
     def imap(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
@@ -593,8 +656,10 @@ def _handle_results(outbox: queue.SimpleQueue, watch: weakref.WeakMethod) -> Non
                         break
                     if following is not None and following[0] == fn:
                         args[0].extend(following[1])
+                        del following  # it holds the batch's results too (CPython's test_release_task_refs)
                         continue
                     entry = following
+                    del following
                     break
             try:
                 fn(*args)

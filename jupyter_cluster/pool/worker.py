@@ -144,19 +144,34 @@ class _PoolTask:
         return func(*args, **kwargs)
 
 
-def _apply(task: _PoolTask, args: tuple, kwds: dict) -> Any:
+def _apply(task: _PoolTask, args: tuple, kwds: dict, secede: bool = False) -> Any:
     """The task of ``apply_async``: ``task(*args, **kwds)``, stopped by the pool's ``terminate()``.
 
     args and kwds travel as two plain values, so a user's keyword such as
-    ``key`` or ``workers`` never reaches Client.submit.
+    ``key`` or ``workers`` never reaches Client.submit.  With ``secede`` (a
+    pool asked for more processes than the cluster has threads) the task
+    leaves Dask's thread count first, so the pool's N calls run at once even
+    when they wait on each other, as N processes would.
     """
+    if secede:
+        from distributed import secede as leave_thread_pool
+
+        leave_thread_pool()
     try:
         return run_in_group(task.pool_id, _call, task, args, kwds)
     except GroupStopped:  # terminated: nobody reads this result
         return None
 
 
+def _apply_chunk(task: _PoolTask, blob: bytes, secede: bool) -> Any:
+    """The task of one chunk (pickled items) of a map of a pool wider than the cluster: each item's value or :class:`_Failed`."""
+    return _apply(task, (cloudpickle.loads(blob),), {"\0chunk": True}, secede)
+
+
 def _call(task: _PoolTask, args: tuple, kwds: dict) -> Any:
+    if kwds.get("\0chunk"):  # a chunk of a wide pool's map (see _apply_chunk): every item runs
+        (items,) = args
+        return [_call(task, (item,), {}) for item in items]
     try:
         value = task(*args, **kwds)
     except BaseException as exc:  # noqa: BLE001 - sent back as data, as multiprocessing does

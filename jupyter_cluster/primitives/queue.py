@@ -14,6 +14,7 @@ the normal way to poll.
 
 from __future__ import annotations
 
+import os
 import queue as _stdqueue
 import time
 import uuid
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from ..errors import ClusterError
+from .connect import client_for, scheduler_address
 
 if TYPE_CHECKING:  # distributed is imported when a queue is first used, not with this module
     from distributed import Client
@@ -77,6 +79,8 @@ class Queue:
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}.")
         self.name = name or f"queue-{uuid.uuid4().hex}"
         self._client: Client | None = _client_of(client)
+        self._address = scheduler_address(self._client)
+        self._pid = os.getpid()
         self._closed = False
         self._owner = True
         from .queue_store import PLUGIN, QueueStore  # lazy: tasks that only use a queue never load the plugin
@@ -86,16 +90,20 @@ class Queue:
         self.maxsize = self._call("jc_queue_create", maxsize=max(maxsize, 0))
 
     @classmethod
-    def _attach(cls, name: str, maxsize: int) -> Queue:
+    def _attach(cls, name: str, maxsize: int, address: str | None = None) -> Queue:
         self = cls.__new__(cls)
         self.name, self.maxsize = name, maxsize
+        self._address = address
+        self._pid = os.getpid()
         self._client = None
         self._closed = False
         self._owner = False
         return self
 
     def __reduce__(self):
-        return (Queue._attach, (self.name, self.maxsize))
+        # The scheduler's address travels too: a process that holds no cluster (a standard
+        # multiprocessing child of the notebook) connects to it rather than starting a cluster.
+        return (type(self)._attach, (self.name, self.maxsize, self._address))
 
     def __repr__(self) -> str:
         size = "unbounded" if not self.maxsize else f"maxsize={self.maxsize}"
@@ -105,8 +113,11 @@ class Queue:
     @property
     def client(self) -> Client:
         """The ``distributed.Client`` this queue talks through."""
-        if self._client is None:
-            self._client = _client_of()
+        if self._client is None or self._pid != os.getpid():
+            # A forked child (multiprocessing's fork start method copies the object, client and all,
+            # without pickling it) has no event loop for the parent's client: it connects its own.
+            self._client = client_for(self._address)
+            self._pid = os.getpid()
         return self._client
 
     def _call(self, route: str, **kwargs: Any) -> Any:

@@ -26,6 +26,9 @@ class QueueStore(SchedulerPlugin):
 
     def __init__(self) -> None:
         self.queues: dict[str, asyncio.Queue] = {}
+        # Items put and not yet marked done (JoinableQueue.task_done), and the event join() waits on.
+        self.unfinished: dict[str, int] = {}
+        self.all_done: dict[str, asyncio.Event] = {}
 
     async def start(self, scheduler: Any) -> None:
         scheduler.handlers.update(
@@ -35,6 +38,8 @@ class QueueStore(SchedulerPlugin):
                 "jc_queue_get": self.get,
                 "jc_queue_qsize": self.qsize,
                 "jc_queue_release": self.release,
+                "jc_queue_task_done": self.task_done,
+                "jc_queue_join": self.join,
             }
         )
 
@@ -53,12 +58,35 @@ class QueueStore(SchedulerPlugin):
                 q.put_nowait(data)
             except asyncio.QueueFull:
                 return "full"
-            return "ok"
+            return self._count(name)
         try:
             await asyncio.wait_for(q.put(data), timeout)
         except asyncio.TimeoutError:
             return "full"
+        return self._count(name)
+
+    def _count(self, name: str) -> str:
+        self.unfinished[name] = self.unfinished.get(name, 0) + 1
+        self.all_done.setdefault(name, asyncio.Event()).clear()
         return "ok"
+
+    def task_done(self, name: str, **_: Any) -> str:
+        left = self.unfinished.get(name, 0)
+        if left <= 0:
+            return "too-many"
+        self.unfinished[name] = left - 1
+        if left == 1:
+            self.all_done.setdefault(name, asyncio.Event()).set()
+        return "ok"
+
+    async def join(self, name: str, timeout: float | None = None, **_: Any) -> bool:
+        if not self.unfinished.get(name, 0):
+            return True
+        try:
+            await asyncio.wait_for(self.all_done.setdefault(name, asyncio.Event()).wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     async def get(self, name: str, timeout: float | None = None, **_: Any) -> dict[str, Any]:
         q = self.queues.get(name)
@@ -80,3 +108,5 @@ class QueueStore(SchedulerPlugin):
 
     def release(self, name: str, **_: Any) -> None:
         self.queues.pop(name, None)
+        self.unfinished.pop(name, None)
+        self.all_done.pop(name, None)

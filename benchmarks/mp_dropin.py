@@ -1,0 +1,127 @@
+"""``jupyter_cluster.multiprocessing`` as a drop-in: beside ``multiprocessing`` and plain Dask, in one run.
+
+Two figures of issue 36:
+
+- a map of 10^6 trivial items with each system's *default* chunking, on a
+  running 2-worker cluster / 2-process pool (``multiprocessing``:
+  ``chunksize = len / (4 x processes)``; ours: ``chunksize=None``; plain
+  Dask: ``client.map`` over the chunks ``multiprocessing`` cuts, on a ``LocalCluster`` of its own);
+- a script's first ``Pool`` result, from a fresh interpreter's start
+  (import, cluster or pool start, one ``apply``), for each system.
+
+Run::
+
+    python benchmarks/mp_dropin.py [--items 1000000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+
+
+def inc(x):
+    return x + 1
+
+
+def _run_chunk(chunk):
+    return [inc(x) for x in chunk]
+
+
+FIRST_RESULT = {
+    "multiprocessing": (
+        "import time; t0 = time.perf_counter()\n"
+        "import multiprocessing as mp\n"
+        "def f(x): return x + 1\n"
+        "if __name__ == '__main__':\n"
+        "    with mp.Pool(2) as p: p.apply(f, (1,))\n"
+        "    print(time.perf_counter() - t0)\n"
+    ),
+    "jupyter_cluster.multiprocessing": (
+        "import time; t0 = time.perf_counter()\n"
+        "import jupyter_cluster.multiprocessing as mp\n"
+        "def f(x): return x + 1\n"
+        "if __name__ == '__main__':\n"
+        "    with mp.Pool(2) as p: p.apply(f, (1,))\n"
+        "    print(time.perf_counter() - t0)\n"
+    ),
+    "dask LocalCluster": (
+        "import time; t0 = time.perf_counter()\n"
+        "from distributed import Client, LocalCluster\n"
+        "def f(x): return x + 1\n"
+        "if __name__ == '__main__':\n"
+        "    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as c, Client(c) as cl:\n"
+        "        cl.submit(f, 1).result()\n"
+        "        print(time.perf_counter() - t0)\n"
+    ),
+}
+
+
+def first_result(code: str) -> float:
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=dict(os.environ)
+    )
+    lines = [line for line in out.stdout.splitlines() if line and not line.startswith("Started cluster")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(out.stderr[-2000:])
+    return float(lines[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    items = list(range(args.items))
+    rows: dict[str, float] = {}
+
+    with multiprocessing.Pool(2) as pool:
+        pool.map(inc, range(100))
+        rows["multiprocessing.Pool(2).map"] = min(_timed(lambda: pool.map(inc, items)) for _ in range(args.repeat))
+
+    import jupyter_cluster as jc
+
+    handle = jc.start(workers=2, threads=1)
+    try:
+        with jc.Pool() as pool:
+            pool.map(inc, range(100))
+            rows["jupyter_cluster Pool().map"] = min(_timed(lambda: pool.map(inc, items)) for _ in range(args.repeat))
+    finally:
+        handle.close()
+
+    # Plain Dask on a cluster of its own: on ours, idle map leases would hold the threads its tasks need.
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, Client(cluster) as client:
+        client.submit(inc, 1).result()
+
+        size = max(1, -(-len(items) // (4 * 2)))
+
+        def dask_map():
+            futures = client.map(_run_chunk, [items[i : i + size] for i in range(0, len(items), size)], pure=False)
+            return [x for part in client.gather(futures) for x in part]
+
+        rows["dask client.map (mp's chunks)"] = min(_timed(dask_map) for _ in range(args.repeat))
+
+    base = rows["multiprocessing.Pool(2).map"]
+    print(f"map of {args.items:,} trivial items, default chunking, best of {args.repeat} (2 workers / processes):")
+    for name, seconds in rows.items():
+        print(f"  {name:<32} {seconds:7.3f} s   x{seconds / base:5.2f} of multiprocessing")
+    print("a script's first Pool result, from interpreter start:")
+    firsts = {name: first_result(code) for name, code in FIRST_RESULT.items()}
+    for name, seconds in firsts.items():
+        print(f"  {name:<32} {seconds:7.3f} s   x{seconds / firsts['multiprocessing']:6.1f} of multiprocessing")
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    main()
