@@ -343,6 +343,7 @@ def job(name: str) -> Job:
 
 def jobs() -> list[dict[str, Any]]:
     """Every detached job of this user, oldest first: name, cluster, notebook, cell, state, done/total, times."""
+    job_store.evict_expired()  # results past detached.result-ttl show as evicted, with the reason
     out = []
     for name in job_store.names():
         meta = job_store.read_meta(name)

@@ -288,36 +288,69 @@ def store_limit() -> int:
     return int(parse_bytes(limit)) if isinstance(limit, str) else int(limit or 0)
 
 
+def result_ttl() -> float:
+    """How long an ended job's results are kept, in seconds (``detached.result-ttl``; 0 = until fetched or removed)."""
+    from dask.utils import parse_timedelta
+
+    ttl = config.get("detached.result-ttl", "14d")
+    return float(parse_timedelta(ttl) or 0) if ttl not in (None, 0, "0") else 0.0
+
+
+def _evict(name: str, reason: str) -> None:
+    try:
+        os.remove(os.path.join(job_dir(name), RESULTS))
+    except FileNotFoundError:
+        pass
+    update_meta(name, state="evicted", evicted=time.time(), reason=reason)
+
+
+def evict_expired(now: float | None = None) -> list[str]:
+    """Delete the results of jobs that ended longer ago than ``detached.result-ttl``; returns their names.
+
+    As with the size bound, the metadata stays (state ``"evicted"``, with the reason), so
+    ``job(NAME)`` says what became of the results.
+    """
+    ttl = result_ttl()
+    if ttl <= 0:
+        return []
+    now = time.time() if now is None else now
+    expired = []
+    for name in names():
+        meta = read_meta(name) or {}
+        ended = meta.get("ended")
+        if meta.get("state") in ("finished", "failed", "cancelled") and isinstance(ended, (int, float)):
+            if now - ended > ttl:
+                days = ttl / 86400
+                _evict(name, f"its results expired {days:g} days after the job ended (detached.result-ttl)")
+                expired.append(name)
+    return expired
+
+
 def evict_over_limit(keep: str | None = None) -> list[str]:
     """Delete the results of the oldest ended jobs until the store is under its limit; returns their names.
 
     The metadata stays, in state ``"evicted"`` with the time and the reason, so
     that ``job(NAME)`` says what became of them.  ``keep`` (the job being
-    written) and running jobs are never evicted.
+    written) and running jobs are never evicted.  Expired results
+    (:func:`evict_expired`) go first.
     """
+    evicted = evict_expired()
     limit = store_limit()
     if limit <= 0:
-        return []
+        return evicted
     jobs = names()
     sizes = {n: results_bytes(n) for n in jobs}
     total = sum(sizes.values())
-    evicted = []
     for name in jobs:  # oldest first
         if total <= limit:
             break
         meta = read_meta(name) or {}
         if name == keep or meta.get("state") not in ("finished", "failed", "cancelled") or not sizes[name]:
             continue
-        try:
-            os.remove(os.path.join(job_dir(name), RESULTS))
-        except FileNotFoundError:
-            pass
         total -= sizes[name]
-        update_meta(
+        _evict(
             name,
-            state="evicted",
-            evicted=time.time(),
-            reason=f"its results were deleted to keep the detached jobs' results under {limit / 1e9:g} GB "
+            f"its results were deleted to keep the detached jobs' results under {limit / 1e9:g} GB "
             "(detached.store-limit), oldest first",
         )
         evicted.append(name)

@@ -94,6 +94,25 @@ def test_the_store_bound_evicts_the_oldest_ended_jobs_and_says_so(store):
     assert job_store.read_results("old") == {} and job_store.read_results("running")
 
 
+def test_results_expire_after_the_ttl_and_say_so(store):
+    import time
+
+    for name, state, ended in (("stale", "finished", time.time() - 3 * 86400), ("fresh", "finished", time.time()),
+                               ("busy", "running", None)):  # fmt: skip
+        _job(name, state)
+        job_store.update_meta(name, ended=ended)
+        w = job_store.ResultWriter(name)
+        w.add(0, b"x")
+        w.close()
+    with dask.config.set({"jupyter-cluster.detached.result-ttl": "2d"}):
+        assert job_store.evict_expired() == ["stale"]
+    meta = job_store.read_meta("stale")
+    assert meta["state"] == "evicted" and "expired 2 days after the job ended" in meta["reason"]
+    assert job_store.read_results("stale") == {} and job_store.read_results("fresh") and job_store.read_results("busy")
+    with dask.config.set({"jupyter-cluster.detached.result-ttl": 0}):
+        assert job_store.evict_expired(now=time.time() + 1e9) == []
+
+
 def test_requests_are_taken_once_in_order(store):
     job_store.post("c1", "a", "run")
     job_store.post("c1", "a", "cancel")
