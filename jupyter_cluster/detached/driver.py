@@ -22,11 +22,13 @@ import psutil
 
 from .. import mapping
 from ..state import job_store
-from ..tracking.runs import ItemTap, starting
+from ..tracking.runs import ItemTap, kept_jobs, starting
 
 logger = logging.getLogger(__name__)
 #: how often the running counts in the metadata are brought up to date (seconds)
 META_INTERVAL = 0.5
+#: how long an ended map's last run message may take to be published (seconds)
+RUN_WAIT = 2.0
 
 
 def host_identity() -> dict[str, Any]:
@@ -123,12 +125,15 @@ class JobRun:
         options.update(ordered=False, retain=False, errors="collect", client=self.handle, progress=False)
         inputs: list[Any] = [[it[i] for i in todo] for it in iterables]
         tag = spec.get("tag")
+        # the run's notebook, cell and kernel are the submitting kernel's (this host has none)
+        source = meta.get("origin") if isinstance(meta.get("origin"), dict) else {}
         if tag is not None and len(inputs) == 1:  # a %%parallel sweep: the map is its run's, as in the kernel
             tap = ItemTap(inputs[0], tag)
-            with starting(tap):
+            with starting(tap, source):
                 job = mapping.imap(spec["fn"], tap, **options)
         else:
-            job = mapping.imap(spec["fn"], *inputs, **options)
+            with starting(None, source):
+                job = mapping.imap(spec["fn"], *inputs, **options)
         last_meta = 0.0
         try:
             while True:
@@ -155,15 +160,35 @@ class JobRun:
                 if now - last_meta >= META_INTERVAL:
                     last_meta = now
                     job_store.write_meta(self.name, meta)
+                    self._keep_run(job)
         except BaseException as exc:
             if not job.finished:
                 job.cancel()
             if job_store.disk_full(exc):
                 return "failed", _reason(exc)
             raise
+        finally:
+            self._keep_run(job, ended=True)
         if job.state != "finished":
             return "failed", f"the map ended {job.state}"
         return "finished", None
+
+    def _keep_run(self, job: Any, ended: bool = False) -> None:
+        """Write the map's run message (as this host published it) next to the job, for ``jc.runs()`` anywhere."""
+        job_id = str(getattr(job, "id", ""))
+        deadline = time.monotonic() + (RUN_WAIT if ended else 0.0)
+        while True:
+            msg = next((m for m in kept_jobs() if m.get("job") == job_id), None)
+            if msg is not None and (not ended or msg.get("state") != "running"):
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)  # the observer publishes the ended map's last message from its own thread
+        if msg is not None:
+            try:
+                job_store.write_run(self.name, msg)
+            except OSError as exc:  # a full disk fails the job through its results, not through this
+                logger.debug("detached job %s: run record not written: %s", self.name, exc)
 
 
 def _reason(exc: BaseException) -> str:

@@ -9,7 +9,6 @@ user picks it up by name with :func:`job`.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -20,6 +19,7 @@ from .. import mapping
 from ..cluster import session
 from ..errors import ClusterError, SerializationError
 from ..state import job_store
+from ..tracking.runs import origin
 from .driver import host_alive
 from .kept import is_kept
 
@@ -107,12 +107,17 @@ def submit(
             "inside the cell."
         ) from None
     total = len(lists[0])
+    # the host has no notebook and no cell: its run records carry the submitting kernel's
+    source = origin()
+    if notebook:
+        source["notebook"] = notebook
     meta = {
         "name": name,
         "cluster": handle.name,
         "address": handle.address,
-        "notebook": notebook or os.environ.get("JPY_SESSION_NAME"),
+        "notebook": source["notebook"],
         "cell": cell,
+        "origin": source,
         "label": kept.get("label") or getattr(fn, "__name__", type(fn).__name__),
         "errors": kept.get("errors", "raise"),
         "state": "submitted",

@@ -99,10 +99,12 @@ def start(
     cmd += ["--idle-timeout", f"{seconds:g}"]
     log = os.path.join(job_store.store_dir(), f".host-{name or 'cluster'}-{os.getpid()}-{time.time_ns()}.log")
     cmd += ["--log", log]
+    # the host serves every kernel: it is not this kernel's notebook (each job says whose it is)
+    env = {k: v for k, v in os.environ.items() if k != "JPY_SESSION_NAME"}
     # a session of its own: a kernel's shutdown signals its process group, and the cluster must outlive it
     with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as err:
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, start_new_session=True
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, start_new_session=True, env=env
         )
     announced = _read_announcement(proc, config.timeout_seconds("connect-timeout") + START_GRACE)
     if not announced.get("ok"):

@@ -13,7 +13,9 @@
   whose checksum does not match (a writer killed mid-record); a writer that
   resumes the job first cuts the file back to its last whole record.  So a
   driver killed with -9 leaves every finished item, and nothing half-written
-  is ever read back as a result.
+  is ever read back as a result;
+* ``run.json`` -- the latest run message of the job's map (notebook, cell,
+  counts, at the end its items), which ``jc.runs()`` in any kernel lists.
 
 A job's requests to the host that drives it (run, resume, cancel) are small
 files in ``<store>/.inbox/<cluster>/`` that the host reads and deletes.
@@ -44,6 +46,7 @@ from .registry import private_folder
 SPEC = "spec.pkl"
 META = "meta.json"
 RESULTS = "results.bin"
+RUN = "run.json"
 INBOX = ".inbox"
 #: a record's header: magic, input index, kind (0 result, 1 error), payload length, payload crc32
 _HEADER = struct.Struct("<4sQBQI")
@@ -143,6 +146,20 @@ def update_meta(name: str, **changes: Any) -> dict[str, Any]:
     meta.update(changes)
     write_meta(name, meta)
     return meta
+
+
+def write_run(name: str, message: dict[str, Any]) -> None:
+    """Keep the latest run message of the job's map (``run.json``), for ``jc.runs()`` in any kernel."""
+    _write_atomic(os.path.join(job_dir(name), RUN), json.dumps(message, default=str).encode())
+
+
+def read_run(name: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(job_dir(name), RUN), "rb") as f:
+            data = json.loads(f.read())
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def names() -> list[str]:

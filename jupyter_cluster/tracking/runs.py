@@ -549,17 +549,30 @@ def _kernel_id() -> str | None:
 
 # -- a map's or %%spmd cell's record --------------------------------------------------
 class starting:
-    """``with starting(tap):`` around making a ``%%parallel`` MapJob: its record names the tap's run."""
+    """``with starting(tap):`` around making a ``%%parallel`` MapJob: its record names the tap's run.
 
-    def __init__(self, tap: ItemTap):
+    ``origin`` (``{"notebook", "cell", "kernel_id"}``) stands for where the map
+    came from when that is not this process: a detached job's host has no
+    notebook and no cell, so it passes the submitting kernel's.
+    """
+
+    def __init__(self, tap: ItemTap | None, origin: Mapping[str, Any] | None = None):
         self.tap = tap
+        self.origin = origin
 
-    def __enter__(self) -> ItemTap:
+    def __enter__(self) -> ItemTap | None:
         _pending.tap = self.tap
+        _pending.origin = self.origin
         return self.tap
 
     def __exit__(self, *exc: Any) -> None:
         _pending.tap = None
+        _pending.origin = None
+
+
+def origin() -> dict[str, Any]:
+    """Where a map started here comes from: this kernel's notebook, cell and kernel id (what a detached job carries)."""
+    return {"notebook": notebook_path(), "cell": cell_info(), "kernel_id": _kernel_id()}
 
 
 #: job id -> the ItemTap of a %%parallel map (for its items at the end), newest last
@@ -609,14 +622,17 @@ def job_context(job: Any) -> dict[str, Any]:
         run_id = named.id
     else:
         run_id, number = _run_of_cell(job_id)
+    source: Mapping[str, Any] | None = getattr(_pending, "origin", None)
     ctx: dict[str, Any] = {
         "run": run_id,
         "kind": kind,
-        "notebook": notebook_path(),
-        "cell": cell_info(),
+        "notebook": notebook_path() if source is None else source.get("notebook"),
+        "cell": cell_info() if source is None else source.get("cell"),
         "config": {},
         "context": {"job": number},
     }
+    if source is not None and source.get("kernel_id"):
+        ctx["kernel_id"] = source["kernel_id"]  # the server follows a renamed notebook by its kernel
     if named is not None:
         named.jobs.append(job_id)
         ctx["context"] = dict(named.context, run=named.name, run_id=named.id, job=len(named.jobs))
@@ -989,7 +1005,10 @@ def runs(notebook: str | None = None, cluster: str | None = None, run: str | Non
     if handle is not None:
         attach(handle.client)
     sync()
-    records = group_runs(kept_jobs())
+    from .detached_runs import detached_runs
+
+    nb = notebook if notebook is not None else notebook_path()
+    records = group_runs(detached_runs(nb) + kept_jobs())
     chosen = [
         r
         for r in records.values()
@@ -998,7 +1017,6 @@ def runs(notebook: str | None = None, cluster: str | None = None, run: str | Non
         and (run is None or r["run"] == run)
     ]
     rows = table(chosen, merge_metrics(all_stores(), [r["run"] for r in chosen]))
-    nb = notebook if notebook is not None else notebook_path()
     if kept and nb:
         old_records, old_metrics = kept_runs(nb, skip=set(records))
         old_chosen = [

@@ -36,11 +36,14 @@ def test_rest_lists_detached_jobs_and_kept_clusters_across_a_server_restart(tmp_
     handle = None
     try:
         handle = jc.start(keep=True, workers=2, idle_timeout=300, name="srv-k")
-        ip.run_cell_magic(
-            "parallel",
-            "x in range(12) --detach srv-job --chunksize 1",
+        # the submitting kernel's notebook (as a Jupyter server names it) and cell: the host has neither
+        monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "sweeps.ipynb"))
+        ip.run_cell(
+            "%%parallel x in range(12) --detach srv-job --chunksize 1\n"
             "import time, jupyter_cluster\ntime.sleep(0.3)\njupyter_cluster.report(step=x, score=float(x))\n-x",
-        )
+            store_history=True,
+            cell_id="detached-cell-1",
+        ).raise_error()
         job = jc.job("srv-job")
         data = _get(server, "detached")
         row = next(j for j in data["jobs"] if j["name"] == "srv-job")
@@ -72,6 +75,16 @@ def test_rest_lists_detached_jobs_and_kept_clusters_across_a_server_restart(tmp_
             message="the detached sweep's run",
         )
         assert run["state"] == "finished" and run["cluster"] == "srv-k" and run["metrics"] == ["score"], run
+        # its notebook and cell are the submitting kernel's, so the panel links to them as for any run
+        assert run["notebook"] == "sweeps.ipynb" and run["cell"]["cell_id"] == "detached-cell-1", run
+        assert run["cell"]["first_line"].startswith("%%parallel x in range(12) --detach srv-job"), run
+        assert run["name"].startswith("sweeps.ipynb · In ["), run
+        assert [r["run"] for r in _get(server, "runs?notebook=sweeps.ipynb")["runs"]] == [run["run"]]
+        # and jc.runs() in a kernel of that notebook lists it (a plain map over range(): one row), with its reports
+        table = jc.runs()
+        [row] = table[table["run"] == run["run"]].to_dict("records")
+        assert row["state"] == "finished" and row["notebook"] == str(tmp_path / "sweeps.ipynb"), row
+        assert row["cell"] == run["cell"]["execution_count"] and row["score.best"] == 11.0, row
         curves = _get(server, f"runs/{run['run']}/curves")
         assert "score" in json.dumps(curves), curves
 
