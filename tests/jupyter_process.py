@@ -37,7 +37,19 @@ class JupyterProcess:
         A non-root base URL, as on JupyterHub.
     """
 
-    def __init__(self, root_dir: str, app: str = "server", base_url: str = "/jc/", log_path: str | None = None):
+    def __init__(
+        self,
+        root_dir: str,
+        app: str = "server",
+        base_url: str = "/jc/",
+        log_path: str | None = None,
+        user: tuple[int, int, str] | None = None,
+        env: dict[str, str | None] | None = None,
+    ):
+        #: ``(uid, gid, home)``: run the server as that OS user (as root, through setpriv), with that HOME
+        self.user = user
+        #: environment changes (None: the variable is removed)
+        self.env = env or {}
         self.root_dir = root_dir
         self.app = app
         self.base_url = base_url
@@ -75,9 +87,20 @@ class JupyterProcess:
         if self.app == "lab":
             # window.jupyterapp, as JupyterLab's own UI tests (Galata) use it
             cmd += ["--LabApp.expose_app_in_browser=True", "--JupyterNotebookApp.expose_app_in_browser=True"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
+        if hasattr(os, "geteuid") and os.geteuid() == 0 and self.user is None:
             cmd.append("--allow-root")
         env = dict(os.environ)
+        if self.user is not None:
+            uid, gid, home = self.user
+            cmd = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *cmd]
+            # their own Jupyter folders, not this session's (conftest points JUPYTER_RUNTIME_DIR at ours)
+            env = {k: v for k, v in env.items() if not k.startswith(("JUPYTER_", "DASK_JUPYTER_CLUSTER"))}
+            env["HOME"] = home
+        for key, value in self.env.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
         # No user config: only what the package installs (and the line above) applies.
         env["JUPYTER_CONFIG_DIR"] = os.path.join(self.root_dir, ".jupyter-config")
         env.setdefault("JUPYTERLAB_SETTINGS_DIR", os.path.join(self.root_dir, ".lab-settings"))

@@ -77,7 +77,10 @@ def store_dir() -> str:
         from jupyter_core.paths import jupyter_data_dir
 
         path = os.path.join(jupyter_data_dir(), "jupyter-cluster", "jobs")
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    except PermissionError:
+        pass  # said in one sentence by private_folder below
     return private_folder(
         path, "the detached jobs' folder", "remove it or set jupyter-cluster.detached.store-dir to a private folder"
     )

@@ -179,10 +179,14 @@ def private_folder(path: str, what: str = "the folder", fix: str = "remove it") 
     ------
     ClusterError
         When it is not a directory of this user (someone else made it, or it
-        is a link): files there could be planted or read.
+        is a link): files there could be planted or read; also when it lies
+        in a folder this user may not enter.
     """
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except PermissionError:  # inside another user's private folder: theirs, not to be used (one sentence, not a traceback)
+        raise ClusterError(f"{what} {path} is not a folder of this user (permission denied); {fix}.") from None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise ClusterError(f"{what} {path} is not a folder of this user; {fix}.")
     if stat.S_IMODE(st.st_mode) & 0o077:
