@@ -101,6 +101,7 @@ def start(
     cmd += ["--log", log]
     # the host serves every kernel: it is not this kernel's notebook (each job says whose it is)
     env = {k: v for k, v in os.environ.items() if k != "JPY_SESSION_NAME"}
+    env.update(_inherited_config())
     # a session of its own: a kernel's shutdown signals its process group, and the cluster must outlive it
     with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as err:
         proc = subprocess.Popen(
@@ -112,6 +113,29 @@ def start(
             announced.get("error") or f"the kept cluster's host did not start its cluster; its log is {log}."
         )
     return session.connect(announced["name"])
+
+
+def _inherited_config() -> dict[str, str]:
+    """This kernel's Dask settings for the host (``dask.config.set`` in a cell is not in its environment).
+
+    Without them a kept SSH cluster's host logs in without the kernel's
+    ``jupyter-cluster.ssh`` keys and known hosts, a SLURM one misses its
+    queue, and so on.  Sections that do not serialize (a callable set
+    in-process) are left out.
+    """
+    import dask.config
+
+    inherited: dict[str, Any] = {}
+    for section in ("jupyter-cluster", "distributed", "jobqueue", "gateway", "kubernetes"):
+        value = dask.config.get(section, None)
+        if value is None:
+            continue
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        inherited[section] = value
+    return {"DASK_INTERNAL_INHERIT_CONFIG": dask.config.serialize(inherited)} if inherited else {}
 
 
 def _read_announcement(proc: subprocess.Popen, timeout: float) -> dict[str, Any]:

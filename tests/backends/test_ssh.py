@@ -149,7 +149,12 @@ def test_map_survives_losing_a_worker_host(hosts, tmp_path):
 
 def test_stop_button_during_start_then_kernel_killed_leave_no_process_on_the_hosts(hosts, tmp_path):
     """The stop button while ``%cluster start`` starts the remote processes left them running, listed
-    nowhere, until the kernel exited (issue 37.4); ``kill -9`` of the kernel must leave nothing either."""
+    nowhere, until the kernel exited (issue 37.4); ``kill -9`` of the kernel must leave nothing either,
+    except a kept cluster (``--keep``, issue 35), which stops itself once idle."""
+    import psutil
+
+    import jupyter_cluster as jc
+    from jupyter_cluster.state import registry
     from tests.helpers import kernel_execute
 
     km, kc, _ = start_jupyter_named_kernel(tmp_path)
@@ -201,10 +206,43 @@ def test_stop_button_during_start_then_kernel_killed_leave_no_process_on_the_hos
         )
         assert f"tcp://{hosts.addresses[0]}:" in out and "[1, 2]" in out, out
         assert hosts.extra_pids(0) and hosts.extra_pids(1)
+        # issue 35: a kept cluster on the third host (scheduler and worker there, TLS) from the same kernel,
+        # set up through the kernel's dask.config.set above: it must outlive the kill -9, then idle out
+        creds_before = set(_remote_credentials())
+        third = hosts.addresses[2]
+        out = kernel_ok(
+            kc,
+            f"%cluster start --backend ssh --hosts {third},{third} --name ssh-kept --keep --idle-timeout 20s",
+            timeout=240,
+        )
+        assert "Started kept cluster 'ssh-kept'" in out, out
+        kept_host = registry.read("ssh-kept").owner_pid
+        out = kernel_ok(kc, "print(jc.map(abs, [-5, -6]))")
+        assert "[5, 6]" in out, out
+        assert hosts.extra_pids(2) and set(_remote_credentials()) - creds_before
         os.kill(km.provisioner.process.pid, signal.SIGKILL)
-        wait_for(lambda: _hosts_clean(hosts), CLEAN_WITHIN, message="the hosts to drop a dead kernel's processes")
+        wait_for(
+            lambda: not hosts.extra_pids(0) and not hosts.extra_pids(1),
+            CLEAN_WITHIN,
+            message="the hosts to drop a dead kernel's processes",
+        )
+        # the kept cluster is still there, and works from another process
+        assert hosts.extra_pids(2) and psutil.pid_exists(kept_host)
+        handle = jc.connect("ssh-kept")
+        try:
+            assert handle.client.submit(pow, 2, 5).result(timeout=60) == 32
+        finally:
+            handle.close()
+        # nothing attached, nothing running: it stops itself, its remote processes and credentials with it
+        wait_for(lambda: not psutil.pid_exists(kept_host), 90, message="the idle kept SSH cluster's host to end")
+        wait_for(lambda: not hosts.extra_pids(2), CLEAN_WITHIN, message="the kept cluster's remote processes to go")
+        assert registry.read("ssh-kept") is None
+        assert not (set(_remote_credentials()) - creds_before), "credentials left on the hosts"
     finally:
         stop_jupyter_named_kernel(km, kc)
+        rec = registry.read("ssh-kept")
+        if rec is not None and psutil.pid_exists(rec.owner_pid):
+            os.kill(rec.owner_pid, signal.SIGTERM)
 
 
 def test_workers_that_write_megabytes_to_stderr_do_not_block(hosts):
