@@ -185,7 +185,7 @@ def private_folder(path: str, what: str = "the folder", fix: str = "remove it") 
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
         st = os.lstat(path)
-    except PermissionError:  # inside another user's private folder: theirs, not to be used (one sentence, not a traceback)
+    except PermissionError:  # inside another user's private folder: one sentence, not a traceback
         raise ClusterError(f"{what} {path} is not a folder of this user (permission denied); {fix}.") from None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise ClusterError(f"{what} {path} is not a folder of this user; {fix}.")
