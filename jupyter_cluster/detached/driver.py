@@ -58,6 +58,8 @@ class JobRun:
         self.handle = handle
         self.cluster = cluster
         self._cancel = threading.Event()
+        #: the map driven (its run message is kept next to the job)
+        self._map: Any = None
         self.thread = threading.Thread(target=self._main, name=f"jupyter-cluster-job-{name}", daemon=True)
 
     def start(self) -> None:
@@ -110,6 +112,8 @@ class JobRun:
             writer.close()
         meta.update(state=state, reason=reason, ended=time.time())
         job_store.write_meta(name, meta)
+        if self._map is not None:  # after the state: on a full disk the state must be written first
+            self._keep_run(self._map, ended=True)
         evicted = job_store.evict_over_limit(keep=name)
         if evicted:
             logger.warning("jupyter_cluster: evicted the results of %s to stay under the store limit", evicted)
@@ -134,6 +138,7 @@ class JobRun:
         else:
             with starting(None, source):
                 job = mapping.imap(spec["fn"], *inputs, **options)
+        self._map = job
         last_meta = 0.0
         try:
             while True:
@@ -167,8 +172,6 @@ class JobRun:
             if job_store.disk_full(exc):
                 return "failed", _reason(exc)
             raise
-        finally:
-            self._keep_run(job, ended=True)
         if job.state != "finished":
             return "failed", f"the map ended {job.state}"
         return "finished", None
