@@ -112,7 +112,12 @@ def start(
         raise ClusterError(
             announced.get("error") or f"the kept cluster's host did not start its cluster; its log is {log}."
         )
-    return session.connect(announced["name"])
+    try:
+        return session.connect(announced["name"])
+    except BaseException:
+        # not attached, so nobody would stop it (with --idle-timeout 0 it would never stop itself)
+        proc.terminate()
+        raise
 
 
 def _inherited_config() -> dict[str, str]:
