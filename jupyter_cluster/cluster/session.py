@@ -29,7 +29,7 @@ from ..state import registry
 from ..state.credentials import names_with_credentials, saved_security
 from ..telemetry.kernel import KernelSink
 from ..telemetry.producer import drain, set_kernel_sink
-from ..tracking.runs import kept_jobs
+from ..tracking.record import kept_jobs
 from ..wire.models import ClusterModel, cluster_model, cluster_summary, validate_name, validate_size
 from .control import listen, stop_remote
 from .display import render_html

@@ -22,7 +22,8 @@ import psutil
 
 from .. import mapping
 from ..state import job_store
-from ..tracking.runs import ItemTap, starting
+from ..tracking.record import starting
+from ..tracking.tags import ItemTap
 
 logger = logging.getLogger(__name__)
 #: how often the running counts in the metadata are brought up to date (seconds)

@@ -35,8 +35,10 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from ..cell import capture
 from ..cell.function import CellFunction
 from ..errors import CellError, ClusterError, SerializationError
-from ..tracking.runs import TAG_NAME, ItemTag, ItemTap, starting
+from ..telemetry.tags import TAG_NAME
+from ..tracking.record import starting
 from ..tracking.sweep_kind import is_sweep
+from ..tracking.tags import ItemTag, ItemTap
 from .args import MagicArgumentParser, add_options, options_text
 from .lazy import LazyModule
 from .tracebacks import (
