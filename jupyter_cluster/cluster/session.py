@@ -275,7 +275,7 @@ def _leave_final_word(handle: ClusterHandle, gone: bool) -> None:
     (registry scan, connect, subscribe): one started, used and stopped faster
     than that would leave no trace in its history, jobs or runs.  The cluster's
     summary and this process's messages of its jobs and runs
-    (:func:`jupyter_cluster.tracking.runs.kept_jobs`) go into a 0600 file beside the
+    (:func:`jupyter_cluster.tracking.record.kept_jobs`) go into a 0600 file beside the
     record (:func:`jupyter_cluster.state.registry.write_final`), which the server
     takes up at its next scan.  Nothing here may stop the cluster's stop.
     """

@@ -55,7 +55,7 @@ def submit(
     notebook, cell : str, optional
         Where the job came from, shown by :func:`jobs` and the panel.
     run_tag : ItemTag, optional
-        A ``%%parallel`` sweep's tag (:class:`jupyter_cluster.tracking.runs.ItemTag`):
+        A ``%%parallel`` sweep's tag (:class:`jupyter_cluster.tracking.tags.ItemTag`):
         the host's map is that run's, as in the kernel.
     **options
         ``chunksize``, ``retries``, ``timeout``, ``errors`` ("raise" or

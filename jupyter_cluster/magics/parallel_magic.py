@@ -354,7 +354,7 @@ class ParallelMagics(Magics):
         defined_on_workers = _worker_names.get(handle.address, set())
         captured = capture.capture(analysis.free, user_ns, maybe=analysis.maybe, exclude=defined_on_workers)
         tap = None
-        if not args.all_workers:  # a sweep: each item's value is its config (jupyter_cluster.tracking.runs)
+        if not args.all_workers:  # a sweep: each item's value is its config (jupyter_cluster.tracking.tags)
             tag = ItemTag(uuid.uuid4().hex[:12], targets)
             tag.sweep = is_sweep(tag.structure, iterable, asked=args.sweep)  # a map over plain values is no sweep
             tap = ItemTap(iterable, tag)

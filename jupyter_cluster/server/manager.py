@@ -253,7 +253,7 @@ class ClusterManager(ClusterHistory):
     def runs(
         self, notebook: str | None = None, cluster: str | None = None, kernel_id: str | None = None
     ) -> list[dict[str, Any]]:
-        """Run records (:func:`jupyter_cluster.tracking.runs.group_runs`, without items), newest first.
+        """Run records (:func:`jupyter_cluster.tracking.table.group_runs`, without items), newest first.
 
         Each has ``cluster`` (the cluster's name; for a stopped one, the key
         its history is kept under is ``history``) and ``metrics`` (the
@@ -285,7 +285,7 @@ class ClusterManager(ClusterHistory):
         return cached[1]
 
     def run(self, run_id: str) -> dict[str, Any]:
-        """One run: its record with ``items``, and its sweep table ``rows`` (:func:`jupyter_cluster.tracking.runs.table`).
+        """One run: its record with ``items``, and its sweep table ``rows`` (:func:`jupyter_cluster.tracking.table.table`).
 
         Raises
         ------

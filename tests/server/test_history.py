@@ -403,7 +403,7 @@ def test_a_damaged_kept_topic_of_a_gone_cluster_is_left_out_with_a_warning(tmp_p
     snap["saved"] = 1e300  # no clock shows it: time.localtime raised OverflowError
     _write(live / "gone.json", json.dumps(snap))
     manager = ClusterManager()
-    with caplog.at_level(logging.WARNING, logger="jupyter_cluster.server.manager"):
+    with caplog.at_level(logging.WARNING, logger="jupyter_cluster.server.snapshots"):
         manager._keep_live(manager._waiting.pop("gone"))
     assert manager.history == {}
     assert any("gone" in r.getMessage() and "unreadable" in r.getMessage() for r in caplog.records)
@@ -791,7 +791,7 @@ def test_final_words_no_owner_wrote_go_and_others_are_not_read_again_at_every_sc
     loop = asyncio.new_event_loop()
     manager = ClusterManager(interval=60)
     try:
-        with caplog.at_level(logging.WARNING, logger="jupyter_cluster.server.manager"):
+        with caplog.at_level(logging.WARNING, logger="jupyter_cluster.server.snapshots"):
             loop.run_until_complete(manager.refresh())
             assert not os.path.exists(misnamed) and not os.path.exists(not_json)
             assert os.path.exists(damaged) and os.path.exists(held)
