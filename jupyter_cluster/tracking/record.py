@@ -186,3 +186,11 @@ def kept_jobs() -> list[dict[str, Any]]:
     """The job and run messages this kernel keeps, oldest first."""
     with _kept_lock:
         return [dict(m) for m in _kept.values()]
+
+
+def rename_notebook(old: str | None, new: str) -> None:
+    """The kept messages of the notebook ``old`` name ``new`` (the notebook was renamed: :mod:`.renamed`)."""
+    with _kept_lock:
+        for msg in _kept.values():
+            if msg.get("notebook") == old:
+                msg["notebook"] = new

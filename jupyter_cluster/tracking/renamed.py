@@ -36,7 +36,7 @@ def follow_rename(old: str, new: str) -> str | None:
     if not isinstance(old, str) or not isinstance(new, str) or not old or not new:
         raise ValueError("follow_rename needs the notebook's old and new paths.")
     from .kernel import ipython_shell, notebook_path
-    from .record import _kept, _kept_lock
+    from .record import rename_notebook
 
     current = notebook_path()
     moved = _moved(current, old, new) if current else None
@@ -47,8 +47,5 @@ def follow_rename(old: str, new: str) -> str | None:
     ns: Any = getattr(shell, "user_ns", None) or getattr(sys.modules.get("__main__"), "__dict__", None)
     if isinstance(ns, dict) and "__session__" in ns:
         ns["__session__"] = moved
-    with _kept_lock:
-        for msg in _kept.values():
-            if msg.get("notebook") == current:
-                msg["notebook"] = moved
+    rename_notebook(current, moved)
     return moved
