@@ -29,7 +29,7 @@ from ..state import registry
 from ..state.credentials import names_with_credentials, saved_security
 from ..telemetry.kernel import KernelSink
 from ..telemetry.producer import drain, set_kernel_sink
-from ..tracking.runs import kept_jobs
+from ..tracking.record import kept_jobs
 from ..wire.models import ClusterModel, cluster_model, cluster_summary, validate_name, validate_size
 from .control import listen, stop_remote
 from .display import render_html
@@ -275,7 +275,7 @@ def _leave_final_word(handle: ClusterHandle, gone: bool) -> None:
     (registry scan, connect, subscribe): one started, used and stopped faster
     than that would leave no trace in its history, jobs or runs.  The cluster's
     summary and this process's messages of its jobs and runs
-    (:func:`jupyter_cluster.tracking.runs.kept_jobs`) go into a 0600 file beside the
+    (:func:`jupyter_cluster.tracking.record.kept_jobs`) go into a 0600 file beside the
     record (:func:`jupyter_cluster.state.registry.write_final`), which the server
     takes up at its next scan.  Nothing here may stop the cluster's stop.
     """

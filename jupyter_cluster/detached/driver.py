@@ -22,7 +22,8 @@ import psutil
 
 from .. import mapping
 from ..state import job_store
-from ..tracking.runs import ItemTap, kept_jobs, starting
+from ..tracking.record import kept_jobs, starting
+from ..tracking.tags import ItemTap
 
 logger = logging.getLogger(__name__)
 #: how often the running counts in the metadata are brought up to date (seconds)

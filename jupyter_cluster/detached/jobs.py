@@ -19,7 +19,7 @@ from .. import mapping
 from ..cluster import session
 from ..errors import ClusterError, SerializationError
 from ..state import job_store
-from ..tracking.runs import origin
+from ..tracking.record import origin
 from .driver import host_alive
 from .kept import is_kept
 
@@ -55,7 +55,7 @@ def submit(
     notebook, cell : str, optional
         Where the job came from, shown by :func:`jobs` and the panel.
     run_tag : ItemTag, optional
-        A ``%%parallel`` sweep's tag (:class:`jupyter_cluster.tracking.runs.ItemTag`):
+        A ``%%parallel`` sweep's tag (:class:`jupyter_cluster.tracking.tags.ItemTag`):
         the host's map is that run's, as in the kernel.
     **options
         ``chunksize``, ``retries``, ``timeout``, ``errors`` ("raise" or

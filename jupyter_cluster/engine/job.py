@@ -60,7 +60,7 @@ import cloudpickle
 
 from ..cell.capture import LARGE_VALUE_BYTES
 from ..errors import ClusterError, WorkerLostError
-from ..tracking.runs import in_run
+from ..tracking.context import in_run
 from . import planner
 from .cluster import (
     Scattered,

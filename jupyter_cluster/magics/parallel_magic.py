@@ -35,8 +35,10 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from ..cell import capture
 from ..cell.function import CellFunction
 from ..errors import CellError, ClusterError, SerializationError
-from ..tracking.runs import TAG_NAME, ItemTag, ItemTap, starting
+from ..telemetry.tags import TAG_NAME
+from ..tracking.record import starting
 from ..tracking.sweep_kind import is_sweep
+from ..tracking.tags import ItemTag, ItemTap
 from .args import MagicArgumentParser, add_options, options_text
 from .lazy import LazyModule
 from .tracebacks import (
@@ -352,7 +354,7 @@ class ParallelMagics(Magics):
         defined_on_workers = _worker_names.get(handle.address, set())
         captured = capture.capture(analysis.free, user_ns, maybe=analysis.maybe, exclude=defined_on_workers)
         tap = None
-        if not args.all_workers:  # a sweep: each item's value is its config (jupyter_cluster.tracking.runs)
+        if not args.all_workers:  # a sweep: each item's value is its config (jupyter_cluster.tracking.tags)
             tag = ItemTag(uuid.uuid4().hex[:12], targets)
             tag.sweep = is_sweep(tag.structure, iterable, asked=args.sweep)  # a map over plain values is no sweep
             tap = ItemTap(iterable, tag)

@@ -420,7 +420,7 @@ class HistoryFolder:
 
         Only this user's regular files of mode 0600 (as :meth:`write` makes
         them) of at most ``max_bytes`` are read, as the kernel's
-        :func:`jupyter_cluster.tracking.runs.kept_runs` reads them: another's file, a
+        :func:`jupyter_cluster.tracking.kept.kept_runs` reads them: another's file, a
         link, or one that others could have written is not taken for the
         user's history.  A file refused, not JSON, or that ``check`` refuses
         (:class:`BadFile`) is skipped with one warning naming it, and is never

@@ -25,7 +25,9 @@ from numbers import Real
 from typing import Any
 
 from .. import config
-from ..tracking.runs import MAX_CONFIG_KEYS, MAX_ITEMS, RUN_KINDS, group_runs
+from ..telemetry.tags import MAX_CONFIG_KEYS
+from ..tracking.table import RUN_KINDS, group_runs
+from ..tracking.tags import MAX_ITEMS
 from ..wire.models import JOB_STATES, job_failures, job_message
 from .renames import current_notebook
 

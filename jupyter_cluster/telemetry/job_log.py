@@ -10,7 +10,7 @@ notebook), and a server that connects later replays the log; so the log
 keeps the items of the newest jobs, :data:`KEEP_LOG_ITEMS` in all, and older
 messages keep everything but their ``items`` (``item_count`` still says how
 many there were).  ``jc.runs()`` reads the kernel's own record
-(:mod:`jupyter_cluster.tracking.runs`), not this log.
+(:mod:`jupyter_cluster.tracking.record`), not this log.
 
 :class:`JobLogTrim` is a scheduler plugin, registered by the first message
 with items that a client publishes (:func:`ensure`); a scheduler that cannot

@@ -468,7 +468,7 @@ def report(
     config : dict, optional
         Hyperparameters of the run (or ``%%parallel`` item) this report
         belongs to, added to its config in :func:`jupyter_cluster.runs` and
-        the panel's sweep table (see :mod:`jupyter_cluster.tracking.runs`); outside
+        the panel's sweep table (see :mod:`jupyter_cluster.tracking.table`); outside
         a sweep item or a ``jc.run()`` block it is not kept.
 
     Raises

@@ -1,9 +1,9 @@
 """Which run (and ``%%parallel`` item) the code on this thread belongs to, and a record's tag.
 
-A leaf module (the standard library only): :mod:`jupyter_cluster.tracking.runs` sets
+A leaf module (the standard library only): :mod:`jupyter_cluster.tracking` sets
 the state here (a ``with jc.run(...)`` block, a map's function called as a
-:class:`~jupyter_cluster.tracking.runs.RunCall`, a sweep item's
-:meth:`~jupyter_cluster.tracking.runs.ItemTag.enter`), and the report producer
+:class:`~jupyter_cluster.tracking.context.RunCall`, a sweep item's
+:meth:`~jupyter_cluster.tracking.tags.ItemTag.enter`), and the report producer
 (:mod:`jupyter_cluster.telemetry.producer`, on every worker) reads it through
 :func:`tag_record`.  Runs sit above telemetry (they publish on its topics), so
 the producer must not import them: this is what both need.
@@ -74,16 +74,16 @@ def clean_config(config: Any, what: str = "config") -> dict[str, Any]:
     return out
 
 
-# -- the state: set by jupyter_cluster.tracking.runs ------------------------------------------
+# -- the state: set by jupyter_cluster.tracking ------------------------------------------
 class NamedRun(Protocol):
-    """What a record's tag needs of a :class:`jupyter_cluster.tracking.runs.Run`."""
+    """What a record's tag needs of a :class:`jupyter_cluster.tracking.context.Run`."""
 
     id: str
 
     def add_config(self, config: Mapping[str, Any]) -> None: ...
 
 
-#: the innermost ``with jc.run(...)`` block (a :class:`jupyter_cluster.tracking.runs.Run`), in the kernel
+#: the innermost ``with jc.run(...)`` block (a :class:`jupyter_cluster.tracking.context.Run`), in the kernel
 _active: contextvars.ContextVar[Any] = contextvars.ContextVar("jupyter_cluster_run", default=None)
 #: The ``%%parallel`` item running in this thread: ``item_state.ctx`` is ``[its run's tag, the item,
 #: the id of the item's namespace, its (key, config) once a report asked (False: unreadable)]``
@@ -98,11 +98,11 @@ _call = threading.local()
 
 
 def active_run() -> Any:
-    """The innermost ``with jc.run(...)`` block this code is in (a :class:`jupyter_cluster.tracking.runs.Run`), or None."""
+    """The innermost ``with jc.run(...)`` block this code is in (a :class:`jupyter_cluster.tracking.context.Run`), or None."""
     return _active.get()
 
 
-#: the name under which a %%parallel cell's run tag (a :class:`jupyter_cluster.tracking.runs.ItemTag`) reaches the workers
+#: the name under which a %%parallel cell's run tag (a :class:`jupyter_cluster.tracking.tags.ItemTag`) reaches the workers
 TAG_NAME = "__jc_run__"
 
 

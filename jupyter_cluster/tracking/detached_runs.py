@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .runs import _kept_job, _same_path
+from .kept import _kept_job, _same_path
 
 
 def detached_runs(notebook: str | None) -> list[dict[str, Any]]:

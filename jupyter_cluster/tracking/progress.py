@@ -509,7 +509,7 @@ class ProgressObserver:
 
 def _run_context(job: Any) -> dict[str, Any]:
     try:
-        from .runs import job_context
+        from .record import job_context
 
         return job_context(job)
     except Exception:  # a run record that cannot be made must not stop the map
@@ -521,7 +521,7 @@ def _run_items(job: Any) -> dict[str, Any]:
     if job is None:
         return {}
     try:
-        from .runs import job_items
+        from .record import job_items
 
         return job_items(job)
     except Exception:
@@ -530,7 +530,7 @@ def _run_items(job: Any) -> dict[str, Any]:
 
 
 def _keep_run(msg: Any) -> None:
-    from .runs import keep
+    from .record import keep
 
     keep(msg)
 

@@ -31,23 +31,21 @@ def follow_rename(old: str, new: str) -> str | None:
 
     Nothing changes when the kernel's notebook is not ``old`` (a message for
     another kernel, or one that came twice).  The runs this kernel keeps
-    (:func:`jupyter_cluster.tracking.runs.kept_jobs`) are re-keyed too.
+    (:func:`jupyter_cluster.tracking.record.kept_jobs`) are re-keyed too.
     """
     if not isinstance(old, str) or not isinstance(new, str) or not old or not new:
         raise ValueError("follow_rename needs the notebook's old and new paths.")
-    from .runs import _kept, _kept_lock, _shell, notebook_path
+    from .kernel import ipython_shell, notebook_path
+    from .record import rename_notebook
 
     current = notebook_path()
     moved = _moved(current, old, new) if current else None
     if moved is None:
         return None
     os.environ["JPY_SESSION_NAME"] = moved
-    shell = _shell()
+    shell = ipython_shell()
     ns: Any = getattr(shell, "user_ns", None) or getattr(sys.modules.get("__main__"), "__dict__", None)
     if isinstance(ns, dict) and "__session__" in ns:
         ns["__session__"] = moved
-    with _kept_lock:
-        for msg in _kept.values():
-            if msg.get("notebook") == current:
-                msg["notebook"] = moved
+    rename_notebook(current, moved)
     return moved

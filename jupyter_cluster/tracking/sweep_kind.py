@@ -28,7 +28,7 @@ def _plain(v: Any) -> bool:
 
 
 def is_sweep(structure: Any, iterable: Any, asked: bool = False) -> bool:
-    """Whether a ``%%parallel`` cell over ``iterable`` (targets as :func:`.runs.target_names` gives) is a sweep.
+    """Whether a ``%%parallel`` cell over ``iterable`` (targets as :func:`.tags.target_names` gives) is a sweep.
 
     Parameters
     ----------

@@ -222,7 +222,8 @@ def current_rows(notebook: str | None = None, run: str | None = None, pin: Any =
     ``pin`` (a :class:`.run_pin.RunPin`) keeps them to the run a live table was made for.
     """
     from ..telemetry.topic_store import all_stores
-    from ..tracking.runs import group_runs, kept_jobs, merge_metrics, table
+    from ..tracking.record import kept_jobs
+    from ..tracking.table import group_runs, merge_metrics, table
 
     records = list(group_runs(kept_jobs()).values())
     if pin is not None:
@@ -249,7 +250,7 @@ def _curves(
 ) -> tuple[dict[str, Any], list[Mapping[str, Any]], dict[str, list[str]]]:
     """The rows' own curves per run, the topics' models when some row has none (matched by series),
     and each topic's series keys (the rows' colours)."""
-    from ..tracking.runs import merge_curves
+    from ..tracking.table import merge_curves
 
     stores = _stores(topic)
     own = {run: merge_curves(stores, run) for run in {str(r.get("run")) for r in rows}}
@@ -262,7 +263,7 @@ def _curves(
 
 def _version(topic: str | None) -> tuple:
     from ..telemetry.topic_store import all_stores
-    from ..tracking.runs import kept_jobs
+    from ..tracking.record import kept_jobs
 
     jobs = kept_jobs()
     stores = [(s.topic, s.version) for s in all_stores() if topic is None or s.topic == topic]
@@ -487,11 +488,12 @@ def show_runs(
     rows = _rows_from(runs) if runs is not None else None
     where: dict[str, Any] = {"notebook": notebook, "run": run}
     if rows is None and notebook is None and run is None and not every:
-        from ..tracking.runs import group_runs, kept_jobs
+        from ..tracking.record import kept_jobs
+        from ..tracking.table import group_runs
 
         where["pin"] = RunPin(group_runs(kept_jobs()).values())
     if not (context.in_kernel() and context.widgets_available()):
-        from ..tracking.runs import frame
+        from ..tracking.table import frame
 
         return frame(rows if rows is not None else current_rows(**where))
     return widget_class()(rows, where, topic, topic or "runs")

@@ -1,7 +1,7 @@
 """A ``jupyter_cluster.Pool`` inside ``with jc.run(...)`` behaves as outside it.
 
 Inside a named run a map's function travels wrapped in a
-:class:`~jupyter_cluster.tracking.runs.RunCall` (so that the workers' reports are the
+:class:`~jupyter_cluster.tracking.context.RunCall` (so that the workers' reports are the
 run's); what the workers ask of a pool's task besides calling it (the group
 ``terminate()`` stops, the check that gives ``MaybeEncodingError``) must
 still reach the task through it.  Real 2-worker cluster, real pools.
@@ -18,7 +18,7 @@ import pytest
 import jupyter_cluster as jc
 from jupyter_cluster.engine.direct import pool_for
 from jupyter_cluster.pool.worker import _PoolTask
-from jupyter_cluster.tracking.runs import RunCall
+from jupyter_cluster.tracking.context import RunCall
 
 from ..conftest import wait_for
 

@@ -11,8 +11,9 @@ import time
 
 import pytest
 
+from jupyter_cluster.server.connection import Connection
 from jupyter_cluster.server.history import HistoryFolder, KeptCluster
-from jupyter_cluster.server.manager import PANEL_MODEL, Connection
+from jupyter_cluster.server.snapshots import PANEL_MODEL
 from jupyter_cluster.state import registry
 from jupyter_cluster.telemetry.topic_store import TopicStore
 
@@ -402,7 +403,7 @@ def test_a_damaged_kept_topic_of_a_gone_cluster_is_left_out_with_a_warning(tmp_p
     snap["saved"] = 1e300  # no clock shows it: time.localtime raised OverflowError
     _write(live / "gone.json", json.dumps(snap))
     manager = ClusterManager()
-    with caplog.at_level(logging.WARNING, logger="jupyter_cluster.server.manager"):
+    with caplog.at_level(logging.WARNING, logger="jupyter_cluster.server.snapshots"):
         manager._keep_live(manager._waiting.pop("gone"))
     assert manager.history == {}
     assert any("gone" in r.getMessage() and "unreadable" in r.getMessage() for r in caplog.records)
@@ -494,7 +495,7 @@ def test_files_the_history_refuses_to_read_are_neither_counted_nor_deleted(tmp_p
     import stat
     import threading
 
-    from jupyter_cluster.tracking.runs import kept_runs
+    from jupyter_cluster.tracking.kept import kept_runs
 
     one = KeptCluster.from_connection("probe", _notebook_connection("probe", "a.ipynb", pad=150), PANEL_MODEL)
     size = len(json.dumps(one.to_json(), separators=(",", ":")))
@@ -713,7 +714,7 @@ def test_only_the_users_own_private_history_files_are_read_and_the_folder_is_mad
 
 def test_a_kept_topic_gives_its_run_items_as_a_live_store_does_in_the_server_and_the_kernel():
     """The kernel's copy of the kept topic gave every item's curves whether asked or not."""
-    from jupyter_cluster.tracking.runs import _KeptTopic
+    from jupyter_cluster.tracking.kept import _KeptTopic
 
     conn = _stopped_connection()
     store = conn.metrics["es"]
@@ -790,7 +791,7 @@ def test_final_words_no_owner_wrote_go_and_others_are_not_read_again_at_every_sc
     loop = asyncio.new_event_loop()
     manager = ClusterManager(interval=60)
     try:
-        with caplog.at_level(logging.WARNING, logger="jupyter_cluster.server.manager"):
+        with caplog.at_level(logging.WARNING, logger="jupyter_cluster.server.snapshots"):
             loop.run_until_complete(manager.refresh())
             assert not os.path.exists(misnamed) and not os.path.exists(not_json)
             assert os.path.exists(damaged) and os.path.exists(held)

@@ -135,7 +135,7 @@ def test_a_rename_after_the_cluster_stopped_rekeys_its_kept_history_on_disk(tmp_
 
     from jupyter_cluster.server.history import HistoryFolder, KeptCluster
     from jupyter_cluster.server.renames import NotebookRenames, current_notebook, forget_renames
-    from jupyter_cluster.tracking.runs import kept_runs
+    from jupyter_cluster.tracking.kept import kept_runs
 
     forget_renames()
     now = time.time()

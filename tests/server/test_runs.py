@@ -136,7 +136,7 @@ def test_two_notebooks_keep_their_jobs_and_runs_while_a_third_floods(setup):
         b_jobs = wait_for(lambda: mine("sub/b.ipynb"), 30, message="b.ipynb's job on the server")
         out = kernel_ok(
             flood,
-            "import jupyter_cluster as jc\nfor i in range(40):\n    jc.map(abs, [i])\nfrom jupyter_cluster.tracking.runs import kept_jobs\nprint(kept_jobs()[-1]['job'])",
+            "import jupyter_cluster as jc\nfor i in range(40):\n    jc.map(abs, [i])\nfrom jupyter_cluster.tracking.record import kept_jobs\nprint(kept_jobs()[-1]['job'])",
         )
         last = out.strip().splitlines()[-1]
         wait_for(
@@ -228,7 +228,7 @@ async def test_a_run_published_before_the_server_subscribed_to_a_slow_scheduler_
 
     from distributed import Client, Scheduler
 
-    from jupyter_cluster.server.manager import Connection
+    from jupyter_cluster.server.connection import Connection
     from jupyter_cluster.state import registry
     from jupyter_cluster.telemetry.topic_names import JOBS_TOPIC
 

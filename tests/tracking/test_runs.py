@@ -1,4 +1,4 @@
-"""Runs as records (jupyter_cluster/tracking/runs.py): configs of sweep items, report(config=), jc.runs().
+"""Runs as records (jupyter_cluster/tracking/: tags, context, record, table, kept, runs): configs of sweep items, report(config=), jc.runs().
 
 The sweep tests run real ``%%parallel`` cells in the real IPython shell on a
 real 2-worker cluster; the table is what ``jc.runs()`` returns.
@@ -12,7 +12,7 @@ import pytest
 
 import jupyter_cluster as jc
 from jupyter_cluster.telemetry import TopicStore
-from jupyter_cluster.tracking.runs import ItemTag, config_key, item_config, target_names
+from jupyter_cluster.tracking.tags import ItemTag, config_key, item_config, target_names
 
 from ..helpers import unique_topic
 
@@ -144,7 +144,7 @@ def test_a_30_item_sweep_gives_jc_runs_with_config_columns_and_final_metrics(ip,
     assert set(df["name"]) == {f"In [{df['cell'].iloc[0]}] · %%parallel cfg in grid"}
     # each item's own curve, though every item reported on the one series "all"
     from jupyter_cluster.telemetry.topic_store import all_stores
-    from jupyter_cluster.tracking.runs import merge_curves
+    from jupyter_cluster.tracking.table import merge_curves
 
     run_id = df["run"].iloc[0]
     curves = merge_curves(all_stores(), run_id)
@@ -154,7 +154,7 @@ def test_a_30_item_sweep_gives_jc_runs_with_config_columns_and_final_metrics(ip,
 
 
 def _runs_of(job):
-    from jupyter_cluster.tracking.runs import _taps
+    from jupyter_cluster.tracking.record import _taps
 
     tap = _taps[job.id]
     yield tap.tag.run, tap
@@ -191,7 +191,7 @@ def test_named_targets_failed_items_and_a_named_run_are_rows(ip, cluster):
 
 
 def test_the_maps_of_one_cell_are_one_run_and_carry_their_number(ip, cluster):
-    from jupyter_cluster.tracking.runs import kept_jobs
+    from jupyter_cluster.tracking.record import kept_jobs
 
     before = {j["job"] for j in kept_jobs()}
     cell = "import jupyter_cluster as jc\nfor gen in range(3):\n    jc.map(abs, [-gen, gen])\n"
@@ -254,7 +254,8 @@ def test_an_items_tag_holds_only_while_its_cell_runs_in_this_thread():
     import threading
 
     from jupyter_cluster.engine.worker.run import PreparedCell
-    from jupyter_cluster.tracking.runs import TAG_NAME, ItemTag, current_item
+    from jupyter_cluster.telemetry.tags import TAG_NAME, current_item
+    from jupyter_cluster.tracking.tags import ItemTag
 
     tag = ItemTag("run-1", "lr, mom")
     worked_out = []
@@ -288,7 +289,7 @@ def test_an_items_tag_holds_only_while_its_cell_runs_in_this_thread():
 
 
 def test_an_spmd_cell_is_a_run(ip, cluster):
-    from jupyter_cluster.tracking.runs import kept_jobs
+    from jupyter_cluster.tracking.record import kept_jobs
 
     before = {j["job"] for j in kept_jobs()}
     assert ip.run_cell("%%spmd\nx = rank").error_in_exec is None
@@ -299,7 +300,8 @@ def test_an_spmd_cell_is_a_run(ip, cluster):
 
 
 def test_a_long_sweep_lists_a_bounded_number_of_items_and_counts_the_rest(ip, cluster):
-    from jupyter_cluster.tracking.runs import MAX_ITEMS, kept_jobs
+    from jupyter_cluster.tracking.record import kept_jobs
+    from jupyter_cluster.tracking.tags import MAX_ITEMS
 
     assert ip.run_cell(f"%%parallel i in range({MAX_ITEMS + 500}) --no-progress --sweep\ni").error_in_exec is None
     job = ip.user_ns["_parallel_job"]
@@ -316,7 +318,7 @@ def test_a_long_sweep_lists_a_bounded_number_of_items_and_counts_the_rest(ip, cl
 
 
 def test_jobs_group_into_runs_with_their_counts_state_and_duration():
-    from jupyter_cluster.tracking.runs import group_runs
+    from jupyter_cluster.tracking.table import group_runs
 
     def job(i, run, state, started, updated, kind="map", **kw):
         return {"job": i, "run": run, "kind": kind, "label": "evaluate", "state": state, "started": started,
@@ -346,18 +348,18 @@ def test_jobs_group_into_runs_with_their_counts_state_and_duration():
 def test_the_kernel_keeps_a_bounded_number_of_sweep_items(monkeypatch):
     import importlib
 
-    runs_module = importlib.import_module("jupyter_cluster.tracking.runs")
-    monkeypatch.setattr(runs_module, "KEEP_ITEMS", 25)
+    record_module = importlib.import_module("jupyter_cluster.tracking.record")
+    monkeypatch.setattr(record_module, "KEEP_ITEMS", 25)
     ids = [f"bound-{i}-{id(monkeypatch)}" for i in range(3)]
     for i, job in enumerate(ids):
         items = [
             {"index": k, "key": f"k={k}", "config": {"k": k}, "state": "finished", "duration": None} for k in range(10)
         ]
-        runs_module.keep(
+        record_module.keep(
             {"job": job, "run": job, "kind": "map", "state": "running", "started": float(i), "updated": 0.0}
         )
-        runs_module.keep({"job": job, "state": "finished", "updated": 1.0, "items": items, "item_count": 10})
-    kept = {m["job"]: m for m in runs_module.kept_jobs() if m["job"] in ids}
+        record_module.keep({"job": job, "state": "finished", "updated": 1.0, "items": items, "item_count": 10})
+    kept = {m["job"]: m for m in record_module.kept_jobs() if m["job"] in ids}
     assert [len(kept[j].get("items") or ()) for j in ids] == [0, 10, 10]  # the oldest sweep's list went
     assert kept[ids[0]]["item_count"] == 10 and kept[ids[0]]["state"] == "finished"  # its record stays
 
@@ -418,11 +420,12 @@ def test_runs_lists_this_notebooks_runs_the_server_kept_after_a_kernel_restart(i
     import subprocess
     import sys
 
+    from jupyter_cluster.server.connection import Connection
     from jupyter_cluster.server.history import HistoryFolder, KeptCluster
-    from jupyter_cluster.server.manager import PANEL_MODEL, Connection
+    from jupyter_cluster.server.snapshots import PANEL_MODEL
     from jupyter_cluster.state import registry
     from jupyter_cluster.telemetry.topic_store import store, topics
-    from jupyter_cluster.tracking.runs import kept_jobs
+    from jupyter_cluster.tracking.record import kept_jobs
 
     notebook = str(tmp_path / "work" / "sweep-27.ipynb")
     monkeypatch.setenv("JPY_SESSION_NAME", notebook)  # as a Jupyter server starts a session's kernel
@@ -501,7 +504,7 @@ def test_a_sweep_items_reports_are_its_series_named_by_config():
 
 
 def test_a_parallel_cell_over_numbers_is_one_run_row_unless_sweep_is_asked(ip, cluster):
-    from jupyter_cluster.tracking.runs import kept_jobs
+    from jupyter_cluster.tracking.record import kept_jobs
 
     topic = unique_topic("map-or-sweep")
     ip.user_ns.update(TOPIC=topic)

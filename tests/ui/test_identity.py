@@ -23,7 +23,7 @@ CELLS = [
     "import jupyter_cluster as jc\n%load_ext jupyter_cluster\n%cluster start --name ui-renamed --workers 1 --threads 1",
     "%%parallel cfg in [{'lr': lr, 'seed': s} for lr in (1e-4, 1e-2) for s in (0, 1)]\n"
     "for step in range(3):\n    jc.report(step=step, topic='renamed', loss=cfg['lr'] * (3 - step) + cfg['seed'])",
-    "from jupyter_cluster.tracking.runs import notebook_path\nprint('KERNEL-SEES', notebook_path())",
+    "from jupyter_cluster.tracking.kernel import notebook_path\nprint('KERNEL-SEES', notebook_path())",
 ]
 
 

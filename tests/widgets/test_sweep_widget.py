@@ -124,7 +124,8 @@ def test_a_static_copy_draws_rows_that_share_a_name_apart():
 
 def test_a_live_table_shows_the_run_it_was_made_for_and_every_widens_it(ip, cluster):
     """A later, unrelated map does not add its rows (30 became 38); made before any run, the next one."""
-    from jupyter_cluster.tracking.runs import group_runs, kept_jobs
+    from jupyter_cluster.tracking.record import kept_jobs
+    from jupyter_cluster.tracking.table import group_runs
     from jupyter_cluster.widgets.run_pin import RunPin
 
     topic = unique_topic("pinned")
