@@ -62,7 +62,7 @@ from ..cell.capture import LARGE_VALUE_BYTES
 from ..errors import ClusterError, WorkerLostError
 from ..tracking.runs import in_run
 from . import observers, planner
-from .dispatch import Chunk, Counters, Dispatcher, Event, Note
+from .dispatch import Chunk, Dispatcher, Event, Note
 from .faults import Faults, abbreviate  # noqa: F401  (abbreviate: re-exported by mapping)
 from .observers import (  # noqa: F401  (re-exported: mapping's names, and the front ends' factories)
     PROGRESS_INTERVAL,
@@ -71,7 +71,7 @@ from .observers import (  # noqa: F401  (re-exported: mapping's names, and the f
     last_job,
     remove_observer_factory,
 )
-from .options import MAX_TIMEOUT_SECONDS, _add_note, _known_length, _text_of, check_options  # noqa: F401
+from .options import MAX_TIMEOUT_SECONDS, _add_note, _known_length, _text_of, check_options, check_resources  # noqa: F401
 from .paths import MapSpec
 from .paused import NO_WORKERS_NOTICE_SECONDS, NoWorkersNotice, PausedWatch  # noqa: F401
 from .planner import MAX_CHUNK_ITEMS
@@ -117,12 +117,13 @@ class MapJob(JobRecord):
         port: ClusterPort | None = None,
     ):
         timeout = check_options(
-            errors=errors, chunksize=chunksize, retries=retries, timeout=timeout, resources=resources
+            errors=errors,
+            chunksize=chunksize,
+            retries=retries,
+            timeout=timeout,
+            resources=resources,
+            concurrency=concurrency,
         )
-        if concurrency is not None and (
-            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-        ):
-            raise ValueError(f"concurrency must be a positive integer or None, not {concurrency!r}.")
         if not iterables:
             raise TypeError("map() needs at least one iterable.")
         fn = in_run(
@@ -163,70 +164,22 @@ class MapJob(JobRecord):
         self._round_remaining: int | None = None
 
         if self.resources:
-            self._check_resources()
+            check_resources(self._port.workers(), self.resources)
         shared_values = dict(shared or {})
-        pickled = cloudpickle.dumps(fn)
-        blob: bytes | None = pickled
-        if len(pickled) >= LARGE_VALUE_BYTES:
+        self._blob: bytes | None = cloudpickle.dumps(fn)
+        if len(self._blob) >= LARGE_VALUE_BYTES:
             shared_values["__fn__"] = fn
-            blob = None
+            self._blob = None
         self._shared = self._port.scatter(shared_values)
-        check = self._check_connection
-        self._spec = MapSpec(
-            self.client, self.id, self.id, blob, star, self.options, self._shared, self.resources, concurrency, check
-        )
+        self._star = star
+        #: What either path needs of this map (:mod:`.paths`), made once on the first step (it refers back to
+        #: the map: made earlier, an imap dropped before its first step would wait for the garbage collector).
+        self._spec: MapSpec | None = None
         self._observers = observers.Observers(self, progress)
         observers.started(self)
         self._observers.notify("job_started")
 
     # -- public --------------------------------------------------------------------
-    @property
-    def total(self) -> int | None:
-        """Number of items, None while the input's length is unknown."""
-        return self._window.total
-
-    @total.setter
-    def total(self, value: int | None) -> None:
-        self._window.total = value
-
-    @property
-    def items_read(self) -> int:
-        """Items read from the input so far."""
-        return self._window.items_read
-
-    @property
-    def in_flight(self) -> int:
-        """Chunks submitted and not yet returned."""
-        return len(self._inflight)
-
-    @property
-    def max_in_flight(self) -> int:
-        """The bound on chunks in flight now (task path: ``2 × threads + 2``, one running and one queued per thread, plus slack)."""
-        d = self._dispatcher
-        return len(self._inflight) + d.room(len(self._inflight)) if d is not None else 0
-
-    @property
-    def path(self) -> str | None:
-        """``"direct"`` (leases fed over Dask's comm) or ``"tasks"`` (one Dask task per chunk); None before the first step."""
-        return self._dispatcher.name if self._dispatcher is not None else None
-
-    @property
-    def _counters(self) -> Counters | None:
-        """What the dispatcher placed and sent so far (:class:`.dispatch.Counters`; None before the first step)."""
-        return self._dispatcher.stats() if self._dispatcher is not None else None
-
-    @property
-    def leases(self) -> int:
-        """Lease tasks this map placed (direct path; 0 on the task path)."""
-        counters = self._counters
-        return counters.placed if counters is not None else 0
-
-    @property
-    def relays(self) -> int:
-        """Relay messages this map sent (each carried the batches of a group of workers; 0 without relays)."""
-        counters = self._counters
-        return counters.relayed if counters is not None else 0
-
     def cancel(self) -> None:
         """Stop the map: outstanding chunks are cancelled; results so far stay in ``results``."""
         if not self.finished:
@@ -299,7 +252,7 @@ class MapJob(JobRecord):
         try:
             if self._dispatcher is None:  # leases when the workers answer this client, plain tasks otherwise
                 pinned, empty = self._window.pin is not None, self.total == 0
-                self._dispatcher = self._port.dispatcher(self._spec, pinned=pinned, empty=empty)
+                self._dispatcher = self._port.dispatcher(self._map_spec(), pinned=pinned, empty=empty)
             d = self._dispatcher
             self._handle_notes(d.prepare(self._work_left()))
             if self.finished:
@@ -330,9 +283,25 @@ class MapJob(JobRecord):
             raise
 
     # -- sending -------------------------------------------------------------------------
+    def _map_spec(self) -> MapSpec:
+        if self._spec is None:
+            self._spec = MapSpec(
+                self.client,
+                self.id,
+                self.id,  # the token that names the function in the workers' cache
+                self._blob,
+                self._star,
+                self.options,
+                self._shared,
+                self.resources,
+                self.concurrency,
+                self._check_connection,
+            )
+        return self._spec
+
     def _fall_back(self) -> None:
         """Carry on over plain tasks (the workers cannot be reached directly from here)."""
-        old, self._dispatcher = self._dispatcher, self._port.fallback(self._spec)
+        old, self._dispatcher = self._dispatcher, self._port.fallback(self._map_spec())
         for handle in list(self._inflight):
             self._requeue(self._take_back(handle))
         if old is not None:
@@ -539,16 +508,6 @@ class MapJob(JobRecord):
                 err = WorkerLostError(f"worker {chunk.pin} left the cluster before the cell ran there.")
                 self._record_failure(chunk.start, err)
 
-    def _check_resources(self) -> None:
-        workers = self._port.workers()
-        need = self.resources or {}
-        if not any(all(w.get("resources", {}).get(k, 0) >= v for k, v in need.items()) for w in workers.values()):
-            wanted = ",".join(f"{k}={v}" for k, v in need.items())
-            raise ClusterError(
-                f"no worker of this cluster has the resources {wanted}; start workers that have them "
-                f"(e.g. `dask worker ADDRESS --resources {wanted}`) or drop --resources."
-            )
-
     # -- ending ------------------------------------------------------------------------------
     def _cancel_outstanding(self) -> None:
         pending = list(self._inflight)
@@ -596,7 +555,8 @@ class MapJob(JobRecord):
         self._faults.clear()
         self._resubmit.clear()
         self._shared.release()
-        self._spec = self._spec._replace(blob=None)
+        self._blob = None
+        self._spec = None
         self.fn = None
         if self._dispatcher is not None:
             self._dispatcher.forget_function()

@@ -2,6 +2,7 @@
 
 :class:`JobRecord` holds the counts, the results by input index, the
 outputs, errors and remote tracebacks, the timings and the chunk log, and
+reads how many chunks are in flight and what the dispatcher placed, and
 turns what came back of a chunk (a :class:`.protocol.ChunkResult`, an item's
 :class:`.protocol.ItemError`) into them.  It sends nothing and waits on
 nothing: the loop that does is :class:`.job.MapJob`, its subclass.
@@ -16,9 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 from . import observers
+from .dispatch import Chunk, Counters, Dispatcher
 from .faults import abbreviate
 from .options import _add_note, _text_of
 from .protocol import ChunkResult, ItemError, RemoteItemError
+from .window import InputWindow
 
 logger = logging.getLogger("jupyter_cluster.engine.job")
 
@@ -65,10 +68,13 @@ class JobRecord:
 
     id: str
     label: str
-    total: int | None
     remembered: float | None
     #: the worker addresses of ``run_on_workers``, in result order (set there)
     pinned: list[str]
+    # What the loop (:class:`.job.MapJob`) sends and reads through: the counts below read them.
+    _window: InputWindow
+    _inflight: dict[Any, Chunk]
+    _dispatcher: Dispatcher | None
 
     def __init__(self, *, ordered: bool, retain: bool, errors: str, on_output: Callable[[int, str, bool], None] | None):
         self.ordered = ordered
@@ -100,6 +106,53 @@ class JobRecord:
         self._completion: list[int] = []
 
     # -- read ------------------------------------------------------------------------------
+    @property
+    def total(self) -> int | None:
+        """Number of items, None while the input's length is unknown."""
+        return self._window.total
+
+    @total.setter
+    def total(self, value: int | None) -> None:
+        self._window.total = value
+
+    @property
+    def items_read(self) -> int:
+        """Items read from the input so far."""
+        return self._window.items_read
+
+    @property
+    def in_flight(self) -> int:
+        """Chunks submitted and not yet returned."""
+        return len(self._inflight)
+
+    @property
+    def max_in_flight(self) -> int:
+        """The bound on chunks in flight now (task path: ``2 × threads + 2``, one running and one queued per thread, plus slack)."""
+        d = self._dispatcher
+        return len(self._inflight) + d.room(len(self._inflight)) if d is not None else 0
+
+    @property
+    def path(self) -> str | None:
+        """``"direct"`` (leases fed over Dask's comm) or ``"tasks"`` (one Dask task per chunk); None before the first step."""
+        return self._dispatcher.name if self._dispatcher is not None else None
+
+    @property
+    def _counters(self) -> Counters | None:
+        """What the dispatcher placed and sent so far (:class:`.dispatch.Counters`; None before the first step)."""
+        return self._dispatcher.stats() if self._dispatcher is not None else None
+
+    @property
+    def leases(self) -> int:
+        """Lease tasks this map placed (direct path; 0 on the task path)."""
+        counters = self._counters
+        return counters.placed if counters is not None else 0
+
+    @property
+    def relays(self) -> int:
+        """Relay messages this map sent (each carried the batches of a group of workers; 0 without relays)."""
+        counters = self._counters
+        return counters.relayed if counters is not None else 0
+
     def __repr__(self) -> str:
         total = "?" if self.total is None else self.total
         return f"<MapJob {self.label!r} {self.state}: {self.done}/{total} done, {self.failed} failed, {self.elapsed:.2f} s>"
