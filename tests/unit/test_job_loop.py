@@ -23,6 +23,8 @@ from jupyter_cluster.engine.dispatch import Chunk, Counters, Event, Note
 from jupyter_cluster.engine.job import MapJob
 from jupyter_cluster.errors import ClusterError, WorkerLostError
 
+pytestmark = pytest.mark.timeout(30)  # a map that never ends fails here, not after the suite's 300 s
+
 #: ``script(chunk, attempt) -> (event, data)`` or None (run the chunk here: DONE).
 Script = Callable[[Chunk, int], Any]
 
@@ -81,6 +83,7 @@ class FakeDispatcher:
         if self.port.interrupt_at is not None and len(self.port.polls) >= self.port.interrupt_at:
             raise KeyboardInterrupt
         self.port.polls.append(self.name)
+        assert len(self.port.polls) < 2000, "the map polled 2,000 times without ending: a chunk is lost or loops"
         if self.port.silent(self):
             time.sleep(0.01)  # as a real poll waits: the map's half-second checks come round
             return []
