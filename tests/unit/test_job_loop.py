@@ -49,6 +49,7 @@ class FakeDispatcher:
     def __init__(self, port: FakePort, name: str):
         self.port, self.name = port, name
         self.sent: list[Chunk] = []
+        self.rounds: list[list[int]] = []  # each send's chunk starts
         self.waiting: list[tuple[int, Chunk]] = []  # sent, answered at the next poll (newest first)
         self.closed: list[tuple[list, bool]] = []
         self.cancelled: list[int] = []
@@ -72,6 +73,7 @@ class FakeDispatcher:
 
     def send(self, chunks: list[Chunk]) -> list[Any]:
         handles = []
+        self.rounds.append([c.start for c in chunks])
         for chunk in chunks:
             handle = next(self._handles)
             self.sent.append(chunk)
@@ -88,8 +90,8 @@ class FakeDispatcher:
             time.sleep(0.01)  # as a real poll waits: the map's half-second checks come round
             return []
         notes = []
-        # Newest first: results come back out of input order.
-        for handle, chunk in reversed(self.waiting):
+        # Newest first by default: results come back out of input order.
+        for handle, chunk in reversed(self.waiting) if self.port.newest_first else self.waiting:
             attempt = self.port.attempts.get(chunk.start, 0)
             self.port.attempts[chunk.start] = attempt + 1
             scripted = self.port.script(chunk, attempt) if self.port.script else None
@@ -127,6 +129,7 @@ class FakePort:
         self.interrupt_at: int | None = None  # raise KeyboardInterrupt at this poll
         self.silent: Callable[[FakeDispatcher], bool] = lambda d: False  # answer nothing this poll
         self.gone = False
+        self.newest_first = True  # the order a poll answers the chunks sent
 
     def scatter(self, values: dict) -> Scattered:
         return Scattered(None, {})  # the test's functions are small: no large value to send
@@ -290,15 +293,19 @@ def test_chunks_the_cluster_cancels_are_sent_again_a_few_times_then_the_map_fail
     assert job.state == "failed"
 
 
-def test_a_budget_that_ran_out_sends_the_rest_back_to_be_chunked_anew():
+@pytest.mark.parametrize("newest_first", [True, False])
+def test_a_budget_that_ran_out_sends_the_rest_back_in_input_order(newest_first: bool):
     def cut(chunk: Chunk, attempt: int) -> Any:
         half = max(1, len(chunk.items) // 2)
         return (Event.DONE, ran(cube, chunk, upto=half)) if chunk.budget is not None and attempt == 0 else None
 
     port = FakePort(cube, script=cut)  # mapped nowhere else: no remembered duration, so probes first
+    port.newest_first = newest_first
     job = job_of(port, range(40), chunksize="auto")
     assert job.run().result_list() == [x**3 for x in range(40)]
     assert job.chunks_cut >= 1
+    # What came back (newest first) goes out again in input order, before what was never sent (issue 37).
+    assert len(port.direct.rounds) > 1 and all(r == sorted(r) for r in port.direct.rounds)
     assert job.done == 40 and sum(n for _, n, *_ in job.chunk_log) == 40
 
 
