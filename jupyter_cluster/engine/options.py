@@ -7,6 +7,7 @@ import sys
 import threading
 from typing import Any
 
+from ..errors import ClusterError
 from .protocol import RemoteItemError
 
 #: Longest --timeout accepted, in seconds (Python's own limit on a thread wait, about 292 years at most).
@@ -20,6 +21,7 @@ def check_options(
     retries: int = 0,
     timeout: Any = None,
     resources: dict | None = None,
+    concurrency: Any = None,
 ) -> float | None:
     """Check a map's options (every front end passes through here); returns the timeout to use.
 
@@ -64,7 +66,21 @@ def check_options(
                     f"resources {name}={shown} is not a positive amount, so no worker could ever run the map; "
                     f"ask for a positive amount such as {name}=1, or drop it."
                 )
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise ValueError(f"concurrency must be a positive integer or None, not {concurrency!r}.")
     return timeout
+
+
+def check_resources(workers: dict[str, dict], resources: dict) -> None:
+    """Raise :class:`~jupyter_cluster.errors.ClusterError` when no worker of ``workers`` has ``resources``."""
+    if not any(all(w.get("resources", {}).get(k, 0) >= v for k, v in resources.items()) for w in workers.values()):
+        wanted = ",".join(f"{k}={v}" for k, v in resources.items())
+        raise ClusterError(
+            f"no worker of this cluster has the resources {wanted}; start workers that have them "
+            f"(e.g. `dask worker ADDRESS --resources {wanted}`) or drop --resources."
+        )
 
 
 def _text_of(exc: BaseException) -> BaseException:

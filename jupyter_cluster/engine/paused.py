@@ -1,4 +1,4 @@
-"""A map that waits on workers that are all paused: say which and why within seconds, then give up.
+"""A map that waits on workers that cannot run it: none at all (:class:`NoWorkersNotice`), or all paused.
 
 Dask pauses a worker whose process memory passes its ``pause`` fraction of
 the worker's memory limit (80 % by default): a paused worker starts no new
@@ -9,7 +9,8 @@ makes no progress, says within :data:`NOTICE_SECONDS` which workers are
 paused with their memory against their limit and what to do, and keeps
 waiting only while a worker may still resume: after :data:`GIVE_UP_SECONDS`
 with nothing in flight and every worker still paused, the map fails with
-that sentence (its results so far stay in ``last_job().results``).
+that sentence (its results so far stay in ``last_job().results``).  A cluster
+with no worker at all is told once, after :data:`NO_WORKERS_NOTICE_SECONDS`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dask.utils import format_bytes
 from ..errors import ClusterError
 from .cluster import worker_slots
 
+#: How long a map waits on a cluster without workers before saying so, in seconds.
+NO_WORKERS_NOTICE_SECONDS = 5.0
 #: A map with no progress for this long looks at whether its workers are paused, in seconds.
 NOTICE_SECONDS = 2.0
 #: Every worker paused, nothing in flight and no progress for this long: the map fails, in seconds.
@@ -125,3 +128,56 @@ class PausedWatch:
                 f"The map stops if none resumes within {GIVE_UP_SECONDS:g} s."
             )
         return f"{what[0].upper()}{what[1:]}; {todo}."
+
+
+class NoWorkersNotice:
+    """Says once why nothing happens when the cluster has no workers.
+
+    Waiting is right (an adaptive cluster will add workers, a scaled one is
+    starting them), so this informs rather than fails.
+
+    Parameters
+    ----------
+    threads : callable
+        Worker threads as of the client's own periodic update, None before the
+        first: the client refreshes it every 2 s by itself, and asking the
+        scheduler once a second cost a round trip that grows with the cluster.
+    adaptive : callable
+        Whether the map asked the cluster for workers (:mod:`.demand`): they may be queued.
+    where : str
+        How the message names the cluster.
+    """
+
+    def __init__(self, threads: Callable[[], int | None], adaptive: Callable[[], bool], where: str):
+        self._threads = threads
+        self._adaptive = adaptive
+        self._where = where
+        self._since: float | None = None
+        self._told = False
+
+    def check(self, now: float) -> None:
+        """Called every half second or so by the map; prints the notice once."""
+        if self._told:
+            return
+        threads = self._threads()
+        if threads is None:
+            return
+        if threads > 0:
+            self._since = None
+            return
+        if self._since is None:
+            self._since = now
+        elif now - self._since > NO_WORKERS_NOTICE_SECONDS:
+            self._told = True
+            if self._adaptive():
+                print(
+                    f"jupyter_cluster: {self._where} has no workers yet; the map waits while its adaptive scaling adds "
+                    "some (a batch system may keep them queued), or interrupt to stop.",
+                    file=sys.stderr,
+                )
+                return
+            print(
+                f"jupyter_cluster: {self._where} has no workers, so the map is waiting; add some with %cluster scale N "
+                "(or jupyter_cluster.current().scale(N)), or interrupt to stop.",
+                file=sys.stderr,
+            )
