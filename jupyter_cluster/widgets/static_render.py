@@ -54,10 +54,11 @@ from ..wire.static_output import metadata as metadata
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
-#: the same 12 hues as the panel's charts (labextension/src/charts/colors.ts, light theme)
+#: the same 12 colours as the panel's charts (labextension/src/charts/colors.ts, light theme): the
+#: most different 12 with 3:1 contrast on white, ordered so that every prefix is well separated
 PALETTE = [
-    "#4e79a7", "#d9730d", "#e15759", "#59a14f", "#b07aa1", "#3f9b94",
-    "#b8860b", "#9c755f", "#8a8a1a", "#6f4e7c", "#2f95b8", "#d37295",
+    "#3177ac", "#979500", "#a91315", "#de5dd4", "#045137", "#d47b10",
+    "#584416", "#07a1a3", "#17a743", "#6f334c", "#c47f77", "#4a2ea7",
 ]  # fmt: skip
 #: the panel's heatmap scale (labextension/src/charts/heatmaps.ts)
 VIRIDIS = ["#440154", "#3b528b", "#21918c", "#5ec962", "#fde725"]
@@ -106,29 +107,35 @@ def _fnv1a(key: str) -> int:
 
 
 def assign_colors(keys: Iterable[str], more: Iterable[str] = ()) -> dict[str, str]:
-    """One colour per series key, as the panel assigns them (hash slot, next free one on a clash).
+    """One colour per series key, as the panel assigns them: in natural order, the palette's slots in turn.
 
-    ``more`` are keys coloured after all of ``keys`` (the next free slots), so
+    ``more`` are keys coloured after all of ``keys`` (the next slots), so
     ``keys`` get exactly the colours they get alone: the sweep table's rows
     without a series of their own.  The same rule as
     ``labextension/src/charts/colors.ts`` ``assignColors()`` (a shared fixture,
     ``labextension/src/__tests__/fixtures/colours.json``, checks both).
     """
-    n = len(PALETTE)
-    out: dict[str, str] = {}
-    used: set[int] = set()
     first = sorted(set(keys), key=_color_order)
     seen = set(first)
     after = sorted({k for k in more if k not in seen}, key=_color_order)
-    for key in first + after:
-        if len(used) == n:
-            used = set()
-        slot = _fnv1a(key) % n
-        while slot in used:
-            slot = (slot + 1) % n
-        used.add(slot)
-        out[key] = PALETTE[slot]
-    return out
+    return {key: PALETTE[i % len(PALETTE)] for i, key in enumerate(first + after)}
+
+
+def shown_colors(shown: Iterable[str], colors: Mapping[str, str]) -> dict[str, str]:
+    """The colours of the keys on screen: ``colors`` while no colour repeats more than the palette forces.
+
+    Otherwise the shown keys are assigned among themselves (:func:`assign_colors`),
+    so that a few rows never share a colour; ``colors.ts`` ``distinctColors()``
+    is the same rule.
+    """
+    keys = list(dict.fromkeys(shown))
+    most = -(-len(keys) // len(PALETTE))
+    uses: dict[str, int] = {}
+    for k in keys:
+        uses[colors[k]] = uses.get(colors[k], 0) + 1
+    if all(n <= most for n in uses.values()):
+        return {k: colors[k] for k in keys}
+    return assign_colors(keys)
 
 
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:

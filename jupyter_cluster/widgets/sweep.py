@@ -124,11 +124,11 @@ def row_series(
 
 def row_colors(data: Mapping[str, Any]) -> dict[str, str]:
     """Each row's colour (light theme) by row id: its series' colour in the metric charts, as the widget draws it."""
-    from .static_render import assign_colors
+    from .static_render import assign_colors, shown_colors
 
     rows = list(data.get("rows") or [])
     own = [r.get("series") or r["id"] for r in rows]
-    colors = assign_colors(data.get("colorKeys") or [], more=own)
+    colors = shown_colors(own, assign_colors(data.get("colorKeys") or [], more=own))
     return {r["id"]: colors[k] for r, k in zip(rows, own, strict=True)}
 
 

@@ -337,7 +337,7 @@ export class SweepView {
     const ticked = rows.filter(r => this.selected.has(r.id));
     const drawn = ticked.length ? ticked : rows.slice(0, MAX_DEFAULT_CURVES);
     // one colour per row (or group) in the table, the curves and the parallel coordinates
-    const colorOf = sweepColors(sweep, this.dark, this.groupBy || null);
+    const colorOf = sweepColors(sweep, this.dark, this.groupBy || null, filtered);
     this.status.textContent =
       `${sweep.title ? `${sweep.title}: ` : ''}${rows.length} of ${sweep.rows.length} rows` +
       (ticked.length ? `, ${ticked.length} selected` : '') +
