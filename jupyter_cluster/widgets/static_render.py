@@ -46,6 +46,8 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ..telemetry.topic_store import lower_is_better
+
 # an output's static part, defined a layer down (telemetry's progress bar uses it too); named here too
 from ..wire.static_output import MARK as MARK
 from ..wire.static_output import bundle as bundle
@@ -261,13 +263,15 @@ def line_chart_svg(
     """
     keys = [k for k in series if any(p[1] is not None and math.isfinite(p[1]) for p in series[k])]
     left_out = 0
+    # too many to draw: the best by their last value, lowest for a loss-like name (as the panel's "best")
+    lower = lower_is_better(name)
     if len(keys) > MAX_SERIES:
 
         def last(k: str) -> float:
             vals = [p[1] for p in series[k] if p[1] is not None and math.isfinite(p[1])]
-            return vals[-1] if vals else -math.inf
+            return vals[-1] if vals else (math.inf if lower else -math.inf)
 
-        keys = sorted(keys, key=last, reverse=True)[:MAX_SERIES]
+        keys = sorted(keys, key=last, reverse=not lower)[:MAX_SERIES]
         left_out = len(series) - len(keys)
     keys.sort(key=natural_key)
     colors = {**assign_colors(series), **(colors or {})}
@@ -344,7 +348,7 @@ def line_chart_svg(
         y = ly + math.ceil(len(legend) / per_row) * 16
         out.append(
             f'<text x="{ml}" y="{y + 1}" fill="#777">{left_out} more series not drawn '
-            f"(the {len(keys)} with the highest last value are)</text>"
+            f"(the {len(keys)} with the {'lowest' if lower else 'highest'} last value are)</text>"
         )
     out.append("</svg>")
     return "".join(out)
