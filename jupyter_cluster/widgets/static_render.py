@@ -384,6 +384,17 @@ def vector_range(series: Mapping[str, Mapping[str, Any]]) -> tuple[float, float]
     return (min(vals), max(vals)) if vals else (0.0, 1.0)
 
 
+def vector_axis_name(name: str) -> str:
+    """The entries' axis of a vector value: ``X`` of ``..._per_X``, else ``name[i]`` (the panel's vectorAxisName)."""
+    m = re.search(r"(?:^|_)per_([A-Za-z][A-Za-z0-9]*)$", name)
+    return m.group(1) if m else f"{name}[i]"
+
+
+def bar_title(name: str) -> str:
+    """A colour bar's title: the value's name, cut to what fits beside the chart (the panel's barTitle)."""
+    return f"{name[:10]}…" if len(name) > 11 else name
+
+
 def heatmap_svg(
     name: str, key: str, vs: Mapping[str, Any], lo: float, hi: float, width: int = WIDTH, colour_bar: bool = True
 ) -> str:
@@ -439,6 +450,13 @@ def heatmap_svg(
         y = mt + ph - (t + 0.5) * rh
         yt.append(f'<text x="{ml - 4}" y="{_f(y + 3.5)}" text-anchor="end" fill="#444">{int(t)}</text>')
     out.append(_axes(ml, mt, pw, ph, xt, yt))
+    # the entries' axis named as the panel names it (tokens_per_expert: "expert"), never a bare "index"
+    axis = vector_axis_name(name)
+    yc = mt + ph / 2
+    out.append(
+        f'<text x="12" y="{_f(yc)}" transform="rotate(-90 12 {_f(yc)})" text-anchor="middle" fill="#444">'
+        f"{_e(axis)}</text>"
+    )
     if colour_bar:
         bx = ml + pw + 10
         gid = "g" + format(_fnv1a(title), "x")
@@ -448,6 +466,8 @@ def heatmap_svg(
         out.append(
             f'<defs><linearGradient id="{gid}" x1="0" x2="0" y1="0" y2="1">{stops}</linearGradient></defs>'
             f'<rect x="{bx}" y="{mt}" width="10" height="{ph}" fill="url(#{gid})" stroke="#bbb"/>'
+            # the bar's title: what its colours stand for (as the panel's colour bar)
+            f'<text class="jc-bar-title" x="{bx}" y="{mt - 6}" fill="#444">{_e(bar_title(name))}</text>'
         )
         for t in nice_ticks(lo, hi, 3) or [lo]:
             y = mt + ph - (t - lo) / span * ph

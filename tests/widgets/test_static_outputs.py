@@ -368,3 +368,17 @@ def test_nbconvert_html_of_an_executed_example_shows_its_charts(name, alts):
     for alt in set(alts):
         assert sum(1 for s in shown if s.startswith(alt)) >= alts.count(alt), (alt, shown)
     assert "model not found" not in body and "Error displaying widget" not in body
+
+
+def test_a_heatmap_names_its_entries_axis_and_titles_its_colour_bar():
+    vs = {"steps": [0, 1, 2], "rows": [[0.1, 0.5], [0.2, 0.6], [0.3, 0.9]]}
+    texts = [t.text for t in ET.fromstring(sr.heatmap_svg("histogram", "all", vs, 0.0, 1.0)).iter(f"{SVG}text")]
+    assert "histogram[i]" in texts and "index" not in texts  # the entries' axis, as the panel names it
+    bar = [
+        t.text
+        for t in ET.fromstring(sr.heatmap_svg("histogram", "all", vs, 0.0, 1.0)).iter(f"{SVG}text")
+        if t.get("class") == "jc-bar-title"
+    ]
+    assert bar == ["histogram"]  # the colour bar's title
+    texts = [t.text for t in ET.fromstring(sr.heatmap_svg("tokens_per_expert", "all", vs, 0.0, 1.0)).iter(f"{SVG}text")]
+    assert "expert" in texts and "tokens_per…" in texts

@@ -27,6 +27,8 @@ import {
   symexp,
   symlog,
   symlogConstant,
+  symlogLabel,
+  symlogTicks,
   tooltipRows,
   topKeys
 } from '../charts/lines';
@@ -237,6 +239,30 @@ describe('log y and symlog', () => {
     const drawn = (chart.option.series as { id: string; data: Point[] }[]).find(s => s.id === 'walk=walk 0');
     expect(drawn?.data.every(([, y]) => y !== null)).toBe(true);
   });
+
+  it('symlog ticks are round real values (0.01 / 0.1 / 1 / 10), never "0.99 / 100"', () => {
+    // c = 0.01: evenly spaced transformed ticks (1, 2, 3) read 0.09, 0.99, 9.99
+    const c = 0.01;
+    const ticks = symlogTicks(symlog(-0.02, c), symlog(40, c), c, 8);
+    expect(ticks.map(t => symlogLabel(t, c))).toEqual(['-0.1', '-0.01', '0', '0.01', '0.1', '1', '10', '100']);
+    // fewer wanted: every second (third, …) decade, still enclosing the data (-0.02 to 40), all round
+    const few = symlogTicks(symlog(-0.02, c), symlog(40, c), c, 5).map(t => Number(symlogLabel(t, c)));
+    expect(few.length).toBeLessThanOrEqual(5);
+    expect(few[0]).toBeLessThanOrEqual(-0.02);
+    expect(few[few.length - 1]).toBeGreaterThanOrEqual(40);
+    expect(few).toContain(0);
+    const chart = lineChart('pnl', { a: line(0.03, -0.02, 40, 7) }, { yScale: 'symlog', compact: false });
+    const labels = (chart.option.yAxis as { symlogTicks: string[] }).symlogTicks;
+    expect(labels.length).toBeGreaterThanOrEqual(3);
+    for (const label of labels) {
+      expect(label).toMatch(/^-?(0|1|10+|0\.0*1)$/);
+    }
+    expect(labels).toContain('0');
+    // many decades: thinned to at most 7, 0 kept
+    const wide = symlogTicks(symlog(-1e6, 1), symlog(1e6, 1), 1);
+    expect(wide.length).toBeLessThanOrEqual(8);
+    expect(wide).toContain(0);
+  });
 });
 
 describe('many series', () => {
@@ -338,5 +364,18 @@ describe('heatmaps: round ticks, one colour bar per scale', () => {
       ['vertical', 8, [3]]
     ]);
     expect([option.visualMap[0].min, option.visualMap[0].max]).toEqual([0, 1]);
+  });
+
+  it('titles each colour bar and names the vector axis after the value, never "index"', () => {
+    const v = { steps: [0, 1], rows: [[0.1, 0.9]] };
+    const option = heatmapOption('histogram', { 'run=a': v, 'run=b': v }, 900, ['run=a', 'run=b']) as {
+      visualMap: { text: string[] }[];
+      yAxis: { name: string }[];
+    };
+    expect(option.visualMap.map(m => m.text[0])).toEqual(['histogram', 'difference']);
+    expect(option.yAxis.map(a => a.name)).toEqual(['histogram[i]', 'histogram[i]', 'histogram[i]']);
+    const long = heatmapOption('tokens_per_expert', { 'run=a': v }, 900) as { visualMap: { text: string[] }[]; yAxis: { name: string }[] };
+    expect(long.visualMap[0].text[0]).toBe('tokens_per…');
+    expect(long.yAxis[0].name).toBe('expert');
   });
 });
