@@ -288,10 +288,11 @@ class WidgetRenderer:
         line = format_line(snap, width=0)
         total = snap["total"]
         fraction = min(snap["processed"], total) / total if total else None
+        failed = min(snap["failed"], total) / total if total else 0.0
         # a line of its own, as the text renderer ends it (text after it in the cell starts a new line)
         return {
             "text/plain": format_line(snap) + "\n",
-            "text/html": static_output.progress_html(line, snap["state"], fraction),
+            "text/html": static_output.progress_html(line, snap["state"], fraction, failed),
         }
 
     def update(self, snap: dict[str, Any]) -> None:
@@ -301,8 +302,8 @@ class WidgetRenderer:
             self.bar.max = max(1, total)
             self.bar.value = min(snap["processed"], total)
         style = {"running": "", "finished": "success", "failed": "danger", "cancelled": "warning"}[snap["state"]]
-        if snap["state"] == "finished" and snap["failed"]:
-            style = "warning"
+        if snap["failed"]:
+            style = "danger"  # failed items (--errors collect): red, as the panel's bar, not green or amber
         self.bar.bar_style = style
         import html
 

@@ -155,6 +155,27 @@ def test_widget_renderer_state_after_a_real_map(cluster):
     assert "12/12" in r.label.value
 
 
+def _fails_on_multiples_of_four(x):
+    if x % 4 == 3:
+        raise ValueError(f"bad item {x}")
+    return x
+
+
+def test_a_map_that_collected_failures_is_red_in_the_notebook_not_green(cluster):
+    """--errors collect with 3 failures: the notebook's bar was all green (amber live), the panel's red."""
+    progress.set_renderer("widget")
+    mapping.map(_fails_on_multiples_of_four, range(12), errors="collect", label="collecting", progress=True)
+    obs = progress.recent[-1]
+    snap = obs.model.snapshot()
+    assert (snap["state"], snap["done"], snap["failed"]) == ("finished", 9, 3)
+    assert obs.renderer.bar.bar_style == "danger"
+    page = progress.WidgetRenderer.static(snap)["text/html"]
+    assert "class='jc-failed'" in page and "width:25%;background:#d9534f" in page  # 3 of 12 red
+    assert "width:75%;background:#5cb85c" in page  # the 9 good ones green
+    clean = progress.WidgetRenderer.static({**snap, "failed": 0, "done": 12})["text/html"]
+    assert "jc-failed" not in clean
+
+
 def test_failures_in_a_job_message_are_bounded():
     from jupyter_cluster.wire import models
 
