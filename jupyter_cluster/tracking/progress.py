@@ -34,6 +34,7 @@ from ..telemetry.hub import attach, attached
 from ..telemetry.producer import current_handle, publish
 from ..telemetry.topic_names import JOBS_TOPIC
 from ..wire import static_output
+from .cell_names import cell_names
 from ..wire.models import MAX_JOB_FAILURES, JobFailure, JobMessage, job_failure, job_message
 
 if TYPE_CHECKING:
@@ -196,8 +197,10 @@ def failures_of(job: Any) -> list[JobFailure]:
         text = tb[0] if isinstance(tb, tuple) and tb else ""
         where = items.get(index)
         worker = where[1] if isinstance(where, tuple) and len(where) > 1 else None
+        item = where[0] if isinstance(where, tuple) and where else None
         try:
-            out.append(job_failure(index, errors[index], text, worker))
+            # the cells named as the notebook names them (Cell In[4], line 5), the item by its value too
+            out.append(job_failure(index, errors[index], cell_names(text), worker, item))
         except Exception:  # a failure that cannot be described must not stop the progress
             continue
     return out

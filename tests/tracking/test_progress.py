@@ -240,3 +240,27 @@ def test_text_renderer_pads_a_shorter_line():
     r.update(dict(snap, processed=5, failed=0))
     first, second = buf.getvalue().split("\r")[1:]
     assert len(second) == len(first)
+
+
+def test_a_failed_items_traceback_names_the_cell_and_the_item_by_its_value(ip, cluster):
+    """The panel's traceback read ``File "<dynamic-code>"`` (or the kernel's temporary file), the item its index."""
+    ip.run_cell("def bad_item(x):\n    if x == 'b':\n        raise ValueError('no b')\n    return x\n")
+    count = ip.compile._filename_map[ip.user_ns["bad_item"].__code__.co_filename]
+    mapping.map(ip.user_ns["bad_item"], ["a", "b", "c"], errors="collect", client=cluster.client, progress=False)
+    (failure,) = progress.failures_of(mapping.last_job())
+    assert failure["index"] == 1 and failure["item"] == "'b'", failure
+    assert f"Cell In[{count}], line 3, in bad_item" in failure["traceback"], failure["traceback"]
+    assert "<dynamic-code>" not in failure["traceback"]
+
+
+def test_cell_names_leaves_other_files_alone(ip):
+    from jupyter_cluster.tracking.cell_names import cell_names
+
+    ip.run_cell("def named_here():\n    pass\n")
+    path = ip.user_ns["named_here"].__code__.co_filename
+    n = ip.compile._filename_map[path]
+    text = f'  File "{path}", line 2, in named_here\n  File "/usr/lib/python3/x.py", line 9, in g\n'
+    assert (
+        cell_names(text, ip) == f'  Cell In[{n}], line 2, in named_here\n  File "/usr/lib/python3/x.py", line 9, in g\n'
+    )
+    assert cell_names(text, object()) == text  # no shell: as it was

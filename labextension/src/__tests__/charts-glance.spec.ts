@@ -113,6 +113,24 @@ describe('colour per run', () => {
     expect(distinctEnough(every, topic, LIGHT_PALETTE.length)).toBe(true);
   });
 
+  it('every colour reads on its theme background (contrast >= 3:1)', () => {
+    expect(contrastRatio('#ffffff', '#000000')).toBeCloseTo(21, 5);
+    for (const c of LIGHT_PALETTE) {
+      for (const bg of THEME_BACKGROUNDS.light) {
+        expect([c, bg, contrastRatio(c, bg) >= 3]).toEqual([c, bg, true]);
+      }
+    }
+    for (const c of DARK_PALETTE) {
+      for (const bg of THEME_BACKGROUNDS.dark) {
+        expect([c, bg, contrastRatio(c, bg) >= 3]).toEqual([c, bg, true]);
+      }
+    }
+    // Tableau's weak yellow (#edc948, 1.6:1 on white) is not among them; twelve different colours in each
+    expect(LIGHT_PALETTE).not.toContain('#edc948');
+    expect(new Set(LIGHT_PALETTE).size).toBe(12);
+    expect(new Set(DARK_PALETTE).size).toBe(12);
+  });
+
   it("is the static copies' palette too (a saved notebook's chart keeps the live chart's colours)", () => {
     const py = readFileSync(join(__dirname, '../../../jupyter_cluster/widgets/static_render.py'), 'utf8');
     const block = /^PALETTE = \[([^\]]*)\]/m.exec(py);

@@ -465,6 +465,8 @@ describe('failed jobs are clickable', () => {
       { head: 'item 9', error: 'unknown error', worker: 'worker not recorded', traceback: '' }
     ]);
     expect(more).toMatch(/^2 more failed/);
+    const named = failureDetails(job({ failed: 1, failures: [{ ...failures[0], item: "'cfg-3'" }] }));
+    expect(named.rows[0].head).toBe("item 3: 'cfg-3'");
     expect(failureDetails(job({ failed: 2, failures })).more).toBe('');
   });
 });
