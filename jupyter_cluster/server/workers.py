@@ -20,7 +20,7 @@ runs elsewhere on the cluster.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 # the lease counting is shared with the notebook's cluster widget (widgets/cluster.py): it lives in wire

@@ -34,8 +34,8 @@ from ..telemetry.hub import attach, attached
 from ..telemetry.producer import current_handle, publish
 from ..telemetry.topic_names import JOBS_TOPIC
 from ..wire import static_output
-from .cell_names import cell_names
 from ..wire.models import MAX_JOB_FAILURES, JobFailure, JobMessage, job_failure, job_message
+from .cell_names import cell_names
 
 if TYPE_CHECKING:
     from distributed import Client

@@ -392,7 +392,10 @@ describe('heatmaps: round ticks, one colour bar per scale', () => {
     };
     expect(option.visualMap.map(m => m.text[0])).toEqual(['histogram', 'difference']);
     expect(option.yAxis.map(a => a.name)).toEqual(['histogram[i]', 'histogram[i]', 'histogram[i]']);
-    const long = heatmapOption('tokens_per_expert', { 'run=a': v }, 900) as { visualMap: { text: string[] }[]; yAxis: { name: string }[] };
+    const long = heatmapOption('tokens_per_expert', { 'run=a': v }, 900) as {
+      visualMap: { text: string[] }[];
+      yAxis: { name: string }[];
+    };
     expect(long.visualMap[0].text[0]).toBe('tokens_per…');
     expect(long.yAxis[0].name).toBe('expert');
   });

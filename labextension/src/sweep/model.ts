@@ -112,7 +112,14 @@ export function sweepColors(
 ): (key: string) => string {
   if (groupKeys(groupBy).length) {
     const groups = groupRows(shown, groupBy ?? '').map(g => g.key);
-    return distinctColors(groups, colorLookup(groupRows(sweep.rows, groupBy ?? '').map(g => g.key), dark), dark);
+    return distinctColors(
+      groups,
+      colorLookup(
+        groupRows(sweep.rows, groupBy ?? '').map(g => g.key),
+        dark
+      ),
+      dark
+    );
   }
   const topic = colorLookup(
     sweep.colorKeys ?? [],

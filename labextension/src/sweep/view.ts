@@ -413,7 +413,14 @@ export class SweepView {
       }
       this.brushed = null; // a redrawn chart has no brush
       this.node.dataset.brushed = '';
-      const option = parallelOption(parallelRows, this.metric, this.dark, byRow ? rowColor : null, this.selected, kinds);
+      const option = parallelOption(
+        parallelRows,
+        this.metric,
+        this.dark,
+        byRow ? rowColor : null,
+        this.selected,
+        kinds
+      );
       this.parallel.setOption(option, { notMerge: true });
       this.parallelRows = parallelRows;
       // each axis's scale (log for decades, categories for few values), for tests and the reader
