@@ -609,7 +609,8 @@ export function jobProgress(job: IJob): { fraction: number | null; failedFractio
   }
   const fraction = Math.min(1, job.done / job.total);
   const failedFraction = Math.min(1 - fraction, job.failed / job.total);
-  return { fraction, failedFraction, text: `${job.done} / ${job.total}${failed}` };
+  // items processed, failed ones included: the notebook's progress line counts the same (4/12, 1 failed)
+  return { fraction, failedFraction, text: `${job.done + job.failed} / ${job.total}${failed}` };
 }
 
 /**

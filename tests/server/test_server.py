@@ -1001,3 +1001,12 @@ def test_a_cluster_adapted_by_its_owner_shows_as_adaptive(api):
         wait_for(lambda: listed().get("adaptive") == {"minimum": 0, "maximum": 2}, 30, interval=0.2, message="0-2")
     finally:
         handle.close()
+
+
+@pytest.mark.parametrize("path", ["config", "detached", "clusters"])
+def test_jupyterlabs_cache_buster_is_no_unknown_query_argument(api, path):
+    """JupyterLab 4.6 adds ``?<milliseconds>`` to GET requests: refused, the New dialog had no backends."""
+    r = api("GET", f"{path}?1796438749352")
+    assert r.status_code == 200, (path, r.status_code, r.text)
+    r = api("GET", f"{path}?1796438749352=x")  # a value: not the cache buster, an unknown argument
+    assert r.status_code == 400 and "unknown query argument" in r.json()["message"], (path, r.text)

@@ -207,7 +207,9 @@ describe('formatting', () => {
 
   it('describes job progress, with failures and unknown totals', () => {
     expect(jobProgress(job())).toEqual({ fraction: 0.4, failedFraction: 0, text: '4 / 10' });
-    expect(jobProgress(job({ failed: 2 })).text).toBe('4 / 10, 2 failed');
+    // processed, failed included, as the notebook's line: a raised map's 3 done and 1 failed read 4 / 12
+    expect(jobProgress(job({ failed: 2 })).text).toBe('6 / 10, 2 failed');
+    expect(jobProgress(job({ done: 3, failed: 1, total: 12, state: 'failed' })).text).toBe('4 / 12, 1 failed');
     expect(jobProgress(job({ total: null }))).toEqual({ fraction: null, failedFraction: 0, text: '4 done' });
     expect(jobProgress(job({ total: null, state: 'finished' })).fraction).toBe(1);
     expect(jobProgress(job({ done: 12 })).fraction).toBe(1);
