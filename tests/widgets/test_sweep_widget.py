@@ -65,7 +65,9 @@ def test_show_runs_sends_each_items_row_and_own_curve(ip, cluster):
     static = w.static_bundle()
     lines = static["text/plain"].splitlines()
     assert lines[0] == "t: 12 rows" and lines[1].split() == ["run", "state", "trial", "lr", "aux", "loss"]
-    assert len(lines) == 14 and "<img" in static["text/html"] and static["text/html"].count("<tr>") == 13
+    assert (
+        len(lines) == 15 and "<img" in static["text/html"] and static["text/html"].count("<tr>") == 13
+    )  # title, header, 12 rows, the ★ note
     assert "<script" not in static["text/html"]
     # the static copy's swatches are the rows' colours (the same as the live widget's and the charts')
     swatches = re.findall(r'class="jc-swatch" style="color:(#[0-9a-f]{6})"', static["text/html"])
