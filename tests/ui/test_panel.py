@@ -30,7 +30,7 @@ ITEMS = 48
 NOTEBOOK_CELLS = [
     f"import jupyter_cluster\n%load_ext jupyter_cluster\n%cluster connect {CLUSTER}",
     'jupyter_cluster.show_metrics("ui")',
-    f"""%%parallel i in range({ITEMS}) --out doubled
+    f"""%%parallel i in range({ITEMS}) --out doubled --sweep
 import time
 import jupyter_cluster
 time.sleep(0.15)
