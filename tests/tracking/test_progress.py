@@ -195,7 +195,7 @@ def test_failures_in_a_job_message_are_bounded():
     checked = models.job_failures(raw)
     assert [f["index"] for f in checked] == [3, 4]
     assert len(checked[0]["error"]) == models.MAX_FAILURE_TEXT and checked[0]["worker"] == "7"
-    assert checked[1] == {"index": 4, "error": "", "traceback": "", "worker": None}
+    assert checked[1] == {"index": 4, "error": "", "traceback": "", "worker": None, "item": None}
     extra = [models.job_failure(0, "KeyError: 'a'"), models.job_failure(20, "KeyError: 'b'")]
     msg = models.job_message("j", "f", 1, "c", 9, 0, 9, "failed", 0.0, 1.0, got[::-1] + extra)
     assert [f["index"] for f in msg["failures"]] == [0, 1, 2, 3, 4]
