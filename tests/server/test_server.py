@@ -702,7 +702,7 @@ def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_clus
     client = _client("panel-t")
     try:
         now = time.time()
-        failure = {"index": 2, "error": "ValueError: bad 2", "traceback": "", "worker": "tcp://w:1"}
+        failure = {"index": 2, "error": "ValueError: bad 2", "traceback": "", "worker": "tcp://w:1", "item": "'b'"}
         job = _job("job-1", now, label="%%parallel cell", cluster="x", total=10, done=4, failed=1, failures=[failure])
         client.log_event(telemetry.JOBS_TOPIC, job)
 
@@ -718,7 +718,7 @@ def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_clus
         assert jobs[0]["cluster"] == "panel-t"
         # the failed item crossed the scheduler (msgpack hands its list back as a tuple) and is listed
         assert jobs[0]["failures"] == [
-            {"index": 2, "error": "ValueError: bad 2", "traceback": "", "worker": "tcp://w:1"}
+            {"index": 2, "error": "ValueError: bad 2", "traceback": "", "worker": "tcp://w:1", "item": "'b'"}
         ]
         topics = wait_for(lambda: api.ok("GET", "clusters/panel-t/metrics")["topics"], 10, message="a metrics topic")
         assert topics[0]["topic"] == "rl-test"
