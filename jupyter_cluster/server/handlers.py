@@ -117,7 +117,11 @@ class BaseHandler(APIHandler):
 
     def query(self, takes: req.Fields) -> dict[str, Any]:
         """The query arguments as ``takes`` checks them (Jupyter's ``token`` and ``_xsrf`` aside); others are a 400."""
-        args = {k: self.get_query_argument(k) for k in self.request.query_arguments if k not in req.JUPYTER_ARGUMENTS}
+        args = {}
+        for k in self.request.query_arguments:
+            v = self.get_query_argument(k)
+            if k not in req.JUPYTER_ARGUMENTS and not req.cache_buster(k, v):  # (JupyterLab's ?<ms> is none of ours)
+                args[k] = v
         try:
             return takes.check(args, kind="query argument")
         except ClusterError as exc:

@@ -35,6 +35,7 @@ from ..telemetry.producer import current_handle, publish
 from ..telemetry.topic_names import JOBS_TOPIC
 from ..wire import static_output
 from ..wire.models import MAX_JOB_FAILURES, JobFailure, JobMessage, job_failure, job_message
+from .cell_names import cell_names
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -196,8 +197,10 @@ def failures_of(job: Any) -> list[JobFailure]:
         text = tb[0] if isinstance(tb, tuple) and tb else ""
         where = items.get(index)
         worker = where[1] if isinstance(where, tuple) and len(where) > 1 else None
+        item = where[0] if isinstance(where, tuple) and where else None
         try:
-            out.append(job_failure(index, errors[index], text, worker))
+            # the cells named as the notebook names them (Cell In[4], line 5), the item by its value too
+            out.append(job_failure(index, errors[index], cell_names(text), worker, item))
         except Exception:  # a failure that cannot be described must not stop the progress
             continue
     return out
@@ -288,10 +291,11 @@ class WidgetRenderer:
         line = format_line(snap, width=0)
         total = snap["total"]
         fraction = min(snap["processed"], total) / total if total else None
+        failed = min(snap["failed"], total) / total if total else 0.0
         # a line of its own, as the text renderer ends it (text after it in the cell starts a new line)
         return {
             "text/plain": format_line(snap) + "\n",
-            "text/html": static_output.progress_html(line, snap["state"], fraction),
+            "text/html": static_output.progress_html(line, snap["state"], fraction, failed),
         }
 
     def update(self, snap: dict[str, Any]) -> None:
@@ -301,8 +305,8 @@ class WidgetRenderer:
             self.bar.max = max(1, total)
             self.bar.value = min(snap["processed"], total)
         style = {"running": "", "finished": "success", "failed": "danger", "cancelled": "warning"}[snap["state"]]
-        if snap["state"] == "finished" and snap["failed"]:
-            style = "warning"
+        if snap["failed"]:
+            style = "danger"  # failed items (--errors collect): red, as the panel's bar, not green or amber
         self.bar.bar_style = style
         import html
 

@@ -66,7 +66,7 @@ def workers_table(m: dict[str, Any]) -> str:
             f"{_NUM}{wk['nthreads']}</td>"
             f"{_TD}{_bar(mem / lim if lim else 0.0, f'{fmt_bytes(mem)} / {fmt_bytes(lim)}')}</td>"
             f"{_NUM}{wk.get('cpu') or 0:.0f} %</td>"
-            f"{_NUM}{wk.get('executing') or 0}</td>"
+            f"{_NUM}{wk.get('executing') or 0}{_idle_note(wk)}</td>"
             "</tr>"
         )
     cpu = sum(wk.get("cpu") or 0 for wk in m["workers"])
@@ -93,6 +93,12 @@ def workers_table(m: dict[str, Any]) -> str:
         f"<thead><tr style='border-bottom:1px solid var(--jp-border-color2,#ccc)'>{head}</tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
+
+
+def _idle_note(wk: dict[str, Any]) -> str:
+    """ " (+2 idle)" after a worker's running tasks when it holds leases that wait for a map."""
+    idle = int(wk.get("idle_leases") or 0)
+    return f" <span style='opacity:0.6' title='leases waiting for a map'>(+{idle} idle)</span>" if idle else ""
 
 
 def batch_text(m: dict[str, Any]) -> str:
@@ -251,12 +257,39 @@ def _read_model(handle: Any) -> dict[str, Any] | None:
         return None
     try:
         model = dict(handle.model())
+        _split_leases(handle, model)
         _add_batch_facts(handle, model)
         return model
     except ClusterError:
         return None
     except Exception as exc:  # a vanished scheduler must not kill the refresh loop
         return {"error": f"cluster unreachable: {exc}"}
+
+
+def _split_leases(handle: Any, model: dict[str, Any]) -> None:
+    """Count idle leases as idle, not as running tasks (the sidebar's rule, :func:`..wire.leases.split_leases`).
+
+    A lease whose worker reports it busy counts as running; one whose worker
+    reports nothing counts as running only while a map of this kernel runs.
+    """
+    from ..engine.cluster import workers_now
+    from ..wire.leases import busy_leases, lease_counts, split_leases
+
+    try:
+        processing = handle.client.processing()
+        info = workers_now(handle.client)
+    except Exception:  # an older scheduler or a vanished one: the raw counts stay
+        return
+    if isinstance(processing, dict):
+        running = sum(1 for job in _running_jobs() if job)
+        split_leases(model["workers"], lease_counts(processing), busy_leases(info), running)
+
+
+def _running_jobs() -> list[Any]:
+    """This kernel's map jobs that are running now (for workers that report no busy count)."""
+    from ..tracking import progress
+
+    return [o for o in list(progress.recent) if o.model.snapshot()["state"] == "running"]
 
 
 def _add_batch_facts(handle: Any, model: dict[str, Any]) -> None:

@@ -46,6 +46,8 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ..telemetry.topic_store import lower_is_better
+
 # an output's static part, defined a layer down (telemetry's progress bar uses it too); named here too
 from ..wire.static_output import MARK as MARK
 from ..wire.static_output import bundle as bundle
@@ -54,10 +56,11 @@ from ..wire.static_output import metadata as metadata
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
-#: the same 12 hues as the panel's charts (labextension/src/charts/colors.ts, light theme)
+#: the same 12 colours as the panel's charts (labextension/src/charts/colors.ts, light theme): the
+#: most different 12 with 3:1 contrast on white, ordered so that every prefix is well separated
 PALETTE = [
-    "#4e79a7", "#d9730d", "#e15759", "#59a14f", "#b07aa1", "#3f9b94",
-    "#b8860b", "#9c755f", "#8a8a1a", "#6f4e7c", "#2f95b8", "#d37295",
+    "#3177ac", "#979500", "#a91315", "#de5dd4", "#045137", "#d47b10",
+    "#584416", "#07a1a3", "#17a743", "#6f334c", "#c47f77", "#4a2ea7",
 ]  # fmt: skip
 #: the panel's heatmap scale (labextension/src/charts/heatmaps.ts)
 VIRIDIS = ["#440154", "#3b528b", "#21918c", "#5ec962", "#fde725"]
@@ -106,29 +109,35 @@ def _fnv1a(key: str) -> int:
 
 
 def assign_colors(keys: Iterable[str], more: Iterable[str] = ()) -> dict[str, str]:
-    """One colour per series key, as the panel assigns them (hash slot, next free one on a clash).
+    """One colour per series key, as the panel assigns them: in natural order, the palette's slots in turn.
 
-    ``more`` are keys coloured after all of ``keys`` (the next free slots), so
+    ``more`` are keys coloured after all of ``keys`` (the next slots), so
     ``keys`` get exactly the colours they get alone: the sweep table's rows
     without a series of their own.  The same rule as
     ``labextension/src/charts/colors.ts`` ``assignColors()`` (a shared fixture,
     ``labextension/src/__tests__/fixtures/colours.json``, checks both).
     """
-    n = len(PALETTE)
-    out: dict[str, str] = {}
-    used: set[int] = set()
     first = sorted(set(keys), key=_color_order)
     seen = set(first)
     after = sorted({k for k in more if k not in seen}, key=_color_order)
-    for key in first + after:
-        if len(used) == n:
-            used = set()
-        slot = _fnv1a(key) % n
-        while slot in used:
-            slot = (slot + 1) % n
-        used.add(slot)
-        out[key] = PALETTE[slot]
-    return out
+    return {key: PALETTE[i % len(PALETTE)] for i, key in enumerate(first + after)}
+
+
+def shown_colors(shown: Iterable[str], colors: Mapping[str, str]) -> dict[str, str]:
+    """The colours of the keys on screen: ``colors`` while no colour repeats more than the palette forces.
+
+    Otherwise the shown keys are assigned among themselves (:func:`assign_colors`),
+    so that a few rows never share a colour; ``colors.ts`` ``distinctColors()``
+    is the same rule.
+    """
+    keys = list(dict.fromkeys(shown))
+    most = -(-len(keys) // len(PALETTE))
+    uses: dict[str, int] = {}
+    for k in keys:
+        uses[colors[k]] = uses.get(colors[k], 0) + 1
+    if all(n <= most for n in uses.values()):
+        return {k: colors[k] for k in keys}
+    return assign_colors(keys)
 
 
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
@@ -254,13 +263,15 @@ def line_chart_svg(
     """
     keys = [k for k in series if any(p[1] is not None and math.isfinite(p[1]) for p in series[k])]
     left_out = 0
+    # too many to draw: the best by their last value, lowest for a loss-like name (as the panel's "best")
+    lower = lower_is_better(name)
     if len(keys) > MAX_SERIES:
 
         def last(k: str) -> float:
             vals = [p[1] for p in series[k] if p[1] is not None and math.isfinite(p[1])]
-            return vals[-1] if vals else -math.inf
+            return vals[-1] if vals else (math.inf if lower else -math.inf)
 
-        keys = sorted(keys, key=last, reverse=True)[:MAX_SERIES]
+        keys = sorted(keys, key=last, reverse=not lower)[:MAX_SERIES]
         left_out = len(series) - len(keys)
     keys.sort(key=natural_key)
     colors = {**assign_colors(series), **(colors or {})}
@@ -337,7 +348,7 @@ def line_chart_svg(
         y = ly + math.ceil(len(legend) / per_row) * 16
         out.append(
             f'<text x="{ml}" y="{y + 1}" fill="#777">{left_out} more series not drawn '
-            f"(the {len(keys)} with the highest last value are)</text>"
+            f"(the {len(keys)} with the {'lowest' if lower else 'highest'} last value are)</text>"
         )
     out.append("</svg>")
     return "".join(out)
@@ -371,6 +382,17 @@ def vector_range(series: Mapping[str, Mapping[str, Any]]) -> tuple[float, float]
         if v is not None and isinstance(v, (int, float)) and math.isfinite(v)
     ]
     return (min(vals), max(vals)) if vals else (0.0, 1.0)
+
+
+def vector_axis_name(name: str) -> str:
+    """The entries' axis of a vector value: ``X`` of ``..._per_X``, else ``name[i]`` (the panel's vectorAxisName)."""
+    m = re.search(r"(?:^|_)per_([A-Za-z][A-Za-z0-9]*)$", name)
+    return m.group(1) if m else f"{name}[i]"
+
+
+def bar_title(name: str) -> str:
+    """A colour bar's title: the value's name, cut to what fits beside the chart (the panel's barTitle)."""
+    return f"{name[:10]}…" if len(name) > 11 else name
 
 
 def heatmap_svg(
@@ -428,6 +450,13 @@ def heatmap_svg(
         y = mt + ph - (t + 0.5) * rh
         yt.append(f'<text x="{ml - 4}" y="{_f(y + 3.5)}" text-anchor="end" fill="#444">{int(t)}</text>')
     out.append(_axes(ml, mt, pw, ph, xt, yt))
+    # the entries' axis named as the panel names it (tokens_per_expert: "expert"), never a bare "index"
+    axis = vector_axis_name(name)
+    yc = mt + ph / 2
+    out.append(
+        f'<text x="12" y="{_f(yc)}" transform="rotate(-90 12 {_f(yc)})" text-anchor="middle" fill="#444">'
+        f"{_e(axis)}</text>"
+    )
     if colour_bar:
         bx = ml + pw + 10
         gid = "g" + format(_fnv1a(title), "x")
@@ -437,6 +466,8 @@ def heatmap_svg(
         out.append(
             f'<defs><linearGradient id="{gid}" x1="0" x2="0" y1="0" y2="1">{stops}</linearGradient></defs>'
             f'<rect x="{bx}" y="{mt}" width="10" height="{ph}" fill="url(#{gid})" stroke="#bbb"/>'
+            # the bar's title: what its colours stand for (as the panel's colour bar)
+            f'<text class="jc-bar-title" x="{bx}" y="{mt - 6}" fill="#444">{_e(bar_title(name))}</text>'
         )
         for t in nice_ticks(lo, hi, 3) or [lo]:
             y = mt + ph - (t - lo) / span * ph

@@ -31,6 +31,7 @@ from typing import Any
 
 from .._core import context, ticker
 from ..state.history_files import series_keys
+from ..telemetry.topic_store import lower_is_better
 from .anywidgets import built_once
 from .run_pin import RunPin
 from .static_render import natural_key
@@ -124,11 +125,11 @@ def row_series(
 
 def row_colors(data: Mapping[str, Any]) -> dict[str, str]:
     """Each row's colour (light theme) by row id: its series' colour in the metric charts, as the widget draws it."""
-    from .static_render import assign_colors
+    from .static_render import assign_colors, shown_colors
 
     rows = list(data.get("rows") or [])
     own = [r.get("series") or r["id"] for r in rows]
-    colors = assign_colors(data.get("colorKeys") or [], more=own)
+    colors = shown_colors(own, assign_colors(data.get("colorKeys") or [], more=own))
     return {r["id"]: colors[k] for r, k in zip(rows, own, strict=True)}
 
 
@@ -288,6 +289,25 @@ def _legend_labels(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     return out
 
 
+def best_rows(rows: Sequence[Mapping[str, Any]], metrics: Iterable[str]) -> dict[str, str]:
+    """Metric -> the id of the row with the best final value (lowest for a loss-like name, else highest).
+
+    The same choice as the panel's ``bestRowIds()`` (``labextension/src/sweep/direction.ts``):
+    the first row in table order wins a tie; a metric no row has a number for is left out.
+    """
+    out: dict[str, str] = {}
+    for m in metrics:
+        lower = lower_is_better(m)
+        found: tuple[float, str] | None = None
+        for r in rows:
+            v = _number((r.get("final") or {}).get(m))
+            if v is not None and (found is None or (v < found[0] if lower else v > found[0])):
+                found = (v, r["id"])
+        if found is not None:
+            out[m] = found[1]
+    return out
+
+
 def static_bundle(data: Mapping[str, Any]) -> dict[str, str]:
     """The sweep's static copy: ``text/plain`` and ``text/html`` (the first metric's curves and the table)."""
     import html
@@ -299,9 +319,12 @@ def static_bundle(data: Mapping[str, Any]) -> dict[str, str]:
     metrics = list(dict.fromkeys(m for r in rows for m in r["final"]))
     header = ["run", "state", *config_keys, *metrics]
 
+    best = best_rows(rows, metrics)
+
     def cells(r: Mapping[str, Any]) -> list[str]:
         conf = [fmt_num(v) if isinstance(v, float) else str(v) for v in (r["config"].get(k, "") for k in config_keys)]
-        return [str(r["name"]), str(r.get("state") or ""), *conf, *(fmt_num(r["final"].get(m)) for m in metrics)]
+        finals = [fmt_num(r["final"].get(m)) + (" ★" if best.get(m) == r["id"] else "") for m in metrics]
+        return [str(r["name"]), str(r.get("state") or ""), *conf, *finals]
 
     body = [cells(r) for r in rows[:STATIC_ROWS]]
     more = f"… {len(rows) - STATIC_ROWS} more rows" if len(rows) > STATIC_ROWS else ""
@@ -311,15 +334,17 @@ def static_bundle(data: Mapping[str, Any]) -> dict[str, str]:
     text += ["  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) for b in body]
     parts = [f"<p><b>{html.escape(title)}</b></p>"]
     colors = row_colors(data)  # each row's colour in the live widget and the metric charts
-    curves = (data.get("curves") or {}).get(metrics[0]) if metrics else None
+    # the chart draws what the live widget draws first: a loss before an accuracy (what a sweep minimises)
+    metric = next((m for m in metrics if lower_is_better(m)), metrics[0] if metrics else "")
+    curves = (data.get("curves") or {}).get(metric) if metrics else None
     if curves:
         labels = _legend_labels(rows)  # the chart's series are by label: rows that share a name stay apart
         svg = line_chart_svg(
-            metrics[0],
+            metric,
             {labels.get(k, k): v for k, v in curves.items()},
             colors={labels[k]: colors[k] for k in curves if k in labels},
         )
-        parts.append(svg_img(svg, f"{metrics[0]} of each run"))
+        parts.append(svg_img(svg, f"{metric} of each run"))
     th = "<th></th>" + "".join(f"<th>{html.escape(h)}</th>" for h in header)
     trs = "".join(
         f'<tr><td><span class="jc-swatch" style="color:{colors[r["id"]]}">&#9632;</span></td>'
@@ -328,6 +353,10 @@ def static_bundle(data: Mapping[str, Any]) -> dict[str, str]:
         for r, b in zip(rows, body, strict=False)
     )
     parts.append(f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>")
+    if best:
+        note = "★ the best final value of each metric (lowest for a loss-like name, else highest)"
+        text.append(note)
+        parts.append(f"<p>{html.escape(note)}</p>")
     if more:
         text.append(more)
         parts.append(f"<p>{html.escape(more)}</p>")

@@ -277,6 +277,8 @@ JOB_STATES = ("running", "finished", "failed", "cancelled", "lost")
 #: failed items a job message carries (the first ones), and the length of their texts
 MAX_JOB_FAILURES = 5
 MAX_FAILURE_TEXT = 300
+#: the most characters of a failed item's value the panel is sent
+MAX_ITEM_TEXT = 80
 
 
 class JobFailure(TypedDict):
@@ -289,13 +291,15 @@ class JobFailure(TypedDict):
     traceback: str
     #: the worker's address, or None where the job did not record it
     worker: str | None
+    #: the failed item's value as text (its repr, clipped), or None where the job did not record it
+    item: str | None
 
 
 def _clip(text: str, limit: int = MAX_FAILURE_TEXT) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def job_failure(index: int, error: Any, traceback: Any = "", worker: Any = None) -> JobFailure:
+def job_failure(index: int, error: Any, traceback: Any = "", worker: Any = None, item: Any = None) -> JobFailure:
     """A failed item, bounded: the error on one line, the traceback's last lines."""
     if isinstance(error, BaseException):
         msg = str(error).strip().splitlines()
@@ -314,6 +318,7 @@ def job_failure(index: int, error: Any, traceback: Any = "", worker: Any = None)
         "error": _clip(first[0] if first else ""),
         "traceback": tail,
         "worker": str(worker) if worker else None,
+        "item": _clip(item if isinstance(item, str) else repr(item), MAX_ITEM_TEXT) if item is not None else None,
     }
 
 
@@ -327,7 +332,16 @@ def job_failures(raw: Any) -> list[JobFailure]:
         index = f.get("index")
         if isinstance(index, bool) or not isinstance(index, int):
             continue
-        out.append(job_failure(index, f.get("error") or "", f.get("traceback") or "", f.get("worker")))
+        item = f.get("item")
+        out.append(
+            job_failure(
+                index,
+                f.get("error") or "",
+                f.get("traceback") or "",
+                f.get("worker"),
+                item if isinstance(item, str) else None,
+            )
+        )
         if len(out) == MAX_JOB_FAILURES:
             break
     return out

@@ -26,6 +26,16 @@ Check = Callable[[Any], Any]
 JUPYTER_ARGUMENTS = frozenset({"token", "_xsrf"})
 
 
+def cache_buster(key: str, value: str) -> bool:
+    """Whether a query argument is JupyterLab's cache buster: ``?<milliseconds>`` with no value.
+
+    JupyterLab 4.6's ServerConnection adds one to GET requests so that no
+    browser cache answers them; it is no argument of ours, and refusing it
+    refused every panel GET (the New dialog's backends, the detached jobs).
+    """
+    return key.isdigit() and not value
+
+
 def _shown(value: Any) -> str:
     try:
         text = json.dumps(value)

@@ -18,17 +18,24 @@ from typing import Any
 MARK = "jupyter_cluster"
 
 
-def progress_html(line: str, state: str, fraction: float | None) -> str:
-    """The final progress line as HTML: a small bar in the state's colour and the text."""
+def progress_html(line: str, state: str, fraction: float | None, failed: float = 0.0) -> str:
+    """The final progress line as HTML: a small bar in the state's colour and the text.
+
+    ``failed`` is the part of the bar (0 to ``fraction``) that failed items take: drawn red
+    after the good ones, as the panel draws it, so a map that collected errors is not all green.
+    """
     colour = {"finished": "#5cb85c", "failed": "#d9534f", "cancelled": "#f0ad4e"}.get(state, "#337ab7")
     bar = ""
     if fraction is not None:
         pct = max(0.0, min(1.0, fraction)) * 100
+        bad = max(0.0, min(pct, failed * 100))
+        seg = "display:inline-block;height:100%;vertical-align:top"
         bar = (
             "<span style='display:inline-block;width:160px;height:0.9em;background:#e6e6e6;"
-            "vertical-align:middle;margin-right:8px;border-radius:2px'>"
-            f"<span style='display:block;width:{pct:.0f}%;height:100%;background:{colour};border-radius:2px'></span>"
-            "</span>"
+            "vertical-align:middle;margin-right:8px;border-radius:2px;overflow:hidden;white-space:nowrap'>"
+            f"<span style='{seg};width:{pct - bad:.0f}%;background:{colour}'></span>"
+            + (f"<span class='jc-failed' style='{seg};width:{bad:.0f}%;background:#d9534f'></span>" if bad else "")
+            + "</span>"
         )
     return f"<div class='jupyter-cluster-static jupyter-cluster-progress'>{bar}<code>{html.escape(line, quote=True)}</code></div>"
 

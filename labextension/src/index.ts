@@ -214,8 +214,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const sweepDark = registerSweep(app, palette, panel.feed, dark, clusterIcon);
     panel.onOpenSweep = run => void commands.execute(OPEN_SWEEP, { run });
     panel.onOpenTopic = (cluster, topic) => void commands.execute(CommandIDs.openTopic, { cluster, topic });
+    // also in the View menu and the notebook's toolbar (schema/plugin.json): Notebook 7 has no sidebar tabs
+    // until View → Left Sidebar is ticked, and activating the panel there opens its left area
     commands.addCommand(CommandIDs.open, {
-      label: 'Show the Dask Clusters Panel',
+      label: args => (args.toolbar ? '' : 'Show the Dask Clusters Panel'),
+      caption: 'Show the Dask Clusters panel: clusters, workers, maps and metrics',
       icon: clusterIcon,
       execute: () => app.shell.activateById(panel.id)
     });

@@ -70,6 +70,8 @@ export interface IJobFailure {
   /** the remote traceback's last lines, or "" */
   traceback: string;
   worker: string | null;
+  /** the failed item's value as text (its repr, clipped), or null where the job did not record it */
+  item?: string | null;
 }
 
 /** Progress of one map job, from any kernel. */
@@ -580,7 +582,8 @@ export function failureDetails(job: IJob): {
 } {
   const failures = job.failures ?? [];
   const rows = failures.map(f => ({
-    head: `item ${f.index}`,
+    // the item by its value (what the researcher wrote), not only its index
+    head: f.item ? `item ${f.index}: ${f.item}` : `item ${f.index}`,
     error: f.error || 'unknown error',
     worker: f.worker ? `on ${f.worker}` : 'worker not recorded',
     traceback: f.traceback
@@ -606,7 +609,8 @@ export function jobProgress(job: IJob): { fraction: number | null; failedFractio
   }
   const fraction = Math.min(1, job.done / job.total);
   const failedFraction = Math.min(1 - fraction, job.failed / job.total);
-  return { fraction, failedFraction, text: `${job.done} / ${job.total}${failed}` };
+  // items processed, failed ones included: the notebook's progress line counts the same (4/12, 1 failed)
+  return { fraction, failedFraction, text: `${job.done + job.failed} / ${job.total}${failed}` };
 }
 
 /**

@@ -702,7 +702,7 @@ def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_clus
     client = _client("panel-t")
     try:
         now = time.time()
-        failure = {"index": 2, "error": "ValueError: bad 2", "traceback": "", "worker": "tcp://w:1"}
+        failure = {"index": 2, "error": "ValueError: bad 2", "traceback": "", "worker": "tcp://w:1", "item": "'b'"}
         job = _job("job-1", now, label="%%parallel cell", cluster="x", total=10, done=4, failed=1, failures=[failure])
         client.log_event(telemetry.JOBS_TOPIC, job)
 
@@ -718,7 +718,7 @@ def test_jobs_and_metrics_published_on_the_cluster_reach_the_api(api, panel_clus
         assert jobs[0]["cluster"] == "panel-t"
         # the failed item crossed the scheduler (msgpack hands its list back as a tuple) and is listed
         assert jobs[0]["failures"] == [
-            {"index": 2, "error": "ValueError: bad 2", "traceback": "", "worker": "tcp://w:1"}
+            {"index": 2, "error": "ValueError: bad 2", "traceback": "", "worker": "tcp://w:1", "item": "'b'"}
         ]
         topics = wait_for(lambda: api.ok("GET", "clusters/panel-t/metrics")["topics"], 10, message="a metrics topic")
         assert topics[0]["topic"] == "rl-test"
@@ -1001,3 +1001,12 @@ def test_a_cluster_adapted_by_its_owner_shows_as_adaptive(api):
         wait_for(lambda: listed().get("adaptive") == {"minimum": 0, "maximum": 2}, 30, interval=0.2, message="0-2")
     finally:
         handle.close()
+
+
+@pytest.mark.parametrize("path", ["config", "detached", "clusters"])
+def test_jupyterlabs_cache_buster_is_no_unknown_query_argument(api, path):
+    """JupyterLab 4.6 adds ``?<milliseconds>`` to GET requests: refused, the New dialog had no backends."""
+    r = api("GET", f"{path}?1796438749352")
+    assert r.status_code == 200, (path, r.status_code, r.text)
+    r = api("GET", f"{path}?1796438749352=x")  # a value: not the cache buster, an unknown argument
+    assert r.status_code == 400 and "unknown query argument" in r.json()["message"], (path, r.text)

@@ -155,6 +155,27 @@ def test_widget_renderer_state_after_a_real_map(cluster):
     assert "12/12" in r.label.value
 
 
+def _fails_on_multiples_of_four(x):
+    if x % 4 == 3:
+        raise ValueError(f"bad item {x}")
+    return x
+
+
+def test_a_map_that_collected_failures_is_red_in_the_notebook_not_green(cluster):
+    """--errors collect with 3 failures: the notebook's bar was all green (amber live), the panel's red."""
+    progress.set_renderer("widget")
+    mapping.map(_fails_on_multiples_of_four, range(12), errors="collect", label="collecting", progress=True)
+    obs = progress.recent[-1]
+    snap = obs.model.snapshot()
+    assert (snap["state"], snap["done"], snap["failed"]) == ("finished", 9, 3)
+    assert obs.renderer.bar.bar_style == "danger"
+    page = progress.WidgetRenderer.static(snap)["text/html"]
+    assert "class='jc-failed'" in page and "width:25%;background:#d9534f" in page  # 3 of 12 red
+    assert "width:75%;background:#5cb85c" in page  # the 9 good ones green
+    clean = progress.WidgetRenderer.static({**snap, "failed": 0, "done": 12})["text/html"]
+    assert "jc-failed" not in clean
+
+
 def test_failures_in_a_job_message_are_bounded():
     from jupyter_cluster.wire import models
 
@@ -174,7 +195,7 @@ def test_failures_in_a_job_message_are_bounded():
     checked = models.job_failures(raw)
     assert [f["index"] for f in checked] == [3, 4]
     assert len(checked[0]["error"]) == models.MAX_FAILURE_TEXT and checked[0]["worker"] == "7"
-    assert checked[1] == {"index": 4, "error": "", "traceback": "", "worker": None}
+    assert checked[1] == {"index": 4, "error": "", "traceback": "", "worker": None, "item": None}
     extra = [models.job_failure(0, "KeyError: 'a'"), models.job_failure(20, "KeyError: 'b'")]
     msg = models.job_message("j", "f", 1, "c", 9, 0, 9, "failed", 0.0, 1.0, got[::-1] + extra)
     assert [f["index"] for f in msg["failures"]] == [0, 1, 2, 3, 4]
@@ -219,3 +240,27 @@ def test_text_renderer_pads_a_shorter_line():
     r.update(dict(snap, processed=5, failed=0))
     first, second = buf.getvalue().split("\r")[1:]
     assert len(second) == len(first)
+
+
+def test_a_failed_items_traceback_names_the_cell_and_the_item_by_its_value(ip, cluster):
+    """The panel's traceback read ``File "<dynamic-code>"`` (or the kernel's temporary file), the item its index."""
+    ip.run_cell("def bad_item(x):\n    if x == 'b':\n        raise ValueError('no b')\n    return x\n")
+    count = ip.compile._filename_map[ip.user_ns["bad_item"].__code__.co_filename]
+    mapping.map(ip.user_ns["bad_item"], ["a", "b", "c"], errors="collect", client=cluster.client, progress=False)
+    (failure,) = progress.failures_of(mapping.last_job())
+    assert failure["index"] == 1 and failure["item"] == "'b'", failure
+    assert f"Cell In[{count}], line 3, in bad_item" in failure["traceback"], failure["traceback"]
+    assert "<dynamic-code>" not in failure["traceback"]
+
+
+def test_cell_names_leaves_other_files_alone(ip):
+    from jupyter_cluster.tracking.cell_names import cell_names
+
+    ip.run_cell("def named_here():\n    pass\n")
+    path = ip.user_ns["named_here"].__code__.co_filename
+    n = ip.compile._filename_map[path]
+    text = f'  File "{path}", line 2, in named_here\n  File "/usr/lib/python3/x.py", line 9, in g\n'
+    assert (
+        cell_names(text, ip) == f'  Cell In[{n}], line 2, in named_here\n  File "/usr/lib/python3/x.py", line 9, in g\n'
+    )
+    assert cell_names(text, object()) == text  # no shell: as it was

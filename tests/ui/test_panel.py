@@ -30,7 +30,7 @@ ITEMS = 48
 NOTEBOOK_CELLS = [
     f"import jupyter_cluster\n%load_ext jupyter_cluster\n%cluster connect {CLUSTER}",
     'jupyter_cluster.show_metrics("ui")',
-    f"""%%parallel i in range({ITEMS}) --out doubled
+    f"""%%parallel i in range({ITEMS}) --out doubled --sweep
 import time
 import jupyter_cluster
 time.sleep(0.15)
@@ -339,6 +339,10 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
             timeout=10_000,
         )
         shot(page, artifacts, "lab-dark-theme.png")
+        shot(page, artifacts, "panel-dark.png", "#jupyter-cluster-panel")
+        # the "running" badge: dark text on its pastel green (white on it read 1.3:1 in the dark theme)
+        badge = page.locator("#jupyter-cluster-panel .jc-status.jc-status-running").first
+        assert badge.evaluate("b => getComputedStyle(b).color") == "rgb(27, 94, 32)"
         page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
         page.wait_for_function("document.body.dataset.jpThemeLight === 'true'", timeout=30_000)
 
@@ -380,6 +384,17 @@ def test_panel_in_notebook_7(lab, browser, artifacts):
         browser, lab, "notebooks/ui.ipynb", (1300, 900), artifacts=artifacts, last_shot="notebook7-last-state.png"
     ) as page:
         page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
+        # reachable without View → Left Sidebar: a button in the notebook's toolbar and an item in the View menu
+        page.evaluate("window.jupyterapp.restored")
+        button = page.locator('.jp-NotebookPanel-toolbar [data-command="jupyter-cluster:open"]')
+        button.wait_for(state="visible", timeout=30_000)
+        assert not page.locator("#jupyter-cluster-panel").is_visible()
+        button.click()
+        page.locator("#jupyter-cluster-panel").wait_for(state="visible", timeout=30_000)
+        page.get_by_role("menuitem", name="View").first.click()
+        item = page.locator('.lm-Menu-item[data-command="jupyter-cluster:open"]')
+        item.wait_for(state="visible", timeout=10_000)
+        page.keyboard.press("Escape")
         open_panel(page)
         # the cluster started from JupyterLab's panel is listed here too
         page.click(f'#jupyter-cluster-panel .jc-cluster[data-name="{CLUSTER}"] .jc-cluster-name', timeout=30_000)

@@ -4,8 +4,9 @@ Grouping by lr and aux gives 10 collapsed rows of n = 3 with mean ± sd, that
 expand to their runs; the lr axis is logarithmic; brushing lr to 1e-3 in the
 parallel coordinates leaves 6 rows; the first click on loss puts the lowest
 first; the filter's placeholder matches rows and an unknown key is named;
-hovering a row marks it; ticked rows stand out.  Light and dark screenshots go
-to test-artifacts/sweep-review-*.png.
+hovering a row marks it; ticked rows stand out; each metric's best run is
+marked; the axis switch puts lr on a linear scale and back.  Light and dark
+screenshots go to test-artifacts/sweep-review-*.png.
 """
 
 from __future__ import annotations
@@ -57,6 +58,27 @@ def test_the_sweep_table_groups_brushes_and_says_which_is_best(lab, browser, art
         _wait(page, "(s.querySelector('.jc-sweep-parallel')?.dataset.axes ?? '').length > 0")
         axes = sweep.locator(".jc-sweep-parallel").get_attribute("data-axes").split("|")
         assert axes == ["lr:log", "aux:category", "seed:category", "loss:linear"], axes
+        # the best run of each metric is marked: the lowest final loss, the highest final accuracy (one run here)
+        best_id = "r1:lr=0.01, aux=True, seed=0"
+        best = sweep.locator("table.jc-sweep-table").get_attribute("data-best").split("|")
+        assert sorted(best) == [f"acc:{best_id}", f"loss:{best_id}"], best
+        marked = sweep.locator(f'tr.jc-sweep-row[data-id="{best_id}"] td.jc-sweep-best')
+        assert marked.count() == 2 and "★" in marked.first.inner_text()
+        # the axis switch: lr to linear and back to log; seed offers no log (it has a 0)
+        sweep.locator("select.jc-sweep-axis").select_option("lr")
+        kinds = sweep.locator("select.jc-sweep-axis-kind")
+        assert kinds.input_value() == "log"
+        kinds.select_option("linear")
+        _wait(page, "s.querySelector('.jc-sweep-parallel').dataset.axes.startsWith('lr:linear|')")
+        kinds.select_option("log")
+        _wait(page, "s.querySelector('.jc-sweep-parallel').dataset.axes.startsWith('lr:log|')")
+        sweep.locator("select.jc-sweep-axis").select_option("seed")
+        offered = kinds.locator("option").evaluate_all("os => os.map(o => o.value)")
+        assert offered == ["linear", "category"], offered
+        kinds.select_option("linear")
+        _wait(page, "s.querySelector('.jc-sweep-parallel').dataset.axes.includes('seed:linear')")
+        kinds.select_option("category")
+        _wait(page, "s.querySelector('.jc-sweep-parallel').dataset.axes.includes('seed:category')")
         shot(page, artifacts, "sweep-review-light.png", SWEEP)
 
         # the first click on loss: the best (lowest) first
@@ -108,5 +130,9 @@ def test_the_sweep_table_groups_brushes_and_says_which_is_best(lab, browser, art
         _wait(page, "s.dataset.theme === 'dark'", timeout=30_000)
         page.wait_for_timeout(300)
         shot(page, artifacts, "sweep-review-grouped-dark.png", SWEEP)
+        sweep.locator("select.jc-sweep-group").select_option("")
+        _wait(page, "s.querySelectorAll('tr.jc-sweep-group-row').length === 0")
+        page.wait_for_timeout(300)
+        shot(page, artifacts, "sweep-review-dark.png", SWEEP)
         page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', { theme: 'JupyterLab Light' })")
         _wait(page, "s.dataset.theme === 'light'", timeout=30_000)

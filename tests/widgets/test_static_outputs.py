@@ -153,7 +153,20 @@ def test_colours_match_the_panels_assignment():
     colours = sr.assign_colors(keys)
     assert len(set(colours.values())) == 12  # up to the palette's size, no two series share a colour
     assert sr.assign_colors(reversed(keys)) == colours  # whatever order a chart lists them in
-    assert sr.assign_colors(["all"])["all"] == sr.PALETTE[sr._fnv1a("all") % 12]
+    assert sr.assign_colors(["all"])["all"] == sr.PALETTE[0]  # assigned in natural order, not by a hash
+    assert [colours[f"member={i}"] for i in range(12)] == sr.PALETTE
+
+
+def test_rows_on_screen_that_would_share_a_colour_are_coloured_among_themselves():
+    # the fixture's "shown" cases are checked by charts-glance.spec.ts against the panel's distinctColors()
+    with open(os.path.join(ROOT, "labextension/src/__tests__/fixtures/colours.json"), encoding="utf-8") as f:
+        fx = json.load(f)
+    for case in fx["shown"]:
+        assert sr.shown_colors(case["shown"], sr.assign_colors(case["keys"])) == case["colors"]
+    topic = sr.assign_colors(f"trial={i}" for i in range(26))
+    assert len({topic["trial=0"], topic["trial=12"], topic["trial=24"]}) == 1
+    assert len(set(sr.shown_colors(["trial=0", "trial=12", "trial=24"], topic).values())) == 3
+    assert sr.shown_colors(["trial=1", "trial=2"], topic) == {"trial=1": topic["trial=1"], "trial=2": topic["trial=2"]}
 
 
 def test_colours_agree_with_the_panel_on_a_shared_fixture():
@@ -177,7 +190,7 @@ def test_colours_agree_with_the_panel_on_a_shared_fixture():
 
 def test_a_metrics_copy_colours_each_series_over_the_whole_topic():
     # "arm=3" has only a vector value: the live charts still count it when they colour the topic's series
-    # (it comes first and holds the hash slot of "member=1", which so moves to the next one)
+    # (it comes first and takes the first colour, so "member=1" has the second one)
     model = {"topic": "t", "scalars": {"loss": {"member=1": [[0, 1.0], [1, 2.0]]}}, "vectors": {"load": {"arm=3": {}}}}
     want = sr.assign_colors(["member=1", "arm=3"])["member=1"]
     assert want != sr.assign_colors(["member=1"])["member=1"]  # (the keys were chosen so that it matters)
@@ -355,3 +368,17 @@ def test_nbconvert_html_of_an_executed_example_shows_its_charts(name, alts):
     for alt in set(alts):
         assert sum(1 for s in shown if s.startswith(alt)) >= alts.count(alt), (alt, shown)
     assert "model not found" not in body and "Error displaying widget" not in body
+
+
+def test_a_heatmap_names_its_entries_axis_and_titles_its_colour_bar():
+    vs = {"steps": [0, 1, 2], "rows": [[0.1, 0.5], [0.2, 0.6], [0.3, 0.9]]}
+    texts = [t.text for t in ET.fromstring(sr.heatmap_svg("histogram", "all", vs, 0.0, 1.0)).iter(f"{SVG}text")]
+    assert "histogram[i]" in texts and "index" not in texts  # the entries' axis, as the panel names it
+    bar = [
+        t.text
+        for t in ET.fromstring(sr.heatmap_svg("histogram", "all", vs, 0.0, 1.0)).iter(f"{SVG}text")
+        if t.get("class") == "jc-bar-title"
+    ]
+    assert bar == ["histogram"]  # the colour bar's title
+    texts = [t.text for t in ET.fromstring(sr.heatmap_svg("tokens_per_expert", "all", vs, 0.0, 1.0)).iter(f"{SVG}text")]
+    assert "expert" in texts and "tokens_per…" in texts

@@ -65,7 +65,9 @@ def test_show_runs_sends_each_items_row_and_own_curve(ip, cluster):
     static = w.static_bundle()
     lines = static["text/plain"].splitlines()
     assert lines[0] == "t: 12 rows" and lines[1].split() == ["run", "state", "trial", "lr", "aux", "loss"]
-    assert len(lines) == 14 and "<img" in static["text/html"] and static["text/html"].count("<tr>") == 13
+    assert (
+        len(lines) == 15 and "<img" in static["text/html"] and static["text/html"].count("<tr>") == 13
+    )  # title, header, 12 rows, the ★ note
     assert "<script" not in static["text/html"]
     # the static copy's swatches are the rows' colours (the same as the live widget's and the charts')
     swatches = re.findall(r'class="jc-swatch" style="color:(#[0-9a-f]{6})"', static["text/html"])
@@ -145,3 +147,39 @@ def test_a_live_table_shows_the_run_it_was_made_for_and_every_widens_it(ip, clus
     early = RunPin([], now=0.0)
     assert early.resolve([{"run": "a", "started": 5.0}, {"run": "b", "started": 3.0}]) == "b"
     assert early.resolve([{"run": "c", "started": 9.0}]) == "b"
+
+
+def test_a_static_copy_draws_the_best_runs_of_a_loss_and_marks_each_metrics_best():
+    """30 runs: the saved copy drew the 12 *worst* loss runs (highest last value) and the first metric (acc)."""
+    import base64
+
+    rows = [
+        {
+            "run": "r1",
+            "key": f"trial={i}",
+            "item": i,
+            "name": f"trial={i}",
+            "state": "finished",
+            "duration": 1.0,
+            "config": {"trial": i},
+            "final": {"acc": i / 30, "loss": 1.0 + i},
+            "best": {"acc": i / 30, "loss": 1.0 + i},
+        }
+        for i in range(30)
+    ]
+    own = {"r1": {"loss": {f"trial={i}": [[0, 50.0], [1, 1.0 + i]] for i in range(30)}, "acc": {}}}
+    data = sweep.sweep_data(rows, [], "t", own, {})
+    bundle = sweep.static_bundle(data)
+    svgs = [base64.b64decode(m).decode() for m in re.findall(r"base64,([^\"]+)", bundle["text/html"])]
+    assert len(svgs) == 1 and ">loss<" in svgs[0]  # the loss is drawn, not the alphabetically first acc
+    drawn = set(re.findall(r">(trial=\d+)<", svgs[0]))
+    assert drawn == {f"trial={i}" for i in range(12)}, sorted(drawn)  # the 12 lowest losses
+    assert "the 12 with the lowest last value" in svgs[0]
+    assert sweep.best_rows(data["rows"], ["loss", "acc"]) == {
+        "loss": data["rows"][0]["id"],
+        "acc": data["rows"][29]["id"],
+    }
+    plain = bundle["text/plain"].splitlines()
+    assert "★" in next(line for line in plain if line.startswith("trial=0 "))
+    assert "★" in next(line for line in plain if line.startswith("trial=29 "))
+    assert sum("★" in line for line in plain) == 3  # two best cells and the note

@@ -355,3 +355,31 @@ def test_metrics_table_time_is_a_datetime_column():
     assert pd.api.types.is_datetime64_any_dtype(df["time"])
     assert before - pd.Timedelta(seconds=1) <= df["time"].min() <= df["time"].max() <= pd.Timestamp.now(tz="UTC")
     assert pd.api.types.is_datetime64_any_dtype(telemetry.metrics(unique_topic("empty"))["time"])
+
+
+def test_idle_leases_count_as_idle_not_as_running_tasks(cluster):
+    """Between maps the engine's lease tasks stay "executing" in Dask's accounting: the notebook's
+    widget counted them as running tasks, where the sidebar says idle."""
+    from jupyter_cluster.wire.leases import LEASE_PREFIX
+
+    assert mapping.map(abs, range(40), client=cluster.client) == list(range(40))
+    processing = cluster.client.processing()
+    leases = sum(1 for keys in processing.values() for k in keys if str(k).startswith(LEASE_PREFIX))
+    if not leases:
+        pytest.skip("no lease task outlived the map on this cluster (nothing to count apart)")
+    # what the widget used to show as "tasks running" (the workers' heartbeats carry the counts)
+    wait_for(
+        lambda: sum(wk["executing"] for wk in cluster.model()["workers"]) >= leases,
+        timeout=20,
+        message="the scheduler counting the waiting leases as executing",
+    )
+    w = cluster_mod.ClusterWidget(cluster, live=False)
+
+    def idle() -> bool:
+        # (a worker's busy count comes with its next heartbeat: the last one may be from during the map)
+        w.refresh()
+        return _cells(w.table.value)[-1] == "0"
+
+    wait_for(idle, timeout=20, message="the totals row counting no running task while the leases wait")
+    assert "idle)" in w.table.value  # each worker's waiting leases, said apart
+    w.close()

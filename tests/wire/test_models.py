@@ -78,6 +78,7 @@ def payloads() -> dict:
         ValueError("bad 7"),
         'Traceback (most recent call last):\n  File "<cell>", line 2\nValueError: bad 7\n',
         worker_addr,
+        "{'lr': 0.01}",
     )
     job = models.job_message(
         "job-1",

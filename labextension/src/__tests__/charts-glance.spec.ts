@@ -13,6 +13,8 @@ import {
   assignColors,
   colorLookup,
   contrastRatio,
+  distinctColors,
+  distinctEnough,
   hashKey
 } from '../charts/colors';
 import type { IMetricsModel, Point } from '../charts/data';
@@ -25,6 +27,8 @@ import {
   symexp,
   symlog,
   symlogConstant,
+  symlogLabel,
+  symlogTicks,
   tooltipRows,
   topKeys
 } from '../charts/lines';
@@ -47,18 +51,69 @@ describe('colour per run', () => {
     expect(more.size).toBe(LIGHT_PALETTE.length + 1);
   });
 
-  it('comes from the key: a lone key gets its hash slot, on both themes the same hue index', () => {
-    const slot = hashKey('walk=walk 0') % LIGHT_PALETTE.length;
-    expect(colorLookup(['walk=walk 0'])('walk=walk 0')).toBe(LIGHT_PALETTE[slot]);
-    expect(colorLookup(['walk=walk 0'], true)('walk=walk 0')).toBe(DARK_PALETTE[slot]);
+  it('is assigned in natural order, not hashed: a lone key gets the first colour, on both themes the same slot', () => {
+    expect(colorLookup(['walk=walk 0'])('walk=walk 0')).toBe(LIGHT_PALETTE[0]);
+    expect(colorLookup(['walk=walk 0'], true)('walk=walk 0')).toBe(DARK_PALETTE[0]);
+    const ordered = assignColors(['trial=10', 'trial=2', 'trial=1']);
+    expect(['trial=1', 'trial=2', 'trial=10'].map(k => ordered.get(k))).toEqual(LIGHT_PALETTE.slice(0, 3));
     // a chart that draws only some of the runs looks them up in the topic's key set: same colours
     const all = colorLookup(keys);
     const light = assignColors(keys);
     expect(keys.map(all)).toEqual(keys.map(k => light.get(k)));
-    expect(hashKey('abc')).toBe(0x1a47e90b); // FNV-1a, as the Python sweep widget computes it
+    expect(hashKey('abc')).toBe(0x1a47e90b); // FNV-1a (only a key outside the key set falls back to it)
   });
 
-  it('every colour reads on its theme background (contrast >= 3:1); the gold reads on both', () => {
+  it('has well-separated colours: any two differ by more than red, pink and mauve did', () => {
+    // CIE76 (Euclidean CIELAB) distances; the old 12 (Tableau 10 and two more) had 17.9 light, 13.5 dark
+    const lab = (hex: string): number[] => {
+      const [r, g, b] = [1, 3, 5].map(i => {
+        const c = parseInt(hex.slice(i, i + 2), 16) / 255;
+        return c <= 0.04045 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4);
+      });
+      const xyz = [
+        (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047,
+        0.2126 * r + 0.7152 * g + 0.0722 * b,
+        (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883
+      ].map(t => (t > 216 / 24389 ? Math.cbrt(t) : ((24389 / 27) * t + 16) / 116));
+      return [116 * xyz[1] - 16, 500 * (xyz[0] - xyz[1]), 200 * (xyz[1] - xyz[2])];
+    };
+    const least = (palette: string[], n = palette.length): number => {
+      let min = Infinity;
+      for (let i = 0; i < n; i++) {
+        for (let j = i + 1; j < n; j++) {
+          const [a, b] = [lab(palette[i]), lab(palette[j])];
+          min = Math.min(min, Math.hypot(a[0] - b[0], a[1] - b[1], a[2] - b[2]));
+        }
+      }
+      return min;
+    };
+    expect(least(LIGHT_PALETTE)).toBeGreaterThan(30);
+    expect(least(DARK_PALETTE)).toBeGreaterThan(25);
+    // the first few (what a few runs get) are further apart still
+    expect(least(LIGHT_PALETTE, 4)).toBeGreaterThan(least(LIGHT_PALETTE));
+  });
+
+  it('colours the keys on screen among themselves when the topic colours would repeat', () => {
+    const fx = JSON.parse(readFileSync(join(__dirname, 'fixtures/colours.json'), 'utf8')) as {
+      shown: { keys: string[]; shown: string[]; colors: { [key: string]: string } }[];
+    };
+    for (const c of fx.shown) {
+      const colorOf = distinctColors(c.shown, colorLookup(c.keys), false);
+      expect(Object.fromEntries(c.shown.map(k => [k, colorOf(k)]))).toEqual(c.colors);
+      expect(new Set(c.shown.map(colorOf)).size).toBe(c.shown.length);
+    }
+    // trial=0, 12 and 24 share the first colour in the topic's order: shown alone, three colours
+    const topic = colorLookup(Array.from({ length: 26 }, (_, i) => `trial=${i}`));
+    expect(new Set(['trial=0', 'trial=12', 'trial=24'].map(topic)).size).toBe(1);
+    // shown keys that are distinct already keep the topic's colours (the metric charts' ones)
+    const kept = distinctColors(['trial=1', 'trial=2'], topic);
+    expect(kept('trial=2')).toBe(topic('trial=2'));
+    // 26 keys shown: no colour more than 3 times
+    const every = Array.from({ length: 26 }, (_, i) => `trial=${i}`);
+    expect(distinctEnough(every, topic, LIGHT_PALETTE.length)).toBe(true);
+  });
+
+  it('every colour reads on its theme background (contrast >= 3:1)', () => {
     expect(contrastRatio('#ffffff', '#000000')).toBeCloseTo(21, 5);
     for (const c of LIGHT_PALETTE) {
       for (const bg of THEME_BACKGROUNDS.light) {
@@ -70,14 +125,8 @@ describe('colour per run', () => {
         expect([c, bg, contrastRatio(c, bg) >= 3]).toEqual([c, bg, true]);
       }
     }
-    // the slot that was Tableau's weak yellow (#edc948, 1.6:1 on white): one gold for both themes
+    // Tableau's weak yellow (#edc948, 1.6:1 on white) is not among them; twelve different colours in each
     expect(LIGHT_PALETTE).not.toContain('#edc948');
-    const gold = LIGHT_PALETTE[6];
-    expect(DARK_PALETTE[6]).toBe(gold);
-    for (const bg of [...THEME_BACKGROUNDS.light, ...THEME_BACKGROUNDS.dark]) {
-      expect(contrastRatio(gold, bg)).toBeGreaterThanOrEqual(3);
-    }
-    // twelve different colours in each palette
     expect(new Set(LIGHT_PALETTE).size).toBe(12);
     expect(new Set(DARK_PALETTE).size).toBe(12);
   });
@@ -208,6 +257,30 @@ describe('log y and symlog', () => {
     const drawn = (chart.option.series as { id: string; data: Point[] }[]).find(s => s.id === 'walk=walk 0');
     expect(drawn?.data.every(([, y]) => y !== null)).toBe(true);
   });
+
+  it('symlog ticks are round real values (0.01 / 0.1 / 1 / 10), never "0.99 / 100"', () => {
+    // c = 0.01: evenly spaced transformed ticks (1, 2, 3) read 0.09, 0.99, 9.99
+    const c = 0.01;
+    const ticks = symlogTicks(symlog(-0.02, c), symlog(40, c), c, 8);
+    expect(ticks.map(t => symlogLabel(t, c))).toEqual(['-0.1', '-0.01', '0', '0.01', '0.1', '1', '10', '100']);
+    // fewer wanted: every second (third, …) decade, still enclosing the data (-0.02 to 40), all round
+    const few = symlogTicks(symlog(-0.02, c), symlog(40, c), c, 5).map(t => Number(symlogLabel(t, c)));
+    expect(few.length).toBeLessThanOrEqual(5);
+    expect(few[0]).toBeLessThanOrEqual(-0.02);
+    expect(few[few.length - 1]).toBeGreaterThanOrEqual(40);
+    expect(few).toContain(0);
+    const chart = lineChart('pnl', { a: line(0.03, -0.02, 40, 7) }, { yScale: 'symlog', compact: false });
+    const labels = (chart.option.yAxis as { symlogTicks: string[] }).symlogTicks;
+    expect(labels.length).toBeGreaterThanOrEqual(3);
+    for (const label of labels) {
+      expect(label).toMatch(/^-?(0|1|10+|0\.0*1)$/);
+    }
+    expect(labels).toContain('0');
+    // many decades: thinned to at most 7, 0 kept
+    const wide = symlogTicks(symlog(-1e6, 1), symlog(1e6, 1), 1);
+    expect(wide.length).toBeLessThanOrEqual(8);
+    expect(wide).toContain(0);
+  });
 });
 
 describe('many series', () => {
@@ -309,5 +382,21 @@ describe('heatmaps: round ticks, one colour bar per scale', () => {
       ['vertical', 8, [3]]
     ]);
     expect([option.visualMap[0].min, option.visualMap[0].max]).toEqual([0, 1]);
+  });
+
+  it('titles each colour bar and names the vector axis after the value, never "index"', () => {
+    const v = { steps: [0, 1], rows: [[0.1, 0.9]] };
+    const option = heatmapOption('histogram', { 'run=a': v, 'run=b': v }, 900, ['run=a', 'run=b']) as {
+      visualMap: { text: string[] }[];
+      yAxis: { name: string }[];
+    };
+    expect(option.visualMap.map(m => m.text[0])).toEqual(['histogram', 'difference']);
+    expect(option.yAxis.map(a => a.name)).toEqual(['histogram[i]', 'histogram[i]', 'histogram[i]']);
+    const long = heatmapOption('tokens_per_expert', { 'run=a': v }, 900) as {
+      visualMap: { text: string[] }[];
+      yAxis: { name: string }[];
+    };
+    expect(long.visualMap[0].text[0]).toBe('tokens_per…');
+    expect(long.yAxis[0].name).toBe('expert');
   });
 });

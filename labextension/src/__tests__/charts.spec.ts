@@ -49,7 +49,7 @@ describe('formatting', () => {
   it('names the vector axis by the reported key', () => {
     expect(vectorAxisName('tokens_per_expert')).toBe('expert');
     expect(vectorAxisName('load_per_gpu')).toBe('gpu');
-    expect(vectorAxisName('histogram')).toBe('index');
+    expect(vectorAxisName('histogram')).toBe('histogram[i]'); // never a bare "index"
   });
 });
 

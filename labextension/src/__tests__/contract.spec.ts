@@ -68,7 +68,7 @@ describe('the Python builders and model.ts agree', () => {
     expect(failureDetails(state.jobs.running[0])).toEqual({
       rows: [
         {
-          head: 'item 7',
+          head: "item 7: {'lr': 0.01}", // by its value too, not only its index
           error: 'ValueError: bad 7',
           worker: 'on tcp://127.0.0.1:40000',
           traceback: 'Traceback (most recent call last):\n  File "<cell>", line 2\nValueError: bad 7'

@@ -207,7 +207,9 @@ describe('formatting', () => {
 
   it('describes job progress, with failures and unknown totals', () => {
     expect(jobProgress(job())).toEqual({ fraction: 0.4, failedFraction: 0, text: '4 / 10' });
-    expect(jobProgress(job({ failed: 2 })).text).toBe('4 / 10, 2 failed');
+    // processed, failed included, as the notebook's line: a raised map's 3 done and 1 failed read 4 / 12
+    expect(jobProgress(job({ failed: 2 })).text).toBe('6 / 10, 2 failed');
+    expect(jobProgress(job({ done: 3, failed: 1, total: 12, state: 'failed' })).text).toBe('4 / 12, 1 failed');
     expect(jobProgress(job({ total: null }))).toEqual({ fraction: null, failedFraction: 0, text: '4 done' });
     expect(jobProgress(job({ total: null, state: 'finished' })).fraction).toBe(1);
     expect(jobProgress(job({ done: 12 })).fraction).toBe(1);
@@ -465,6 +467,8 @@ describe('failed jobs are clickable', () => {
       { head: 'item 9', error: 'unknown error', worker: 'worker not recorded', traceback: '' }
     ]);
     expect(more).toMatch(/^2 more failed/);
+    const named = failureDetails(job({ failed: 1, failures: [{ ...failures[0], item: "'cfg-3'" }] }));
+    expect(named.rows[0].head).toBe("item 3: 'cfg-3'");
     expect(failureDetails(job({ failed: 2, failures })).more).toBe('');
   });
 });

@@ -3,6 +3,9 @@
  * the virtual list's window, stable card and job orders, the New dialog's
  * checks, and the active notebook's stopped cluster not swapped for another's.
  */
+import { readFileSync } from 'fs';
+
+import { contrastRatio } from '../charts/colors';
 import {
   IClusterModel,
   IClusterSummary,
@@ -16,7 +19,7 @@ import {
   setActiveKernel
 } from '../model';
 import { checkNewCluster, newClusterFields, newClusterRequest } from '../panel/newCluster';
-import { orderClusters, orderJobs, scopedJobs } from '../panel/order';
+import { orderClusters, orderJobs, scopedJobs, scrollToShow } from '../panel/order';
 import { batchText } from '../panel/workersView';
 import { Loader } from '../panel/loader';
 import { jobCell, jobContextText, sweepRun } from '../panel/jobs';
@@ -393,5 +396,35 @@ describe('the loader of a stopped cluster', () => {
     );
     loader.sync(state);
     expect(dispatched).toBe(0);
+  });
+});
+
+describe('the status badges read in every theme', () => {
+  it("sets a dark text on the running and unreachable badges' light backgrounds (dark theme's too)", () => {
+    const css = readFileSync(`${__dirname}/../../style/base.css`, 'utf8');
+    // JupyterLab dark's --jp-success-color3 and --jp-warn-color3 (and its white text, 0.87 alpha, which read 1.3:1)
+    for (const [state, background] of [
+      ['running', '#c8e6c9'],
+      ['unreachable', '#ffe0b2']
+    ]) {
+      const rule = new RegExp(`\\.jc-status\\.jc-status-${state} \\{([^}]*)\\}`).exec(css);
+      expect(rule).not.toBeNull();
+      const color = /(?:^|\s)color:\s*(#[0-9a-f]{6})/i.exec(rule![1]);
+      expect([state, color?.[1]]).toEqual([state, expect.stringMatching(/^#/)]);
+      expect(contrastRatio(color![1], background)).toBeGreaterThanOrEqual(4.5);
+    }
+  });
+});
+
+describe('the selected card stays in view', () => {
+  it('scrolls the least that shows the card, and not at all when it shows', () => {
+    // a 240 px list scrolled to 0: a card at 400 (40 tall) comes to its bottom edge
+    expect(scrollToShow(400, 40, 0, 240)).toBe(200);
+    // scrolled past it: back to its top
+    expect(scrollToShow(40, 40, 300, 240)).toBe(40);
+    // in view: where it was
+    expect(scrollToShow(100, 40, 80, 240)).toBe(80);
+    // taller than the view: its top
+    expect(scrollToShow(500, 300, 0, 240)).toBe(500);
   });
 });

@@ -3,11 +3,11 @@
  * which way a metric is better, and groups with their aggregates.
  */
 import { axisChoices, axisKind } from '../sweep/axes';
-import { bestFirstDescending, bestValue, defaultMetric, lowerIsBetter } from '../sweep/direction';
+import { bestFirstDescending, bestRowIds, bestValue, defaultMetric, lowerIsBetter } from '../sweep/direction';
 import { booleanWord, filterExample, filterHelp, parseFilter, sameValue } from '../sweep/filter';
 import { aggregate, groupBy, meanText } from '../sweep/groups';
 import { columnNotation } from '../sweep/notation';
-import { parallelOption } from '../sweep/parallel';
+import { axisSwitches, parallelOption, switchedKinds } from '../sweep/parallel';
 import { ISweepRow, filterProblems, filterRows, groupKeys, groupRows } from '../sweep/model';
 
 /** The issue's sweep: lr × aux × seed (30 rows), loss falling with lr, acc rising. */
@@ -145,5 +145,43 @@ describe('one notation per column', () => {
     const plain = columnNotation([0.1, 0.25, 3]);
     expect([0.1, 0.25, 3].map(plain)).toEqual(['0.1', '0.25', '3']);
     expect(columnNotation([0, 1, 2])(2)).toBe('2');
+  });
+});
+
+describe('the best run per metric and the axis switch', () => {
+  const rows = [0, 1, 2, 3].map(i => ({
+    id: `r:${i}`,
+    name: `trial=${i}`,
+    config: { lr: [1e-4, 1e-3, 1e-2, 1e-1][i], seed: i % 2, opt: i < 2 ? 'adam' : 'sgd', shift: i - 1 },
+    final: { loss: [0.5, 0.2, 0.9, 0.2][i], acc: [0.7, 0.9, 0.4, 0.95][i] },
+    best: {}
+  }));
+
+  it('marks the lowest loss and the highest accuracy, the first row on a tie', () => {
+    const best = bestRowIds(rows, ['loss', 'acc', 'missing']);
+    expect(best.get('loss')).toBe('r:1'); // 0.2 twice: the first in table order
+    expect(best.get('acc')).toBe('r:3');
+    expect(best.has('missing')).toBe(false);
+  });
+
+  it('offers each axis the scales its values allow, starting on the automatic one', () => {
+    const axes = axisSwitches(rows as never, 'loss', {});
+    const by = Object.fromEntries(axes.map(a => [a.key, a]));
+    expect(by.lr).toMatchObject({ kind: 'log', auto: 'log', choices: ['log', 'linear', 'category'] });
+    expect(by.seed).toMatchObject({ kind: 'category', choices: ['linear', 'category'] }); // a 0: no log
+    expect(by.opt).toMatchObject({ kind: 'category', choices: ['category'] });
+    expect(by.shift.choices).not.toContain('log');
+    expect(by.loss.choices).not.toContain('category'); // a metric is a value
+    expect(switchedKinds(axes)).toEqual({});
+  });
+
+  it('draws the scale the user switched to, and ignores one the values do not allow', () => {
+    const axes = axisSwitches(rows as never, 'loss', { lr: 'linear', opt: 'log', seed: 'linear' });
+    expect(switchedKinds(axes)).toEqual({ lr: 'linear', seed: 'linear' });
+    const option = parallelOption(rows as never, 'loss', false, null, null, switchedKinds(axes));
+    const kinds = (option.parallelAxis as { name: string; axisKind: string }[]).map(a => `${a.name}:${a.axisKind}`);
+    expect([...kinds].sort()).toEqual(['loss:linear', 'lr:linear', 'opt:category', 'seed:linear', 'shift:category']);
+    const auto = parallelOption(rows as never, 'loss');
+    expect((auto.parallelAxis as { axisKind: string }[])[0].axisKind).toBe('log');
   });
 });

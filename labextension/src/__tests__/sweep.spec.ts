@@ -224,6 +224,22 @@ describe('sweep from the runs table', () => {
     expect(rowColorKey(s.rows[0], 'lr')).toBe('lr=0.1');
   });
 
+  it('gives the rows a filter keeps distinct colours, even where the topic order repeats them', () => {
+    const keys = Array.from({ length: 30 }, (_, i) => `trial=${i}`);
+    const topic = { topic: 'sweep', scalars: { loss: Object.fromEntries(keys.map(k => [k, curve(1)])) } };
+    const table: ITableRow[] = keys.map((_, t) => ({ run: 'r1', key: `trial=${t}`, item: t, config: { trial: t } }));
+    const s = sweepFromTable(table, [topic]);
+    const all = sweepColors(s);
+    const kept = s.rows.filter(r => [0, 12, 24].includes(r.config.trial as number));
+    expect(new Set(kept.map(r => all(rowColorKey(r)))).size).toBe(1); // 12 colours: the topic order repeats them
+    const shown = sweepColors(s, false, null, kept);
+    expect(new Set(kept.map(r => shown(rowColorKey(r)))).size).toBe(3);
+    // all 30 shown: the metric charts' colours, none more than 3 times
+    const counts = new Map<string, number>();
+    s.rows.forEach(r => counts.set(all(rowColorKey(r)), (counts.get(all(rowColorKey(r))) ?? 0) + 1));
+    expect(Math.max(...counts.values())).toBe(3);
+  });
+
   it("finds a row's curve by its item key or its identity fields, as the Python widget does", () => {
     const table = [
       { run: 'r1', key: 'aux=True, lr=0.1, trial=0', config: { trial: 0, lr: 0.1, aux: true }, final: { loss: 1 } },

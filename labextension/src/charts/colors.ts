@@ -2,58 +2,61 @@
  * One colour per run, the same in every chart, legend, series list and sweep
  * table (no DOM, no ECharts).
  *
- * A colour comes from the series key itself (a hash picks its slot in the
- * palette), not from its position in one chart's list: a run drawn alone, or
- * with another value's runs, or in the overlay, keeps its colour.  Keys whose
- * hash slot is taken by an earlier key (in natural order) move to the next
- * free slot, so up to PALETTE.length runs never share a colour; beyond that
- * colours repeat.  Both palettes have the same hues in the same order, the
- * dark one lighter so that every line reads on a dark background.
+ * Colours are assigned, not hashed: the keys of a chart's topic (or a sweep's
+ * rows, or its groups) are put in natural order and take the palette's slots
+ * in turn, so up to PALETTE.length keys never share a colour, and the first
+ * few keys get the most different ones (the palette is ordered so that every
+ * prefix of it is as well separated as it can be).  Every chart of a topic
+ * assigns over the topic's whole key set, so a run keeps its colour in a chart
+ * that draws only some of the runs.  Where the rows on screen would share a
+ * colour (a filter keeps three rows that the topic's order put 12 apart), the
+ * sweep table colours the rows shown instead (distinctColors()).  Both
+ * palettes have the same hues in the same order, the dark one lighter so that
+ * every line reads on a dark background.
  */
 import { naturalCompare } from './data';
 
 /**
- * The light theme's 12 colours: Tableau 10's hues and two more, each at least
- * 3:1 against white (WCAG's contrast for graphics), so no line is a faint
- * tint: the light tints of Tableau 10 (orange, teal, pink, light teal) are
- * darkened or replaced, and its yellow (1.6:1 on white) is a dark gold that
- * reads on white and on JupyterLab's dark backgrounds alike.  The static
- * copies of the charts (jupyter_cluster/widgets/static_render.py, PALETTE)
- * use the same list, in the same order.
+ * The light theme's 12 colours (blue, olive, red, magenta, pine, orange, umber, teal, green, plum, rose, violet): chosen to be as far
+ * apart as 12 colours can be (the least CIEDE2000 difference of any two is
+ * 22, where Tableau 10 and two more had 9: red, pink and mauve) among those
+ * with at least 3:1 contrast against white (WCAG's contrast for graphics).
+ * The static copies of the charts (jupyter_cluster/widgets/static_render.py,
+ * PALETTE) use the same list, in the same order.
  */
 export const LIGHT_PALETTE = [
-  '#4e79a7',
-  '#d9730d',
-  '#e15759',
-  '#59a14f',
-  '#b07aa1',
-  '#3f9b94',
-  '#b8860b',
-  '#9c755f',
-  '#8a8a1a',
-  '#6f4e7c',
-  '#2f95b8',
-  '#d37295'
+  '#3177ac',
+  '#979500',
+  '#a91315',
+  '#de5dd4',
+  '#045137',
+  '#d47b10',
+  '#584416',
+  '#07a1a3',
+  '#17a743',
+  '#6f334c',
+  '#c47f77',
+  '#4a2ea7'
 ];
 
 /**
  * The same hues for a dark background, each at least 3:1 against JupyterLab
  * dark's backgrounds (#111 and #212121): lighter, so that no line is a dark
- * slate on black; the gold is the light palette's, which reads on both.
+ * slate on black (least CIEDE2000 difference of two: 21).
  */
 export const DARK_PALETTE = [
-  '#7aa6d6',
-  '#ffaa55',
-  '#ff7f81',
-  '#86cf7b',
-  '#d5a2c8',
-  '#9fe0da',
-  '#b8860b',
-  '#d1a98c',
-  '#c9c95a',
-  '#b08cc0',
-  '#7cc6e6',
-  '#f59dbd'
+  '#5190c8',
+  '#b4b02a',
+  '#d54234',
+  '#fc79f0',
+  '#418366',
+  '#f39530',
+  '#8c7444',
+  '#3dbcbe',
+  '#41c35c',
+  '#a4637d',
+  '#e19991',
+  '#845fdf'
 ];
 
 /** The backgrounds the palettes must read on: JupyterLab light's and dark's layout colours 0 and 1. */
@@ -90,11 +93,11 @@ function keyOrder(a: string, b: string): number {
 }
 
 /**
- * The colour of each key: its hash's slot in the palette, or the next free
- * one when an earlier key (natural order) holds it.  The same key set always
- * gets the same colours, whichever chart asks.
+ * The colour of each key: the keys in natural order take the palette's slots
+ * in turn (the 13th key the first slot again).  The same key set always gets
+ * the same colours, whichever chart asks and in whatever order.
  *
- * `more` are keys coloured after all of `keys` (natural order, the next free
+ * `more` are keys coloured after all of `keys` (natural order, the next
  * slots): `keys` get exactly the colours they get alone.  The sweep table
  * passes its topic's series keys as `keys` (so each row's colour is its
  * series' colour in that topic's charts) and the rows with no series of
@@ -103,24 +106,52 @@ function keyOrder(a: string, b: string): number {
  */
 export function assignColors(keys: Iterable<string>, dark = false, more: Iterable<string> = []): Map<string, string> {
   const palette = dark ? DARK_PALETTE : LIGHT_PALETTE;
-  const n = palette.length;
   const first = [...new Set(keys)].sort(keyOrder);
   const seen = new Set(first);
   const after = [...new Set(more)].filter(k => !seen.has(k)).sort(keyOrder);
   const out = new Map<string, string>();
-  let used = new Set<number>();
-  for (const key of [...first, ...after]) {
-    if (used.size === n) {
-      used = new Set(); // every colour taken once: a second round
-    }
-    let slot = hashKey(key) % n;
-    while (used.has(slot)) {
-      slot = (slot + 1) % n;
-    }
-    used.add(slot);
-    out.set(key, palette[slot]);
-  }
+  [...first, ...after].forEach((key, i) => out.set(key, palette[i % palette.length]));
   return out;
+}
+
+/**
+ * Whether the colours `shown` keys get from `colors` are as distinct as they
+ * can be: no colour used more often than the palette's size forces
+ * (ceil(shown / palette size) times).
+ */
+export function distinctEnough(shown: string[], colorOf: (key: string) => string, paletteSize: number): boolean {
+  const keys = [...new Set(shown)];
+  const most = Math.ceil(keys.length / paletteSize);
+  const uses = new Map<string, number>();
+  for (const k of keys) {
+    const c = colorOf(k);
+    const n = (uses.get(c) ?? 0) + 1;
+    if (n > most) {
+      return false;
+    }
+    uses.set(c, n);
+  }
+  return true;
+}
+
+/**
+ * The colours for the keys on screen: those of `colorOf` (the topic's
+ * assignment, so that a row matches its curve in the metric charts) while the
+ * shown keys' colours are distinct enough (distinctEnough()), else the shown
+ * keys assigned among themselves (assignColors(shown)).  Python's
+ * static_render.shown_colors() is the same rule.
+ */
+export function distinctColors(
+  shown: string[],
+  colorOf: (key: string) => string,
+  dark = false
+): (key: string) => string {
+  const palette = dark ? DARK_PALETTE : LIGHT_PALETTE;
+  if (distinctEnough(shown, colorOf, palette.length)) {
+    return colorOf;
+  }
+  const own = assignColors(shown, dark);
+  return key => own.get(key) ?? colorOf(key);
 }
 
 /** A colour lookup over `keys` (then `more`) for the option builders (a key not among them gets its hash's slot). */

@@ -243,7 +243,8 @@ export function seriesLabel(key: string): string {
 /** The name of a vector's index axis from its value name: "tokens_per_expert" -> "expert". */
 export function vectorAxisName(name: string): string {
   const m = /(?:^|_)per_([A-Za-z][A-Za-z0-9]*)$/.exec(name);
-  return m ? m[1] : 'index';
+  // no "per_X" in the name: its entries, named after it ("histogram[i]"), not a bare "index"
+  return m ? m[1] : `${name}[i]`;
 }
 
 /**

@@ -95,10 +95,26 @@ export function heatmapLayout(
   return { cols, rows, cellHeight, height: HEAT_TOP + rows * (cellHeight + HEAT_BLOCK) + HEAT_BOTTOM };
 }
 
-/** An echarts visualMap: the vertical colour bar of the heatmaps `seriesIndex`, from `min` to `max`. */
-function colourBar(seriesIndex: number[], min: number, max: number, colours: string[], top: number, length: number) {
+/** A colour bar's title: the value's name, cut to what fits in the bar's room. */
+export function barTitle(name: string): string {
+  return name.length > 11 ? `${name.slice(0, 10)}…` : name;
+}
+
+/** An echarts visualMap: the vertical colour bar of the heatmaps `seriesIndex`, from `min` to `max`, titled `title`. */
+function colourBar(
+  seriesIndex: number[],
+  min: number,
+  max: number,
+  colours: string[],
+  top: number,
+  length: number,
+  title: string
+) {
   return {
     seriesIndex,
+    // the bar's title above it: what its colours stand for (the value's name, or the difference)
+    text: [title, ''],
+    textGap: 6,
     min,
     max,
     calculable: true,
@@ -198,10 +214,10 @@ export function heatmapOption(
   const gridHeight = layout.height - HEAT_TOP - HEAT_BOTTOM - 40;
   const bars = diffIndices.length ? 2 : 1;
   const barLength = Math.max(50, Math.min(220, gridHeight / bars - 30));
-  const visualMap: object[] = [colourBar(runIndices, lo, hi, VIRIDIS, HEAT_TOP + 16, barLength)];
+  const visualMap: object[] = [colourBar(runIndices, lo, hi, VIRIDIS, HEAT_TOP + 30, barLength, barTitle(name))];
   if (diffIndices.length) {
     const m = niceRange(0, absMax((panels[panels.length - 1] as { data: IVectorSeries }).data))[1];
-    visualMap.push(colourBar(diffIndices, -m, m, DIVERGING, HEAT_TOP + 16 + barLength + 40, barLength));
+    visualMap.push(colourBar(diffIndices, -m, m, DIVERGING, HEAT_TOP + 30 + barLength + 54, barLength, 'difference'));
   }
   return {
     animation: false,

@@ -131,6 +131,43 @@ export function symexp(v: number, c: number): number {
   return Math.sign(v) * c * (Math.pow(10, Math.abs(v)) - 1);
 }
 
+/**
+ * A symlog axis's ticks, on the drawn (transformed) scale: 0 and ±c·10^k, the
+ * round real values (0.01, 0.1, 1, 10, …), so the labels read "0.1 / 1 / 10"
+ * and never the "0.99 / 100" of evenly spaced transformed ticks.  Every
+ * second (third, …) decade when more than `most` would show; the first and
+ * last enclose [lo, hi] (the axis's ends).
+ */
+export function symlogTicks(lo: number, hi: number, c: number, most = 7): number[] {
+  if (!(Number.isFinite(lo) && Number.isFinite(hi) && c > 0 && most >= 2)) {
+    return [];
+  }
+  const top = Math.ceil(Math.log10(Math.max(Math.abs(symexp(lo, c)), Math.abs(symexp(hi, c)), c) / c));
+  const between = (step: number): number[] => {
+    // the ticks 0, ±c·10^(step·j) from the last at or below lo to the first at or above hi
+    const real = [0];
+    for (let k = 0; k <= top + step; k += step) {
+      real.push(c * Math.pow(10, k), -c * Math.pow(10, k));
+    }
+    const all = real.map(v => symlog(Number(v.toPrecision(12)), c)).sort((a, b) => a - b);
+    const first = Math.max(0, all.filter(t => t <= lo + 1e-9).length - 1);
+    const over = all.findIndex(t => t >= hi - 1e-9);
+    return all.slice(first, (over < 0 ? all.length - 1 : over) + 1);
+  };
+  let step = 1;
+  let ticks = between(step);
+  while (ticks.length > most && step < top + 1) {
+    step += 1;
+    ticks = between(step);
+  }
+  return ticks;
+}
+
+/** A symlog tick's label: the round real value it stands for. */
+export function symlogLabel(v: number, c: number): string {
+  return formatNumber(Number(symexp(v, c).toPrecision(3)));
+}
+
 /** The y values as a scale draws them: log's unusable points become gaps, symlog's are transformed. */
 export function onScale(points: Point[], scale: YScale, c = 1): Point[] {
   if (scale === 'log') {
@@ -322,9 +359,25 @@ export function lineChart(
     nameTextStyle: { fontSize: 9, align: 'left' },
     axisLabel: {
       fontSize: 10,
-      formatter: (v: number) => formatNumber(scale === 'symlog' ? Number(symexp(v, c).toPrecision(3)) : v)
+      formatter: (v: number) => (scale === 'symlog' ? symlogLabel(v, c) : formatNumber(v))
     }
   };
+  if (scale === 'symlog') {
+    // ticks at the round real values (0, ±c, ±10c, …), not evenly over the transformed range
+    const drawn = keys.flatMap(k => onScale(smoothed[k], scale, c).map(([, y]) => y));
+    const ys = drawn.filter((y): y is number => y !== null && Number.isFinite(y));
+    const ticks = ys.length ? symlogTicks(Math.min(...ys), Math.max(...ys), c, compact ? 4 : 7) : [];
+    if (ticks.length >= 2) {
+      Object.assign(yAxis, {
+        min: ticks[0],
+        max: ticks[ticks.length - 1],
+        axisTick: { customValues: ticks },
+        axisLabel: { ...(yAxis.axisLabel as object), customValues: ticks },
+        splitLine: { show: true },
+        symlogTicks: ticks.map(t => symlogLabel(t, c))
+      });
+    }
+  }
   const top = notice ? 46 : 26;
   const option = {
     animation: false,

@@ -7,7 +7,7 @@
  */
 import { el } from '../charts/dom';
 import { IClusterSummary, IHistoryCluster, formatBytes, ownerText } from '../model';
-import { orderClusters, placeChildren, setText } from './order';
+import { orderClusters, placeChildren, scrollToShow, setText } from './order';
 
 export function button(label: string, className: string, title: string, onClick: () => void): HTMLButtonElement {
   const b = el('button', `jp-Button jc-button ${className}`, label);
@@ -146,6 +146,8 @@ class ClusterCard {
 /** The live clusters, plus a card for each cluster being started from the panel. */
 export class ClusterList {
   readonly node = el('div', 'jc-clusters');
+  /** the selection and its place the list last showed: a new one (or a move) is scrolled into view */
+  private shown = '';
   private readonly cards = new Map<string, ClusterCard>();
   private readonly starting = new Map<string, HTMLElement>();
   private readonly empty = el('div', 'jc-empty', 'No clusters. Start one with New, or %cluster start in a notebook.');
@@ -204,6 +206,26 @@ export class ClusterList {
       wanted.push(this.empty);
     }
     placeChildren(this.node, wanted);
+    this.keepInView(selected, ordered.map(c => c.name).indexOf(selected ?? ''));
+  }
+
+  /**
+   * Keep the selected card in its scroller's view (the Workers section shows
+   * it): when the selection changes or its card moves, not on every update,
+   * so a user's own scrolling stays.
+   */
+  private keepInView(selected: string | null, index: number): void {
+    const key = `${selected}\u0000${index}`;
+    const card = selected ? this.cards.get(selected)?.node : undefined;
+    const scroller = this.node.parentElement;
+    if (key === this.shown || !card || !scroller || !scroller.clientHeight) {
+      return;
+    }
+    this.shown = key;
+    // the card's place in the scroller's content (wherever the offset parents are)
+    const top = card.getBoundingClientRect().top - scroller.getBoundingClientRect().top + scroller.scrollTop;
+    scroller.scrollTop = scrollToShow(top, card.offsetHeight, scroller.scrollTop, scroller.clientHeight);
+    this.node.dataset.shownSelected = selected ?? '';
   }
 }
 

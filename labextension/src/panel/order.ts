@@ -88,3 +88,19 @@ export function scopedJobs(
   );
   return { rows: [...running, ...finished.slice(0, limit)], more: Math.max(0, finished.length - limit) };
 }
+
+/**
+ * The scroll position that shows an item (`top` and `height` within the
+ * scroller's content) in a view `viewHeight` tall now at `scrollTop`: the
+ * same when it is in view already, else the least scroll that shows it (its
+ * top when it is taller than the view).
+ */
+export function scrollToShow(top: number, height: number, scrollTop: number, viewHeight: number): number {
+  if (top < scrollTop || height >= viewHeight) {
+    return top;
+  }
+  if (top + height > scrollTop + viewHeight) {
+    return top + height - viewHeight;
+  }
+  return scrollTop;
+}

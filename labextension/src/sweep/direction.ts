@@ -45,3 +45,31 @@ export function defaultMetric(metrics: string[]): string {
 export function bestFirstDescending(metric: string): boolean {
   return !lowerIsBetter(metric);
 }
+
+/**
+ * Metric -> the id of the row with the best final value (the lowest for a
+ * loss-like name, else the highest); the first row given wins a tie, and a
+ * metric no row has a number for is left out.  The table marks these cells
+ * (★); the saved copy marks the same ones (jupyter_cluster/widgets/sweep.py
+ * best_rows()).
+ */
+export function bestRowIds(
+  rows: { id: string; final: { [metric: string]: number | null | undefined } }[],
+  metrics: string[]
+): Map<string, string> {
+  const out = new Map<string, string>();
+  for (const m of metrics) {
+    const lower = lowerIsBetter(m);
+    let found: { v: number; id: string } | null = null;
+    for (const r of rows) {
+      const v = r.final[m];
+      if (typeof v === 'number' && Number.isFinite(v) && (found === null || (lower ? v < found.v : v > found.v))) {
+        found = { v, id: r.id };
+      }
+    }
+    if (found) {
+      out.set(m, found.id);
+    }
+  }
+  return out;
+}

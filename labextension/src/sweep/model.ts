@@ -8,7 +8,7 @@
  * (config -> metric) view.
  */
 import type { Point } from '../charts/data';
-import { colorLookup } from '../charts/colors';
+import { colorLookup, distinctColors } from '../charts/colors';
 import { escapeHTML, formatNumber, naturalCompare } from '../charts/data';
 import { parseFilter, termHolds } from './filter';
 import { IGroup, groupBy as groupByKeys } from './groups';
@@ -97,20 +97,39 @@ export function configText(rows: ISweepRow[]): (key: string, v: ConfigValue | un
  * The colours of a sweep's rows (look up rowColorKey()): each row's series
  * gets the colour the metric charts give it (the topic's keys are assigned
  * first, exactly as those charts assign them), rows without a series the
- * next free ones; grouped, each group its own.  The swatches, the curves and
- * the parallel coordinates all use it.
+ * next ones; grouped, each group its own.  `shown` are the rows on screen
+ * (after the filter): when their colours would repeat more than the
+ * palette's size forces, the rows shown are coloured among themselves
+ * instead (colors.ts distinctColors()), so three filtered rows are never
+ * red, pink and red.  The swatches, the curves and the parallel coordinates
+ * all use it.
  */
-export function sweepColors(sweep: ISweep, dark = false, groupBy: string | null = null): (key: string) => string {
+export function sweepColors(
+  sweep: ISweep,
+  dark = false,
+  groupBy: string | null = null,
+  shown: ISweepRow[] = sweep.rows
+): (key: string) => string {
   if (groupKeys(groupBy).length) {
-    return colorLookup(
-      groupRows(sweep.rows, groupBy ?? '').map(g => g.key),
+    const groups = groupRows(shown, groupBy ?? '').map(g => g.key);
+    return distinctColors(
+      groups,
+      colorLookup(
+        groupRows(sweep.rows, groupBy ?? '').map(g => g.key),
+        dark
+      ),
       dark
     );
   }
-  return colorLookup(
+  const topic = colorLookup(
     sweep.colorKeys ?? [],
     dark,
     sweep.rows.map(r => rowColorKey(r))
+  );
+  return distinctColors(
+    shown.map(r => rowColorKey(r)),
+    topic,
+    dark
   );
 }
 

@@ -3,7 +3,7 @@
  * axes (log, categories or linear, axes.ts), its line colours and ticked rows.
  */
 import { formatNumber, naturalCompare } from '../charts/data';
-import { AxisKind, axisKind } from './axes';
+import { AxisKind, axisChoices, axisKind } from './axes';
 import { ISweepRow, cellText, configKeys } from './model';
 
 /** A parallel axis of the parallel-coordinates view: numbers on a value axis, anything else as categories. */
@@ -119,4 +119,50 @@ export function parallelOption(
       }
     ]
   };
+}
+
+/** One parallel axis as the axis switch offers it: its key, the scale drawn, the scale chosen from the values, the others allowed. */
+export interface IAxisSwitch {
+  key: string;
+  kind: AxisKind;
+  auto: AxisKind;
+  choices: AxisKind[];
+}
+
+/**
+ * The axes the switch offers (each config key, then `metric`), each with the
+ * scale drawn: the user's choice in `chosen` where the values allow it, else
+ * the one chosen from the values (axisKind(); a metric is never categorical).
+ * The choices are axisChoices()'s (no log with a value <= 0).
+ */
+export function axisSwitches(rows: ISweepRow[], metric: string, chosen: { [key: string]: AxisKind }): IAxisSwitch[] {
+  const one = (key: string, values: unknown[], isMetric: boolean): IAxisSwitch => {
+    const found = axisKind(values);
+    const auto: AxisKind = isMetric && found === 'category' ? 'linear' : found;
+    const choices = axisChoices(values).filter(k => !isMetric || k !== 'category');
+    const want = chosen[key];
+    return { key, auto, choices, kind: want && choices.includes(want) ? want : auto };
+  };
+  const out = configKeys(rows).map(k =>
+    one(
+      k,
+      rows.map(r => r.config[k]),
+      false
+    )
+  );
+  if (metric) {
+    out.push(
+      one(
+        metric,
+        rows.map(r => r.final[metric]),
+        true
+      )
+    );
+  }
+  return out;
+}
+
+/** The axis kinds to draw (parallelOption()'s `axisKinds`): only the axes switched away from their automatic scale. */
+export function switchedKinds(axes: IAxisSwitch[]): { [key: string]: AxisKind } {
+  return Object.fromEntries(axes.filter(a => a.kind !== a.auto).map(a => [a.key, a.kind]));
 }

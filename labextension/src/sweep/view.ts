@@ -45,11 +45,13 @@ import {
   sortRows,
   sweepColors
 } from './model';
-import { bestFirstDescending, defaultMetric } from './direction';
+import { bestFirstDescending, bestRowIds, defaultMetric } from './direction';
 import { filterExample, filterHelp } from './filter';
 import { meanText } from './groups';
 import { columnNotation } from './notation';
-import { parallelColours, parallelOption } from './parallel';
+import { axisSwitches, parallelColours, parallelOption, switchedKinds } from './parallel';
+import type { AxisKind } from './axes';
+import { AxisSwitch } from './axisSwitch';
 
 echarts.use([
   LineChart,
@@ -77,6 +79,8 @@ export interface ISweepViewState {
   selected: string[];
   /** the parallel coordinates' lines: each row's colour ('row'), or the metric's value on a scale ('metric') */
   parallelBy?: 'row' | 'metric';
+  /** the parallel axes the user switched to another scale (key -> log, category or linear) */
+  axes?: { [key: string]: AxisKind };
 }
 
 export class SweepView {
@@ -91,6 +95,9 @@ export class SweepView {
   private groupBy = '';
   private metric = '';
   private parallelBy: 'row' | 'metric' = 'row';
+  /** the scales the user picked for parallel axes (the others follow their values) */
+  private axisKinds: { [key: string]: AxisKind } = {};
+  private readonly axisSwitch = new AxisSwitch();
   /** the rows the parallel coordinates' brush keeps (their ids), or null: no brush */
   private brushed: Set<string> | null = null;
   /** the row under the pointer (in the table, a curve or a line): highlighted in every view */
@@ -164,7 +171,11 @@ export class SweepView {
     groupLabel.append(this.groupSelect, ' and ', this.groupSelect2);
     const parallelLabel = el('label', '', 'lines by ');
     parallelLabel.append(this.parallelSelect);
-    tools.append(this.filterInput, metricLabel, groupLabel, parallelLabel, this.clearButton);
+    this.axisSwitch.onChange = (key, kind) => {
+      this.axisKinds = { ...this.axisKinds, [key]: kind };
+      this.changed();
+    };
+    tools.append(this.filterInput, metricLabel, groupLabel, parallelLabel, this.axisSwitch.node, this.clearButton);
     this.problem.style.cssText = 'color: var(--jp-error-color1, #d32f2f); margin: 2px 0; display: none;';
     const charts = el('div', 'jc-sweep-charts');
     charts.style.cssText =
@@ -233,7 +244,8 @@ export class SweepView {
       groupBy: this.groupBy,
       metric: this.metric,
       selected: [...this.selected],
-      parallelBy: this.parallelBy
+      parallelBy: this.parallelBy,
+      axes: { ...this.axisKinds }
     };
   }
 
@@ -246,6 +258,7 @@ export class SweepView {
     this.groupBy = state.groupBy ?? this.groupBy;
     this.metric = state.metric ?? this.metric;
     this.parallelBy = state.parallelBy === 'metric' ? 'metric' : state.parallelBy === 'row' ? 'row' : this.parallelBy;
+    this.axisKinds = state.axes ?? this.axisKinds;
     if (state.selected) {
       this.selected.clear();
       state.selected.forEach(id => this.selected.add(id));
@@ -283,6 +296,7 @@ export class SweepView {
     ]) {
       c.style.cssText = controlStyle(this.dark);
     }
+    this.axisSwitch.style(this.dark);
     this.filterInput.style.width = '14em';
   }
 
@@ -337,7 +351,7 @@ export class SweepView {
     const ticked = rows.filter(r => this.selected.has(r.id));
     const drawn = ticked.length ? ticked : rows.slice(0, MAX_DEFAULT_CURVES);
     // one colour per row (or group) in the table, the curves and the parallel coordinates
-    const colorOf = sweepColors(sweep, this.dark, this.groupBy || null);
+    const colorOf = sweepColors(sweep, this.dark, this.groupBy || null, filtered);
     this.status.textContent =
       `${sweep.title ? `${sweep.title}: ` : ''}${rows.length} of ${sweep.rows.length} rows` +
       (ticked.length ? `, ${ticked.length} selected` : '') +
@@ -381,7 +395,16 @@ export class SweepView {
     const parallelRows = filtered.filter(r => typeof r.final[this.metric] === 'number');
     const byRow = this.parallelBy === 'row';
     const rowColor = (r: ISweepRow): string => colorOf(rowColorKey(r, this.groupBy || null));
-    const psig = JSON.stringify([this.metric, parallelRows, byRow && parallelRows.map(rowColor), [...this.selected]]);
+    const switches = axisSwitches(parallelRows, this.metric, this.axisKinds);
+    this.axisSwitch.update(switches);
+    const kinds = switchedKinds(switches);
+    const psig = JSON.stringify([
+      this.metric,
+      parallelRows,
+      byRow && parallelRows.map(rowColor),
+      [...this.selected],
+      kinds
+    ]);
     if (psig !== this.drawn.parallel) {
       this.drawn.parallel = psig;
       if (!this.parallel) {
@@ -390,7 +413,14 @@ export class SweepView {
       }
       this.brushed = null; // a redrawn chart has no brush
       this.node.dataset.brushed = '';
-      const option = parallelOption(parallelRows, this.metric, this.dark, byRow ? rowColor : null, this.selected);
+      const option = parallelOption(
+        parallelRows,
+        this.metric,
+        this.dark,
+        byRow ? rowColor : null,
+        this.selected,
+        kinds
+      );
       this.parallel.setOption(option, { notMerge: true });
       this.parallelRows = parallelRows;
       // each axis's scale (log for decades, categories for few values), for tests and the reader
@@ -544,6 +574,9 @@ export class SweepView {
     const formats = new Map(cols.map(c => [c.id, columnNotation(this.sweep.rows.map(r => cellValue(r, c)))] as const));
     const cellIn = (c: IColumn, v: ConfigValue | undefined): string =>
       typeof v === 'number' && Number.isFinite(v) && c.kind !== 'duration' ? formats.get(c.id)!(v) : cellText(v);
+    // each metric's best run (lowest final loss, highest final accuracy) over the rows shown: its cell marked ★
+    const best = bestRowIds(rows, [...new Set(cols.filter(c => c.kind === 'final').map(c => c.key))]);
+    this.table.dataset.best = [...best].map(([m, id]) => `${m}:${id}`).join('|');
     const rowNode = (r: ISweepRow): HTMLElement => {
       const tr = el('tr', 'jc-sweep-row');
       tr.dataset.id = r.id;
@@ -574,8 +607,12 @@ export class SweepView {
       tr.append(first);
       for (const c of cols) {
         const v = cellValue(r, c);
-        const td = el('td', '', cellIn(c, v));
-        td.style.cssText = `padding: 1px 6px; border-bottom: ${border};${typeof v === 'number' ? ' text-align: right; font-variant-numeric: tabular-nums;' : ''}`;
+        const isBest = c.kind === 'final' && best.get(c.key) === r.id;
+        const td = el('td', isBest ? 'jc-sweep-best' : '', cellIn(c, v) + (isBest ? ' ★' : ''));
+        if (isBest) {
+          td.title = `The best final ${c.key} of the rows shown (${bestFirstDescending(c.key) ? 'highest' : 'lowest'})`;
+        }
+        td.style.cssText = `padding: 1px 6px; border-bottom: ${border};${typeof v === 'number' ? ' text-align: right; font-variant-numeric: tabular-nums;' : ''}${isBest ? ' font-weight: 700;' : ''}`;
         tr.append(td);
       }
       return tr;
