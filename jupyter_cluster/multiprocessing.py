@@ -35,7 +35,26 @@ from multiprocessing import (
 )
 from typing import Any
 
-from .pool import Pool
+
+def _begin_fork_server() -> None:
+    """A script's local cluster: its fork server imports distributed while this module's imports do.
+
+    Only in the process a user runs (not in a Dask worker or a multiprocessing child, which import
+    this module to unpickle a ``Process`` or a primitive): a script's first ``Pool`` result then
+    waits for one import of distributed, not two in a row.
+    """
+    import sys
+
+    if "distributed" in sys.modules or _std.parent_process() is not None:
+        return
+    from .backends.local.forkserver import start_early
+
+    start_early(None, {})
+
+
+_begin_fork_server()
+
+from .pool import Pool  # noqa: E402 - after the fork server has begun
 from .primitives.channels import JoinableQueue, Pipe, Queue, SimpleQueue
 from .primitives.manager import ArrayProxy, SyncManager, ValueProxy
 from .primitives.process import Process, active_children, current_process
