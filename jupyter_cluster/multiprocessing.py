@@ -54,11 +54,12 @@ def _begin_fork_server() -> None:
 
 _begin_fork_server()
 
-from .pool import Pool  # noqa: E402 - after the fork server has begun
-from .primitives.channels import JoinableQueue, Pipe, Queue, SimpleQueue
-from .primitives.manager import ArrayProxy, SyncManager, ValueProxy
-from .primitives.process import Process, active_children, current_process
-from .primitives.sync import Barrier, BoundedSemaphore, Condition, Event, Lock, RLock, Semaphore
+# After the fork server has begun: these import distributed.
+from .pool import Pool  # noqa: E402
+from .primitives.channels import JoinableQueue, Pipe, Queue, SimpleQueue  # noqa: E402
+from .primitives.manager import ArrayProxy, SyncManager, ValueProxy  # noqa: E402
+from .primitives.process import Process, active_children, current_process  # noqa: E402
+from .primitives.sync import Barrier, BoundedSemaphore, Condition, Event, Lock, RLock, Semaphore  # noqa: E402
 
 __all__ = [
     "Array",

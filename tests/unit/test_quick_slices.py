@@ -93,8 +93,21 @@ def test_the_budget_and_a_stop_still_end_a_chunk_of_quick_items():
     timer.start()
     try:
         slices.run_slices(
-            inc, items, False, 1e-7, None, threading.local(), lambda: False, float("inf"), float("inf"), stop,
-            values, durations, {}, {}, worker_run.error_info,
+            inc,
+            items,
+            False,
+            1e-7,
+            None,
+            threading.local(),
+            lambda: False,
+            float("inf"),
+            float("inf"),
+            stop,
+            values,
+            durations,
+            {},
+            {},
+            worker_run.error_info,
         )
     finally:
         timer.cancel()
