@@ -182,7 +182,7 @@ class JobRecord:
         if not self.ordered:
             return [self.results[i] for i in self._completion]
         n = self.total if self.total is not None else len(self.results)
-        return [self.results[i] for i in range(n)]
+        return list(map(self.results.__getitem__, range(n)))
 
     def take_results(self) -> list:
         """:meth:`result_list`, handing the values over: the job keeps none of them afterwards.

@@ -655,3 +655,34 @@ def test_kept_slurm_cluster_outlives_a_killed_kernel_and_idles_out(slurm, tmp_pa
         if rec is not None and psutil.pid_exists(rec.owner_pid):
             os.kill(rec.owner_pid, signal.SIGTERM)
         subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
+
+
+@pytest.mark.timeout(600)
+def test_a_multiprocessing_script_runs_unchanged_on_slurm_jobs(slurm, tmp_path):
+    """Issue 36's "done when" on SLURM: ``workers_script.py`` (Process workers, Queues, a Pipe, a
+    Manager dict, a Pool whose tasks write to a Queue), its import line changed, in a fresh interpreter
+    whose default cluster is SLURM jobs (``DASK_JUPYTER_CLUSTER__BACKEND=slurm``, 2 jobs on the 2 nodes),
+    prints what it prints under ``multiprocessing``; its jobs end with it."""
+    from tests.multiprocessing.test_script import SCRIPT, ported_script, run_script
+
+    before = {j[0] for j in squeue()}
+    try:
+        expected = run_script(SCRIPT)
+        assert expected[0].startswith("results [(0, 0)")
+        announced: list[str] = []
+        got = run_script(
+            ported_script(tmp_path),
+            announced,
+            DASK_JUPYTER_CLUSTER__BACKEND="slurm",
+            DASK_JUPYTER_CLUSTER__JOBQUEUE__WORKERS="2",
+        )
+        assert got == expected
+        assert len(announced) == 1 and "(slurm, " in announced[0], announced
+        wait_for(
+            lambda: not [j for j in squeue() if j[0] not in before],
+            timeout=60,
+            message="the script's SLURM jobs to end with it",
+        )
+    finally:
+        for job in [j for j in squeue() if j[0] not in before]:
+            subprocess.run(["scancel", job[0]], capture_output=True, timeout=30)

@@ -21,21 +21,31 @@ SCRIPT = Path(__file__).with_name("workers_script.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(path: Path) -> list[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def run_script(path: Path, announced: list[str] | None = None, **env: str) -> list[str]:
+    """``path``'s output lines in a fresh interpreter, less the line announcing a started cluster
+    (appended to ``announced`` when given)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **env)
     done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    return [line for line in done.stdout.splitlines() if not line.startswith("Started cluster ")]
+    lines = done.stdout.splitlines()
+    if announced is not None:
+        announced.extend(line for line in lines if line.startswith("Started cluster "))
+    return [line for line in lines if not line.startswith("Started cluster ")]
+
+
+def ported_script(folder: Path) -> Path:
+    """``workers_script.py`` with only its import line changed to ``jupyter_cluster.multiprocessing``."""
+    text = SCRIPT.read_text()
+    assert "import multiprocessing as mp\n" in text
+    ported = folder / "ported.py"
+    ported.write_text(
+        text.replace("import multiprocessing as mp\n", "import jupyter_cluster.multiprocessing as mp\n", 1)
+    )
+    return ported
 
 
 @pytest.mark.timeout(300)
 def test_the_workers_script_gives_the_same_output_on_the_cluster(tmp_path):
-    text = SCRIPT.read_text()
-    assert "import multiprocessing as mp\n" in text
-    ported = tmp_path / "ported.py"
-    ported.write_text(
-        text.replace("import multiprocessing as mp\n", "import jupyter_cluster.multiprocessing as mp\n", 1)
-    )
-    expected = _run(SCRIPT)
+    expected = run_script(SCRIPT)
     assert expected[0].startswith("results [(0, 0)")
-    assert _run(ported) == expected
+    assert run_script(ported_script(tmp_path)) == expected

@@ -74,3 +74,10 @@ def test_remembered_durations_are_keyed_by_code_and_bounded():
     mem.put(planner.duration_key(g), 0.2)  # a third key pushes out the oldest
     assert mem.get(planner.duration_key(f)) is None and mem.get(planner.duration_key(g)) == 0.2
     assert planner.duration_key(object()) is None
+
+
+def test_a_sized_input_gets_batches_ten_times_larger_than_a_stream():
+    """Issue 36: 10^6 no-ops in batches of at most 10,000 were 100 round trips of ~1 ms of work."""
+    assert planner.next_size(remaining=10**6, per_item=1e-8, spread=4, probe=1)[0] == planner.MAX_SIZED_CHUNK_ITEMS
+    assert planner.MAX_SIZED_CHUNK_ITEMS >= 10 * planner.MAX_CHUNK_ITEMS
+    assert planner.next_size(remaining=None, per_item=1e-8, spread=4, probe=1)[0] == planner.MAX_CHUNK_ITEMS

@@ -29,7 +29,7 @@ import cloudpickle
 from ...cell.function import ITEM_NAME, RESULT_NAME, CellFunction
 from ...telemetry.tags import TAG_NAME, item_state
 from ..protocol import Items
-from . import groups
+from . import groups, slices
 from .groups import GroupStopped, _async_raise, _group, run_in_group
 
 _CANCEL_CHECK_S = 0.05
@@ -460,6 +460,10 @@ def _run_items(
     """:func:`run_chunk`'s loop over its items (appends to ``values``, ``durations``, ``outputs``, ``errors``)."""
     local = _STATE.local  # per thread: run_in_group runs this in a helper thread
     perf = time.perf_counter
+    # Quick items run in slices once the first ones are timed (see .slices); not with retries or timeouts.
+    quick_from = slices.FIRST_ITEMS if not retries and runner is None and isinstance(items, (list, tuple)) else 0
+    if len(items) <= 2 * quick_from:
+        quick_from = 0
     try:
         for pos, item in enumerate(items):
             if stop is not None and stop.is_set():  # Pool.terminate(): the rest of the chunk is not run
@@ -511,6 +515,11 @@ def _run_items(
                 next_check = t1 + _CANCEL_CHECK_S
                 if cancelled():
                     break
+            if pos + 1 == quick_from and sum(durations) < slices.QUICK_ITEM_SECONDS * quick_from:
+                make = _Capture if capture else None
+                args = (local, cancelled, next_check, deadline, stop, values, durations, outputs, errors, error_info)
+                slices.run_slices(fn, items, star, sum(durations) / quick_from, make, *args)
+                break
     finally:
         if runner is not None:
             runner.close()
