@@ -27,8 +27,12 @@ def _tpe() -> Any:
 
 def lend(helper: threading.Thread) -> Any:
     """In the task thread: give ``helper`` this thread's seat; its executor (None outside Dask's pool)."""
-    executor = getattr(_tpe().thread_state, "executor", None)
-    if executor is None:
+    state = _tpe().thread_state
+    executor = getattr(state, "executor", None)
+    if executor is None or getattr(state, "proceed", True) is False:
+        # Outside Dask's pool, or the task already seceded (a Pool wider than the cluster's threads):
+        # there is no seat to lend, and taking one back afterwards would count a thread that ends with
+        # its task, leaving the pool a thread short for good (a later map's leases never start).
         return None
     executor._threads.add(helper)
     executor._threads.discard(threading.current_thread())
