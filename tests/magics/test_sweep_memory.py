@@ -28,7 +28,8 @@ def _items_kept(client) -> tuple[int, list]:
 def test_the_jobs_log_keeps_a_bounded_number_of_sweep_items(ip, cluster):
     ids = []
     for _ in range(CELLS):
-        ip.run_cell_magic("parallel", f"x in range({ITEMS}) --no-progress", "y = x + 1\n")
+        # a sweep (--sweep): a map over plain numbers lists no items
+        ip.run_cell_magic("parallel", f"x in range({ITEMS}) --sweep --no-progress", "y = x + 1\n")
         ids.append(mapping.last_job().id)
     # The last job's final message reaches the scheduler just after the cell returns.
     wait_for(lambda: ids[-1] in {m.get("job") for m in _items_kept(cluster.client)[1]}, timeout=20,
