@@ -386,7 +386,7 @@ def test_reports_from_maps_pools_and_sweeps_inside_a_named_run_are_the_runs(ip, 
     ip.user_ns.update(TOPIC=topic)
     cell = (
         "with jc.run('swept', config={'opt': 'sgd'}) as swept:\n"
-        "    get_ipython().run_cell_magic('parallel', 'seed in range(3)',\n"
+        "    get_ipython().run_cell_magic('parallel', 'seed in range(3) --sweep',\n"
         "        'import jupyter_cluster as jc\\njc.report(step=0, topic=TOPIC, u=float(seed))')\n"
     )
     assert ip.run_cell("import jupyter_cluster as jc\n" + cell).error_in_exec is None
