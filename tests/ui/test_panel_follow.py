@@ -208,7 +208,7 @@ def test_two_notebooks_failures_x_axis_overlay_and_lag(lab, browser, artifacts):
         items.nth(1).wait_for(timeout=10_000)
         assert items.count() == 2
         heads = items.locator(".jc-job-failure-index").all_inner_texts()
-        assert heads == ["item 3", "item 7"], heads
+        assert heads == ["item 3: 3", "item 7: 7"], heads  # each failed item by its index and its value
         errors = items.locator(".jc-job-failure-error").all_inner_texts()
         assert errors == ["ValueError: bad 3", "ValueError: bad 7"], errors
         workers = items.locator(".jc-job-failure-worker").all_inner_texts()

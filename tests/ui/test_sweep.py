@@ -88,7 +88,8 @@ def test_sweep_table_sorts_filters_groups_and_overlays(lab, browser, artifacts):
         loss_header.click()
         _wait_attr(page, ".jc-sweep", "order", f"v.split('|')[0].endsWith('trial={by_loss[0]}')")
         col = headers.index("loss") + 1  # the first cell holds the tick box and swatch
-        shown = [float(t) for t in sweep.locator(f"tr.jc-sweep-row td:nth-child({col + 1})").all_inner_texts()]
+        cells = sweep.locator(f"tr.jc-sweep-row td:nth-child({col + 1})").all_inner_texts()
+        shown = [float(t.replace("★", "").strip()) for t in cells]  # the best run's cell is marked ★
         assert shown == sorted(shown) and len(shown) == ITEMS, shown
         trial_header = sweep.locator('th[data-col="config:trial"]')
         trial_header.click()  # ascending by trial: 0, 1, 2, ..., 10 (not 0, 1, 10, 11)
