@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import config
 from .._core import background as _background
-from ..backends import StartedCluster, get_backend
+from ..backends import StartedCluster, backend_classes, get_backend
 from ..engine.cluster import warm_engine, workers_now
 from ..engine.direct import release_leases
 from ..errors import ClusterError
@@ -443,27 +443,24 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
         _current = target
         return _handles[target]
     record = None
-    via_gateway: StartedCluster | None = None
+    via_backend: StartedCluster | None = None
     if "://" in target or (":" in target and target.rsplit(":", 1)[-1].isdigit()):
         address, name = target, None
         if security is None and address.startswith("tls://"):  # one of this user's TLS clusters?
             security = _security_for_address(address)
     else:
         record = registry.read(target)
-        if record is None or record.backend == "gateway":  # a dask-gateway cluster: reached through its gateway
-            from ..backends.gateway import attach
-
-            via_gateway = attach(target, record)
-        if record is None and via_gateway is None:
+        via_backend = _attach_by_name(target, record)  # a dask-gateway cluster: reached through its gateway
+        if record is None and via_backend is None:
             known = ", ".join(r.name for r in registry.live_records()) or "none"
             raise ClusterError(f"no cluster named {target!r} is running (known: {known}); see %cluster list.")
-        if via_gateway is not None:
-            address, name, security = via_gateway.address, record.name if record else target, via_gateway.security
+        if via_backend is not None:
+            address, name, security = via_backend.address, record.name if record else target, via_backend.security
         elif record is not None:
             address, name = record.address, f"{record.name}"
             if security is None and address.startswith("tls://"):  # a TLS cluster started on this machine
                 security = saved_security(record.name)
-    started = via_gateway or get_backend("address").start(address=address, security=security)
+    started = via_backend or get_backend("address").start(address=address, security=security)
     if record is not None:  # the cluster's own name and dashboard, as the registry has them
         started.dashboard_link = started.dashboard_link or record.dashboard_link
     name = name or _unique_name("remote")
@@ -474,6 +471,25 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
     if record is not None:  # the panel follows this kernel's notebook to the cluster from now on
         registry.write_attachment(record.name, record.address)
     return _adopt(handle, attached=True)
+
+
+def _attach_by_name(target: str, record: registry.ClusterRecord | None) -> StartedCluster | None:
+    """How a backend reaches the cluster called ``target`` (``Backend.attach``), or None for its record's address.
+
+    With a record, its backend is asked; a name this machine has no record of is
+    offered to every backend (a dask-gateway's own cluster names).
+    """
+    if record is not None:
+        try:
+            impl = get_backend(record.backend)
+        except ClusterError:  # a backend not installed here: its scheduler's address is all there is
+            return None
+        return impl.attach(target, record)
+    for cls in backend_classes().values():
+        found = cls().attach(target, None)
+        if found is not None:
+            return found
+    return None
 
 
 def _security_for_address(address: str) -> Any:
