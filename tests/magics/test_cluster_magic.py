@@ -407,3 +407,29 @@ def test_fork_server_can_be_switched_off_and_on_again():
         off.close()
     on = jc.start(workers=1, name="fork-on-again")
     assert "forkserver" in " ".join(psutil.Process(_worker_view(on.client)["ppid"]).cmdline())
+
+
+def test_the_usage_is_written_at_load_ext_without_importing_a_backend():
+    """``%cluster?`` is written when the magic loads: no backend module (the local one imports distributed)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from IPython.testing.globalipapp import start_ipython\n"
+        "ip = start_ipython()\n"
+        "ip.run_line_magic('load_ext', 'jupyter_cluster')\n"
+        "doc = ip.find_line_magic('cluster').__doc__\n"
+        "print(json.dumps([doc, sorted(m for m in sys.modules if m.startswith('jupyter_cluster.backends.'))]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "[--OPTION ...]" in doc and "%cluster start --help" in doc
+    # the fork server begun at %load_ext is in backends.local's package, but none of the backend classes' modules
+    backend_modules = {
+        "jupyter_cluster.backends." + m
+        for m in ("local.backend", "jobqueue.backend", "ssh", "kubernetes", "gateway", "address")
+    }
+    assert not backend_modules & set(loaded), loaded
