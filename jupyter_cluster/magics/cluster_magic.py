@@ -70,7 +70,10 @@ def _parser(backend_options: bool = True) -> _ArgumentParser:
         from ..backends import start_options
 
         group = s.add_argument_group("backend options (the backends that take each)")
+        session_names = {a.dest for a in s._actions} | {"wait", "help"}
         for merged in start_options():
+            if merged.option.name in session_names:  # another package's backend cannot take the session's flags
+                continue
             for flags, kwargs in merged.option.argparse_arguments(merged.help()):
                 group.add_argument(*flags, **kwargs)
     p.start_options = [
