@@ -142,7 +142,8 @@ class ClusterMagics(Magics):
             words = shlex.split(line)
         except ValueError as exc:
             raise UsageError(f"%cluster: {exc}.") from None
-        parser = _parser()
+        # only a start imports the backends for their flags: other lines are checked before any import below
+        parser = _parser(backend_options=words[:1] == ["start"])
         args = parser.parse_args(words)
         if args.command == "start" and args.start_help:
             print(parser.start_parser.format_help(), end="")
