@@ -49,7 +49,7 @@ def _begin_fork_server() -> None:
         return
     from .backends.local.forkserver import start_early
 
-    start_early(None, {})
+    start_early(None, {}, check_guard=False)  # the import line is at the script's top level
 
 
 _begin_fork_server()
