@@ -36,8 +36,14 @@ def _forkserver_is_private() -> bool:
 
 
 #: what the fork server imports for every worker: distributed, and what of ours runs on a worker (the
-#: worker plugins a local cluster's workers start with, and the engine's worker side)
-WORKER_MODULES = ["distributed", "jupyter_cluster.backends.local.workers", "jupyter_cluster.engine.worker"]
+#: worker plugins a local cluster's workers start with, and the engine's worker side), and what every
+#: worker would compute alike (:mod:`.preload`)
+WORKER_MODULES = [
+    "distributed",
+    "jupyter_cluster.backends.local.workers",
+    "jupyter_cluster.engine.worker",
+    "jupyter_cluster.backends.local.preload",
+]
 
 _forkserver_lock = threading.Lock()
 #: the environment the fork server started with (None: this process did not start one)
