@@ -72,3 +72,16 @@ def test_the_workers_script_gives_the_same_output_on_the_cluster(tmp_path):
     expected = run_script(SCRIPT)
     assert expected[0].startswith("results [(0, 0)")
     assert run_script(ported_script(tmp_path)) == expected
+
+
+def test_a_script_that_hangs_fails_with_its_threads_stacks(tmp_path):
+    """The harness of the tests above (also the SLURM one): a hang fails with where it hangs, not silently."""
+    hang = tmp_path / "hangs.py"
+    hang.write_text('import threading, time\nprint("started", flush=True)\nthreading.Event().wait()\n')
+    with pytest.raises(pytest.fail.Exception) as failed:
+        run_script(hang, timeout=3)
+    text = str(failed.value)
+    assert "hangs.py did not finish in 3 s" in text
+    assert "started" in text  # what it printed before it hung
+    assert "in wait" in text  # faulthandler's stack of the main thread: threading.py, line ..., in wait
+    assert 'File "' in text
