@@ -20,7 +20,6 @@ import errno
 import ipaddress
 import os
 import sys
-import threading
 import uuid
 import weakref
 from typing import Any
@@ -157,16 +156,6 @@ def _close_quietly(cluster: Any, wait_for_start: bool = False) -> None:
         pass
 
 
-def _versions_now() -> None:
-    """Look up what ``distributed.versions.get_versions`` reports (cached for the process; see :mod:`.preload`)."""
-    try:
-        from distributed.versions import get_versions
-
-        get_versions()
-    except Exception:  # noqa: BLE001 - the scheduler looks them up itself, and reports what fails
-        pass
-
-
 class LocalBackend(Backend):
     """One single-threaded worker process per core, bound to 127.0.0.1 by default."""
 
@@ -274,8 +263,6 @@ class LocalBackend(Backend):
             # (in-process workers would share one plugin object, which keeps its worker): a first map
             # skips registering them, two broadcasts through the scheduler that took 0.1-0.3 s of it.
             kwargs["plugins"] = tuple(plugins) + ((EnginePlugin(), flush_plugin()) if engine_at_spawn else ())
-        # The scheduler asks for these when the first worker registers, on its event loop; ready by then.
-        threading.Thread(target=_versions_now, daemon=True, name="jupyter-cluster-versions").start()
         if devices is None and kwargs["processes"] and use_forkserver():
             kwargs["env"] = environ_since_forkserver()  # {} before the server's first start
             kwargs["worker_class"] = ForkedNanny
