@@ -7,11 +7,18 @@ Two figures of issue 36:
   ``chunksize = len / (4 x processes)``; ours: ``chunksize=None``; plain
   Dask: ``client.map`` over the chunks ``multiprocessing`` cuts, on a ``LocalCluster`` of its own);
 - a script's first ``Pool`` result, from a fresh interpreter's start
-  (import, cluster or pool start, one ``apply``), for each system.
+  (import, cluster or pool start, one ``apply``), for each system: each snippet
+  is run as a script file, as users run them (spawned and fork-served worker
+  processes import a file script again; ``python -c`` has none), best of
+  ``--first-runs`` runs, the systems taking turns.
 
 Run::
 
-    python benchmarks/mp_dropin.py [--items 1000000] [--repeat 3]
+    python benchmarks/mp_dropin.py [--items 1000000] [--repeat 3] [--first-runs 3]
+        [--first-only] [--before OTHER_TREE]
+
+``--before`` adds a row for ``jupyter_cluster`` imported from another checkout
+(``git worktree add /tmp/before <commit>``): before and after in one run.
 """
 
 from __future__ import annotations
@@ -61,21 +68,56 @@ FIRST_RESULT = {
 }
 
 
-def first_result(code: str) -> float:
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=dict(os.environ)
-    )
+def first_result(code: str, folder: str, pythonpath: str | None = None) -> float:
+    """Seconds from a fresh interpreter's start to ``code``'s first result, ``code`` run as a script file."""
+    script = os.path.join(folder, "first_result_script.py")  # a name no imported module has
+    with open(script, "w") as f:
+        f.write(code)
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300, env=env, cwd=folder)
     lines = [line for line in out.stdout.splitlines() if line and not line.startswith("Started cluster")]
     if out.returncode != 0 or not lines:
         raise RuntimeError(out.stderr[-2000:])
     return float(lines[-1])
 
 
+def first_results(runs: int, before: str | None) -> dict[str, float]:
+    """Best of ``runs`` first-result times per system, the systems taking turns (a load spike hits them alike)."""
+    import tempfile
+
+    snippets = dict(FIRST_RESULT)
+    trees: dict[str, str | None] = {name: None for name in snippets}
+    if before is not None:
+        name = f"jupyter_cluster.mp ({os.path.basename(before.rstrip('/'))})"
+        snippets[name] = FIRST_RESULT["jupyter_cluster.multiprocessing"]
+        trees[name] = before
+    best = {name: float("inf") for name in snippets}
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(runs):
+            for name, code in snippets.items():
+                best[name] = min(best[name], first_result(code, folder, trees[name]))
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--items", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--first-runs", type=int, default=3, help="runs of each first-result script (best taken)")
+    ap.add_argument("--first-only", action="store_true", help="measure only the first results, not the map")
+    ap.add_argument("--before", help="another checkout's root: its first result too, beside this one's")
     args = ap.parse_args()
+    if not args.first_only:
+        _maps(args)
+    print(f"a script's first Pool result, from interpreter start (best of {args.first_runs}):")
+    firsts = first_results(args.first_runs, args.before)
+    for name, seconds in firsts.items():
+        print(f"  {name:<32} {seconds:7.3f} s   x{seconds / firsts['multiprocessing']:6.1f} of multiprocessing")
+
+
+def _maps(args: argparse.Namespace) -> None:
     items = list(range(args.items))
     rows: dict[str, float] = {}
 
@@ -111,10 +153,6 @@ def main() -> None:
     print(f"map of {args.items:,} trivial items, default chunking, best of {args.repeat} (2 workers / processes):")
     for name, seconds in rows.items():
         print(f"  {name:<32} {seconds:7.3f} s   x{seconds / base:5.2f} of multiprocessing")
-    print("a script's first Pool result, from interpreter start:")
-    firsts = {name: first_result(code) for name, code in FIRST_RESULT.items()}
-    for name, seconds in firsts.items():
-        print(f"  {name:<32} {seconds:7.3f} s   x{seconds / firsts['multiprocessing']:6.1f} of multiprocessing")
 
 
 def _timed(fn) -> float:

@@ -47,9 +47,10 @@ def _begin_fork_server() -> None:
 
     if "distributed" in sys.modules or _std.parent_process() is not None:
         return
-    from .backends.local.forkserver import start_early
+    from .backends.local.forkserver import idle_core, start_early
 
-    start_early(None, {})
+    if idle_core():  # else the two imports would share one busy CPU: the start begins the server
+        start_early(None, {}, check_guard=False)  # the import line is at the script's top level
 
 
 _begin_fork_server()

@@ -17,6 +17,7 @@ from typing import Any
 import cloudpickle
 
 from .channels import JoinableQueue, Queue
+from .managed_methods import FORWARDED
 from .shared import Shared
 from .sync import Barrier, BoundedSemaphore, Condition, Event, Lock, RLock, Semaphore
 
@@ -66,25 +67,7 @@ class DictProxy(_Proxy):
     """A manager's ``dict()``."""
 
     _kind = "dict"
-    locals().update(
-        _forward(
-            "__getitem__",
-            "__setitem__",
-            "__delitem__",
-            "__contains__",
-            "__len__",
-            "get",
-            "keys",
-            "values",
-            "items",
-            "update",
-            "pop",
-            "popitem",
-            "setdefault",
-            "clear",
-            "copy",
-        )
-    )
+    locals().update(_forward(*FORWARDED["dict"]))
 
     def __iter__(self) -> Iterator[Any]:
         keys = list(self._callmethod("keys"))  # now, not at the first next(): as a dict's own iterator
@@ -107,26 +90,7 @@ class ListProxy(_Proxy):
     """A manager's ``list()``."""
 
     _kind = "list"
-    locals().update(
-        _forward(
-            "__getitem__",
-            "__setitem__",
-            "__delitem__",
-            "__contains__",
-            "__len__",
-            "append",
-            "extend",
-            "insert",
-            "pop",
-            "remove",
-            "index",
-            "count",
-            "reverse",
-            "sort",
-            "clear",
-            "copy",
-        )
-    )
+    locals().update(_forward(*FORWARDED["list"]))
 
     def __iter__(self) -> Iterator[Any]:
         index = 0  # item by item, as a list's own iterator: it sees changes made meanwhile
@@ -216,7 +180,44 @@ def _zero(typecode: Any) -> Any:
     return {int: 0, float: 0.0, bytes: b"\x00", str: ""}.get(kind, 0)  # type: ignore[arg-type]
 
 
-class ValueProxy(_Proxy):
+class _Synchronized:
+    """``get_lock()``/``get_obj()`` and the lock's methods of a ``Value`` or ``Array`` made with a lock.
+
+    Made with ``lock=False`` (``RawValue``, ``RawArray``) it has none of them, as in multiprocessing.
+    """
+
+    _lock: Any
+    _raw_name = "RawValue"
+
+    @property
+    def get_lock(self) -> Any:
+        """The lock's getter; absent (``AttributeError``) when made with ``lock=False``."""
+        if self._lock is None:
+            raise AttributeError(f"'{self._raw_name}' object has no attribute 'get_lock'")
+        lock = self._lock
+        return lambda: lock
+
+    @property
+    def get_obj(self) -> Any:
+        """The object's getter; absent, as ``get_lock``, without a lock."""
+        if self._lock is None:
+            raise AttributeError("a Raw value has no attribute 'get_obj'")
+        return lambda: self
+
+    def acquire(self, *args: Any) -> bool:
+        return self.get_lock().acquire(*args)
+
+    def release(self) -> None:
+        self.get_lock().release()
+
+    def __enter__(self) -> bool:
+        return self.get_lock().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.get_lock().__exit__(*exc)
+
+
+class ValueProxy(_Synchronized, _Proxy):
     """A ``Value``: ``.value`` read and written through the scheduler; ``get_lock()`` when made with a lock."""
 
     _kind = "value"
@@ -242,39 +243,14 @@ class ValueProxy(_Proxy):
 
     value = property(get, set)
 
-    @property
-    def get_lock(self) -> Any:
-        """The lock's getter; absent (``AttributeError``) when made with ``lock=False``, as on a RawValue."""
-        if self._lock is None:
-            raise AttributeError("'RawValue' object has no attribute 'get_lock'")
-        lock = self._lock
-        return lambda: lock
-
-    @property
-    def get_obj(self) -> Any:
-        """The object's getter; absent, as ``get_lock``, without a lock."""
-        if self._lock is None:
-            raise AttributeError("a Raw value has no attribute 'get_obj'")
-        return lambda: self
-
-    def acquire(self, *args: Any) -> bool:
-        return self.get_lock().acquire(*args)
-
-    def release(self) -> None:
-        self.get_lock().release()
-
-    def __enter__(self) -> bool:
-        return self.get_lock().__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.get_lock().__exit__(*exc)
-
     def __repr__(self) -> str:
         return f"<Value({self._typecode!r}, {self.get()!r})>"
 
 
-class ArrayProxy(ListProxy):
+class ArrayProxy(_Synchronized, ListProxy):
     """An ``Array``: a fixed-length list of one typecode's values; ``get_lock()`` when made with a lock."""
+
+    _raw_name = "RawArray"
 
     def __init__(
         self,
@@ -308,33 +284,6 @@ class ArrayProxy(ListProxy):
 
     def __delitem__(self, index: Any) -> None:
         raise TypeError("Array doesn't support item deletion")
-
-    @property
-    def get_lock(self) -> Any:
-        """The lock's getter; absent (``AttributeError``) when made with ``lock=False``, as on a RawArray."""
-        if self._lock is None:
-            raise AttributeError("'RawArray' object has no attribute 'get_lock'")
-        lock = self._lock
-        return lambda: lock
-
-    @property
-    def get_obj(self) -> Any:
-        """The object's getter; absent, as ``get_lock``, without a lock."""
-        if self._lock is None:
-            raise AttributeError("a Raw value has no attribute 'get_obj'")
-        return lambda: self
-
-    def acquire(self, *args: Any) -> bool:
-        return self.get_lock().acquire(*args)
-
-    def release(self) -> None:
-        self.get_lock().release()
-
-    def __enter__(self) -> bool:
-        return self.get_lock().__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.get_lock().__exit__(*exc)
 
     def __repr__(self) -> str:
         return f"<Array({self._typecode!r}, {self._getvalue()!r})>"

@@ -21,56 +21,9 @@ from typing import Any
 import cloudpickle
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-PLUGIN = "jupyter-cluster-shared"
+from .managed_methods import ALLOWED, IN_PLACE
 
-#: The methods a manager's proxies may call on each kind of shared object.
-ALLOWED = {
-    "dict": {
-        "__getitem__",
-        "__setitem__",
-        "__delitem__",
-        "__contains__",
-        "__len__",
-        "get",
-        "keys",
-        "values",
-        "items",
-        "update",
-        "pop",
-        "popitem",
-        "setdefault",
-        "clear",
-        "copy",
-        "__repr__",
-        "__eq__",
-    },
-    "list": {
-        "__getitem__",
-        "__setitem__",
-        "__delitem__",
-        "__contains__",
-        "__len__",
-        "append",
-        "extend",
-        "insert",
-        "pop",
-        "remove",
-        "index",
-        "count",
-        "reverse",
-        "sort",
-        "clear",
-        "copy",
-        "__repr__",
-        "__iadd__",
-        "__imul__",
-        "__add__",
-        "__mul__",
-        "__eq__",
-    },
-    "namespace": {"__getattribute__", "__setattr__", "__delattr__", "__repr__"},
-    "value": {"get", "set"},
-}
+PLUGIN = "jupyter-cluster-shared"
 
 
 class _Sem:
@@ -318,8 +271,8 @@ class SharedStore(SchedulerPlugin):
         args, kwargs = cloudpickle.loads(data)
         try:
             result = getattr(obj, method)(*args, **kwargs)
-            if method in ("__iadd__", "__imul__"):
-                result = None
+            if method in IN_PLACE:
+                result = None  # the object itself: the caller needs no copy of it
             return {"status": "ok", "data": cloudpickle.dumps(result)}
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller
             return {"status": "error", "data": cloudpickle.dumps(exc)}

@@ -44,28 +44,24 @@ def _write_private(path: str, text: str) -> None:
         raise
 
 
-def new_security(name: str):
-    """Fresh TLS credentials for the cluster ``name``: a self-signed EC P-256 certificate.
+#: the key and certificate this user's local clusters share (see :func:`new_security`'s ``reuse``);
+#: a dot file, so that :func:`names_with_credentials` does not take it for a cluster's
+USER_PEM = ".local-clusters.pem"
+#: how long the shared key is used before a new one is made (seconds); its certificate is valid for longer
+USER_PEM_MAX_AGE = 7 * 24 * 3600
 
-    The key and certificate go to ``<registry dir>/<name>.pem`` (mode 0600, in
-    a 0700 folder) and every role (scheduler, workers, clients) uses them, so
-    only processes of this user can join or connect: Dask's TLS is mutual, a
-    peer without a certificate signed by this one is refused during the
-    handshake.  An EC key takes well under a millisecond to make, where
-    ``Security.temporary()``'s 2048-bit RSA key takes ~50-100 ms; the
-    ``Security`` holds file paths, so Dask reads the files rather than writing
-    in-memory keys to temporary files for every SSL context it builds.
-    """
+
+def _generate_pem(common_name: str) -> str:
+    """A new EC P-256 key and a self-signed certificate for it, as PEM text (key first)."""
     import datetime
 
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
-    from distributed.security import Security
 
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"jupyter-cluster {name}")])
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = datetime.datetime.now(datetime.timezone.utc)
     cert = (
         x509.CertificateBuilder()
@@ -79,12 +75,79 @@ def new_security(name: str):
         .add_extension(x509.SubjectAlternativeName([x509.DNSName("dask-internal")]), critical=False)
         .sign(key, hashes.SHA256())
     )
-    pem = (
+    return (
         key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         ).decode()
         + cert.public_bytes(serialization.Encoding.PEM).decode()
     )
+
+
+def _private_text(path: str, max_age: float) -> str | None:
+    """The text of ``path`` if it is this user's own regular file, mode 0600 or stricter, younger than ``max_age``."""
+    import stat
+    import time
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd) as f:
+        st = os.fstat(fd)
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_uid != os.getuid()
+            or st.st_mode & 0o077
+            or time.time() - st.st_mtime > max_age
+        ):
+            return None
+        try:
+            return f.read()
+        except (OSError, UnicodeDecodeError):
+            return None
+
+
+def _user_pem() -> str:
+    """The key and certificate this user's local clusters share, made once a week rather than once a cluster.
+
+    Making a key costs little, but importing ``cryptography`` for it took
+    0.1-0.2 s of a script's first ``Pool`` result.  The file is as private as
+    a cluster's own (0600, this user's, in the 0700 registry folder, which
+    holds every cluster's key anyway), so sharing it gives no one access who
+    had none: only processes of this user can read either.  A file that is not
+    exactly that (another owner, wider mode, a link, too old, damaged) is
+    replaced, not used.
+    """
+    path = os.path.join(registry.registry_dir(), USER_PEM)
+    text = _private_text(path, USER_PEM_MAX_AGE)
+    if text is not None and "PRIVATE KEY-----" in text and "BEGIN CERTIFICATE-----" in text:
+        return text
+    text = _generate_pem(f"jupyter-cluster local clusters of uid {os.getuid()}")
+    _write_private(path, text)
+    return text
+
+
+def new_security(name: str, reuse: bool = False):
+    """Fresh TLS credentials for the cluster ``name``: a self-signed EC P-256 certificate.
+
+    The key and certificate go to ``<registry dir>/<name>.pem`` (mode 0600, in
+    a 0700 folder) and every role (scheduler, workers, clients) uses them, so
+    only processes of this user can join or connect: Dask's TLS is mutual, a
+    peer without a certificate signed by this one is refused during the
+    handshake.  An EC key takes well under a millisecond to make, where
+    ``Security.temporary()``'s 2048-bit RSA key takes ~50-100 ms; the
+    ``Security`` holds file paths, so Dask reads the files rather than writing
+    in-memory keys to temporary files for every SSL context it builds.
+
+    With ``reuse`` (local clusters, whose key never leaves this machine), the
+    key and certificate are this user's shared ones (:func:`_user_pem`), copied
+    to the cluster's file: no ``cryptography`` import and no key generation in
+    a start.  Clusters whose key is copied to other machines (SSH hosts, batch
+    jobs' shared folders) get a key of their own.
+    """
+    from distributed.security import Security
+
+    pem = _user_pem() if reuse else _generate_pem(f"jupyter-cluster {name}")
     path = pem_path(name)
     _write_private(path, pem)
     fields: dict[str, Any] = {"require_encryption": True, "tls_ca_file": path}

@@ -243,7 +243,7 @@ class LocalBackend(Backend):
         cred_name = name or f"unnamed-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         identity = None  # which credential files are this cluster's (the name may be reused after it stops)
         if tls:
-            security = new_security(cred_name)
+            security = new_security(cred_name, reuse=True)  # a local cluster's key stays on this machine
             identity = written_identity(cred_name)
             kwargs["security"] = security
             kwargs["protocol"] = "tls://"

@@ -36,8 +36,14 @@ def _forkserver_is_private() -> bool:
 
 
 #: what the fork server imports for every worker: distributed, and what of ours runs on a worker (the
-#: worker plugins a local cluster's workers start with, and the engine's worker side)
-WORKER_MODULES = ["distributed", "jupyter_cluster.backends.local.workers", "jupyter_cluster.engine.worker"]
+#: worker plugins a local cluster's workers start with, and the engine's worker side), and what every
+#: worker would compute alike (:mod:`.preload`)
+WORKER_MODULES = [
+    "distributed",
+    "jupyter_cluster.backends.local.workers",
+    "jupyter_cluster.engine.worker",
+    "jupyter_cluster.backends.local.preload",
+]
 
 _forkserver_lock = threading.Lock()
 #: the environment the fork server started with (None: this process did not start one)
@@ -77,7 +83,26 @@ def distributed_setting(key: str) -> Any:
     return dask.config.get(key, None, config=merged)
 
 
-def start_early(backend: str | None, options: dict) -> None:
+def idle_core() -> bool:
+    """Whether this machine has a core to spare now: the 1-minute load is below this process's CPUs less one.
+
+    A fork server begun early imports distributed beside this process's own
+    import: on two cores with one idle that halves the wait, but on a busy
+    machine the two imports share the same CPU time and this process's import,
+    the one the start waits for first, takes longer (measured on a 2-core
+    machine at load 9-12: 0.8-1.2 s became 1.5-2.6 s, more than the start
+    gained).  Begun with the start instead, the server imports while the
+    scheduler and the nannies are made.
+    """
+    try:
+        load = os.getloadavg()[0]
+        cores = len(os.sched_getaffinity(0))
+    except (OSError, AttributeError):  # no load average or affinity here: assume a core is free
+        return True
+    return load <= cores - 1
+
+
+def start_early(backend: str | None, options: dict, check_guard: bool = True) -> None:
     """Begin the fork server of a local start now, before the rest of the start is imported.
 
     Called by ``jupyter_cluster.start`` and ``%load_ext jupyter_cluster``
@@ -95,9 +120,10 @@ def start_early(backend: str | None, options: dict) -> None:
             return
         if options.get("processes") is False or options.get("gpus") not in (None, False):
             return
-        from .main_guard import check_main_guard
+        if check_guard:
+            from .main_guard import check_main_guard
 
-        check_main_guard(options.get("processes"))
+            check_main_guard(options.get("processes"))
         if use_forkserver():
             start_forkserver()
     except Exception:  # noqa: BLE001 - the start itself reports what is wrong, in its own words
@@ -166,6 +192,7 @@ def start_forkserver() -> threading.Thread:
         if _forkserver_thread is not None and (_forkserver_thread.is_alive() or _forkserver_environ is not None):
             return _forkserver_thread  # started (or starting) already; the server itself is checked by the nannies
         multiprocessing.get_context("forkserver").set_forkserver_preload(WORKER_MODULES)
+        _workers_skip_main()
         env = _server_environ()
 
     def run() -> None:
@@ -186,6 +213,49 @@ def start_forkserver() -> threading.Thread:
         _forkserver_thread = threading.Thread(target=run, name="jupyter-cluster-forkserver", daemon=True)
         _forkserver_thread.start()
         return _forkserver_thread
+
+
+#: the name Dask's nanny gives its worker process (``distributed.nanny.WorkerProcess.start``)
+NANNY_WORKER_PROCESS = "Dask Worker process (from Nanny)"
+
+
+def _workers_skip_main() -> None:
+    """A worker forked from our server does not run the user's script again as ``__mp_main__``.
+
+    multiprocessing has every child it starts import the parent's main module
+    (:func:`multiprocessing.spawn.get_preparation_data`), so that what the
+    parent pickles by reference to ``__main__`` resolves in the child.  A Dask
+    worker needs none of it: its target is distributed's own, and what a task
+    brings from the script is pickled by value (cloudpickle pickles
+    ``__main__``'s functions and classes so).  The import re-ran the script's
+    top level in every worker (0.4-0.7 s of CPU each for a script that imports
+    this package, before the worker could register: most of a script's wait
+    for its first ``Pool`` result).  Only the nannies' worker processes of the
+    fork server this process started drop it: every other child, of any start
+    method, gets what multiprocessing gives it.
+    """
+    from multiprocessing import spawn
+
+    original = spawn.get_preparation_data
+    if getattr(original, "_jc_skips_main", False):
+        return
+
+    def get_preparation_data(name: str) -> dict[str, Any]:
+        data = original(name)
+        if name == NANNY_WORKER_PROCESS and _forkserver_thread is not None and _forkserver_method_in_use():
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+        return data
+
+    get_preparation_data._jc_skips_main = True  # type: ignore[attr-defined]
+    spawn.get_preparation_data = get_preparation_data
+
+
+def _forkserver_method_in_use() -> bool:
+    """Whether Dask starts worker processes from the fork server now (this process's setting)."""
+    import dask.config
+
+    return dask.config.get("distributed.worker.multiprocessing-method", None) == "forkserver"
 
 
 def _server_environ() -> dict[str, str]:

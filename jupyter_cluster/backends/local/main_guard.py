@@ -16,9 +16,12 @@ GUARD_FIX = 'put the code that starts it under `if __name__ == "__main__":`'
 def main_imported_by_workers() -> str | None:
     """The script (or module) each new worker process imports as ``__mp_main__``; None if none.
 
-    A spawned or fork-served worker re-imports the parent's main module, as
+    A spawned worker re-imports the parent's main module, as
     :mod:`multiprocessing.spawn` decides: a file script or a ``python -m``
     module, but not ``python -c``, stdin, a package's ``__main__`` or IPython.
+    (Workers forked from this process's fork server skip it:
+    :func:`.forkserver._workers_skip_main`; the guard is asked for all the
+    same, so that a script runs alike with either start method.)
     """
     main = sys.modules.get("__main__")
     name = getattr(getattr(main, "__spec__", None), "name", None)
