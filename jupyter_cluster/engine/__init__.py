@@ -9,7 +9,7 @@
   ``tests/unit/test_job_loop.py``.
 - :mod:`.planner`: chunk sizes (pure functions).
 - :mod:`.dispatch`: the :class:`~.dispatch.Dispatcher` protocol a map sends
-  its chunks through, and the :class:`~.dispatch.Event`\\ s it hears back.
+  its chunks through, and the typed :class:`~.dispatch.MapEvent`\\ s it hears back.
 - :mod:`.paths`: which path a map takes (builds its dispatcher).
 - :mod:`.direct`: the direct path (leases, the lease pool, relays).
 - :mod:`.tasks`: the task path (one Dask task per chunk).

@@ -49,7 +49,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from enum import Enum
+from dataclasses import dataclass
 from typing import Any
 
 from distributed import Client
@@ -71,8 +71,8 @@ from .cluster import (
     worker_slots,
 )
 from .demand import Demand
-from .dispatch import Chunk, Counters, Event, Note
-from .protocol import Op, RelayEntry, Run, Status, pack, pack_group, unpack, unpack_answers
+from .dispatch import Chunk, Counters, Died, Done, Failed, Fallback, MapEvent, Retry
+from .protocol import ChunkResult, Op, RelayEntry, Run, Status, pack, pack_group, unpack, unpack_answers
 from .worker import lease
 from .worker.registry import ATTACH_WAIT_SECONDS, EARLY_WAIT_SECONDS
 
@@ -95,15 +95,54 @@ WAIT_SLICE_SECONDS = 1.0
 _lease_numbers = itertools.count()
 
 
-class Heard(Enum):
-    """What the client's loop hears about a map's leases (queued for the map's thread, :meth:`Leases.poll`)."""
+@dataclass(frozen=True, slots=True)
+class LeaseReady:
+    """A lease answered its attach: it runs."""
 
-    READY = "ready"  # a lease answered its attach: it runs
-    UNREACHED = "unreached"  # a lease's worker did not answer its attach (at most an early batch was sent)
-    ENDED = "ended"  # a lease task ended without us ending it
-    ANSWER = "answer"  # a worker answered a batch
-    BROKEN = "broken"  # a batch's call failed (a broken connection, or items that could not be packed)
-    RELAY_LOST = "relay-lost"  # the relay carrying a batch failed; the batch's own worker may be fine
+    lease: Lease
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseUnreached:
+    """A lease's worker did not answer its attach (at most an early batch was sent)."""
+
+    lease: Lease
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseEnded:
+    """A lease task ended without us ending it."""
+
+    lease: Lease
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A worker answered a batch (``answer``: the handler's dict, its ``status`` a :class:`.protocol.Status`)."""
+
+    sent: Sent
+    answer: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Broken:
+    """A batch's call failed (a broken connection, or items that could not be packed)."""
+
+    sent: Sent
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class RelayLost:
+    """The relay carrying a batch failed; the batch's own worker may be fine."""
+
+    sent: Sent
+    error: BaseException
+
+
+#: What the client's loop hears about a map's leases, queued for the map's thread (:meth:`Leases.poll`).
+Heard = LeaseReady | LeaseUnreached | LeaseEnded | Answered | Broken | RelayLost
 
 
 class Lease:
@@ -369,7 +408,7 @@ class Leases:
             ls.owner = self
             self.leases[ls.id] = ls
             if ls.future.done():  # ended between the pool's check and now
-                self.events.put((Heard.ENDED, ls, None))
+                self.events.put(LeaseEnded(ls))
             elif not ls.ready:  # its first map ended before it ran: this map asks for it
                 self.unattached.append(ls)
         self.reused += len(got)
@@ -454,7 +493,7 @@ class Leases:
             except Exception as exc:  # noqa: BLE001 - the worker is gone or unreachable
                 owner = ls.owner
                 if owner is not None:
-                    owner.events.put((Heard.UNREACHED, ls, exc))
+                    owner.events.put(LeaseUnreached(ls, exc))
                 else:
                     ls.dead = True
                 return
@@ -463,7 +502,7 @@ class Leases:
                 ls.ready = True
                 owner = ls.owner
                 if owner is not None:
-                    owner.events.put((Heard.READY, ls, None))
+                    owner.events.put(LeaseReady(ls))
                 return
             if status is not Status.WAITING:
                 _lease_done(ls)
@@ -553,7 +592,7 @@ class Leases:
             try:
                 payloads[id(sent)] = pack(chunk.items)
             except Exception as exc:  # noqa: BLE001 - items that cannot be pickled fail their batch, as sent directly
-                self.events.put((Heard.BROKEN, sent, exc))
+                self.events.put(Broken(sent, exc))
                 continue
             groups.setdefault(group_of[ls.addr], []).append(sent)
         for k, sents in groups.items():
@@ -579,16 +618,16 @@ class Leases:
             for sent in sents:
                 # A batch of the relay's own worker is lost like a direct one; the others may be
                 # running on live members: the map's thread sends them elsewhere.
-                self.events.put((Heard.BROKEN if sent.lease.addr == relay else Heard.RELAY_LOST, sent, exc))
+                self.events.put(Broken(sent, exc) if sent.lease.addr == relay else RelayLost(sent, exc))
             return
         for sent, ans in zip(sents, answers):
             if Status.of(ans) is Status.UNREACHABLE:
                 cls = OSError if ans.get("connected") else ConnectFailed
                 self.events.put(
-                    (Heard.BROKEN, sent, cls(f"relay {relay} could not reach {sent.lease.addr}: {ans.get('error')}"))
+                    Broken(sent, cls(f"relay {relay} could not reach {sent.lease.addr}: {ans.get('error')}"))
                 )
             else:
-                self.events.put((Heard.ANSWER, sent, ans))
+                self.events.put(Answered(sent, ans))
 
     async def _send(self, sent: Sent, run: Run, wait: float | None = None) -> None:
         ls = sent.lease
@@ -601,14 +640,14 @@ class Leases:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - sorted out by the map's thread
-            self.events.put((Heard.BROKEN, sent, exc))
+            self.events.put(Broken(sent, exc))
             return
-        self.events.put((Heard.ANSWER, sent, answer))
+        self.events.put(Answered(sent, answer))
 
     def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, client_loop(self.client))
 
-    def poll(self, timeout: float) -> list[tuple[Heard, Any, Any]]:
+    def poll(self, timeout: float) -> list[Heard]:
         """Events that happened, waiting up to ``timeout`` seconds for the first."""
         if self.unattached:
             self.attach_new()
@@ -650,7 +689,7 @@ def _lease_done(ls: Lease) -> None:
     """A lease task ended: tell the map using it, or drop it from the pool."""
     owner = ls.owner
     if owner is not None:
-        owner.events.put((Heard.ENDED, ls, None))
+        owner.events.put(LeaseEnded(ls))
     else:
         ls.dead = True
 
@@ -662,7 +701,7 @@ class DirectDispatcher:
     map uses :class:`.tasks.TaskDispatcher`.  It places (and replaces)
     leases every :data:`PLACE_EVERY_SECONDS`, spreads each round of chunks
     over the emptiest leases, and turns what its leases hear
-    (:class:`Heard`) into the map's :class:`~.dispatch.Event`\\ s.
+    (:data:`Heard`) into the map's :class:`~.dispatch.MapEvent`\\ s.
 
     Parameters
     ----------
@@ -735,7 +774,7 @@ class DirectDispatcher:
                 spread, floor = threads, planner.MIN_TASK_SECONDS
         return {"remaining": round_remaining, "spread": spread, "target": target, "floor": floor}
 
-    def prepare(self, more_work: bool) -> list[Note]:
+    def prepare(self, more_work: bool) -> list[MapEvent]:
         self._more_work = more_work
         if not more_work:
             self._demand.close()  # nothing left to send: the leases it has will do
@@ -767,10 +806,10 @@ class DirectDispatcher:
                 heapq.heappush(heap, (pending + 1, k, lease))
         return list(leases.send_many(pairs))
 
-    def poll(self, timeout: float) -> list[Note]:
-        out: list[Note] = []
-        for heard, obj, data in self.leases.poll(timeout):
-            self._hear(heard, obj, data, out)
+    def poll(self, timeout: float) -> list[MapEvent]:
+        out: list[MapEvent] = []
+        for heard in self.leases.poll(timeout):
+            self._hear(heard, out)
         return out
 
     def cancel(self, handle: Any) -> None:
@@ -790,7 +829,7 @@ class DirectDispatcher:
         return Counters(leases.placed, leases.reused, leases.relayed, leases.early_sent)
 
     # -- placing leases -----------------------------------------------------------------
-    def _place(self) -> list[Note]:
+    def _place(self) -> list[MapEvent]:
         self._next_place = time.monotonic() + PLACE_EVERY_SECONDS
         self.check()
         if not client_running(self.client):
@@ -799,8 +838,8 @@ class DirectDispatcher:
         if workers is None:
             return []
         if workers and getattr(self.client, "_jc_direct", None) is None and not direct_reachable(self.client):
-            return [Note(Event.FALLBACK, None)]
-        out: list[Note] = []
+            return [Fallback()]
+        out: list[MapEvent] = []
         for gone in self.leases.place(workers):
             # Its worker left the scheduler's list without a broken connection telling us first (a
             # partition, or an idle lease's worker): no batch is blamed for it.
@@ -826,51 +865,51 @@ class DirectDispatcher:
                 pending.cancel()
 
     # -- what the leases heard, as the map's events ---------------------------------------
-    def _hear(self, heard: Heard, obj: Any, data: Any, out: list[Note]) -> None:
+    def _hear(self, heard: Heard, out: list[MapEvent]) -> None:
         match heard:
-            case Heard.READY:
-                if not obj.dead:
-                    obj.ready = True
-            case Heard.UNREACHED:
+            case LeaseReady(lease=lease):
+                if not lease.dead:
+                    lease.ready = True
+            case LeaseUnreached(lease=lease, error=error):
                 # Its attach failed.  An early batch (Leases.room) may be running there: a connection
                 # that broke, not one never made, counts a death as a broken batch would (else a
                 # poison item on fresh leases killed workers uncounted: its own call's break came later).
-                broke = isinstance(data, (OSError, asyncio.TimeoutError)) and not isinstance(data, ConnectFailed)
-                self._lost(obj, deaths=broke, out=out)
-            case Heard.ENDED:
-                self._ended(obj, out)
-            case _ if obj not in obj.lease.outstanding:
+                broke = isinstance(error, (OSError, asyncio.TimeoutError)) and not isinstance(error, ConnectFailed)
+                self._lost(lease, deaths=broke, out=out)
+            case LeaseEnded(lease=lease):
+                self._ended(lease, out)
+            case Answered(sent=sent) | Broken(sent=sent) | RelayLost(sent=sent) if sent not in sent.lease.outstanding:
                 pass  # written off already (its lease was lost), or the map stopped
-            case Heard.RELAY_LOST:
-                self._relay_lost(obj, data, out)
-            case Heard.BROKEN if isinstance(data, (OSError, asyncio.TimeoutError)):
+            case RelayLost(sent=sent, error=error):
+                self._relay_lost(sent, error, out)
+            case Broken(sent=sent, error=error) if isinstance(error, (OSError, asyncio.TimeoutError)):
                 # The connection broke: the worker died (or left).  Every batch of the lease goes
                 # elsewhere; the oldest was the one running, unless no connection could be made at
                 # all (then none of them ran).
-                self._lost(obj.lease, deaths=not isinstance(data, ConnectFailed), out=out)
-            case Heard.BROKEN:
-                self._forget(obj)
-                out.append(Note(Event.FAILED, obj, data))
-            case Heard.ANSWER:
-                self._forget(obj)
-                self._answer(obj, data, out)
+                self._lost(sent.lease, deaths=not isinstance(error, ConnectFailed), out=out)
+            case Broken(sent=sent, error=error):
+                self._forget(sent)
+                out.append(Failed(sent, error))
+            case Answered(sent=sent, answer=answer):
+                self._forget(sent)
+                self._answer(sent, answer, out)
 
-    def _answer(self, sent: Sent, data: Any, out: list[Note]) -> None:
+    def _answer(self, sent: Sent, data: Any, out: list[MapEvent]) -> None:
         lease = sent.lease
         match Status.of(data):
             case Status.OK:
                 lease.ready = True  # an early batch ran: its lease runs (its attach may answer later)
-                out.append(Note(Event.DONE, sent, unpack(data["result"])))
+                out.append(Done(sent, ChunkResult._make(unpack(data["result"]))))  # a plain tuple on the wire
             case Status.NEED_FN:  # the worker process dropped the function from its cache: send it again
                 lease.tokens.discard(self.leases.token)
-                out.append(Note(Event.RETRY, sent))
+                out.append(Retry(sent))
             case Status.WAITING:  # an early batch (Leases.room) its lease did not start for in time
                 lease.early = False  # queued behind other work there: it gets batches once it attaches
                 lease.tokens.discard(self.leases.token)  # its worker never loaded the function
-                out.append(Note(Event.RETRY, sent))
+                out.append(Retry(sent))
             case Status.GONE:  # the lease ended before it ran the batch: send it elsewhere
                 self.leases.kill(lease)
-                out.append(Note(Event.RETRY, sent))
+                out.append(Retry(sent))
                 self._next_place = 0.0
             case _:
                 raise ClusterError(f"worker {lease.addr} refused a batch of this map ({data!r}); run the map again.")
@@ -879,7 +918,7 @@ class DirectDispatcher:
         if sent in sent.lease.outstanding:
             sent.lease.outstanding.remove(sent)
 
-    def _relay_lost(self, sent: Sent, exc: BaseException, out: list[Note]) -> None:
+    def _relay_lost(self, sent: Sent, exc: BaseException, out: list[MapEvent]) -> None:
         """The relay carrying ``sent`` failed; its lease's worker may be fine.
 
         The batch goes elsewhere.  If the relay may have forwarded it (not a
@@ -890,11 +929,11 @@ class DirectDispatcher:
         """
         if isinstance(exc, ConnectFailed):
             self._forget(sent)
-            out.append(Note(Event.RETRY, sent))
+            out.append(Retry(sent))
         else:
             self._lost(sent.lease, deaths=False, out=out)
 
-    def _ended(self, lease: Lease, out: list[Note]) -> None:
+    def _ended(self, lease: Lease, out: list[MapEvent]) -> None:
         """The lease task ended without us ending it: a lost worker, or a failure of the lease itself."""
         if lease.dead and not lease.outstanding:
             return
@@ -907,14 +946,14 @@ class DirectDispatcher:
                 )
         self._lost(lease, deaths=failed, out=out)
 
-    def _lost(self, lease: Lease, deaths: bool, out: list[Note]) -> None:
+    def _lost(self, lease: Lease, deaths: bool, out: list[MapEvent]) -> None:
         """A lease's worker is gone: its batches go elsewhere, the one it was running counted as a death."""
         self.leases.kill(lease)
         outstanding, lease.outstanding = list(lease.outstanding), []
         for k, sent in enumerate(outstanding):
             if sent.handle is not None:
                 sent.handle.cancel()
-            out.append(Note(Event.DIED if k == 0 and deaths else Event.RETRY, sent))
+            out.append(Died(sent) if k == 0 and deaths else Retry(sent))
         # Replace the lease at once, unless the map is at its tail with nothing left to send (a lease
         # that yielded its thread to another task): a new lease would only queue behind that task.
         # The map's next prepare() says whether work is left, once these batches went back to it.

@@ -19,7 +19,7 @@ path (:mod:`.tasks`: when the workers cannot be reached directly, or for
 :func:`.worker.run.run_items`, at most ``2 × threads + 2`` in flight.  This
 module holds no Dask and no path: what differs between the paths is behind
 the dispatcher, and what became of each chunk comes back as one
-:class:`~.dispatch.Event`.  Either way
+:class:`~.dispatch.MapEvent` (one class per outcome).  Either way
 Dask's per-task cost is paid per chunk or per lease, not per item.
 
 Every auto-sized chunk carries a time budget: the worker stops after the item
@@ -62,7 +62,7 @@ from ..cell.capture import LARGE_VALUE_BYTES
 from ..errors import ClusterError, WorkerLostError
 from ..tracking.context import in_run
 from . import observers, planner
-from .dispatch import Chunk, Dispatcher, Event, Note
+from .dispatch import Cancelled, Chunk, ChunkEvent, Died, Dispatcher, Done, Failed, Fallback, Killed, MapEvent, Retry
 from .faults import Faults, abbreviate  # noqa: F401  (abbreviate: re-exported by mapping)
 from .observers import (  # noqa: F401  (re-exported: mapping's names, and the front ends' factories)
     PROGRESS_INTERVAL,
@@ -254,7 +254,7 @@ class MapJob(JobRecord):
                 pinned, empty = self._window.pin is not None, self.total == 0
                 self._dispatcher = self._port.dispatcher(self._map_spec(), pinned=pinned, empty=empty)
             d = self._dispatcher
-            self._handle_notes(d.prepare(self._work_left()))
+            self._handle_events(d.prepare(self._work_left()))
             if self.finished:
                 return
             self._fill()  # with the dispatcher of now: prepare() may have swapped it (the fallback)
@@ -262,7 +262,7 @@ class MapJob(JobRecord):
                 self._finish()
                 return
             d = self._dispatcher
-            self._handle_notes(d.poll(0.2))
+            self._handle_events(d.poll(0.2))
             if self.finished:
                 return
             now = time.monotonic()
@@ -389,31 +389,33 @@ class MapJob(JobRecord):
         return min(size * 2 * threads, MAX_CHUNK_ITEMS)
 
     # -- what came back ----------------------------------------------------------------------
-    def _handle_notes(self, notes: list[Note]) -> None:
-        for note in notes:
-            self._handle_note(note)
+    def _handle_events(self, events: list[MapEvent]) -> None:
+        for event in events:
+            self._handle_event(event)
             if self.finished:
                 return
 
-    def _handle_note(self, note: Note) -> None:
-        if note.event is Event.FALLBACK:
+    def _handle_event(self, event: MapEvent) -> None:
+        """The one place a dispatcher's report changes the map: a dispatch on the event's class."""
+        if isinstance(event, Fallback):
             self._fall_back()
             return
-        if note.handle not in self._inflight:  # written off already, or the map stopped
+        assert isinstance(event, ChunkEvent), event
+        if event.handle not in self._inflight:  # written off already, or the map stopped
             return
-        chunk = self._take_back(note.handle)
-        match note.event:
-            case Event.DONE:
-                self._record(chunk, note.data)
-            case Event.RETRY:
+        chunk = self._take_back(event.handle)
+        match event:
+            case Done(result=result):
+                self._record(chunk, result)
+            case Retry():
                 self._requeue(chunk)
-            case Event.DIED:
+            case Died():
                 self._chunk_died(chunk)
-            case Event.KILLED:
-                self._fail_item(chunk, self._faults.killed(chunk, note.data))
-            case Event.FAILED:
-                self._chunk_failed(chunk, note.data)
-            case Event.CANCELLED:  # by the cluster, without us asking
+            case Killed(error=error):
+                self._fail_item(chunk, self._faults.killed(chunk, error))
+            case Failed(error=error):
+                self._chunk_failed(chunk, error)
+            case Cancelled():  # by the cluster, without us asking
                 if self._port.lost():
                     raise self._lost_scheduler()
                 chunk.resubmits += 1
@@ -422,6 +424,8 @@ class MapJob(JobRecord):
                         f"the cluster cancelled the chunk with items {chunk.start}..{chunk.start + len(chunk.items) - 1} {chunk.resubmits} times; check the workers' logs."
                     )
                 self._resubmit.append(chunk)
+            case _:
+                raise TypeError(f"unknown map event {event!r}")
 
     def _take_back(self, handle: Any) -> Chunk:
         chunk = self._inflight.pop(handle)
@@ -458,8 +462,7 @@ class MapJob(JobRecord):
         for k in range(len(chunk.items)):
             self._record_failure(chunk.start + k, exc)
 
-    def _record(self, chunk: Chunk, result: tuple) -> None:
-        r = ChunkResult._make(result)  # a plain tuple on the wire (see .protocol)
+    def _record(self, chunk: Chunk, r: ChunkResult) -> None:
         start, n = chunk.start, len(r.values)
         if n < len(chunk.items):  # the budget ran out (or the task was stopped): run the rest again
             if chunk.suspect or chunk.pin is not None or chunk.budget is None:

@@ -5,7 +5,7 @@
 client reaches the workers and nothing rules it out, else the task path
 (:class:`.tasks.TaskDispatcher`: one Dask task per chunk), which
 :func:`task_dispatcher` also makes for a map that falls back to it
-(:attr:`.dispatch.Event.FALLBACK`).  What each path is sent of the map's
+(:class:`.dispatch.Fallback`).  What each path is sent of the map's
 function (:class:`.protocol.Run`, :class:`.protocol.TaskRun`) is made here
 from one :class:`MapSpec`.
 """

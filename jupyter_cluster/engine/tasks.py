@@ -29,8 +29,8 @@ from .cluster import (
     is_killed_worker,
     total_threads,
 )
-from .dispatch import Chunk, Counters, Event, Note
-from .protocol import Items, TaskRun
+from .dispatch import Cancelled, Chunk, Counters, Done, Failed, Killed, MapEvent
+from .protocol import ChunkResult, Items, TaskRun
 from .worker import run_items
 
 #: While a batch of results is being fetched, look at the scheduler this often, in seconds.
@@ -107,7 +107,7 @@ class TaskDispatcher:
         # The scheduler's pace, not the client's: the planner's defaults, the work left now.
         return {"remaining": remaining, "spread": 2 * self._threads}
 
-    def prepare(self, more_work: bool) -> list[Note]:
+    def prepare(self, more_work: bool) -> list[MapEvent]:
         return []
 
     def send(self, chunks: list[Chunk]) -> list[Any]:
@@ -155,7 +155,7 @@ class TaskDispatcher:
         self.submitted += len(chunks)
         return out
 
-    def poll(self, timeout: float) -> list[Note]:
+    def poll(self, timeout: float) -> list[MapEvent]:
         """Tasks that ended: waits up to ``timeout`` for completions, then fetches their results in one gather."""
         batch = self._wait(timeout)
         if not batch:
@@ -209,15 +209,15 @@ class TaskDispatcher:
                     out.append(fut)
         return out
 
-    def _fetch(self, futures: list) -> list[Note]:
-        """Notes for the ended ``futures``: the finished ones' results fetched in one gather.
+    def _fetch(self, futures: list) -> list[MapEvent]:
+        """Events for the ended ``futures``: the finished ones' results fetched in one gather.
 
         A chunk whose result was lost with its worker between finishing and
         the fetch is being re-run by Dask; it goes back to the completion
         tracker and is reported again when it is done.
         """
         done: list = []
-        out: list[Note] = []
+        out: list[MapEvent] = []
         for f in futures:
             status = f.status
             if status == "finished":
@@ -240,19 +240,19 @@ class TaskDispatcher:
             value = data.get(f.key)
             if value is not None:
                 self._forget(f)
-                out.append(Note(Event.DONE, f, value))
+                out.append(Done(f, ChunkResult._make(value)))  # a plain tuple on the wire (see .protocol)
             elif f.status in ("error", "cancelled"):
                 out.append(self._ended(f))
             else:
                 self.ac.add(f)
         return out
 
-    def _ended(self, fut: Any) -> Note:
+    def _ended(self, fut: Any) -> MapEvent:
         self._forget(fut)
         if fut.status == "error":
             exc = future_error(fut)
-            return Note(Event.KILLED if is_killed_worker(exc) else Event.FAILED, fut, exc)
-        return Note(Event.CANCELLED, fut)
+            return Killed(fut, exc) if is_killed_worker(exc) else Failed(fut, exc)
+        return Cancelled(fut)
 
     def _forget(self, fut: Any) -> None:
         self.pending.discard(fut)
