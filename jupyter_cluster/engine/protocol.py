@@ -128,7 +128,7 @@ class ChunkResult(NamedTuple):
     """What :func:`.worker.run.run_chunk` returns for a chunk (a plain tuple on the wire: read with ``_make``)."""
 
     values: list  # one per item run; fewer than the chunk's items when it stopped early
-    durations: list  # seconds per item
+    timings: list  # (items, seconds each) runs in item order: (1, d) per item, or (n, mean) per slice
     outputs: dict[int, str] | None  # position -> printed text (None when empty)
     errors: dict[int, tuple] | None  # position -> an ItemError's fields (None when empty)
     worker: str | None  # the worker's address

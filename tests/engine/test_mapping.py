@@ -467,11 +467,12 @@ def test_a_chunk_stops_at_its_time_budget():
     from jupyter_cluster.engine import worker
 
     items = [0.02] * 10
-    values, durations, *_ = worker.run_chunk(
+    values, timings, *_ = worker.run_chunk(
         "budget-test", cloudpickle.dumps(_time.sleep), None, items, False, {"budget": 0.05}
     )
     assert 1 <= len(values) < len(items)
-    assert len(durations) == len(values) and sum(durations) >= 0.05
+    # Timings are (items, seconds each) runs: every item run is timed, and they add up to the budget.
+    assert sum(n for n, _ in timings) == len(values) and sum(n * d for n, d in timings) >= 0.05
     # Without a budget every item runs.
     values, *_ = worker.run_chunk("budget-test", cloudpickle.dumps(_time.sleep), None, items[:3], False, {})
     assert len(values) == 3

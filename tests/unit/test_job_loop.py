@@ -54,7 +54,7 @@ def ran(fn: Callable, chunk: Chunk, upto: int | None = None) -> ChunkResult:
         except Exception as exc:  # noqa: BLE001 - an item's failure travels back, as a worker's would
             values.append(exc)
             errors[pos] = (exc, type(exc).__qualname__, str(exc), f"Traceback: {exc!r}\n", None)
-    return ChunkResult(values, [0.001] * len(values), None, errors or None, "tcp://fake:1", 0.0)
+    return ChunkResult(values, [(1, 0.001)] * len(values), None, errors or None, "tcp://fake:1", 0.0)
 
 
 class FakeDispatcher:
@@ -380,3 +380,21 @@ def test_every_outcome_is_a_typed_event_and_an_unknown_one_is_refused():
     port = FakePort(square, script=lambda c, attempt: Strange if c.start == 2 else None)
     with pytest.raises(TypeError, match="unknown map event"):
         job_of(port, range(6)).run()
+
+
+def test_results_and_durations_come_back_per_chunk_and_read_per_item():
+    # A worker times a chunk's quick items per slice, (items, seconds each), not one float per item; the
+    # record keeps each chunk's values as they came and files them by index only when asked.
+    def sliced(chunk: Chunk, attempt: int) -> Any:
+        values = [x * x for x in chunk.items]
+        result = ChunkResult(values, [(1, 0.5), (len(values) - 1, 0.25)], None, None, "tcp://fake:1", 0.0)
+        return functools.partial(Done, result=result)
+
+    port = FakePort(square, script=sliced)
+    job = job_of(port, range(10), chunksize=5)
+    assert job.run().result_list() == [x * x for x in range(10)]
+    assert job.durations == {0: 0.5, 1: 0.25, 2: 0.25, 3: 0.25, 4: 0.25, 5: 0.5, 6: 0.25, 7: 0.25, 8: 0.25, 9: 0.25}
+    assert job.durations_below(6) == {i: d for i, d in job.durations.items() if i < 6}
+    assert sum(busy for *_, busy in job.chunk_log) == 2 * (0.5 + 4 * 0.25)
+    assert job.results == {x: x * x for x in range(10)}  # every value by index, once read
+    assert job.take_results() == [x * x for x in range(10)] and job.results == {}
