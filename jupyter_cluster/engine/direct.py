@@ -72,7 +72,7 @@ from .cluster import (
 )
 from .demand import Demand
 from .dispatch import Chunk, Counters, Died, Done, Failed, Fallback, MapEvent, Retry
-from .protocol import ChunkResult, Op, RelayEntry, Run, Status, pack, pack_group, unpack, unpack_answers
+from .protocol import ChunkResult, MapRun, Op, RelayEntry, Status, pack, pack_group, unpack, unpack_answers
 from .worker import lease
 from .worker.registry import ATTACH_WAIT_SECONDS, EARLY_WAIT_SECONDS
 
@@ -363,22 +363,30 @@ class Leases:
         Dask resources each lease (thread) needs.
     limit : int or None
         Most leases at once (``Pool(processes=N)``); None: every thread that fits.
-    run : Run
-        The map's function (see :func:`.worker.handlers._batch`).
+    run : MapRun
+        The map's function and how to run it, sent whole with each batch
+        (see :func:`.worker.handlers._batch`).
     big : dict or None
         The map's large values (scattered futures); a map with some places
         its own leases, which Dask hands the values, and ends them after.
     """
 
     def __init__(
-        self, client: Client, map_id: str, resources: dict | None, limit: int | None, run: Run, big: dict | None = None
+        self,
+        client: Client,
+        map_id: str,
+        resources: dict | None,
+        limit: int | None,
+        run: MapRun,
+        big: dict | None = None,
     ):
         self.client = client
         self.map_id = map_id
         self.resources = resources
         self.key = tuple(sorted((resources or {}).items()))
         self.limit = limit
-        self.token, self.blob, self.star, self.options = run
+        self.run = run
+        self.token = run.token
         self.big = big
         self.pool = pool_for(client)
         self.pool.active.add(self)
@@ -556,14 +564,12 @@ class Leases:
         sent.handle = self._run(self._send(sent, self._run_for(ls), wait))
         return sent
 
-    def _run_for(self, ls: Lease) -> Run:
-        """The map's ``run`` tuple for a batch to ``ls``: with the function the first time its worker process gets it."""
+    def _run_for(self, ls: Lease) -> MapRun:
+        """The map's run for a batch to ``ls``: with the function the first time its worker process gets it."""
         if self.token in ls.tokens:
-            blob = None
-        else:
-            blob = self.blob
-            ls.tokens.add(self.token)
-        return Run(self.token, blob, self.star, self.options)
+            return self.run.without_function()
+        ls.tokens.add(self.token)
+        return self.run
 
     def send_many(self, pairs: list[tuple[Lease, Any]]) -> list[Sent]:
         """Send one round of batches (``(lease, chunk)`` pairs); returns their :class:`Sent`, in order.
@@ -629,7 +635,7 @@ class Leases:
             else:
                 self.events.put(Answered(sent, ans))
 
-    async def _send(self, sent: Sent, run: Run, wait: float | None = None) -> None:
+    async def _send(self, sent: Sent, run: MapRun, wait: float | None = None) -> None:
         ls = sent.lease
         extra = {} if wait is None else {"wait": wait}
         try:
@@ -733,7 +739,7 @@ class DirectDispatcher:
         map_id: str,
         resources: dict | None,
         concurrency: int | None,
-        run: Run,
+        run: MapRun,
         big: dict | None,
         check: Callable[[], None],
     ) -> DirectDispatcher | None:
@@ -822,7 +828,7 @@ class DirectDispatcher:
         self.leases.close(keep=keep)
 
     def forget_function(self) -> None:
-        self.leases.blob = None
+        self.leases.run = self.leases.run.without_function()
 
     def stats(self) -> Counters:
         leases = self.leases

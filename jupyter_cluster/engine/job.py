@@ -76,7 +76,7 @@ from .paths import MapSpec
 from .paused import NO_WORKERS_NOTICE_SECONDS, NoWorkersNotice, PausedWatch  # noqa: F401
 from .planner import MAX_CHUNK_ITEMS
 from .port import ClusterPort, LivePort
-from .protocol import ChunkResult, RemoteItemError  # noqa: F401  (RemoteItemError: re-exported by mapping)
+from .protocol import ChunkResult, MapRun, RemoteItemError  # noqa: F401  (RemoteItemError: re-exported by mapping)
 from .record import JobRecord
 from .window import InputWindow
 
@@ -143,7 +143,6 @@ class MapJob(JobRecord):
         self.timeout = timeout
         self.resources = dict(resources) if resources else None
         self.progress = progress
-        self.options = {"retries": retries, "timeout": timeout, "capture": capture_output}
 
         star = len(iterables) > 1
         source = iter(iterables[0]) if len(iterables) == 1 else zip(*iterables)
@@ -166,12 +165,15 @@ class MapJob(JobRecord):
         if self.resources:
             check_resources(self._port.workers(), self.resources)
         shared_values = dict(shared or {})
-        self._blob: bytes | None = cloudpickle.dumps(fn)
-        if len(self._blob) >= LARGE_VALUE_BYTES:
-            shared_values["__fn__"] = fn
-            self._blob = None
+        pickled = cloudpickle.dumps(fn)
+        blob: bytes | None = pickled
+        if len(pickled) >= LARGE_VALUE_BYTES:
+            shared_values["__fn__"] = fn  # travels as a large value, sent once per worker
+            blob = None
         self._shared = self._port.scatter(shared_values)
-        self._star = star
+        #: What the workers need of this map, built once and sent whole (:class:`.protocol.MapRun`);
+        #: its ``token``, the map's id, names the function in the workers' cache.
+        self.map_run = MapRun(self.id, blob, star, retries, timeout, capture_output)
         #: What either path needs of this map (:mod:`.paths`), made once on the first step (it refers back to
         #: the map: made earlier, an imap dropped before its first step would wait for the garbage collector).
         self._spec: MapSpec | None = None
@@ -288,10 +290,7 @@ class MapJob(JobRecord):
             self._spec = MapSpec(
                 self.client,
                 self.id,
-                self.id,  # the token that names the function in the workers' cache
-                self._blob,
-                self._star,
-                self.options,
+                self.map_run,
                 self._shared,
                 self.resources,
                 self.concurrency,
@@ -558,7 +557,7 @@ class MapJob(JobRecord):
         self._faults.clear()
         self._resubmit.clear()
         self._shared.release()
-        self._blob = None
+        self.map_run = self.map_run.without_function()
         self._spec = None
         self.fn = None
         if self._dispatcher is not None:

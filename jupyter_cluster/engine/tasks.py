@@ -30,7 +30,7 @@ from .cluster import (
     total_threads,
 )
 from .dispatch import Cancelled, Chunk, Counters, Done, Failed, Killed, MapEvent
-from .protocol import ChunkResult, Items, TaskRun
+from .protocol import ChunkResult, Items, MapRun
 from .worker import run_items
 
 #: While a batch of results is being fetched, look at the scheduler this often, in seconds.
@@ -47,9 +47,9 @@ class TaskDispatcher:
     client : distributed.Client
     map_id : str
         Names the tasks (``jc-<map_id>-<n>``).
-    run : TaskRun
-        The map's function and options; ``big`` is replaced by the
-        scattered values' futures at each submit.
+    run : MapRun
+        The map's function and how to run it, passed whole to each task
+        (with the map's large values as scattered now).
     shared : Scattered
         The map's large values, scattered again if a worker lost them.
     resources : dict or None
@@ -66,7 +66,7 @@ class TaskDispatcher:
         self,
         client: Client,
         map_id: str,
-        run: TaskRun,
+        run: MapRun,
         shared: Scattered,
         resources: dict | None,
         concurrency: int | None,
@@ -114,7 +114,7 @@ class TaskDispatcher:
         """Chunks as Dask tasks: pinned and suspect ones one by one, the others in one ``client.map``."""
         if not chunks:
             return []
-        run = self.run  # its ``big`` is not read: the map's large values as scattered now are
+        run = self.run
         big = self.shared.current()
         resources = self.resources
         first = self.submitted
@@ -131,9 +131,7 @@ class TaskDispatcher:
             if c.pin is not None:
                 kwargs["workers"] = [c.pin]
                 kwargs["allow_other_workers"] = False
-            out[k] = self.client.submit(
-                run_items, Items(c.items, c.budget), run.token, run.blob, big, run.star, run.options, **kwargs
-            )
+            out[k] = self.client.submit(run_items, Items(c.items, c.budget), run, big, **kwargs)
         if plain:
             kwargs = {"resources": resources} if resources else {}
             futures = self.client.map(
@@ -141,11 +139,8 @@ class TaskDispatcher:
                 [Items(chunks[k].items, chunks[k].budget) for k in plain],
                 key=[keys[k] for k in plain],
                 pure=False,
-                token=run.token,
-                blob=run.blob,
+                run=run,
                 big=big,
-                star=run.star,
-                options=run.options,
                 **kwargs,
             )
             for k, fut in zip(plain, futures):
@@ -172,7 +167,7 @@ class TaskDispatcher:
         self.pending.clear()
 
     def forget_function(self) -> None:
-        self.run = self.run._replace(blob=None)
+        self.run = self.run.without_function()
 
     def stats(self) -> Counters:
         return Counters()  # no leases, no relays

@@ -11,6 +11,7 @@ import time
 
 import cloudpickle
 
+from jupyter_cluster.engine.protocol import MapRun
 from jupyter_cluster.engine.worker import run as worker_run
 from jupyter_cluster.engine.worker import slices
 from jupyter_cluster.engine.worker.items import ItemsRun
@@ -33,10 +34,9 @@ def add(a, b):
     return a + b
 
 
-def _chunk(fn, items, star=False, **options):
-    options.setdefault("capture", True)
-    token = f"slices-{fn.__name__}-{id(items)}"
-    return worker_run.run_chunk(token, cloudpickle.dumps(fn), None, items, star, options)
+def _chunk(fn, items, star=False, capture=True, budget=None):
+    run = MapRun(f"slices-{fn.__name__}-{id(items)}", cloudpickle.dumps(fn), star, 0, None, capture)
+    return worker_run.run_chunk(run, items, budget=budget)
 
 
 def test_quick_items_cost_about_what_map_costs():

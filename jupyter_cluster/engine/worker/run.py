@@ -28,7 +28,7 @@ import cloudpickle
 
 from ...cell.function import ITEM_NAME, RESULT_NAME, CellFunction
 from ...telemetry.tags import TAG_NAME, item_state
-from ..protocol import Items
+from ..protocol import Items, MapRun
 from . import groups, slices
 from .groups import GroupStopped, _async_raise, _group, run_in_group
 from .items import MAX_OUTPUT_CHARS, ItemsRun  # noqa: F401  (MAX_OUTPUT_CHARS: its old home)
@@ -327,27 +327,32 @@ def _worker_address() -> str | None:
 
 
 def run_chunk(
-    token: str, blob: bytes | None, big: dict[str, Any] | None, items: list, star: bool, options: dict
+    run: MapRun,
+    items: list,
+    big: dict[str, Any] | None = None,
+    *,
+    budget: float | None = None,
+    group: str | None = None,
 ) -> tuple:
-    """Run one chunk of items on a worker.
+    """Run one chunk of items on a worker: the one place a :class:`..protocol.MapRun` is unpacked.
 
     Parameters
     ----------
-    token : str
-        Cache key of the function (the map's id).
-    blob : bytes or None
-        cloudpickle of the function or :class:`CellFunction`; None when it
-        travels in ``big["__fn__"]`` because it is large.
-    big : dict or None
-        Large values, sent once per worker (Dask resolves them to local data).
+    run : MapRun
+        The map's function (its cache key ``token``, its pickle ``blob``:
+        None when this worker process has it or it travels in
+        ``big["__fn__"]`` because it is large), ``star`` (call
+        ``fn(*item)``), ``retries``, ``timeout`` and ``capture``.
     items : list
         The chunk's items (argument tuples when ``star``).
-    star : bool
-        Call ``fn(*item)`` instead of ``fn(item)``.
-    options : dict
-        ``retries`` (int), ``timeout`` (float or None), ``capture`` (bool),
-        ``budget`` (float or None: stop after the item that takes the chunk
-        past this many seconds; the engine sends the items left over again).
+    big : dict or None
+        Large values, sent once per worker (Dask resolves them to local data).
+    budget : float or None
+        Stop after the item that takes the chunk past this many seconds;
+        the engine sends the items left over again.
+    group : str or None
+        The stop group the items run in (a lease's id: the map's stop ends
+        them at once, :mod:`.groups`); a ``Pool`` task's function names its own.
 
     Returns
     -------
@@ -362,45 +367,42 @@ def run_chunk(
         out, or its task was cancelled).
     """
     started = time.time()
-    timeout = options.get("timeout")
-    capture = options.get("capture", True)
-    budget = options.get("budget")
     worker = _worker_address()
     big = dict(big) if big else None
     try:
-        fn = load(token, blob, big)
+        fn = load(run.token, run.blob, big)
     except BaseException as exc:  # noqa: BLE001 - a setup failure is reported for every item
         info = error_info(exc)
         return ([None] * len(items), [(len(items), 0.0)], None, {i: info for i in range(len(items))}, worker, started)
-    if capture:
+    if run.capture:
         install_thread_streams(_STATE)
     now = time.perf_counter()
     # A Pool's task: terminate() stops it; any other lease batch: the map's stop (jc_close) does (run_in_group).
-    group = getattr(fn, "stop_group", None) or options.get("group")
-    run = ItemsRun(
+    group = getattr(fn, "stop_group", None) or group
+    chunk = ItemsRun(
         fn,
         items,
-        star=star,
-        retries=options.get("retries", 0),
-        runner=_TimedRunner(timeout) if timeout else None,
+        star=run.star,
+        retries=run.retries,
+        runner=_TimedRunner(run.timeout) if run.timeout else None,
         cancelled=_cancel_checker(),
         stop=_group(group).stopped if group is not None else None,
         deadline=now + budget if budget else float("inf"),
         next_check=now + _CANCEL_CHECK_S,
-        capture=capture,
+        capture=run.capture,
         error_info=error_info,
     )
     complete = True
     if group is None:
-        _run_items(run)
+        _run_items(chunk)
     else:
         try:
-            run_in_group(group, _run_items, run)
+            run_in_group(group, _run_items, chunk)
         except GroupStopped:
             groups.mark_stopped()  # the lease running this chunk ends (see groups.took_stop)
             complete = False  # the helper may still be adding the item it was in: keep what was complete
-    _check_results(run.values, run.errors, getattr(fn, "check_result", None))
-    return run.result(worker, started, complete)  # protocol.ChunkResult's fields
+    _check_results(chunk.values, chunk.errors, getattr(fn, "check_result", None))
+    return chunk.result(worker, started, complete)  # protocol.ChunkResult's fields
 
 
 def _run_items(run: ItemsRun) -> None:
@@ -506,8 +508,6 @@ def _check_results(values: list, errors: dict, check: Callable[[Any], BaseExcept
             values[pos] = None
 
 
-def run_items(packed: Items, token: str, blob: bytes | None, big: dict | None, star: bool, options: dict) -> tuple:
-    """The task path's task: :func:`run_chunk` on the items of ``packed``."""
-    if packed.budget is not None:
-        options = {**options, "budget": packed.budget}
-    return run_chunk(token, blob, big, packed.items, star, options)
+def run_items(packed: Items, run: MapRun, big: dict | None = None) -> tuple:
+    """The task path's task: :func:`run_chunk` on the items (and time budget) of ``packed``."""
+    return run_chunk(MapRun.of(run), packed.items, big, budget=packed.budget)
