@@ -27,7 +27,7 @@ from typing import Any
 import cloudpickle
 
 from ...cell.function import ITEM_NAME, RESULT_NAME, CellFunction
-from ...telemetry.tags import TAG_NAME, item_state
+from ...telemetry.tags import item_state
 from ..protocol import Items, MapRun
 from . import groups, slices
 from .groups import GroupStopped, _async_raise, _group, run_in_group
@@ -39,16 +39,17 @@ _CANCEL_CHECK_S = 0.05
 class PreparedCell:
     """A compiled cell with its captured values, as cached on a worker."""
 
-    def __init__(self, code, values: dict[str, Any], persistent: bool):
+    def __init__(self, code, values: dict[str, Any], persistent: bool, tag: Any = None):
         self.code = code
         self.values = values
         self.persistent = persistent
+        self.tag = tag  # the run's ItemTag (CellFunction.tag): each item runs inside it
 
     @classmethod
     def of(cls, cell: CellFunction) -> PreparedCell:
         """Prepare ``cell`` on this worker: compiled, its modules imported, its small values unpickled."""
         values = cell.load_values()
-        return cls(cell.compile(), values, cell.persistent)
+        return cls(cell.compile(), values, cell.persistent, getattr(cell, "tag", None))
 
     def bind(self, big: dict[str, Any] | None) -> Callable[[Any], Any]:
         """A per-item callable; ``big`` holds the large values sent once per worker."""
@@ -75,7 +76,7 @@ class PreparedCell:
         base.update(captured)
         base.setdefault("__name__", "__main__")
 
-        tag = captured.get(TAG_NAME)
+        tag = self.tag
         if tag is not None:  # a %%parallel sweep: report() in the item's cell names its run and item
 
             def run_tagged(item):
