@@ -61,6 +61,7 @@ import cloudpickle
 from ..cell.capture import LARGE_VALUE_BYTES
 from ..errors import ClusterError, WorkerLostError
 from ..tracking.context import in_run
+from ..tracking.tags import ItemTap
 from . import observers, planner
 from .dispatch import Cancelled, Chunk, ChunkEvent, Died, Dispatcher, Done, Failed, Fallback, Killed, MapEvent, Retry
 from .faults import Faults, abbreviate  # noqa: F401  (abbreviate: re-exported by mapping)
@@ -115,6 +116,8 @@ class MapJob(JobRecord):
         pin_workers: list[str] | None = None,
         concurrency: int | None = None,
         port: ClusterPort | None = None,
+        tap: ItemTap | None = None,
+        origin: dict | None = None,
     ):
         timeout = check_options(
             errors=errors,
@@ -177,6 +180,10 @@ class MapJob(JobRecord):
         #: What either path needs of this map (:mod:`.paths`), made once on the first step (it refers back to
         #: the map: made earlier, an imap dropped before its first step would wait for the garbage collector).
         self._spec: MapSpec | None = None
+        #: A ``%%parallel`` sweep's items and run (:class:`~jupyter_cluster.tracking.tags.ItemTap`), and where a
+        #: map came from when not from this process (a detached job's kernel): what its observers record.
+        self.tap = tap
+        self.origin = origin
         self._observers = observers.Observers(self, progress)
         observers.started(self)
         self._observers.notify("job_started")

@@ -34,7 +34,6 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from ..cell import capture
 from ..cell.function import CellFunction
 from ..errors import CellError, ClusterError, SerializationError
-from ..tracking.record import starting
 from ..tracking.sweep_kind import is_sweep
 from ..tracking.tags import ItemTag, ItemTap
 from .args import MagicArgumentParser, add_options, options_text
@@ -391,15 +390,15 @@ class ParallelMagics(Magics):
         printer = _OutputPrinter()
         # The engine takes a callable or a CellFunction (prepared once per worker process, by the
         # worker); imap's annotation names only the first.  Not started: it runs in _drive.
-        with starting(cast(ItemTap, tap)):
-            job = mapping.imap(
-                cast(Callable, func),
-                iterable,
-                label=f"%%parallel {header}",
-                on_output=printer,
-                retain=True,
-                **options,
-            )
+        job = mapping.imap(
+            cast(Callable, func),
+            iterable,
+            label=f"%%parallel {header}",
+            on_output=printer,
+            retain=True,
+            tap=tap,  # the sweep's items and run: what the map's record names (tracking.record)
+            **options,
+        )
         user_ns[JOB_NAME] = job
         self._drive(job, printer)
         # The results are the notebook's, in --out alone: a `del` of it gives their memory back.

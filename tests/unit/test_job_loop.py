@@ -398,3 +398,18 @@ def test_results_and_durations_come_back_per_chunk_and_read_per_item():
     assert sum(busy for *_, busy in job.chunk_log) == 2 * (0.5 + 4 * 0.25)
     assert job.results == {x: x * x for x in range(10)}  # every value by index, once read
     assert job.take_results() == [x * x for x in range(10)] and job.results == {}
+
+
+def test_a_sweeps_tap_and_origin_are_arguments_of_the_map_its_record_reads():
+    # No thread-local around making the map: what its record names travels with the job itself.
+    from jupyter_cluster.tracking.record import job_context
+    from jupyter_cluster.tracking.tags import ItemTag, ItemTap
+
+    tap = ItemTap(range(4), ItemTag("run-tap", "x"))
+    origin = {"notebook": "far.ipynb", "cell": {"n": 3}, "kernel_id": "k-1"}
+    job = job_of(FakePort(square), tap, tap=tap, origin=origin)
+    assert job.run().result_list() == [0, 1, 4, 9]
+    context = job_context(job)
+    assert (context["run"], context["notebook"], context["kernel_id"]) == ("run-tap", "far.ipynb", "k-1")
+    plain = job_context(job_of(FakePort(square), range(2)))
+    assert plain["run"] != "run-tap" and "kernel_id" not in plain
