@@ -29,6 +29,7 @@ from .tags import MAX_ITEMS, MAX_ITEMS_BYTES, ItemTap
 KEEP_RUNS = 500
 KEEP_ITEMS = 50_000
 
+
 def origin() -> dict[str, Any]:
     """Where a map started here comes from: this kernel's notebook, cell and kernel id (what a detached job carries)."""
     return {"notebook": notebook_path(), "cell": cell_info(), "kernel_id": kernel_id()}
