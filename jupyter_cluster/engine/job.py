@@ -81,6 +81,9 @@ from .protocol import ChunkResult, MapRun, RemoteItemError  # noqa: F401  (Remot
 from .record import JobRecord
 from .window import InputWindow
 
+#: Stands for "no result yet" in the per-item lookup (None may be a result).
+_MISSING = object()
+
 #: Mean seconds per item of recently mapped code (a map of the same code skips the probes).
 _remembered = planner.Remembered()
 
@@ -203,9 +206,15 @@ class MapJob(JobRecord):
         while True:
             if self.ordered:
                 i = self._yield_next
-                if i in self.results:
+                # Per item, so one dict lookup: the record's dict itself, the chunks come filed in it when due.
+                take = self._results.get if self.retain else self._results.pop
+                value = take(i, _MISSING)
+                if value is _MISSING and self._pending:
+                    self._file_pending()
+                    value = take(i, _MISSING)
+                if value is not _MISSING:
                     self._yield_next += 1
-                    return self.results[i] if self.retain else self.results.pop(i)
+                    return value
                 if self.total is not None and i >= self.total and self._exhausted_all():
                     if not self.finished:  # observers (progress, job events) hear that it ended
                         self._finish()
@@ -214,7 +223,8 @@ class MapJob(JobRecord):
             else:
                 if self._order:
                     i = self._order.popleft()
-                    return self.results[i] if self.retain else self.results.pop(i)
+                    results = self.results
+                    return results[i] if self.retain else results.pop(i)
             if self.finished:
                 self._settle_last()
                 raise StopIteration
@@ -231,9 +241,10 @@ class MapJob(JobRecord):
         if not self.finished:
             self._step()
         out = []
+        results = self.results
         while self._order:
             i = self._order.popleft()
-            out.append((i, self.results.pop(i)))
+            out.append((i, results.pop(i)))
         return out
 
     def run(self) -> MapJob:
