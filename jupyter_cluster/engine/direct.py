@@ -32,7 +32,7 @@ from .cluster import (
     scheduler_workers,
 )
 from .demand import Demand
-from .dispatch import Chunk, Counters, Died, Done, Failed, Fallback, MapEvent, Retry
+from .dispatch import Chunk, Counters, Died, Done, Failed, Fallback, MapEvent, MapSpec, Retry
 from .lease_pool import LINGER_SECONDS, Lease, LeasePool, end_leases, pool_for, release_leases  # noqa: F401
 from .leases import (  # noqa: F401  (DEPTH, RELAY_*, EARLY_WAIT_SECONDS: read here by tests and tools)
     DEPTH,
@@ -49,7 +49,7 @@ from .leases import (  # noqa: F401  (DEPTH, RELAY_*, EARLY_WAIT_SECONDS: read h
     RelayLost,
     Sent,
 )
-from .protocol import ChunkResult, MapRun, Status, unpack
+from .protocol import ChunkResult, Status, unpack
 
 #: A map looks at the scheduler's workers (to place and replace leases) this often, in seconds.
 PLACE_EVERY_SECONDS = 2.0
@@ -90,20 +90,12 @@ class DirectDispatcher:
         self._more_work = True
 
     @classmethod
-    def open(
-        cls,
-        client: Client,
-        map_id: str,
-        resources: dict | None,
-        concurrency: int | None,
-        run: MapRun,
-        big: dict | None,
-        check: Callable[[], None],
-    ) -> DirectDispatcher | None:
+    def open(cls, spec: MapSpec) -> DirectDispatcher | None:
         """The direct path for a map, or None when this client cannot reach the workers directly."""
+        client, concurrency = spec.client, spec.concurrency
         if not direct_reachable(client):
             return None
-        self = cls(client, Leases(client, map_id, resources, concurrency, run, big=big), check)
+        self = cls(client, Leases(spec), spec.check)
         # Idle leases of this client's previous map start this one at once (no scheduler round trip).
         cap = concurrency if concurrency is not None else cached_threads(client)
         if cap and self.leases.adopt(cap) >= cap:

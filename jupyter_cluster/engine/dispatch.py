@@ -19,10 +19,23 @@ unreachable from here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from .protocol import ChunkResult
+from .protocol import ChunkResult, MapRun
+
+
+class MapSpec(NamedTuple):
+    """What either path needs of a map to send its chunks: made once per map, handed whole to its dispatcher."""
+
+    client: Any  # distributed.Client
+    map_id: str  # names the map's lease tasks or chunk tasks
+    run: MapRun  # what the workers need: the function, its cache token, star, retries, timeout, capture
+    shared: Any  # .cluster.Scattered: the map's large values (and the function, "__fn__", when it is large)
+    resources: dict | None  # Dask resources each lease or chunk needs
+    concurrency: int | None  # most chunks running at once (None: every worker thread)
+    check: Callable[[], None]  # raises once the scheduler is lost (called while waiting)
 
 
 class Chunk:

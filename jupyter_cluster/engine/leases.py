@@ -25,10 +25,9 @@ import queue
 from dataclasses import dataclass
 from typing import Any
 
-from distributed import Client
-
 from .. import config
 from .cluster import ConnectFailed, call, client_loop, worker_slots
+from .dispatch import MapSpec
 from .lease_pool import Lease, end_leases, pool_for
 from .protocol import MapRun, Op, RelayEntry, Status, pack, pack_group, unpack_answers
 from .worker import lease
@@ -110,38 +109,25 @@ class Leases:
 
     Parameters
     ----------
-    client : distributed.Client
-    map_id : str
-        Names the lease tasks (``jc-lease-<map_id>-<n>``).
-    resources : dict or None
-        Dask resources each lease (thread) needs.
-    limit : int or None
-        Most leases at once (``Pool(processes=N)``); None: every thread that fits.
-    run : MapRun
-        The map's function and how to run it, sent whole with each batch
-        (see :func:`.worker.handlers._batch`).
-    big : dict or None
-        The map's large values (scattered futures); a map with some places
+    spec : MapSpec
+        The map: its client, its id (which names the lease tasks,
+        ``jc-lease-<map_id>-<n>``), the Dask resources each lease (thread)
+        needs, its concurrency (most leases at once, ``Pool(processes=N)``;
+        None: every thread that fits) and its :class:`.protocol.MapRun`,
+        sent whole with each batch (see :func:`.worker.handlers._batch`).
+        Its large values, scattered (``spec.shared.futures``): a map with some places
         its own leases, which Dask hands the values, and ends them after.
     """
 
-    def __init__(
-        self,
-        client: Client,
-        map_id: str,
-        resources: dict | None,
-        limit: int | None,
-        run: MapRun,
-        big: dict | None = None,
-    ):
-        self.client = client
-        self.map_id = map_id
-        self.resources = resources
+    def __init__(self, spec: MapSpec):
+        client = self.client = spec.client
+        self.map_id = spec.map_id
+        resources = self.resources = spec.resources
         self.key = tuple(sorted((resources or {}).items()))
-        self.limit = limit
-        self.run = run
-        self.token = run.token
-        self.big = big
+        self.limit = spec.concurrency
+        self.run: MapRun = spec.run
+        self.token = spec.run.token
+        self.big: dict | None = spec.shared.futures
         self.pool = pool_for(client)
         self.pool.active.add(self)
         self.secret = self.pool.secret

@@ -11,27 +11,12 @@ client reaches the workers and nothing rules it out, else the task path
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
-
 from .. import config
-from .cluster import Scattered
 from .direct import DirectDispatcher
-from .dispatch import Dispatcher
-from .protocol import MapRun
+from .dispatch import Dispatcher, MapSpec
 from .tasks import TaskDispatcher
 
-
-class MapSpec(NamedTuple):
-    """What either path needs of a map to send its chunks."""
-
-    client: Any  # distributed.Client
-    map_id: str
-    run: MapRun  # what the workers need: the function, its cache token, star, retries, timeout, capture
-    shared: Scattered  # the map's large values (and the function, shared["__fn__"], when it is large)
-    resources: dict | None
-    concurrency: int | None  # most chunks running at once (None: every worker thread)
-    check: Callable[[], None]  # raises once the scheduler is lost (called while waiting)
+__all__ = ["MapSpec", "open_dispatcher", "task_dispatcher"]
 
 
 def open_dispatcher(spec: MapSpec, *, pinned: bool = False, empty: bool = False) -> Dispatcher:
@@ -42,9 +27,7 @@ def open_dispatcher(spec: MapSpec, *, pinned: bool = False, empty: bool = False)
     with ``jupyter-cluster.engine.path: tasks``.
     """
     if not pinned and not empty and config.get("engine.path", "auto") != "tasks":
-        direct = DirectDispatcher.open(
-            spec.client, spec.map_id, spec.resources, spec.concurrency, spec.run, spec.shared.futures, spec.check
-        )
+        direct = DirectDispatcher.open(spec)
         if direct is not None:
             return direct
     return task_dispatcher(spec)
@@ -52,4 +35,4 @@ def open_dispatcher(spec: MapSpec, *, pinned: bool = False, empty: bool = False)
 
 def task_dispatcher(spec: MapSpec) -> Dispatcher:
     """The task path's dispatcher for a map (its start without the direct path, or its fallback)."""
-    return TaskDispatcher(spec.client, spec.map_id, spec.run, spec.shared, spec.resources, spec.concurrency, spec.check)
+    return TaskDispatcher(spec)

@@ -14,10 +14,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Callable
 from typing import Any
 
-from distributed import Client, as_completed
+from distributed import as_completed
 
 from .cluster import (
     Scattered,
@@ -29,7 +28,7 @@ from .cluster import (
     is_killed_worker,
     total_threads,
 )
-from .dispatch import Cancelled, Chunk, Counters, Done, Failed, Killed, MapEvent
+from .dispatch import Cancelled, Chunk, Counters, Done, Failed, Killed, MapEvent, MapSpec
 from .protocol import ChunkResult, Items, MapRun
 from .worker import run_items
 
@@ -44,41 +43,27 @@ class TaskDispatcher:
 
     Parameters
     ----------
-    client : distributed.Client
-    map_id : str
-        Names the tasks (``jc-<map_id>-<n>``).
-    run : MapRun
-        The map's function and how to run it, passed whole to each task
-        (with the map's large values as scattered now).
-    shared : Scattered
-        The map's large values, scattered again if a worker lost them.
-    resources : dict or None
-    concurrency : int or None
-        Most chunks in flight (``Pool(processes=N)``).
-    check : callable
-        Raises the map's "scheduler lost" error (called between fetch slices).
+    spec : MapSpec
+        The map: its client, its id (which names the tasks,
+        ``jc-<map_id>-<n>``), its :class:`.protocol.MapRun` (passed whole
+        to each task, with the map's large values as scattered now: a
+        worker that lost them has them scattered again), its resources,
+        its concurrency (most chunks in flight, ``Pool(processes=N)``) and
+        the check that raises the map's "scheduler lost" error (called
+        between fetch slices).
     """
 
     name = "tasks"
     unit = "task"
 
-    def __init__(
-        self,
-        client: Client,
-        map_id: str,
-        run: MapRun,
-        shared: Scattered,
-        resources: dict | None,
-        concurrency: int | None,
-        check: Callable[[], None],
-    ):
-        self.client = client
-        self.map_id = map_id
-        self.run = run
-        self.shared = shared
-        self.resources = resources
-        self.concurrency = concurrency
-        self.check = check
+    def __init__(self, spec: MapSpec):
+        client = self.client = spec.client
+        self.map_id = spec.map_id
+        self.run: MapRun = spec.run
+        self.shared: Scattered = spec.shared
+        self.resources = spec.resources
+        self.concurrency = spec.concurrency
+        self.check = spec.check
         self.submitted = 0
         # Completion only: results are fetched per drained batch (one gather for many chunks).
         self.ac = as_completed(with_results=False, loop=client.loop)
