@@ -406,12 +406,12 @@ def run_chunk(
     return chunk.result(worker, started, complete)  # protocol.ChunkResult's fields
 
 
-def _run_items(run: ItemsRun) -> None:
+def _run_items(chunk: ItemsRun) -> None:
     """:func:`run_chunk`'s loop over its items: one at a time, then (quick ones) in slices (:mod:`.slices`)."""
     local = _STATE.local  # per thread: run_in_group runs this in a helper thread
     perf = time.perf_counter
-    fn, items, star, retries, runner = run.fn, run.items, run.star, run.retries, run.runner
-    values, timings, errors, outputs, stop = run.values, run.timings, run.errors, run.outputs, run.stop
+    fn, items, star, retries, runner = chunk.fn, chunk.items, chunk.star, chunk.retries, chunk.runner
+    values, timings, errors, outputs, stop = chunk.values, chunk.timings, chunk.errors, chunk.outputs, chunk.stop
     # Quick items run in slices once the first ones are timed (see .slices); not with retries or timeouts.
     quick_from = slices.FIRST_ITEMS if not retries and runner is None and isinstance(items, (list, tuple)) else 0
     if len(items) <= 2 * quick_from:
@@ -429,9 +429,9 @@ def _run_items(run: ItemsRun) -> None:
                     # A retry storm (retries=10**9 on an item that always
                     # raises) must still stop when the map is cancelled, and
                     # its output must stay bounded: only the last attempt's is kept.
-                    if perf() >= run.next_check:
-                        run.next_check = perf() + _CANCEL_CHECK_S
-                        if run.cancelled():
+                    if perf() >= chunk.next_check:
+                        chunk.next_check = perf() + _CANCEL_CHECK_S
+                        if chunk.cancelled():
                             stopped = True
                             break
                     if outputs is not None:
@@ -453,16 +453,16 @@ def _run_items(run: ItemsRun) -> None:
             t1 = perf()
             values.append(value)
             timings.append((1, t1 - t0))
-            if t1 >= run.deadline:
+            if t1 >= chunk.deadline:
                 break
-            if t1 >= run.next_check:
-                run.next_check = t1 + _CANCEL_CHECK_S
-                if run.cancelled():
+            if t1 >= chunk.next_check:
+                chunk.next_check = t1 + _CANCEL_CHECK_S
+                if chunk.cancelled():
                     break
             if pos + 1 == quick_from:
                 spent = sum(d for _, d in timings)
                 if spent < slices.QUICK_ITEM_SECONDS * quick_from:
-                    slices.run_slices(run, spent / quick_from)
+                    slices.run_slices(chunk, spent / quick_from)
                     break
     finally:
         local.buf = None

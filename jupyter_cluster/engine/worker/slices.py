@@ -35,8 +35,8 @@ SLICE_SECONDS = 0.005
 MAX_SLICE_ITEMS = 65_536
 
 
-def run_slices(run: ItemsRun, per_item: float) -> None:
-    """Run ``run.items[len(run.values):]``, appending as the per-item loop does (see the module's text).
+def run_slices(chunk: ItemsRun, per_item: float) -> None:
+    """Run ``chunk.items[len(chunk.values):]``, appending as the per-item loop does (see the module's text).
 
     ``per_item`` is the mean seconds per item measured so far.  What the
     items print goes where the per-item loop sends it: the chunk's one
@@ -44,8 +44,8 @@ def run_slices(run: ItemsRun, per_item: float) -> None:
     files each write under the running item (``len(values)``).
     """
     perf = time.perf_counter
-    fn, items, star, stop = run.fn, run.items, run.star, run.stop
-    values, timings, errors = run.values, run.timings, run.errors
+    fn, items, star, stop = chunk.fn, chunk.items, chunk.star, chunk.stop
+    values, timings, errors = chunk.values, chunk.timings, chunk.errors
     n = len(items)
     size = _slice_items(per_item)
     while len(values) < n:
@@ -61,7 +61,7 @@ def run_slices(run: ItemsRun, per_item: float) -> None:
                 values.extend(calls)  # what ran before a failure stays in values
                 break
             except BaseException as exc:  # noqa: BLE001 - every item failure is data
-                errors[len(values)] = run.error_info(exc)
+                errors[len(values)] = chunk.error_info(exc)
                 values.append(None)
                 if stop is not None and stop.is_set():
                     stopped = True
@@ -72,11 +72,11 @@ def run_slices(run: ItemsRun, per_item: float) -> None:
             mean = (t1 - t0) / done
             timings.append((done, mean))  # one run per slice: its items' mean
             size = _slice_items(mean)
-        if stopped or t1 >= run.deadline:
+        if stopped or t1 >= chunk.deadline:
             break
-        if t1 >= run.next_check:
-            run.next_check = t1 + 0.05
-            if run.cancelled():
+        if t1 >= chunk.next_check:
+            chunk.next_check = t1 + 0.05
+            if chunk.cancelled():
                 break
 
 
