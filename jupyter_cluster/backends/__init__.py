@@ -1,26 +1,51 @@
 """Backends: the one small interface through which clusters are made.
 
 A backend turns options into a running (or attached) Dask cluster.  Backends
-are looked up by name: the built-in ones below, plus any registered by other
-packages under the ``jupyter_cluster.backends`` entry-point group.  Which one
-``%cluster start`` uses comes from ``jupyter-cluster.backend`` in dask.config,
-so the same notebook runs on a laptop and on Kubernetes.
+are found by name under the ``jupyter_cluster.backends`` entry-point group,
+where this package registers its own (``pyproject.toml``) and any other package
+may register more, as ipyparallel finds its launchers.  Which one ``%cluster
+start`` uses comes from ``jupyter-cluster.backend`` in dask.config, so the same
+notebook runs on a laptop and on Kubernetes.
+
+A backend owns everything that is particular to it: the options it takes
+(:attr:`Backend.cli_options`, from which ``%cluster start``'s parser is built),
+how another kernel attaches to one of its clusters by name (:meth:`Backend.attach`),
+what the sidebar and the widget show of it (:meth:`Backend.describe`), the
+clusters a remote service holds (:meth:`Backend.list_remote`) and what is done when
+its owner died (:meth:`Backend.cleanup_orphan`).  Nothing outside this package
+imports a particular backend.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import logging
+import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ClusterError
+from ..state import orphans
+from .cli import MergedOption, Option, merged
 
-_BUILTIN = {
+if TYPE_CHECKING:
+    from ..state.registry import ClusterRecord
+
+logger = logging.getLogger(__name__)
+
+#: the entry-point group backends are registered under (``[project.entry-points."jupyter_cluster.backends"]``)
+GROUP = "jupyter_cluster.backends"
+
+#: this package's own entry points, as ``pyproject.toml`` registers them: used only where the installed
+#: metadata has none of them (a development install made before the group existed); a test keeps the two equal
+_SHIPPED = {
     "local": "jupyter_cluster.backends.local:LocalBackend",
     "address": "jupyter_cluster.backends.address:AddressBackend",
-    "kubernetes": "jupyter_cluster.backends.kubernetes:KubernetesBackend",
     "ssh": "jupyter_cluster.backends.ssh:SSHBackend",
+    "kubernetes": "jupyter_cluster.backends.kubernetes:KubernetesBackend",
     "gateway": "jupyter_cluster.backends.gateway:GatewayBackend",
     "slurm": "jupyter_cluster.backends.jobqueue:SlurmBackend",
     "pbs": "jupyter_cluster.backends.jobqueue:PBSBackend",
@@ -62,17 +87,52 @@ class StartedCluster:
     cleanup: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, cluster: Any, **fields: Any) -> StartedCluster:
+        """What a backend hands back for a ``distributed`` cluster object: its address and dashboard, and ``fields``."""
+        fields.setdefault("dashboard_link", getattr(cluster, "dashboard_link", None))
+        return cls(address=cluster.scheduler_address, cluster=cluster, **fields)
+
+
+@dataclass
+class RemoteClusters:
+    """The clusters a remote service holds for this user (:meth:`Backend.list_remote`), for ``%cluster list``.
+
+    Attributes
+    ----------
+    where : str
+        The service, as a heading (``dask-gateway at https://...``).
+    clusters : list of dict
+        ``name``, ``status`` and ``address`` of each.
+    error : str or None
+        Why the service could not be asked (one sentence), instead of clusters.
+    """
+
+    where: str
+    clusters: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
 
 class Backend:
     """Base class of backends.
 
-    Subclasses set :attr:`name` and implement :meth:`start`.  ``options`` are
-    the keyword arguments the backend accepts; unknown ones are refused before
-    anything is started.
+    Subclasses set :attr:`name`, declare their options and implement
+    :meth:`start`; the other hooks are optional.  Unknown options are refused
+    before anything is started (:meth:`check_options`).
     """
 
     name: ClassVar[str] = ""
+    #: the options ``%cluster start`` parses for this backend (and ``jupyter_cluster.start`` accepts)
+    cli_options: ClassVar[tuple[Option, ...]] = ()
+    #: keyword options only a call passes (``processes=False``, ``security=...``), never the command line
+    api_options: ClassVar[tuple[str, ...]] = ()
+    #: every keyword :meth:`start` takes: the two above (set for each subclass)
     options: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "options" not in cls.__dict__:
+            cls.options = tuple(o.name for o in cls.cli_options) + tuple(cls.api_options)
 
     def start(self, **options: Any) -> StartedCluster:  # pragma: no cover - interface
         raise NotImplementedError
@@ -83,6 +143,37 @@ class Backend:
         Called with :meth:`start`'s options just before it (unchecked yet); may
         start a helper that later starts share (the local fork server), but
         nothing of one cluster, and raises nothing.
+        """
+
+    def attach(self, target: str, record: ClusterRecord | None) -> StartedCluster | None:
+        """How to reach a cluster of this backend by name (``%cluster connect NAME``), or None.
+
+        ``record`` is this machine's registry record called ``target`` (None when
+        there is none: a backend may then look ``target`` up in a service of its
+        own).  None means the record's scheduler address is reached directly,
+        which is what most backends want.
+        """
+        return None
+
+    async def describe(self, model: dict[str, Any], extra: dict[str, Any], client: Any) -> None:
+        """Add this backend's view of a started cluster to ``model`` (the sidebar's detail, the widget), in place.
+
+        ``extra`` is the backend's facts from the cluster's registry record
+        (:attr:`StartedCluster.extra`), ``client`` an asynchronous use of the
+        cluster's ``distributed.Client``.  Called by the Jupyter server and the
+        widget; must not raise, and must give up within about 10 s.
+        """
+
+    def list_remote(self) -> RemoteClusters | None:
+        """The clusters a remote service of this backend holds for this user, or None if none is configured."""
+        return None
+
+    def cleanup_orphan(self, record: ClusterRecord) -> None:
+        """Stop what a cluster whose owner process died left running (cancel batch jobs, say); quickly.
+
+        Called by the registry when it drops the record of a dead owner
+        (:mod:`jupyter_cluster.state.orphans`).  Most backends have nothing to
+        do: local workers die with their owner, an attached cluster is not ours.
         """
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -96,21 +187,85 @@ class Backend:
 
 
 def available() -> dict[str, str]:
-    """Map of backend name to ``module:Class`` for every known backend."""
-    found = dict(_BUILTIN)
-    for ep in entry_points(group="jupyter_cluster.backends"):
-        found.setdefault(ep.name, ep.value)
-    return found
+    """Map of backend name to ``module:Class`` for every registered backend, this package's first.
+
+    Read once per ``sys.path`` (reading the installed metadata takes tens of
+    milliseconds): a backend installed into a running process is found once a
+    folder is added to the path, else in the next process.
+    """
+    return dict(_registered(tuple(sys.path)))
 
 
-def get_backend(name: str) -> Backend:
-    """Instantiate the backend called ``name``."""
+@functools.lru_cache(maxsize=4)
+def _registered(path: tuple[str, ...]) -> dict[str, str]:
+    found = {ep.name: ep.value for ep in entry_points(group=GROUP)}
+    if not any(value.startswith("jupyter_cluster.") for value in found.values()):
+        found.update(_SHIPPED)  # metadata older than the group: this package's own, as pyproject has them
+    shipped = {k: v for k, v in found.items() if v.startswith("jupyter_cluster.")}
+    # another package's backend cannot replace a built-in one under its name
+    return shipped | {k: found[k] for k in sorted(found) if k not in shipped}
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class of the backend called ``name`` (its module imported)."""
     spec = available().get(name)
     if spec is None:
         raise ClusterError(f"unknown backend {name!r}; choose one of: {', '.join(sorted(available()))}.")
     module_name, _, class_name = spec.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, class_name)()
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ClusterError(f"the {name} backend ({spec}) could not be loaded: {exc}.") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise ClusterError(f"the {name} backend ({spec}) is not a jupyter_cluster.backends.Backend subclass.")
+    return cls
+
+
+def get_backend(name: str) -> Backend:
+    """Instantiate the backend called ``name``."""
+    return backend_class(name)()
+
+
+def backend_classes() -> dict[str, type[Backend]]:
+    """Every registered backend that loads here; one that does not is left out (and logged)."""
+    out = {}
+    for name in available():
+        try:
+            out[name] = backend_class(name)
+        except ClusterError as exc:
+            logger.warning("%s", exc)
+    return out
+
+
+def start_options() -> list[MergedOption]:
+    """The options of every backend as ``%cluster start``'s flags (see :func:`.cli.merged`)."""
+    return merged((name, cls.cli_options) for name, cls in backend_classes().items())
+
+
+def describer(backend: str) -> Callable[[dict[str, Any], dict[str, Any], Any], Awaitable[None]] | None:
+    """The :meth:`Backend.describe` of the backend called ``backend``, or None where it adds nothing (or is not known here).
+
+    The widget and the Jupyter server call it to add the backend's view to a
+    cluster's model; None spares them a call on the cluster's event loop.
+    """
+    try:
+        cls = backend_class(backend)
+    except ClusterError:
+        return None
+    return None if cls.describe is Backend.describe else cls().describe
+
+
+def cleanup_orphan(record: ClusterRecord) -> None:
+    """Ask the backend a dead owner's record names to clean up after it (the registry's hook, below)."""
+    try:
+        impl = get_backend(str(record.backend))
+    except ClusterError:  # a backend of a package not installed here: nothing we can do
+        return
+    impl.cleanup_orphan(record)
+
+
+# the registry (a lower layer) drops a dead owner's record; what its backend does then is asked here
+orphans.install(cleanup_orphan)
 
 
 async def _identity(address: str, timeout: float, security: Any) -> dict:

@@ -6,13 +6,15 @@ from typing import Any
 
 from ..errors import ClusterError
 from . import Backend, StartedCluster
+from .cli import Option
 
 
 class AddressBackend(Backend):
     """A cluster we only connect to; stopping detaches and never shuts it down."""
 
     name = "address"
-    options = ("address", "security")
+    cli_options = (Option("address", "the running scheduler's address, like tcp://host:8786", None, "URL"),)
+    api_options = ("security",)
 
     def start(self, address: str | None = None, security: Any = None, **options: Any) -> StartedCluster:
         self.check_options(options)

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import config
 from ..errors import ClusterError
-from . import Backend, StartedCluster
+from . import Backend, RemoteClusters, StartedCluster
+from .cli import ADAPT_MAX, ADAPT_MIN, WORKERS, Option
 
 if TYPE_CHECKING:
     from ..state.registry import ClusterRecord
@@ -251,7 +252,34 @@ class GatewayBackend(Backend):
     """A cluster made by a dask-gateway server."""
 
     name = "gateway"
-    options = ("address", "workers", "adapt_min", "adapt_max", "name")
+    cli_options = (
+        Option("address", "the dask-gateway server's URL (else gateway.address)", None, "URL"),
+        WORKERS,
+        ADAPT_MIN,
+        ADAPT_MAX,
+    )
+    api_options = ("name",)
+
+    def attach(self, target: str, record: ClusterRecord | None) -> StartedCluster | None:
+        """A gateway cluster by this machine's registry name, or by the configured gateway's name (:func:`attach`)."""
+        return attach(target, record)
+
+    def list_remote(self) -> RemoteClusters | None:
+        """The configured gateway's clusters of this user (``gateway.address``), for ``%cluster list``."""
+        address = configured_address()
+        if address is None:
+            return None
+        where = f"dask-gateway at {address}"
+        try:
+            return RemoteClusters(where, list_clusters(address))
+        except ClusterError as exc:
+            return RemoteClusters(where, error=str(exc))
+
+    def cleanup_orphan(self, record: ClusterRecord) -> None:
+        """Shut down the gateway cluster of a dead owner (a record of a kernel that only attached stops nothing)."""
+        info = record.extra.get("gateway") if isinstance(record.extra, dict) and not record.attached else None
+        if isinstance(info, dict):
+            stop_orphan(info)
 
     def start(
         self,
@@ -290,10 +318,9 @@ class GatewayBackend(Backend):
         except BaseException:
             cluster.close()
             raise
-        return StartedCluster(
-            address=cluster.scheduler_address,
+        return StartedCluster.of(
+            cluster,
             dashboard_link=_proxied_link(name, cluster.dashboard_link),
-            cluster=cluster,
             security=cluster.security,
             extra={"gateway": {"address": gateway.address, "cluster": cluster.name}},
         )
@@ -366,16 +393,6 @@ def list_clusters(address: str | None = None) -> list[dict[str, Any]]:
         }
         for r in reports
     ]
-
-
-def cleanup_orphan(record: ClusterRecord) -> None:
-    """The registry's clean-up hook for a gateway cluster whose owner died (see :mod:`jupyter_cluster.state.orphans`).
-
-    A record of a kernel that only attached to the cluster stops nothing.
-    """
-    info = record.extra.get("gateway") if isinstance(record.extra, dict) and not record.attached else None
-    if isinstance(info, dict):
-        stop_orphan(info)
 
 
 def stop_orphan(info: dict[str, Any]) -> None:

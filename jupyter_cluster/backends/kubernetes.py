@@ -26,6 +26,7 @@ from typing import Any, cast
 from .. import config
 from ..errors import ClusterError
 from . import Backend, StartedCluster
+from .cli import ADAPT_MAX, ADAPT_MIN, WORKERS, Option
 
 INSTALL_HINT = "pip install 'jupyter-cluster[kubernetes]'"
 OPERATOR_HINT = (
@@ -566,19 +567,19 @@ class KubernetesBackend(Backend):
     """Start a ``DaskCluster`` resource through ``dask_kubernetes.operator.KubeCluster``."""
 
     name = "kubernetes"
-    options = (
-        "name",
-        "workers",
-        "image",
-        "namespace",
-        "worker_cpu",
-        "worker_memory",
-        "worker_gpu",
-        "env",
-        "adapt_min",
-        "adapt_max",
-        "dry_run",
+    cli_options = (
+        WORKERS,
+        Option("image", "the container image of the scheduler and workers", None, "I"),
+        Option("namespace", "the Kubernetes namespace", None, "NS"),
+        Option("worker_cpu", "CPU each worker pod asks for, like 2 or 500m", None, "C"),
+        Option("worker_memory", 'memory each worker pod asks for, like "4Gi"', None, "M"),
+        Option("worker_gpu", "GPUs each worker pod asks for", int, "G"),
+        Option("env", "environment variables of the pods", None, "KEY=VALUE", kind="list"),
+        ADAPT_MIN,
+        ADAPT_MAX,
+        Option("dry_run", "print the resources' YAML; create nothing", kind="flag"),
     )
+    api_options = ("name",)
 
     def dry_run(self, **options: Any) -> str:
         """YAML of the resources :meth:`start` would create; starts nothing."""
@@ -627,4 +628,4 @@ class KubernetesBackend(Backend):
                 raise ClusterError(
                     explain(exc, opts["namespace"]) or f"adaptivity could not be set up: {exc}"
                 ) from None
-        return StartedCluster(address=cluster.scheduler_address, dashboard_link=cluster.dashboard_link, cluster=cluster)
+        return StartedCluster.of(cluster)

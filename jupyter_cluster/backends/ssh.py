@@ -48,6 +48,7 @@ from typing import Any
 from .. import config
 from ..errors import ClusterError
 from . import Backend, StartedCluster
+from .cli import MEMORY_LIMIT, PORT, THREADS, TLS, WORKERS, Option
 
 #: set in the environment of the remote processes this backend starts: their preload then watches stdin
 WATCH_ENV = "JUPYTER_CLUSTER_SSH_WATCH"
@@ -355,7 +356,15 @@ class SSHBackend(Backend):
     """A Dask cluster on SSH hosts through ``distributed.deploy.ssh.SSHCluster``."""
 
     name = "ssh"
-    options = ("name", "hosts", "workers", "threads", "memory_limit", "port", "tls")
+    cli_options = (
+        Option("hosts", "the SSH hosts; the first runs the scheduler", None, "A,B,C"),
+        WORKERS,
+        THREADS,
+        MEMORY_LIMIT,
+        PORT,
+        TLS,
+    )
+    api_options = ("name",)
 
     def start(
         self,
@@ -466,10 +475,9 @@ class SSHBackend(Backend):
         _end_sessions_on_close(cluster)
         _drain_remote_output(cluster)
         cleanup.append(forget)
-        return StartedCluster(
-            address=cluster.scheduler_address,
-            dashboard_link=None,
-            cluster=cluster,
+        return StartedCluster.of(
+            cluster,
+            dashboard_link=None,  # the scheduler's dashboard is off (it would listen on a remote host)
             security=security,
             cleanup=cleanup,
             extra={"hosts": unique_hosts, "scheduler_host": scheduler_host},

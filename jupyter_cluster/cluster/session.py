@@ -21,18 +21,19 @@ from typing import Any
 
 from .. import config
 from .._core import background as _background
-from ..backends import StartedCluster, get_backend, probe_scheduler
+from ..backends import StartedCluster, backend_classes, get_backend
 from ..engine.cluster import warm_engine, workers_now
 from ..engine.direct import release_leases
 from ..errors import ClusterError
 from ..state import registry
 from ..state.credentials import names_with_credentials, saved_security
 from ..telemetry.kernel import KernelSink
-from ..telemetry.producer import drain, set_kernel_sink
-from ..tracking.record import kept_jobs
-from ..wire.models import ClusterModel, cluster_model, cluster_summary, validate_name, validate_size
+from ..telemetry.producer import set_kernel_sink
+from ..wire.models import ClusterModel, cluster_model, validate_name, validate_size
+from .client import connect_client, detach_when_lost
 from .control import listen, stop_remote
 from .display import render_html
+from .final_word import leave_final_word
 from .versions import warn_on_mismatch
 
 logger = logging.getLogger(__name__)
@@ -221,7 +222,7 @@ class ClusterHandle:
             if _current == self.name:
                 _current = next(reversed(_handles), None) if _handles else None
         if self.cluster is not None:  # the owner: the maps' last messages out, then its final word
-            _leave_final_word(self, gone)
+            leave_final_word(self, gone)
         if self.attached_record is None:
             registry.remove(self.name)
         else:  # attached by name: the record is its owner's; only our attachment goes
@@ -267,54 +268,6 @@ class ClusterHandle:
         return render_html(m)
 
 
-# -- the final word ------------------------------------------------------------
-def _leave_final_word(handle: ClusterHandle, gone: bool) -> None:
-    """Before the record goes: send the queued job messages, and leave the server what this process kept.
-
-    The Jupyter server follows a cluster a few seconds after its record appears
-    (registry scan, connect, subscribe): one started, used and stopped faster
-    than that would leave no trace in its history, jobs or runs.  The cluster's
-    summary and this process's messages of its jobs and runs
-    (:func:`jupyter_cluster.tracking.record.kept_jobs`) go into a 0600 file beside the
-    record (:func:`jupyter_cluster.state.registry.write_final`), which the server
-    takes up at its next scan.  Nothing here may stop the cluster's stop.
-    """
-    if not gone:
-        drain(handle.client)
-    try:
-        record = registry.read(handle.name)
-        if record is None or record.owner_pid != os.getpid() or record.attached:
-            return
-        jobs = [j for j in kept_jobs() if j.get("cluster") == handle.name]
-        runs = {j.get("run") for j in jobs if j.get("run")}
-        jobs += [j for j in kept_jobs() if j.get("kind") == "run" and j.get("cluster") is None and j.get("run") in runs]
-        if not jobs:
-            return
-        # the scheduler's own totals, as the server reads them (server.manager): the client's cached
-        # list of workers may still be empty right after a start, and lists only some by default
-        info = {} if gone else (handle.client.scheduler_info(n_workers=0) or {})
-        totals = {
-            "n_workers": int(info.get("n_workers") or 0),
-            "cores": int(info.get("total_threads") or 0),
-            "memory_limit": int(info.get("total_memory") or 0),
-        }
-        summary = cluster_summary(record, handle.dashboard_link, "stopped", None, totals, 0, ())
-        registry.write_final(
-            handle.name,
-            {
-                "format": 1,
-                "key": handle.name,
-                "record": {"address": record.address, "owner_pid": record.owner_pid, "started": record.started},
-                "saved": time.time(),
-                "summary": summary,
-                "jobs": jobs,
-                "topics": [],
-            },
-        )
-    except Exception:  # a full disk, a registry folder gone: the stop goes on
-        logger.debug("could not leave the final word of %s", handle.name, exc_info=True)
-
-
 # -- naming ------------------------------------------------------------------
 def _taken_names() -> set[str]:
     return set(_handles) | {r.name for r in registry.live_records()}
@@ -327,24 +280,6 @@ def _unique_name(prefix: str) -> str:
     while f"{prefix}-{i}" in taken:
         i += 1
     return f"{prefix}-{i}"
-
-
-def _connect_client(started: StartedCluster, name: str):
-    from distributed import Client
-
-    timeout = config.timeout_seconds("connect-timeout")
-    kwargs: dict[str, Any] = {"timeout": timeout, "set_as_default": False}
-    if started.security is not None:
-        kwargs["security"] = started.security
-    if started.cluster is None:  # attached by address: no cluster object vouches for the scheduler
-        probe_scheduler(started.address, timeout, started.security)
-    target = started.cluster if started.cluster is not None else started.address
-    try:
-        return Client(target, **kwargs)
-    except (OSError, TimeoutError) as exc:
-        raise ClusterError(
-            f"no scheduler answered at {started.address} within {timeout:g} s; check the address and that the scheduler runs."
-        ) from exc
 
 
 def _register(handle: ClusterHandle, attached: bool) -> None:
@@ -450,7 +385,7 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
         options["wait"] = wait
     started = impl.start(**options)
     try:
-        client = _connect_client(started, name)
+        client = connect_client(started, name)
     except BaseException:
         _discard(started)
         raise
@@ -508,32 +443,29 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
         _current = target
         return _handles[target]
     record = None
-    via_gateway: StartedCluster | None = None
+    via_backend: StartedCluster | None = None
     if "://" in target or (":" in target and target.rsplit(":", 1)[-1].isdigit()):
         address, name = target, None
         if security is None and address.startswith("tls://"):  # one of this user's TLS clusters?
             security = _security_for_address(address)
     else:
         record = registry.read(target)
-        if record is None or record.backend == "gateway":  # a dask-gateway cluster: reached through its gateway
-            from ..backends.gateway import attach
-
-            via_gateway = attach(target, record)
-        if record is None and via_gateway is None:
+        via_backend = _attach_by_name(target, record)  # a dask-gateway cluster: reached through its gateway
+        if record is None and via_backend is None:
             known = ", ".join(r.name for r in registry.live_records()) or "none"
             raise ClusterError(f"no cluster named {target!r} is running (known: {known}); see %cluster list.")
-        if via_gateway is not None:
-            address, name, security = via_gateway.address, record.name if record else target, via_gateway.security
+        if via_backend is not None:
+            address, name, security = via_backend.address, record.name if record else target, via_backend.security
         elif record is not None:
             address, name = record.address, f"{record.name}"
             if security is None and address.startswith("tls://"):  # a TLS cluster started on this machine
                 security = saved_security(record.name)
-    started = via_gateway or get_backend("address").start(address=address, security=security)
+    started = via_backend or get_backend("address").start(address=address, security=security)
     if record is not None:  # the cluster's own name and dashboard, as the registry has them
         started.dashboard_link = started.dashboard_link or record.dashboard_link
     name = name or _unique_name("remote")
-    client = _connect_client(started, name)
-    _detach_when_lost(client, name, address, target if record is not None else address)
+    client = connect_client(started, name)
+    detach_when_lost(client, name, address, target if record is not None else address)
     handle = ClusterHandle(name, "address", started, client)
     handle.attached_record = record
     if record is not None:  # the panel follows this kernel's notebook to the cluster from now on
@@ -541,36 +473,23 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
     return _adopt(handle, attached=True)
 
 
-def _detach_when_lost(client: Any, name: str, address: str, target: str) -> None:
-    """Let an attached client say in one line that its scheduler went away, and close.
+def _attach_by_name(target: str, record: registry.ClusterRecord | None) -> StartedCluster | None:
+    """How a backend reaches the cluster called ``target`` (``Backend.attach``), or None for its record's address.
 
-    Dask's client reconnects for ``connect-timeout`` seconds when its connection
-    to the scheduler drops, then logs an ERROR; a process that exits meanwhile
-    prints the cancelled attempt's traceback.  A scheduler this process only
-    attached to drops the connection when its owner stops it (it aborts its
-    client connections), and retrying cannot bring it back.  So the client's
-    reconnect step is replaced: the pending results fail, as in Dask's own
-    step, with a reason that says what happened, one line says what to do, and
-    the client closes (nothing retries).  The handle stays until ``%cluster
-    stop`` or exit, and says the scheduler has gone if used (:meth:`ClusterHandle.scheduler_gone`).
+    With a record, its backend is asked; a name this machine has no record of is
+    offered to every backend (a dask-gateway's own cluster names).
     """
-    message = (
-        f"jupyter_cluster: the scheduler of cluster {name!r} at {address} closed the connection "
-        f"(it stopped, or cannot be reached), so this process let go of it; "
-        f"attach again with %cluster connect {target} (jupyter_cluster.connect in a script) once it runs."
-    )
-
-    async def detach() -> None:
-        # What Dask's _reconnect does first (distributed 2026.8): fail the pending futures, and
-        # drop the closed comm, so that _close sends nothing on it.
-        for state in list(client.futures.values()):
-            state.cancel(reason="scheduler-connection-lost", msg=message)
-        client.futures.clear()
-        client.scheduler_comm = None
-        print(message, file=sys.stderr, flush=True)
-        await client._close(fast=True)
-
-    client._reconnect = detach
+    if record is not None:
+        try:
+            impl = get_backend(record.backend)
+        except ClusterError:  # a backend not installed here: its scheduler's address is all there is
+            return None
+        return impl.attach(target, record)
+    for cls in backend_classes().values():
+        found = cls().attach(target, None)
+        if found is not None:
+            return found
+    return None
 
 
 def _security_for_address(address: str) -> Any:

@@ -28,6 +28,9 @@ else:  # imports distributed: on the first %cluster, not at %load_ext
 
 class _ArgumentParser(MagicArgumentParser):
     magic = "%cluster"
+    #: the top parser's: the ``start`` sub-command's parser, and the names of its backends' options
+    start_parser: argparse.ArgumentParser
+    start_options: list[str]
 
 
 def _formatter(prog: str) -> argparse.HelpFormatter:
@@ -35,8 +38,19 @@ def _formatter(prog: str) -> argparse.HelpFormatter:
     return argparse.HelpFormatter(prog, width=100)
 
 
-def _parser() -> _ArgumentParser:
-    """The ``%cluster`` parser: every sub-command, its options and its one-line description."""
+#: where the start synopsis leaves the backends' own flags (``Backend.cli_options``) to ``%cluster start --help``
+START_SYNOPSIS_TAIL = " [--OPTION ...]"
+
+
+def _parser(backend_options: bool = True) -> _ArgumentParser:
+    """The ``%cluster`` parser: every sub-command, its options and its one-line description.
+
+    ``start`` takes the flags every registered backend declares
+    (:func:`jupyter_cluster.backends.start_options`, which imports the backends);
+    without ``backend_options`` (the docstring, written at ``%load_ext``) it has
+    the session's own only.  The usage text is the same either way: the start
+    synopsis ends in ``[--OPTION ...]``, and ``%cluster start --help`` lists them.
+    """
     p = _ArgumentParser(prog="%cluster", add_help=False)
     sub = p.add_subparsers(dest="command", parser_class=_ArgumentParser)
 
@@ -44,37 +58,28 @@ def _parser() -> _ArgumentParser:
         return sub.add_parser(name, add_help=False, description=description, formatter_class=_formatter)
 
     command("status", "status of the current cluster (also plain %cluster)")
-    s = command("start", "start a cluster; kubernetes takes --image ... --dry-run, local takes --gpus")
-    s.add_argument("--backend", metavar="B")
-    s.add_argument("--name", metavar="N")
-    s.add_argument("--workers", type=int, metavar="W")
-    s.add_argument("--threads", type=int, metavar="T")
-    s.add_argument("--memory-limit", metavar="M")
-    s.add_argument("--port", type=int, metavar="P")
-    s.add_argument("--host", metavar="H")
-    s.add_argument("--tls", action="store_true", default=None)
-    s.add_argument("--no-tls", dest="tls", action="store_false")
-    s.add_argument("--no-wait", action="store_true")
-    s.add_argument("--keep", action="store_true")  # a host process owns it: it outlives this kernel
-    s.add_argument("--idle-timeout", metavar="DURATION")  # --keep: stop after this long with nothing to do
-    s.add_argument("--gpus", nargs="?", const=True, default=None, metavar="DEVICES")
-    s.add_argument("--image", metavar="I")
-    s.add_argument("--namespace", metavar="NS")
-    s.add_argument("--worker-cpu", metavar="C")
-    s.add_argument("--worker-memory", metavar="M")
-    s.add_argument("--worker-gpu", type=int, metavar="G")
-    s.add_argument("--env", nargs="+", action="extend", metavar="KEY=VALUE")
-    s.add_argument("--adapt-min", type=int, metavar="A")
-    s.add_argument("--adapt-max", type=int, metavar="B")
-    s.add_argument("--dry-run", action="store_true", default=None)
-    # batch queues (slurm, pbs, sge, lsf): see docs/hpc.md
-    s.add_argument("--partition", metavar="P")
-    s.add_argument("--account", metavar="A")
-    s.add_argument("--walltime", metavar="HH:MM:SS")
-    s.add_argument("--job-extra", nargs="+", action="extend", metavar="DIRECTIVE")
-    s.add_argument("--interface", metavar="IF")
-    s.add_argument("--hosts", metavar="A,B,C")  # ssh: the first runs the scheduler
-    s.add_argument("--address", metavar="URL")  # gateway: the dask-gateway server (else gateway.address)
+    s = command("start", "start a cluster; --OPTION: its backend's (%cluster start --help lists them)")
+    s.add_argument("--backend", metavar="B", help="the backend (default: jupyter-cluster.backend)")
+    s.add_argument("--name", metavar="N", help="the cluster's name (default: BACKEND-n)")
+    s.add_argument("--no-wait", action="store_true", help="return before the first worker has connected")
+    s.add_argument("--keep", action="store_true", help="a host process owns it: it outlives this kernel")
+    s.add_argument("--idle-timeout", metavar="DURATION", help="--keep: stop after this long with nothing to do")
+    s.add_argument("-h", "--help", action="store_true", dest="start_help", help=argparse.SUPPRESS)
+    session_flags = len(s._actions)
+    if backend_options:
+        from ..backends import start_options
+
+        group = s.add_argument_group("backend options (the backends that take each)")
+        session_names = {a.dest for a in s._actions} | {"wait", "help"}
+        for merged in start_options():
+            if merged.option.name in session_names:  # another package's backend cannot take the session's flags
+                continue
+            for flags, kwargs in merged.option.argparse_arguments(merged.help()):
+                group.add_argument(*flags, **kwargs)
+    p.start_options = [
+        a.dest for a in s._actions[session_flags:] if a.option_strings and not a.option_strings[0].startswith("--no-")
+    ]
+    p.start_parser = s
     command("connect", "attach to a running scheduler (tcp://host:port) or a listed cluster").add_argument(
         "target", metavar="ADDRESS|NAME"
     )
@@ -97,43 +102,29 @@ def _parser() -> _ArgumentParser:
     m = command("metrics", "live charts of what tasks report with jupyter_cluster.report()")
     m.add_argument("topic", nargs="?", metavar="TOPIC")
     m.add_argument("-h", "--help", action="store_true", dest="topics_help", help=argparse.SUPPRESS)
-    p.usage_text = _usage(sub.choices)
+    p.usage_text = _usage(sub.choices, session_flags)
     for sp in sub.choices.values():
         sp.usage_text = p.usage_text
     return p
 
 
-def _usage(commands: Mapping[str, argparse.ArgumentParser]) -> str:
-    """The usage text, written from the parser: each sub-command's synopsis, then what it does."""
+def _usage(commands: Mapping[str, argparse.ArgumentParser], session_flags: int) -> str:
+    """The usage text, written from the parser: each sub-command's synopsis, then what it does.
+
+    ``start`` shows its first ``session_flags`` arguments (the session's) and ``[--OPTION ...]``
+    for the backends', so that the text does not depend on which backends are installed.
+    """
     lines = []
-    for sp in commands.values():
+    for name, sp in commands.items():
+        actions = sp._actions[:session_flags] if name == "start" else sp._actions
+        formatter = sp._get_formatter()
+        formatter.add_usage(sp.usage, actions, sp._mutually_exclusive_groups)
         # argparse aligns wrapped lines under "usage: "; without that prefix they move 7 columns left
-        synopsis = sp.format_usage().removeprefix("usage: ").rstrip().replace("\n" + " " * 7, "\n")
+        synopsis = formatter.format_help().removeprefix("usage: ").rstrip().replace("\n" + " " * 7, "\n")
+        if name == "start":
+            synopsis += START_SYNOPSIS_TAIL
         lines.append(f"{synopsis}\n      {sp.description}")
     return "\n".join(lines) + "\n"
-
-
-# Backend-specific `start` flags, passed through as options; a backend that
-# does not take one refuses it (Backend.check_options).
-_BACKEND_FLAGS = (
-    "gpus",
-    "image",
-    "namespace",
-    "worker_cpu",
-    "worker_memory",
-    "worker_gpu",
-    "env",
-    "adapt_min",
-    "adapt_max",
-    "dry_run",
-    "hosts",
-    "address",
-    "partition",
-    "account",
-    "walltime",
-    "job_extra",
-    "interface",
-)
 
 
 @magics_class
@@ -151,10 +142,23 @@ class ClusterMagics(Magics):
             words = shlex.split(line)
         except ValueError as exc:
             raise UsageError(f"%cluster: {exc}.") from None
-        args = _parser().parse_args(words)
-        return self._run(lambda: self._dispatch(args))
+        # only a start imports the backends for their flags: other lines are checked before any import below
+        parser = _parser(backend_options=words[:1] == ["start"])
+        args = parser.parse_args(words)
+        if args.command == "start" and args.start_help:
+            print(parser.start_parser.format_help(), end="")
+            return None
+        backend_options = (
+            {name: getattr(args, name) for name in parser.start_options} if args.command == "start" else {}
+        )
+        return self._run(lambda: self._dispatch(args, backend_options))
 
-    cluster.__doc__ = "Manage Dask clusters for this notebook.\n\n" + _parser().usage_text
+    # written at %load_ext: no backend is imported for it (the usage is the same with them, see _usage)
+    cluster.__doc__ = (
+        "Manage Dask clusters for this notebook.\n\n"
+        + _parser(backend_options=False).usage_text
+        + "\n%cluster start --help lists the options of every backend.\n"
+    )
 
     @staticmethod
     def _run(fn):
@@ -163,7 +167,7 @@ class ClusterMagics(Magics):
         except (ClusterError, CellError, SerializationError) as exc:
             raise UsageError(str(exc)) from None
 
-    def _dispatch(self, args: argparse.Namespace):
+    def _dispatch(self, args: argparse.Namespace, backend_options: dict[str, Any]):
         cmd = args.command or "status"
         if cmd == "start":
             if args.idle_timeout is not None and not args.keep:
@@ -177,13 +181,7 @@ class ClusterMagics(Magics):
                 name=args.name,
                 backend=args.backend,
                 wait=not args.no_wait,
-                workers=args.workers,
-                threads=args.threads,
-                memory_limit=args.memory_limit,
-                port=args.port,
-                host=args.host,
-                tls=args.tls,
-                **{k: getattr(args, k) for k in _BACKEND_FLAGS},
+                **backend_options,
             )
             if isinstance(handle, str):  # --dry-run: the resources, nothing started
                 print(handle, end="")
@@ -206,7 +204,7 @@ class ClusterMagics(Magics):
             return _display_handle(handle)
         if cmd == "list":
             _print_list(session.clusters())
-            return _print_gateway_list()
+            return _print_remote_lists()
         if cmd == "use":
             held = session.connect(args.name) if args.name in {h.name for h in session.handles()} else None
             if held is None:
@@ -277,19 +275,19 @@ def _print_list(records: list[dict[str, Any]]) -> None:
     return None
 
 
-def _print_gateway_list() -> None:
-    """The configured dask-gateway's clusters (``gateway.address``), after this machine's."""
-    from ..backends.gateway import configured_address, list_clusters
+def _print_remote_lists() -> None:
+    """The clusters remote services hold for this user (a configured dask-gateway's), after this machine's."""
+    from ..backends import backend_classes
 
-    address = configured_address()
-    if address is None:
-        return None
-    try:
-        rows = list_clusters(address)
-    except ClusterError as exc:
-        print(f"dask-gateway at {address}: {exc}")
-        return None
-    print(f"dask-gateway at {address}: " + ("no clusters of yours." if not rows else f"{len(rows)} cluster(s)"))
-    for r in rows:
-        print(f"{r['name']:<34} {r['status']:<10} {r['address']}")
+    for cls in backend_classes().values():
+        remote = cls().list_remote()
+        if remote is None:
+            continue
+        if remote.error is not None:
+            print(f"{remote.where}: {remote.error}")
+            continue
+        rows = remote.clusters
+        print(f"{remote.where}: " + ("no clusters of yours." if not rows else f"{len(rows)} cluster(s)"))
+        for r in rows:
+            print(f"{r['name']:<34} {r['status']:<10} {r['address']}")
     return None

@@ -356,25 +356,19 @@ class Connection:
         if isinstance(processing, dict):
             busy = busy_leases(info.get("workers", {}))
             split_leases(model["workers"], lease_counts(processing), busy, summary["jobs_running"])  # type: ignore[arg-type]
-        await self._add_batch_facts(model)  # type: ignore[arg-type]
+        await self._add_backend_view(model)  # type: ignore[arg-type]
         return cluster_detail(model, summary)
 
-    async def _add_batch_facts(self, model: dict[str, Any]) -> None:
-        """A batch (SLURM) cluster's jobs: each worker's job id, node and walltime left, pending jobs' reasons.
+    async def _add_backend_view(self, model: dict[str, Any]) -> None:
+        """What the cluster's backend shows of it (``Backend.describe``): a SLURM cluster's jobs, say."""
+        from ..backends import describer
 
-        Its owner keeps them in the scheduler's metadata (``backends.jobqueue``); see
-        :func:`jupyter_cluster.backends.jobqueue.apply_facts` for the fields.
-        """
-        if not isinstance((self.record.extra or {}).get("batch"), dict):
+        describe = describer(self.record.backend)
+        if describe is None:
             return
-        from ..backends.jobqueue import FACTS_KEY, apply_facts
-
         assert self.client is not None  # model() checked it
-        try:
-            facts = await asyncio.wait_for(self.client.get_metadata(list(FACTS_KEY), default=None), 10)
-        except (OSError, asyncio.TimeoutError, KeyError):
-            return
-        apply_facts(model, facts)
+        extra = self.record.extra if isinstance(self.record.extra, dict) else {}
+        await describe(model, extra, self.client)
 
 
 def _cancelling() -> bool:

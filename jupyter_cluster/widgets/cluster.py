@@ -258,7 +258,7 @@ def _read_model(handle: Any) -> dict[str, Any] | None:
     try:
         model = dict(handle.model())
         _split_leases(handle, model)
-        _add_batch_facts(handle, model)
+        _add_backend_view(handle, model)
         return model
     except ClusterError:
         return None
@@ -292,20 +292,20 @@ def _running_jobs() -> list[Any]:
     return [o for o in list(progress.recent) if o.model.snapshot()["state"] == "running"]
 
 
-def _add_batch_facts(handle: Any, model: dict[str, Any]) -> None:
-    """A batch (SLURM) cluster's job facts, as the sidebar shows them: each worker's job id, node and
-    walltime left, pending jobs with the scheduler's reason (:func:`..backends.jobqueue.apply_facts`).
+def _add_backend_view(handle: Any, model: dict[str, Any]) -> None:
+    """What the cluster's backend shows of it (``Backend.describe``): a batch cluster's jobs, say.
 
-    Its owner keeps them in the scheduler's metadata; one more scheduler query, for batch clusters only.
+    The backend is the one the cluster's registry record names (also when this
+    kernel only attached to it by name); one attached by address has none.
     """
-    record = getattr(handle, "attached_record", None)
-    extra = getattr(handle, "extra", None) or (getattr(record, "extra", None) if record is not None else None) or {}
-    if not isinstance(extra.get("batch"), dict):
-        return
-    from ..backends.jobqueue import FACTS_KEY, apply_facts
+    from ..backends import describer
 
-    facts = handle.client.sync(handle.client.get_metadata, list(FACTS_KEY), default=None, callback_timeout=10)
-    apply_facts(model, facts)
+    record = getattr(handle, "attached_record", None)
+    describe = describer(record.backend if record is not None else handle.backend)
+    if describe is None:
+        return
+    extra = getattr(handle, "extra", None) or (getattr(record, "extra", None) if record is not None else None) or {}
+    handle.client.sync(describe, model, extra if isinstance(extra, dict) else {}, handle.client, callback_timeout=10)
 
 
 def _follow(widget: ClusterWidget) -> None:

@@ -1,4 +1,4 @@
-"""The final word a stopping owner leaves the Jupyter server (``session._leave_final_word``): the cluster's size."""
+"""The final word a stopping owner leaves the Jupyter server (``cluster.final_word.leave_final_word``): the cluster's size."""
 
 from __future__ import annotations
 

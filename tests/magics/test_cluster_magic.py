@@ -309,13 +309,19 @@ def test_usage_is_written_from_the_parser():
     parser = _parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     doc = ClusterMagics.cluster.__doc__
+    start_help = parser.start_parser.format_help()
+    backend_flags = {"--" + name.replace("_", "-") for name in parser.start_options}
     for name, sub in commands.items():
         assert f"%cluster {name}" in doc and sub.description in doc
         for action in sub._actions:
             for flag in action.option_strings:
                 if action.help is not argparse.SUPPRESS:
-                    assert flag in doc, flag
-    assert "--no-wait" in doc and "metrics" in commands
+                    # the backends' own start flags are listed by `%cluster start --help` (the docstring is
+                    # written at %load_ext, before any backend is imported)
+                    assert flag in (start_help if flag in backend_flags else doc), flag
+    assert "--no-wait" in doc and "metrics" in commands and "%cluster start --help" in doc
+    assert {"--workers", "--partition", "--image", "--hosts", "--gpus"} <= backend_flags
+    assert _parser(backend_options=False).usage_text == parser.usage_text
     with pytest.raises(UsageError) as err:
         parser.parse_args(["scale", "x"])
     assert "%cluster metrics [TOPIC]" in str(err.value)
@@ -401,3 +407,29 @@ def test_fork_server_can_be_switched_off_and_on_again():
         off.close()
     on = jc.start(workers=1, name="fork-on-again")
     assert "forkserver" in " ".join(psutil.Process(_worker_view(on.client)["ppid"]).cmdline())
+
+
+def test_the_usage_is_written_at_load_ext_without_importing_a_backend():
+    """``%cluster?`` is written when the magic loads: no backend module (the local one imports distributed)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from IPython.testing.globalipapp import start_ipython\n"
+        "ip = start_ipython()\n"
+        "ip.run_line_magic('load_ext', 'jupyter_cluster')\n"
+        "doc = ip.find_line_magic('cluster').__doc__\n"
+        "print(json.dumps([doc, sorted(m for m in sys.modules if m.startswith('jupyter_cluster.backends.'))]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "[--OPTION ...]" in doc and "%cluster start --help" in doc
+    # the fork server begun at %load_ext is in backends.local's package, but none of the backend classes' modules
+    backend_modules = {
+        "jupyter_cluster.backends." + m
+        for m in ("local.backend", "jobqueue.backend", "ssh", "kubernetes", "gateway", "address")
+    }
+    assert not backend_modules & set(loaded), loaded

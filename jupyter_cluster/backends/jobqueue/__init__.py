@@ -45,7 +45,7 @@ from ..._core.lazy import attach as _attach
 #: public name -> the module of this package that defines it
 _NAMES = {
     "INSTALL_HINT": ".backend", "SYSTEMS": ".systems", "BatchSystem": ".systems", "JobqueueBackend": ".backend", "SlurmBackend": ".backend",
-    "PBSBackend": ".backend", "SGEBackend": ".backend", "LSFBackend": ".backend", "cleanup_orphan": ".backend",
+    "PBSBackend": ".backend", "SGEBackend": ".backend", "LSFBackend": ".backend",
     "resolve": ".options", "reachable_host": ".options", "shared_directory": ".credentials",
     "NEVER_STARTS": ".slurm", "cancel_jobs": ".slurm", "pending_reason": ".slurm", "slurm_jobs": ".slurm",
     "start_watchdog": ".slurm", "FACTS_KEY": ".facts", "apply_facts": ".facts",

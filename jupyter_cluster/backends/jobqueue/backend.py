@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from ... import config
 from ...errors import ClusterError
 from .. import Backend, StartedCluster
+from ..cli import ADAPT_MAX, ADAPT_MIN, HOST, MEMORY_LIMIT, PORT, THREADS, TLS, WORKERS, Option
 from .credentials import _copy_private, _job_security, shared_directory
-from .facts import _Facts
+from .facts import FACTS_KEY, _Facts, apply_facts
 from .options import reachable_host, resolve
 from .slurm import _sbatch_why, cancel_jobs, pending_reason, start_watchdog
 from .systems import SYSTEMS, BatchSystem
@@ -67,35 +68,53 @@ def _import_dask_jobqueue() -> Any:
     return dask_jobqueue
 
 
-def cleanup_orphan(record: ClusterRecord) -> None:
-    """The registry's clean-up hook for a batch cluster whose owner died (see :mod:`jupyter_cluster.state.orphans`)."""
-    if isinstance(record.extra, dict):
-        cancel_jobs(record.extra.get("batch"))
-
-
 class JobqueueBackend(Backend):
     """Workers as batch jobs through dask-jobqueue; one subclass per row of the batch systems' table names the system."""
 
     system: ClassVar[str] = ""
     #: ``session.start`` passes its ``wait`` (``--no-wait``): a start may return with the jobs queued
     takes_wait: ClassVar[bool] = True
-    options = (
-        "name",
-        "workers",
-        "threads",
-        "memory_limit",
-        "partition",
-        "account",
-        "walltime",
-        "gpus",
-        "job_extra",
-        "host",
-        "interface",
-        "port",
-        "tls",
-        "adapt_min",
-        "adapt_max",
+    # batch queues: see docs/hpc.md
+    cli_options = (
+        WORKERS,
+        THREADS,
+        MEMORY_LIMIT,
+        Option("partition", "the queue (partition) the jobs go to", None, "P"),
+        Option("account", "the account the jobs are charged to", None, "A"),
+        Option("walltime", "each job's time limit", None, "HH:MM:SS"),
+        Option("gpus", "GPUs per worker job (slurm)", None, "N", kind="optional"),
+        Option("job_extra", "more directives for the job script", None, "DIRECTIVE", kind="list"),
+        HOST,
+        Option("interface", "the network interface the scheduler listens on", None, "IF"),
+        PORT,
+        TLS,
+        ADAPT_MIN,
+        ADAPT_MAX,
+        Option("dry_run", "print a worker's job script; submit nothing", kind="flag"),
     )
+    api_options = ("name",)
+
+    # -- hooks ---------------------------------------------------------------
+    async def describe(self, model: dict[str, Any], extra: dict[str, Any], client: Any) -> None:
+        """Each worker's job id, node and walltime left, and the pending jobs with the queue's reason (:func:`.facts.apply_facts`).
+
+        The owner keeps them in the scheduler's metadata (:class:`.facts._Facts`); one more
+        scheduler query, for clusters whose record says they are batch clusters.
+        """
+        import asyncio
+
+        if not isinstance(extra.get("batch"), dict):
+            return
+        try:
+            facts = await asyncio.wait_for(client.get_metadata(list(FACTS_KEY), default=None), 10)
+        except (OSError, asyncio.TimeoutError, KeyError):
+            return
+        apply_facts(model, facts)
+
+    def cleanup_orphan(self, record: ClusterRecord) -> None:
+        """Cancel the jobs of a batch cluster whose owner died."""
+        if isinstance(record.extra, dict):
+            cancel_jobs(record.extra.get("batch"))
 
     # -- building ------------------------------------------------------------
     def _cluster_class(self) -> Any:
@@ -235,11 +254,8 @@ class JobqueueBackend(Backend):
                 with contextlib.suppress(Exception):
                     fn()
             raise
-        dashboard = getattr(cluster, "dashboard_link", None)
-        return StartedCluster(
-            address=cluster.scheduler_address,
-            dashboard_link=dashboard,
-            cluster=cluster,
+        return StartedCluster.of(
+            cluster,
             security=client_security,
             cleanup=cleanup,
             extra={"batch": {"system": self.system, "job_name": job_name}},

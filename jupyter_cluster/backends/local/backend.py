@@ -33,6 +33,7 @@ from ...state.dashboard_socket import dashboard_on_unix_socket, link, parent_ser
 from ...telemetry.hub import FLUSH_AT_SPAWN
 from ...telemetry.producer import flush_plugin
 from .. import Backend, StartedCluster
+from ..cli import HOST, MEMORY_LIMIT, PORT, THREADS, TLS, WORKERS, Option
 from . import dashboard
 from .forkserver import environ_since_forkserver, start_forkserver, use_forkserver
 from .gpus import GPU_RESOURCE, _cuda_cluster_class, gpu_worker_specs, select_gpus
@@ -160,7 +161,16 @@ class LocalBackend(Backend):
     """One single-threaded worker process per core, bound to 127.0.0.1 by default."""
 
     name = "local"
-    options = ("name", "workers", "threads", "memory_limit", "port", "host", "tls", "processes", "gpus")
+    cli_options = (
+        WORKERS,
+        THREADS,
+        MEMORY_LIMIT,
+        PORT,
+        HOST,
+        TLS,
+        Option("gpus", "one worker per visible GPU (or the devices given, like 0,1)", None, "DEVICES", kind="optional"),
+    )
+    api_options = ("name", "processes")
 
     def prepare(self, processes: bool | None = None, gpus: Any = None, **options: Any) -> None:
         """Start the fork server the workers will come from (see :func:`use_forkserver`)."""
