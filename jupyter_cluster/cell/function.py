@@ -18,9 +18,12 @@ from __future__ import annotations
 import ast
 import importlib
 import linecache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
+
+if TYPE_CHECKING:
+    from ..tracking.tags import ItemTag
 
 ITEM_NAME = "__jc_item__"
 RESULT_NAME = "__jc_result__"
@@ -49,6 +52,10 @@ class CellFunction:
     persistent : bool
         Run in the worker's persistent namespace (``--all-workers``): names the
         cell assigns stay there for later cells.
+    tag : ItemTag, optional
+        The ``%%parallel`` run's tag: the worker runs each item inside it, so
+        ``report()`` below the cell says which run and item a value belongs to
+        (:func:`jupyter_cluster.telemetry.tags.current_item`).  None: untagged.
     """
 
     def __init__(
@@ -61,6 +68,7 @@ class CellFunction:
         modules: dict[str, str] | None = None,
         small: dict[str, bytes] | None = None,
         persistent: bool = False,
+        tag: ItemTag | None = None,
     ):
         self.body = body
         self.targets = targets
@@ -70,6 +78,7 @@ class CellFunction:
         self.modules = dict(modules or {})
         self.small = dict(small or {})
         self.persistent = persistent
+        self.tag = tag
 
     def compile(self):
         """Compile the body: bind targets from ``__jc_item__``, keep the last expression's value."""

@@ -22,7 +22,7 @@ import psutil
 
 from .. import mapping
 from ..state import job_store
-from ..tracking.record import kept_jobs, starting
+from ..tracking.record import kept_jobs
 from ..tracking.tags import ItemTap
 
 logger = logging.getLogger(__name__)
@@ -134,11 +134,9 @@ class JobRun:
         source = meta.get("origin") if isinstance(meta.get("origin"), dict) else {}
         if tag is not None and len(inputs) == 1:  # a %%parallel sweep: the map is its run's, as in the kernel
             tap = ItemTap(inputs[0], tag)
-            with starting(tap, source):
-                job = mapping.imap(spec["fn"], tap, **options)
+            job = mapping.imap(spec["fn"], tap, tap=tap, origin=source, **options)
         else:
-            with starting(None, source):
-                job = mapping.imap(spec["fn"], *inputs, **options)
+            job = mapping.imap(spec["fn"], *inputs, origin=source, **options)
         self._map = job
         last_meta = 0.0
         try:

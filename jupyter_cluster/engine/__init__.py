@@ -9,9 +9,10 @@
   ``tests/unit/test_job_loop.py``.
 - :mod:`.planner`: chunk sizes (pure functions).
 - :mod:`.dispatch`: the :class:`~.dispatch.Dispatcher` protocol a map sends
-  its chunks through, and the :class:`~.dispatch.Event`\\ s it hears back.
+  its chunks through, and the typed :class:`~.dispatch.MapEvent`\\ s it hears back.
 - :mod:`.paths`: which path a map takes (builds its dispatcher).
-- :mod:`.direct`: the direct path (leases, the lease pool, relays).
+- :mod:`.direct`: the direct path's dispatcher; :mod:`.leases` a map's leases
+  and batches in flight (relays too), :mod:`.lease_pool` a client's idle leases.
 - :mod:`.tasks`: the task path (one Dask task per chunk).
 - :mod:`.faults`: suspects, poison, allowed deaths.
 - :mod:`.paused`: a map waiting on workers that cannot run it (none, or all paused).

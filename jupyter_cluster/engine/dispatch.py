@@ -1,10 +1,11 @@
-"""How a map hands its chunks to a cluster: the :class:`Dispatcher` protocol and the :class:`Event`\\ s it reports.
+"""How a map hands its chunks to a cluster: the :class:`Dispatcher` protocol and the typed :class:`MapEvent`\\ s it reports.
 
 A map (:class:`.job.MapJob`) knows nothing of Dask: it cuts its input into
 :class:`Chunk`\\ s and asks its dispatcher how many it may send now
 (:meth:`Dispatcher.room`), sends them (:meth:`Dispatcher.send`, one handle
 per chunk) and hears what became of them (:meth:`Dispatcher.poll`, a list
-of :class:`Note`\\ s).  Two dispatchers implement it:
+of typed :class:`MapEvent`\\ s: :class:`Done`, :class:`Failed`, :class:`Died`,
+:class:`Killed`, :class:`Retry`, :class:`Cancelled`, :class:`Fallback`).  Two dispatchers implement it:
 
 - :class:`.direct.DirectDispatcher` (the default): one lease task per worker
   thread, batches sent to the leases over Dask's comm;
@@ -12,14 +13,29 @@ of :class:`Note`\\ s).  Two dispatchers implement it:
   Dask task per chunk.
 
 The map picks one on its first step; the direct one may ask to be swapped
-for the other (:attr:`Event.FALLBACK`) when the workers turn out to be
+for the other (:class:`Fallback`) when the workers turn out to be
 unreachable from here.
 """
 
 from __future__ import annotations
 
-from enum import Enum
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
+
+from .protocol import ChunkResult, MapRun
+
+
+class MapSpec(NamedTuple):
+    """What either path needs of a map to send its chunks: made once per map, handed whole to its dispatcher."""
+
+    client: Any  # distributed.Client
+    map_id: str  # names the map's lease tasks or chunk tasks
+    run: MapRun  # what the workers need: the function, its cache token, star, retries, timeout, capture
+    shared: Any  # .cluster.Scattered: the map's large values (and the function, "__fn__", when it is large)
+    resources: dict | None  # Dask resources each lease or chunk needs
+    concurrency: int | None  # most chunks running at once (None: every worker thread)
+    check: Callable[[], None]  # raises once the scheduler is lost (called while waiting)
 
 
 class Chunk:
@@ -45,24 +61,63 @@ class Chunk:
         self.deaths = deaths  # worker processes lost while running it (direct path)
 
 
-class Event(Enum):
-    """What became of a chunk that was sent (or of the dispatcher itself)."""
+@dataclass(frozen=True, slots=True)
+class MapEvent:
+    """Something a dispatcher reports to its map (:meth:`Dispatcher.prepare`, :meth:`Dispatcher.poll`).
 
-    DONE = "done"  # it ran: data is run_chunk's result tuple
-    FAILED = "failed"  # the batch or task failed as a whole (not one item): data is the exception
-    DIED = "died"  # the worker process running it died: counts against the chunk (:mod:`.faults`)
-    KILLED = "killed"  # Dask gave up on it, its workers kept dying (task path): data is the KilledWorker
-    RETRY = "retry"  # it did not run, or may run unseen: send it again, nobody to blame
-    CANCELLED = "cancelled"  # the cluster cancelled it without being asked (task path): send it again, counted
-    FALLBACK = "fallback"  # the dispatcher cannot go on here: the map swaps it for the task path
+    One class per outcome, each with the fields it needs and no other: the
+    map's loop handles them in one dispatch on the class
+    (:meth:`.job.MapJob._handle_event`), as distributed's worker state
+    machine handles its ``StateMachineEvent`` subclasses.
+    """
 
 
-class Note(NamedTuple):
-    """One event: ``handle`` is what :meth:`Dispatcher.send` returned for the chunk (None for FALLBACK)."""
+@dataclass(frozen=True, slots=True)
+class ChunkEvent(MapEvent):
+    """What became of one sent chunk; ``handle`` is what :meth:`Dispatcher.send` returned for it."""
 
-    event: Event
     handle: Any
-    data: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Done(ChunkEvent):
+    """The chunk ran (its first ``len(result.values)`` items: fewer when its budget ran out)."""
+
+    result: ChunkResult
+
+
+@dataclass(frozen=True, slots=True)
+class Failed(ChunkEvent):
+    """The batch or task failed as a whole, not one item (items or results that could not be (de)serialised)."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Died(ChunkEvent):
+    """The worker process running it died: counts against the chunk (:mod:`.faults`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Killed(ChunkEvent):
+    """Dask gave up on it, its workers kept dying (task path): ``error`` is Dask's ``KilledWorker``."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Retry(ChunkEvent):
+    """It did not run, or may run unseen: send it again, nobody to blame."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled(ChunkEvent):
+    """The cluster cancelled it without being asked (task path): send it again, counted."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback(MapEvent):
+    """The dispatcher cannot go on here (the workers are unreachable): the map swaps it for the task path."""
 
 
 class Counters(NamedTuple):
@@ -104,7 +159,7 @@ class Dispatcher(Protocol):
         """
         ...
 
-    def prepare(self, more_work: bool) -> list[Note]:
+    def prepare(self, more_work: bool) -> list[MapEvent]:
         """Get ready to send (place or replace workers' leases when due); events found meanwhile."""
         ...
 
@@ -112,7 +167,7 @@ class Dispatcher(Protocol):
         """Send ``chunks`` (at most :meth:`room`); their handles, in order."""
         ...
 
-    def poll(self, timeout: float) -> list[Note]:
+    def poll(self, timeout: float) -> list[MapEvent]:
         """What happened since the last call, waiting up to ``timeout`` seconds for something."""
         ...
 

@@ -19,7 +19,7 @@ path (:mod:`.tasks`: when the workers cannot be reached directly, or for
 :func:`.worker.run.run_items`, at most ``2 × threads + 2`` in flight.  This
 module holds no Dask and no path: what differs between the paths is behind
 the dispatcher, and what became of each chunk comes back as one
-:class:`~.dispatch.Event`.  Either way
+:class:`~.dispatch.MapEvent` (one class per outcome).  Either way
 Dask's per-task cost is paid per chunk or per lease, not per item.
 
 Every auto-sized chunk carries a time budget: the worker stops after the item
@@ -61,8 +61,9 @@ import cloudpickle
 from ..cell.capture import LARGE_VALUE_BYTES
 from ..errors import ClusterError, WorkerLostError
 from ..tracking.context import in_run
+from ..tracking.tags import ItemTap
 from . import observers, planner
-from .dispatch import Chunk, Dispatcher, Event, Note
+from .dispatch import Cancelled, Chunk, ChunkEvent, Died, Dispatcher, Done, Failed, Fallback, Killed, MapEvent, Retry
 from .faults import Faults, abbreviate  # noqa: F401  (abbreviate: re-exported by mapping)
 from .observers import (  # noqa: F401  (re-exported: mapping's names, and the front ends' factories)
     PROGRESS_INTERVAL,
@@ -76,9 +77,12 @@ from .paths import MapSpec
 from .paused import NO_WORKERS_NOTICE_SECONDS, NoWorkersNotice, PausedWatch  # noqa: F401
 from .planner import MAX_CHUNK_ITEMS
 from .port import ClusterPort, LivePort
-from .protocol import ChunkResult, RemoteItemError  # noqa: F401  (RemoteItemError: re-exported by mapping)
+from .protocol import ChunkResult, MapRun, RemoteItemError  # noqa: F401  (RemoteItemError: re-exported by mapping)
 from .record import JobRecord
 from .window import InputWindow
+
+#: Stands for "no result yet" in the per-item lookup (None may be a result).
+_MISSING = object()
 
 #: Mean seconds per item of recently mapped code (a map of the same code skips the probes).
 _remembered = planner.Remembered()
@@ -115,6 +119,8 @@ class MapJob(JobRecord):
         pin_workers: list[str] | None = None,
         concurrency: int | None = None,
         port: ClusterPort | None = None,
+        tap: ItemTap | None = None,
+        origin: dict | None = None,
     ):
         timeout = check_options(
             errors=errors,
@@ -143,7 +149,6 @@ class MapJob(JobRecord):
         self.timeout = timeout
         self.resources = dict(resources) if resources else None
         self.progress = progress
-        self.options = {"retries": retries, "timeout": timeout, "capture": capture_output}
 
         star = len(iterables) > 1
         source = iter(iterables[0]) if len(iterables) == 1 else zip(*iterables)
@@ -166,15 +171,22 @@ class MapJob(JobRecord):
         if self.resources:
             check_resources(self._port.workers(), self.resources)
         shared_values = dict(shared or {})
-        self._blob: bytes | None = cloudpickle.dumps(fn)
-        if len(self._blob) >= LARGE_VALUE_BYTES:
-            shared_values["__fn__"] = fn
-            self._blob = None
+        pickled = cloudpickle.dumps(fn)
+        blob: bytes | None = pickled
+        if len(pickled) >= LARGE_VALUE_BYTES:
+            shared_values["__fn__"] = fn  # travels as a large value, sent once per worker
+            blob = None
         self._shared = self._port.scatter(shared_values)
-        self._star = star
+        #: What the workers need of this map, built once and sent whole (:class:`.protocol.MapRun`);
+        #: its ``token``, the map's id, names the function in the workers' cache.
+        self.map_run = MapRun(self.id, blob, star, retries, timeout, capture_output)
         #: What either path needs of this map (:mod:`.paths`), made once on the first step (it refers back to
         #: the map: made earlier, an imap dropped before its first step would wait for the garbage collector).
         self._spec: MapSpec | None = None
+        #: A ``%%parallel`` sweep's items and run (:class:`~jupyter_cluster.tracking.tags.ItemTap`), and where a
+        #: map came from when not from this process (a detached job's kernel): what its observers record.
+        self.tap = tap
+        self.origin = origin
         self._observers = observers.Observers(self, progress)
         observers.started(self)
         self._observers.notify("job_started")
@@ -194,9 +206,15 @@ class MapJob(JobRecord):
         while True:
             if self.ordered:
                 i = self._yield_next
-                if i in self.results:
+                # Per item, so one dict lookup: the record's dict itself, the chunks come filed in it when due.
+                take = self._results.get if self.retain else self._results.pop
+                value = take(i, _MISSING)
+                if value is _MISSING and self._pending:
+                    self._file_pending()
+                    value = take(i, _MISSING)
+                if value is not _MISSING:
                     self._yield_next += 1
-                    return self.results[i] if self.retain else self.results.pop(i)
+                    return value
                 if self.total is not None and i >= self.total and self._exhausted_all():
                     if not self.finished:  # observers (progress, job events) hear that it ended
                         self._finish()
@@ -205,7 +223,8 @@ class MapJob(JobRecord):
             else:
                 if self._order:
                     i = self._order.popleft()
-                    return self.results[i] if self.retain else self.results.pop(i)
+                    results = self.results
+                    return results[i] if self.retain else results.pop(i)
             if self.finished:
                 self._settle_last()
                 raise StopIteration
@@ -222,9 +241,10 @@ class MapJob(JobRecord):
         if not self.finished:
             self._step()
         out = []
+        results = self.results
         while self._order:
             i = self._order.popleft()
-            out.append((i, self.results.pop(i)))
+            out.append((i, results.pop(i)))
         return out
 
     def run(self) -> MapJob:
@@ -254,7 +274,7 @@ class MapJob(JobRecord):
                 pinned, empty = self._window.pin is not None, self.total == 0
                 self._dispatcher = self._port.dispatcher(self._map_spec(), pinned=pinned, empty=empty)
             d = self._dispatcher
-            self._handle_notes(d.prepare(self._work_left()))
+            self._handle_events(d.prepare(self._work_left()))
             if self.finished:
                 return
             self._fill()  # with the dispatcher of now: prepare() may have swapped it (the fallback)
@@ -262,7 +282,7 @@ class MapJob(JobRecord):
                 self._finish()
                 return
             d = self._dispatcher
-            self._handle_notes(d.poll(0.2))
+            self._handle_events(d.poll(0.2))
             if self.finished:
                 return
             now = time.monotonic()
@@ -288,10 +308,7 @@ class MapJob(JobRecord):
             self._spec = MapSpec(
                 self.client,
                 self.id,
-                self.id,  # the token that names the function in the workers' cache
-                self._blob,
-                self._star,
-                self.options,
+                self.map_run,
                 self._shared,
                 self.resources,
                 self.concurrency,
@@ -389,31 +406,33 @@ class MapJob(JobRecord):
         return min(size * 2 * threads, MAX_CHUNK_ITEMS)
 
     # -- what came back ----------------------------------------------------------------------
-    def _handle_notes(self, notes: list[Note]) -> None:
-        for note in notes:
-            self._handle_note(note)
+    def _handle_events(self, events: list[MapEvent]) -> None:
+        for event in events:
+            self._handle_event(event)
             if self.finished:
                 return
 
-    def _handle_note(self, note: Note) -> None:
-        if note.event is Event.FALLBACK:
+    def _handle_event(self, event: MapEvent) -> None:
+        """The one place a dispatcher's report changes the map: a dispatch on the event's class."""
+        if isinstance(event, Fallback):
             self._fall_back()
             return
-        if note.handle not in self._inflight:  # written off already, or the map stopped
+        assert isinstance(event, ChunkEvent), event
+        if event.handle not in self._inflight:  # written off already, or the map stopped
             return
-        chunk = self._take_back(note.handle)
-        match note.event:
-            case Event.DONE:
-                self._record(chunk, note.data)
-            case Event.RETRY:
+        chunk = self._take_back(event.handle)
+        match event:
+            case Done(result=result):
+                self._record(chunk, result)
+            case Retry():
                 self._requeue(chunk)
-            case Event.DIED:
+            case Died():
                 self._chunk_died(chunk)
-            case Event.KILLED:
-                self._fail_item(chunk, self._faults.killed(chunk, note.data))
-            case Event.FAILED:
-                self._chunk_failed(chunk, note.data)
-            case Event.CANCELLED:  # by the cluster, without us asking
+            case Killed(error=error):
+                self._fail_item(chunk, self._faults.killed(chunk, error))
+            case Failed(error=error):
+                self._chunk_failed(chunk, error)
+            case Cancelled():  # by the cluster, without us asking
                 if self._port.lost():
                     raise self._lost_scheduler()
                 chunk.resubmits += 1
@@ -422,6 +441,8 @@ class MapJob(JobRecord):
                         f"the cluster cancelled the chunk with items {chunk.start}..{chunk.start + len(chunk.items) - 1} {chunk.resubmits} times; check the workers' logs."
                     )
                 self._resubmit.append(chunk)
+            case _:
+                raise TypeError(f"unknown map event {event!r}")
 
     def _take_back(self, handle: Any) -> Chunk:
         chunk = self._inflight.pop(handle)
@@ -458,8 +479,7 @@ class MapJob(JobRecord):
         for k in range(len(chunk.items)):
             self._record_failure(chunk.start + k, exc)
 
-    def _record(self, chunk: Chunk, result: tuple) -> None:
-        r = ChunkResult._make(result)  # a plain tuple on the wire (see .protocol)
+    def _record(self, chunk: Chunk, r: ChunkResult) -> None:
         start, n = chunk.start, len(r.values)
         if n < len(chunk.items):  # the budget ran out (or the task was stopped): run the rest again
             if chunk.suspect or chunk.pin is not None or chunk.budget is None:
@@ -555,7 +575,7 @@ class MapJob(JobRecord):
         self._faults.clear()
         self._resubmit.clear()
         self._shared.release()
-        self._blob = None
+        self.map_run = self.map_run.without_function()
         self._spec = None
         self.fn = None
         if self._dispatcher is not None:

@@ -5,37 +5,18 @@
 client reaches the workers and nothing rules it out, else the task path
 (:class:`.tasks.TaskDispatcher`: one Dask task per chunk), which
 :func:`task_dispatcher` also makes for a map that falls back to it
-(:attr:`.dispatch.Event.FALLBACK`).  What each path is sent of the map's
-function (:class:`.protocol.Run`, :class:`.protocol.TaskRun`) is made here
-from one :class:`MapSpec`.
+(:class:`.dispatch.Fallback`).  Either path sends the map's one
+:class:`.protocol.MapRun` (its function and how to run it) as it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
-
 from .. import config
-from .cluster import Scattered
 from .direct import DirectDispatcher
-from .dispatch import Dispatcher
-from .protocol import Run, TaskRun
+from .dispatch import Dispatcher, MapSpec
 from .tasks import TaskDispatcher
 
-
-class MapSpec(NamedTuple):
-    """What either path needs of a map to send its chunks."""
-
-    client: Any  # distributed.Client
-    map_id: str
-    token: str  # names the map's function in the workers' cache
-    blob: bytes | None  # the pickled function (None: it travels as a large value, shared["__fn__"])
-    star: bool  # call fn(*item)
-    options: dict  # retries, timeout, capture
-    shared: Scattered  # the map's large values
-    resources: dict | None
-    concurrency: int | None  # most chunks running at once (None: every worker thread)
-    check: Callable[[], None]  # raises once the scheduler is lost (called while waiting)
+__all__ = ["MapSpec", "open_dispatcher", "task_dispatcher"]
 
 
 def open_dispatcher(spec: MapSpec, *, pinned: bool = False, empty: bool = False) -> Dispatcher:
@@ -46,10 +27,7 @@ def open_dispatcher(spec: MapSpec, *, pinned: bool = False, empty: bool = False)
     with ``jupyter-cluster.engine.path: tasks``.
     """
     if not pinned and not empty and config.get("engine.path", "auto") != "tasks":
-        run = Run(spec.token, spec.blob, spec.star, spec.options)
-        direct = DirectDispatcher.open(
-            spec.client, spec.map_id, spec.resources, spec.concurrency, run, spec.shared.futures, spec.check
-        )
+        direct = DirectDispatcher.open(spec)
         if direct is not None:
             return direct
     return task_dispatcher(spec)
@@ -57,5 +35,4 @@ def open_dispatcher(spec: MapSpec, *, pinned: bool = False, empty: bool = False)
 
 def task_dispatcher(spec: MapSpec) -> Dispatcher:
     """The task path's dispatcher for a map (its start without the direct path, or its fallback)."""
-    run = TaskRun(spec.token, spec.blob, None, spec.star, spec.options)
-    return TaskDispatcher(spec.client, spec.map_id, run, spec.shared, spec.resources, spec.concurrency, spec.check)
+    return TaskDispatcher(spec)

@@ -5,7 +5,7 @@ The map's loop (:mod:`.job`) holds no Dask: it gets its dispatchers
 list and Dask's ``allowed-failures`` through this port.  :class:`LivePort`
 is the one made from a ``distributed.Client`` (or a ``ClusterHandle``);
 ``tests/unit/test_job_loop.py`` gives a map a fake one whose dispatcher
-returns scripted :class:`~.dispatch.Event`\\ s, and so drives the loop with no
+returns scripted :class:`~.dispatch.MapEvent`\\ s, and so drives the loop with no
 cluster, as distributed tests its worker state machine without a network.
 """
 
@@ -46,7 +46,7 @@ class ClusterPort(Protocol):
         ...
 
     def fallback(self, spec: MapSpec) -> Dispatcher:
-        """The task path's dispatcher, for a map whose dispatcher said :attr:`~.dispatch.Event.FALLBACK`."""
+        """The task path's dispatcher, for a map whose dispatcher reported :class:`~.dispatch.Fallback`."""
         ...
 
     def allowed_failures(self) -> int:

@@ -75,29 +75,39 @@ def answer(status: Status, **fields: Any) -> dict[str, Any]:
     return {"status": status.value, **fields}
 
 
-class Run(NamedTuple):
-    """Which function a batch runs, and how (one per map; ``blob`` None once the worker process has it)."""
+class MapRun(NamedTuple):
+    """What a worker needs of a map to run its items: one value per map, built once (:class:`.job.MapJob`).
+
+    It travels whole with every batch (a msgpack array of its fields) and
+    every task, and is unpacked in one place, :func:`.worker.run.run_chunk`.
+    ``blob`` is None once the worker process has the function (the direct
+    path sends it to each worker process once) or when it travels among the
+    map's large values (``big["__fn__"]``).
+    """
 
     token: str  # the map's id: the function's key in each worker process's cache
     blob: bytes | None  # cloudpickle of the function or CellFunction
     star: bool  # call fn(*item)
-    options: dict  # retries, timeout, capture (see worker.run.run_chunk)
+    retries: int  # times an item that raised is run again
+    timeout: float | None  # seconds an item may run (None: no limit)
+    capture: bool  # capture what items print, item by item
 
+    def without_function(self) -> MapRun:
+        """This run with its function left out (the worker process has it already, or it is not sent any more)."""
+        return self._replace(blob=None) if self.blob is not None else self
 
-class TaskRun(NamedTuple):
-    """The task path's :class:`Run`, plus the map's large values (scattered futures)."""
-
-    token: str
-    blob: bytes | None
-    big: dict | None
-    star: bool
-    options: dict
+    @classmethod
+    def of(cls, wire: Any) -> MapRun:
+        """The run of what came over the comm (a list or tuple off msgpack, a :class:`Packed`, or the run itself)."""
+        if isinstance(wire, cls):
+            return wire
+        return cls._make(wire.value if isinstance(wire, Packed) else wire)
 
 
 class Batch(NamedTuple):
     """A batch in a lease's mailbox, and the future its ``jc_batch`` call waits on."""
 
-    run: Any  # Run as received (a list or tuple off the wire)
+    run: Any  # MapRun as received (a list or tuple off the wire)
     items: Any  # as pack() made it: the lease's own thread unpickles it (lease._run_entry)
     budget: float | None
     reply: Any  # asyncio.Future on the worker's loop
@@ -109,7 +119,7 @@ class RelayEntry(NamedTuple):
     addr: str
     lease: str
     secret: str
-    run: Any  # Run
+    run: Any  # MapRun
     items: Any  # as pack() made it
     budget: float | None
 
@@ -119,7 +129,7 @@ class Relayed(NamedTuple):
 
     lease: str
     secret: str
-    run: Any  # Run, as a list off the wire
+    run: Any  # MapRun, as a list off the wire
     items: Any  # as pack() made it
     budget: float | None
 
@@ -128,7 +138,7 @@ class ChunkResult(NamedTuple):
     """What :func:`.worker.run.run_chunk` returns for a chunk (a plain tuple on the wire: read with ``_make``)."""
 
     values: list  # one per item run; fewer than the chunk's items when it stopped early
-    durations: list  # seconds per item
+    timings: list  # (items, seconds each) runs in item order: (1, d) per item, or (n, mean) per slice
     outputs: dict[int, str] | None  # position -> printed text (None when empty)
     errors: dict[int, tuple] | None  # position -> an ItemError's fields (None when empty)
     worker: str | None  # the worker's address

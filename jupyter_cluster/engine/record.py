@@ -14,6 +14,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 from . import observers
@@ -24,6 +25,7 @@ from .protocol import ChunkResult, ItemError, RemoteItemError
 from .window import InputWindow
 
 logger = logging.getLogger("jupyter_cluster.engine.job")
+_first = itemgetter(0)
 
 
 class JobRecord:
@@ -86,7 +88,7 @@ class JobRecord:
         self.started = time.time()
         self.finished = False
         self.state = "running"
-        self.results: dict[int, Any] = {}
+        self._results: dict[int, Any] = {}
         self.outputs: dict[int, str] = {}
         self.errors: dict[int, BaseException] = {}
         self.tracebacks: dict[int, tuple] = {}
@@ -99,13 +101,34 @@ class JobRecord:
         #: Chunks that stopped at their time budget and sent their remaining items back.
         self.chunks_cut = 0
         self._handed_over = False  # take_results() gave the values to the caller
-        self._durations: list[tuple[int, list]] = []
+        # Chunks' values not yet filed by index in ``results`` (start, values): filed when ``results`` is
+        # read; result_list() joins them as they are (a map of 10^6 quick items built a 10^6-key dict).
+        self._pending: list[tuple[int, list]] = []
+        self._durations: list[tuple[int, list[tuple[int, float]]]] = []  # (start, the chunk's timing runs)
         self._time_sum = 0.0
         self._time_n = 0
         self._order: deque[int] = deque()  # completion order (unordered iteration / list)
         self._completion: list[int] = []
 
     # -- read ------------------------------------------------------------------------------
+    @property
+    def results(self) -> dict[int, Any]:
+        """Input index -> result (or exception) of every item back so far (see the class's text)."""
+        if self._pending:
+            self._file_pending()
+        return self._results
+
+    @results.setter
+    def results(self, value: dict[int, Any]) -> None:
+        self._pending = []
+        self._results = value
+
+    def _file_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        results = self._results
+        for start, values in pending:
+            results.update(zip(range(start, start + len(values)), values))
+
     @property
     def total(self) -> int | None:
         """Number of items, None while the input's length is unknown."""
@@ -170,19 +193,43 @@ class JobRecord:
     def durations_below(self, end: int | None) -> dict[int, float]:
         """:attr:`durations` of the items before index ``end`` only (None: all of them)."""
         out: dict[int, float] = {}
-        for start, ds in self._durations:
-            if end is None:
-                out.update(zip(range(start, start + len(ds)), ds))
-            elif start < end:
-                out.update(zip(range(start, min(start + len(ds), end)), ds))
+        for start, timings in self._durations:
+            index = start
+            for n, each in timings:
+                if end is not None and index >= end:
+                    break
+                stop = index + n if end is None else min(index + n, end)
+                out.update(dict.fromkeys(range(index, stop), each))
+                index += n
         return out
 
     def result_list(self) -> list:
         """All results as a list: input order, or completion order for ``ordered=False``."""
         if not self.ordered:
-            return [self.results[i] for i in self._completion]
+            results = self.results
+            return [results[i] for i in self._completion]
         n = self.total if self.total is not None else len(self.results)
-        return list(map(self.results.__getitem__, range(n)))
+        joined = self._joined(n) if self._pending else None
+        return joined if joined is not None else list(map(self.results.__getitem__, range(n)))
+
+    def _joined(self, n: int) -> list | None:
+        """The first ``n`` results joined chunk by chunk, those filed by index filling the gaps; None if that cannot be done."""
+        filed = self._results
+        out: list = []
+        pos = 0
+        for start, values in sorted(self._pending, key=_first):
+            if start < pos:
+                return None  # overlapping chunks: not ours to sort out here
+            if start > pos:
+                if any(i not in filed for i in range(pos, start)):
+                    return None
+                out.extend(map(filed.__getitem__, range(pos, start)))
+            out += values
+            pos = start + len(values)
+        if pos > n or any(i not in filed for i in range(pos, n)):
+            return None
+        out.extend(map(filed.__getitem__, range(pos, n)))
+        return out
 
     def take_results(self) -> list:
         """:meth:`result_list`, handing the values over: the job keeps none of them afterwards.
@@ -212,7 +259,7 @@ class JobRecord:
         return None
 
     def _holds_values(self) -> bool:
-        return not self._handed_over and bool(self.results or self.errors or self.failed_items)
+        return not self._handed_over and bool(self._pending or self._results or self.errors or self.failed_items)
 
     def _settle_last(self) -> None:
         """Hold this job strongly as :func:`.observers.last_job` only where it should outlive its caller (see there)."""
@@ -221,19 +268,19 @@ class JobRecord:
     # -- write -----------------------------------------------------------------------------
     def _store(self, start: int, r: ChunkResult) -> None:
         """Count a chunk's results (``r``: its first ``len(r.values)`` items ran); items' failures are the caller's."""
-        values, durations, outputs, errors, worker = r.values, r.durations, r.outputs, r.errors, r.worker
+        values, timings, outputs, errors, worker = r.values, r.timings, r.outputs, r.errors, r.worker
         n = len(values)
-        busy = sum(durations)
+        busy = sum(k * each for k, each in timings)
         self.chunk_log.append((start, n, worker, r.started, busy))
         if worker:
             self.workers_used[worker] = self.workers_used.get(worker, 0) + n
-        self._durations.append((start, durations))
+        self._durations.append((start, timings))
         self._time_sum += busy
         self._time_n += n
-        idx = range(start, start + n)
-        self.results.update(zip(idx, values))
-        self._completion.extend(idx)
+        self._pending.append((start, values))  # filed by index when read (``results``)
         if not self.ordered:
+            idx = range(start, start + n)
+            self._completion.extend(idx)
             self._order.extend(idx)
         if outputs:
             for pos, text in outputs.items():
@@ -272,10 +319,9 @@ class JobRecord:
     def _count_failure(self, index: int, exc: BaseException, in_results: bool = False) -> None:
         """Count a failed item (``in_results``: its chunk's result already listed it in completion order)."""
         self.results[index] = exc
-        if not in_results:
+        if not in_results and not self.ordered:
             self._completion.append(index)
-            if not self.ordered:
-                self._order.append(index)
+            self._order.append(index)
         self.failed += 1
         self.errors[index] = exc
         if self.on_output is not None:

@@ -14,10 +14,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Callable
 from typing import Any
 
-from distributed import Client, as_completed
+from distributed import as_completed
 
 from .cluster import (
     Scattered,
@@ -29,8 +28,8 @@ from .cluster import (
     is_killed_worker,
     total_threads,
 )
-from .dispatch import Chunk, Counters, Event, Note
-from .protocol import Items, TaskRun
+from .dispatch import Cancelled, Chunk, Counters, Done, Failed, Killed, MapEvent, MapSpec
+from .protocol import ChunkResult, Items, MapRun
 from .worker import run_items
 
 #: While a batch of results is being fetched, look at the scheduler this often, in seconds.
@@ -44,41 +43,27 @@ class TaskDispatcher:
 
     Parameters
     ----------
-    client : distributed.Client
-    map_id : str
-        Names the tasks (``jc-<map_id>-<n>``).
-    run : TaskRun
-        The map's function and options; ``big`` is replaced by the
-        scattered values' futures at each submit.
-    shared : Scattered
-        The map's large values, scattered again if a worker lost them.
-    resources : dict or None
-    concurrency : int or None
-        Most chunks in flight (``Pool(processes=N)``).
-    check : callable
-        Raises the map's "scheduler lost" error (called between fetch slices).
+    spec : MapSpec
+        The map: its client, its id (which names the tasks,
+        ``jc-<map_id>-<n>``), its :class:`.protocol.MapRun` (passed whole
+        to each task, with the map's large values as scattered now: a
+        worker that lost them has them scattered again), its resources,
+        its concurrency (most chunks in flight, ``Pool(processes=N)``) and
+        the check that raises the map's "scheduler lost" error (called
+        between fetch slices).
     """
 
     name = "tasks"
     unit = "task"
 
-    def __init__(
-        self,
-        client: Client,
-        map_id: str,
-        run: TaskRun,
-        shared: Scattered,
-        resources: dict | None,
-        concurrency: int | None,
-        check: Callable[[], None],
-    ):
-        self.client = client
-        self.map_id = map_id
-        self.run = run
-        self.shared = shared
-        self.resources = resources
-        self.concurrency = concurrency
-        self.check = check
+    def __init__(self, spec: MapSpec):
+        client = self.client = spec.client
+        self.map_id = spec.map_id
+        self.run: MapRun = spec.run
+        self.shared: Scattered = spec.shared
+        self.resources = spec.resources
+        self.concurrency = spec.concurrency
+        self.check = spec.check
         self.submitted = 0
         # Completion only: results are fetched per drained batch (one gather for many chunks).
         self.ac = as_completed(with_results=False, loop=client.loop)
@@ -107,14 +92,14 @@ class TaskDispatcher:
         # The scheduler's pace, not the client's: the planner's defaults, the work left now.
         return {"remaining": remaining, "spread": 2 * self._threads}
 
-    def prepare(self, more_work: bool) -> list[Note]:
+    def prepare(self, more_work: bool) -> list[MapEvent]:
         return []
 
     def send(self, chunks: list[Chunk]) -> list[Any]:
         """Chunks as Dask tasks: pinned and suspect ones one by one, the others in one ``client.map``."""
         if not chunks:
             return []
-        run = self.run  # its ``big`` is not read: the map's large values as scattered now are
+        run = self.run
         big = self.shared.current()
         resources = self.resources
         first = self.submitted
@@ -131,9 +116,7 @@ class TaskDispatcher:
             if c.pin is not None:
                 kwargs["workers"] = [c.pin]
                 kwargs["allow_other_workers"] = False
-            out[k] = self.client.submit(
-                run_items, Items(c.items, c.budget), run.token, run.blob, big, run.star, run.options, **kwargs
-            )
+            out[k] = self.client.submit(run_items, Items(c.items, c.budget), run, big, **kwargs)
         if plain:
             kwargs = {"resources": resources} if resources else {}
             futures = self.client.map(
@@ -141,11 +124,8 @@ class TaskDispatcher:
                 [Items(chunks[k].items, chunks[k].budget) for k in plain],
                 key=[keys[k] for k in plain],
                 pure=False,
-                token=run.token,
-                blob=run.blob,
+                run=run,
                 big=big,
-                star=run.star,
-                options=run.options,
                 **kwargs,
             )
             for k, fut in zip(plain, futures):
@@ -155,7 +135,7 @@ class TaskDispatcher:
         self.submitted += len(chunks)
         return out
 
-    def poll(self, timeout: float) -> list[Note]:
+    def poll(self, timeout: float) -> list[MapEvent]:
         """Tasks that ended: waits up to ``timeout`` for completions, then fetches their results in one gather."""
         batch = self._wait(timeout)
         if not batch:
@@ -172,7 +152,7 @@ class TaskDispatcher:
         self.pending.clear()
 
     def forget_function(self) -> None:
-        self.run = self.run._replace(blob=None)
+        self.run = self.run.without_function()
 
     def stats(self) -> Counters:
         return Counters()  # no leases, no relays
@@ -209,15 +189,15 @@ class TaskDispatcher:
                     out.append(fut)
         return out
 
-    def _fetch(self, futures: list) -> list[Note]:
-        """Notes for the ended ``futures``: the finished ones' results fetched in one gather.
+    def _fetch(self, futures: list) -> list[MapEvent]:
+        """Events for the ended ``futures``: the finished ones' results fetched in one gather.
 
         A chunk whose result was lost with its worker between finishing and
         the fetch is being re-run by Dask; it goes back to the completion
         tracker and is reported again when it is done.
         """
         done: list = []
-        out: list[Note] = []
+        out: list[MapEvent] = []
         for f in futures:
             status = f.status
             if status == "finished":
@@ -240,19 +220,19 @@ class TaskDispatcher:
             value = data.get(f.key)
             if value is not None:
                 self._forget(f)
-                out.append(Note(Event.DONE, f, value))
+                out.append(Done(f, ChunkResult._make(value)))  # a plain tuple on the wire (see .protocol)
             elif f.status in ("error", "cancelled"):
                 out.append(self._ended(f))
             else:
                 self.ac.add(f)
         return out
 
-    def _ended(self, fut: Any) -> Note:
+    def _ended(self, fut: Any) -> MapEvent:
         self._forget(fut)
         if fut.status == "error":
             exc = future_error(fut)
-            return Note(Event.KILLED if is_killed_worker(exc) else Event.FAILED, fut, exc)
-        return Note(Event.CANCELLED, fut)
+            return Killed(fut, exc) if is_killed_worker(exc) else Failed(fut, exc)
+        return Cancelled(fut)
 
     def _forget(self, fut: Any) -> None:
         self.pending.discard(fut)

@@ -27,7 +27,6 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-import cloudpickle
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, magics_class
@@ -35,8 +34,6 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from ..cell import capture
 from ..cell.function import CellFunction
 from ..errors import CellError, ClusterError, SerializationError
-from ..telemetry.tags import TAG_NAME
-from ..tracking.record import starting
 from ..tracking.sweep_kind import is_sweep
 from ..tracking.tags import ItemTag, ItemTap
 from .args import MagicArgumentParser, add_options, options_text
@@ -359,8 +356,6 @@ class ParallelMagics(Magics):
             tag.sweep = is_sweep(tag.structure, iterable, asked=args.sweep)  # a map over plain values is no sweep
             tap = ItemTap(iterable, tag)
             iterable = tap
-            # the workers run each item inside its tag (engine.worker.run), so its reports say which item
-            captured.small[TAG_NAME] = cloudpickle.dumps(tap.tag)
         func = CellFunction(
             cell,
             targets=targets,
@@ -370,6 +365,8 @@ class ParallelMagics(Magics):
             modules=captured.modules,
             small=captured.small,
             persistent=args.all_workers,
+            # the workers run each item inside its tag (engine.worker.run), so its reports say which item
+            tag=tap.tag if tap is not None else None,
         )
         options = dict(
             chunksize=chunksize,
@@ -393,15 +390,15 @@ class ParallelMagics(Magics):
         printer = _OutputPrinter()
         # The engine takes a callable or a CellFunction (prepared once per worker process, by the
         # worker); imap's annotation names only the first.  Not started: it runs in _drive.
-        with starting(cast(ItemTap, tap)):
-            job = mapping.imap(
-                cast(Callable, func),
-                iterable,
-                label=f"%%parallel {header}",
-                on_output=printer,
-                retain=True,
-                **options,
-            )
+        job = mapping.imap(
+            cast(Callable, func),
+            iterable,
+            label=f"%%parallel {header}",
+            on_output=printer,
+            retain=True,
+            tap=tap,  # the sweep's items and run: what the map's record names (tracking.record)
+            **options,
+        )
         user_ns[JOB_NAME] = job
         self._drive(job, printer)
         # The results are the notebook's, in --out alone: a `del` of it gives their memory back.

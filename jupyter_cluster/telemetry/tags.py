@@ -102,10 +102,6 @@ def active_run() -> Any:
     return _active.get()
 
 
-#: the name under which a %%parallel cell's run tag (a :class:`jupyter_cluster.tracking.tags.ItemTag`) reaches the workers
-TAG_NAME = "__jc_run__"
-
-
 def current_item() -> tuple[str, str, dict[str, Any]] | None:
     """``(run, item key, item config)`` of the ``%%parallel`` item running in this thread, or None.
 

@@ -29,31 +29,6 @@ from .tags import MAX_ITEMS, MAX_ITEMS_BYTES, ItemTap
 KEEP_RUNS = 500
 KEEP_ITEMS = 50_000
 
-#: the %%parallel run whose MapJob is being made in this thread (its observer reads it)
-_pending = threading.local()
-
-
-class starting:
-    """``with starting(tap):`` around making a ``%%parallel`` MapJob: its record names the tap's run.
-
-    ``origin`` (``{"notebook", "cell", "kernel_id"}``) stands for where the map
-    came from when that is not this process: a detached job's host has no
-    notebook and no cell, so it passes the submitting kernel's.
-    """
-
-    def __init__(self, tap: ItemTap | None, origin: Mapping[str, Any] | None = None):
-        self.tap = tap
-        self.origin = origin
-
-    def __enter__(self) -> ItemTap | None:
-        _pending.tap = self.tap
-        _pending.origin = self.origin
-        return self.tap
-
-    def __exit__(self, *exc: Any) -> None:
-        _pending.tap = None
-        _pending.origin = None
-
 
 def origin() -> dict[str, Any]:
     """Where a map started here comes from: this kernel's notebook, cell and kernel id (what a detached job carries)."""
@@ -91,9 +66,13 @@ def job_context(job: Any) -> dict[str, Any]:
     Called once per job, in the kernel, when its observer is made (the cell is
     still running then).  ``context`` holds ``job`` (the job's number in its
     run: the generation of an ES loop), and inside ``jc.run()`` the run's name
-    and what :meth:`.context.Run.set` gave.
+    and what :meth:`.context.Run.set` gave.  A ``%%parallel`` map names its
+    sweep's :class:`.tags.ItemTap` as ``job.tap`` (its record names the tap's
+    run); ``job.origin`` (``{"notebook", "cell", "kernel_id"}``) stands for
+    where the map came from when that is not this process (a detached job's
+    host has no notebook and no cell, so it passes the submitting kernel's).
     """
-    tap: ItemTap | None = getattr(_pending, "tap", None)
+    tap: ItemTap | None = getattr(job, "tap", None)
     named = active_run()
     kind = "spmd" if type(job).__name__ == "SpmdJob" else "map"
     job_id = str(getattr(job, "id", ""))
@@ -107,7 +86,7 @@ def job_context(job: Any) -> dict[str, Any]:
         run_id = named.id
     else:
         run_id, number = _run_of_cell(job_id)
-    source: Mapping[str, Any] | None = getattr(_pending, "origin", None)
+    source: Mapping[str, Any] | None = getattr(job, "origin", None)
     ctx: dict[str, Any] = {
         "run": run_id,
         "kind": kind,

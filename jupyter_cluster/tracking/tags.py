@@ -94,7 +94,7 @@ def config_key(config: Mapping[str, Any]) -> str:
 
 
 class ItemTag:
-    """A run's id and its targets' structure, sent with a ``%%parallel`` cell as ``__jc_run__``.
+    """A run's id and its targets' structure, sent with a ``%%parallel`` cell as its ``CellFunction.tag``.
 
     The worker runs each item's cell with
     :data:`~jupyter_cluster.telemetry.tags.item_state` set, so ``report()`` anywhere

@@ -465,15 +465,16 @@ def test_a_chunk_stops_at_its_time_budget():
     import time as _time
 
     from jupyter_cluster.engine import worker
+    from jupyter_cluster.engine.protocol import MapRun
 
     items = [0.02] * 10
-    values, durations, *_ = worker.run_chunk(
-        "budget-test", cloudpickle.dumps(_time.sleep), None, items, False, {"budget": 0.05}
-    )
+    run = MapRun("budget-test", cloudpickle.dumps(_time.sleep), False, retries=0, timeout=None, capture=True)
+    values, timings, *_ = worker.run_chunk(run, items, budget=0.05)
     assert 1 <= len(values) < len(items)
-    assert len(durations) == len(values) and sum(durations) >= 0.05
+    # Timings are (items, seconds each) runs: every item run is timed, and they add up to the budget.
+    assert sum(n for n, _ in timings) == len(values) and sum(n * d for n, d in timings) >= 0.05
     # Without a budget every item runs.
-    values, *_ = worker.run_chunk("budget-test", cloudpickle.dumps(_time.sleep), None, items[:3], False, {})
+    values, *_ = worker.run_chunk(run, items[:3])
     assert len(values) == 3
 
 

@@ -86,7 +86,7 @@ def test_a_relay_forwards_a_batch_only_with_the_secret_of_the_map_that_placed_th
     lease = idle[0]
     relay = sorted(engine_cluster.workers_now(client))[0]
     token = "relay-test"
-    run = (token, cloudpickle.dumps(abs), False, {"retries": 0, "timeout": None, "capture": False})
+    run = engine_protocol.MapRun(token, cloudpickle.dumps(abs), False, retries=0, timeout=None, capture=False)
 
     async def relay_once(secret, packed):
         entries = [engine_protocol.RelayEntry(lease.addr, lease.id, secret, run, engine_protocol.pack([-3, -4]), None)]
@@ -170,7 +170,7 @@ def test_relayed_items_and_results_too_big_to_inline_travel_as_frames(cluster, r
     assert [out[k] for k in range(12) if k != 7] == [b"%03d" % k for k in range(12) if k != 7]
     assert len(job.workers_used) == 2
     # pack_group keeps the list only when some items are not bytes
-    run = ("t", None, False, {"retries": 0, "timeout": None, "capture": True})
+    run = engine_protocol.MapRun("t", None, False, retries=0, timeout=None, capture=True)
     small = [engine_protocol.RelayEntry("tcp://a:1", "L", "s", run, engine_protocol.pack([1]), None)]
     assert isinstance(engine_protocol.pack_group(small), bytes)
     mixed = small + [engine_protocol.RelayEntry("tcp://a:2", "M", "s", run, engine_protocol.pack([big]), None)]

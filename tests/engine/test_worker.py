@@ -37,10 +37,9 @@ def test_a_lease_asks_again_for_a_function_its_process_does_not_have(cluster):
         idle = [ls for leases in pool.idle.values() for ls in leases if not ls.dead and ls.ready]
     assert idle, "the map's leases should linger in the client's pool"
     lease = idle[0]
-    options = {"retries": 0, "timeout": None, "capture": False}
 
     async def batch(blob):
-        run = engine_protocol.Run("never-sent-" + lease.id, blob, False, options)
+        run = engine_protocol.MapRun("never-sent-" + lease.id, blob, False, retries=0, timeout=None, capture=False)
         return await engine_cluster.call(
             client, lease.addr, engine_protocol.Op.BATCH, lease=lease.id, secret=pool.secret,
             run=run, items=engine_protocol.pack([-3, -4]), budget=None,
@@ -90,10 +89,11 @@ def test_a_batch_kept_for_a_lease_unpickles_there_and_fails_alone(cluster):
     wait_for(lambda: not any(client.processing().values()), message="the idle leases to end")
     addr = sorted(engine_cluster.workers_now(client))[0]
     lease_id, secret = f"jc-lease-keep-{os.getpid()}-0", "k" * 32
-    options = {"retries": 0, "timeout": None, "capture": False}
 
     async def early(fn, items):
-        run = engine_protocol.Run(f"keep-{fn.__name__}", cloudpickle.dumps(fn), False, options)
+        run = engine_protocol.MapRun(
+            f"keep-{fn.__name__}", cloudpickle.dumps(fn), False, retries=0, timeout=None, capture=False
+        )
         return await engine_cluster.call(
             client, addr, engine_protocol.Op.BATCH, lease=lease_id, secret=secret, run=run,
             items=engine_protocol.pack(items), budget=None, wait=60.0,

@@ -254,7 +254,7 @@ def test_an_items_tag_holds_only_while_its_cell_runs_in_this_thread():
     import threading
 
     from jupyter_cluster.engine.worker.run import PreparedCell
-    from jupyter_cluster.telemetry.tags import TAG_NAME, current_item
+    from jupyter_cluster.telemetry.tags import current_item
     from jupyter_cluster.tracking.tags import ItemTag
 
     tag = ItemTag("run-1", "lr, mom")
@@ -273,8 +273,8 @@ def test_an_items_tag_holds_only_while_its_cell_runs_in_this_thread():
         "<cell>",
         "exec",
     )
-    values = {TAG_NAME: tag, "current_item": current_item, "seen": seen, "threading": threading}
-    run_item = PreparedCell(code, values, persistent=False).bind(None)
+    values = {"current_item": current_item, "seen": seen, "threading": threading}
+    run_item = PreparedCell(code, values, persistent=False, tag=tag).bind(None)
     gc.disable()  # the cycle keeps the namespace alive after the item, as it may on a worker
     try:
         run_item((0.1, 0.9))

@@ -3,13 +3,15 @@
 The seam is the design's (``engine/dispatch.py``'s ``Dispatcher``, reached
 through ``engine/port.py``'s ``ClusterPort``): the fake dispatcher runs each
 chunk's items here, in the test's thread, or answers with the event the test
-scripts for it (DONE, FAILED, DIED, KILLED, RETRY, FALLBACK, CANCELLED), as
+scripts for it (:class:`Done`, :class:`Failed`, :class:`Died`, :class:`Killed`, :class:`Retry`,
+:class:`Fallback`, :class:`Cancelled`: one typed event class per outcome), as
 distributed tests its worker state machine without a network.  What the real
 paths do on a real cluster is tested in ``tests/engine``.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable
@@ -19,18 +21,32 @@ import pytest
 
 from jupyter_cluster.engine import observers
 from jupyter_cluster.engine.cluster import Scattered
-from jupyter_cluster.engine.dispatch import Chunk, Counters, Event, Note
+from jupyter_cluster.engine.dispatch import (
+    Cancelled,
+    Chunk,
+    ChunkEvent,
+    Counters,
+    Died,
+    Done,
+    Failed,
+    Fallback,
+    Killed,
+    MapEvent,
+    Retry,
+)
 from jupyter_cluster.engine.job import MapJob
+from jupyter_cluster.engine.protocol import ChunkResult
 from jupyter_cluster.errors import ClusterError, WorkerLostError
 
 pytestmark = pytest.mark.timeout(30)  # a map that never ends fails here, not after the suite's 300 s
 
-#: ``script(chunk, attempt) -> (event, data)`` or None (run the chunk here: DONE).
-Script = Callable[[Chunk, int], Any]
+#: ``script(chunk, attempt) -> event`` (a ``handle -> MapEvent`` such as ``Retry`` or
+#: ``functools.partial(Failed, error=...)``) or None (run the chunk here: :class:`Done`).
+Script = Callable[[Chunk, int], Callable[[Any], MapEvent] | None]
 
 
-def ran(fn: Callable, chunk: Chunk, upto: int | None = None) -> tuple:
-    """What a worker returns for ``chunk`` (a ChunkResult's fields): its items run here, the first ``upto`` only."""
+def ran(fn: Callable, chunk: Chunk, upto: int | None = None) -> ChunkResult:
+    """What a worker returns for ``chunk``: its items run here, the first ``upto`` only."""
     values, errors = [], {}
     for pos, item in enumerate(chunk.items[:upto]):
         try:
@@ -38,7 +54,7 @@ def ran(fn: Callable, chunk: Chunk, upto: int | None = None) -> tuple:
         except Exception as exc:  # noqa: BLE001 - an item's failure travels back, as a worker's would
             values.append(exc)
             errors[pos] = (exc, type(exc).__qualname__, str(exc), f"Traceback: {exc!r}\n", None)
-    return (values, [0.001] * len(values), None, errors or None, "tcp://fake:1", 0.0)
+    return ChunkResult(values, [(1, 0.001)] * len(values), None, errors or None, "tcp://fake:1", 0.0)
 
 
 class FakeDispatcher:
@@ -53,7 +69,7 @@ class FakeDispatcher:
         self.waiting: list[tuple[int, Chunk]] = []  # sent, answered at the next poll (newest first)
         self.closed: list[tuple[list, bool]] = []
         self.cancelled: list[int] = []
-        self.prepare_notes: list[Note] = []
+        self.prepare_events: list[MapEvent] = []
         self.most_in_flight = 0
         self._handles = itertools.count()
 
@@ -67,9 +83,9 @@ class FakeDispatcher:
     def sizing(self, remaining: int | None, round_remaining: int | None, per_item: float | None, idle: bool) -> dict:
         return {"remaining": remaining, "spread": 4}
 
-    def prepare(self, more_work: bool) -> list[Note]:
-        notes, self.prepare_notes = self.prepare_notes, []
-        return notes
+    def prepare(self, more_work: bool) -> list[MapEvent]:
+        events, self.prepare_events = self.prepare_events, []
+        return events
 
     def send(self, chunks: list[Chunk]) -> list[Any]:
         handles = []
@@ -81,7 +97,7 @@ class FakeDispatcher:
             handles.append(handle)
         return handles
 
-    def poll(self, timeout: float) -> list[Note]:
+    def poll(self, timeout: float) -> list[MapEvent]:
         if self.port.interrupt_at is not None and len(self.port.polls) >= self.port.interrupt_at:
             raise KeyboardInterrupt
         self.port.polls.append(self.name)
@@ -89,16 +105,18 @@ class FakeDispatcher:
         if self.port.silent(self):
             time.sleep(0.01)  # as a real poll waits: the map's half-second checks come round
             return []
-        notes = []
+        events: list[MapEvent] = []
         # Newest first by default: results come back out of input order.
         for handle, chunk in reversed(self.waiting) if self.port.newest_first else self.waiting:
             attempt = self.port.attempts.get(chunk.start, 0)
             self.port.attempts[chunk.start] = attempt + 1
             scripted = self.port.script(chunk, attempt) if self.port.script else None
-            event, data = scripted if scripted is not None else (Event.DONE, ran(self.port.fn, chunk))
-            notes.append(Note(event, handle, data))
+            if scripted is None:
+                events.append(Done(handle, ran(self.port.fn, chunk)))
+            else:
+                events.append(scripted(handle))
         self.waiting = []
-        return notes
+        return events
 
     def cancel(self, handle: Any) -> None:
         self.cancelled.append(handle)
@@ -221,7 +239,7 @@ def test_an_item_error_raises_and_stops_the_map_or_is_collected():
 
 
 def test_a_chunk_that_did_not_run_is_sent_again():
-    port = FakePort(square, script=lambda c, attempt: (Event.RETRY, None) if c.start == 4 and attempt < 2 else None)
+    port = FakePort(square, script=lambda c, attempt: Retry if c.start == 4 and attempt < 2 else None)
     job = job_of(port, range(10))
     assert job.run().result_list() == [x * x for x in range(10)]
     assert [c.start for c in port.direct.sent].count(4) == 3
@@ -231,7 +249,7 @@ def test_a_chunk_that_did_not_run_is_sent_again():
 def test_a_chunk_whose_workers_die_is_split_and_its_poison_item_alone_fails():
     # Item 5 kills every worker that runs it; allowed-failures is 1.
     def script(chunk: Chunk, attempt: int) -> Any:
-        return (Event.DIED, None) if 5 in chunk.items else None
+        return Died if 5 in chunk.items else None
 
     port = FakePort(square, script=script, allowed=1)
     job = job_of(port, range(8), errors="collect")
@@ -246,7 +264,7 @@ def test_a_chunk_whose_workers_die_is_split_and_its_poison_item_alone_fails():
 def test_a_chunk_dask_gave_up_on_is_split_and_the_item_killed_again_fails():
     def script(chunk: Chunk, attempt: int) -> Any:
         if 3 in chunk.items:
-            return (Event.KILLED, RuntimeError("KilledWorker"))
+            return functools.partial(Killed, error=RuntimeError("KilledWorker"))
         return None
 
     port = FakePort(square, script=script)
@@ -260,7 +278,7 @@ def test_a_chunk_dask_gave_up_on_is_split_and_the_item_killed_again_fails():
 
 def test_a_batch_that_failed_as_a_whole_fails_each_of_its_items():
     error = TypeError("cannot pickle 'generator' object")
-    port = FakePort(square, script=lambda c, attempt: (Event.FAILED, error) if c.start == 2 else None)
+    port = FakePort(square, script=lambda c, attempt: functools.partial(Failed, error=error) if c.start == 2 else None)
     job = job_of(port, range(6), errors="collect")
     out = job.run().result_list()
     assert out[2] is error and out[3] is error and out[4] == 16
@@ -275,7 +293,7 @@ def test_the_fallback_swaps_to_the_task_path_and_sends_the_chunks_in_flight_agai
     job._step()  # the first round goes out on the direct path
     in_flight = [c.start for c in port.direct.sent]
     assert in_flight == [0, 2, 4, 6] and job.path == "direct"
-    port.direct.prepare_notes = [Note(Event.FALLBACK, None)]
+    port.direct.prepare_events = [Fallback()]
     assert job.run().result_list() == [x * x for x in range(12)]
     assert job.path == "tasks" and port.direct.closed == [([], False)]
     assert [c.start for c in port.tasks.sent][:4] == in_flight  # the chunks in flight, sent again first
@@ -283,10 +301,10 @@ def test_the_fallback_swaps_to_the_task_path_and_sends_the_chunks_in_flight_agai
 
 
 def test_chunks_the_cluster_cancels_are_sent_again_a_few_times_then_the_map_fails():
-    port = FakePort(square, script=lambda c, attempt: (Event.CANCELLED, None) if c.start == 2 and attempt < 2 else None)
+    port = FakePort(square, script=lambda c, attempt: Cancelled if c.start == 2 and attempt < 2 else None)
     assert job_of(port, range(6)).run().result_list() == [x * x for x in range(6)]
 
-    always = FakePort(square, script=lambda c, attempt: (Event.CANCELLED, None) if c.start == 2 else None)
+    always = FakePort(square, script=lambda c, attempt: Cancelled if c.start == 2 else None)
     job = job_of(always, range(6))
     with pytest.raises(ClusterError, match=r"cancelled the chunk with items 2\.\.3 4 times"):
         job.run()
@@ -297,7 +315,11 @@ def test_chunks_the_cluster_cancels_are_sent_again_a_few_times_then_the_map_fail
 def test_a_budget_that_ran_out_sends_the_rest_back_in_input_order(newest_first: bool):
     def cut(chunk: Chunk, attempt: int) -> Any:
         half = max(1, len(chunk.items) // 2)
-        return (Event.DONE, ran(cube, chunk, upto=half)) if chunk.budget is not None and attempt == 0 else None
+        return (
+            functools.partial(Done, result=ran(cube, chunk, upto=half))
+            if chunk.budget is not None and attempt == 0
+            else None
+        )
 
     port = FakePort(cube, script=cut)  # mapped nowhere else: no remembered duration, so probes first
     port.newest_first = newest_first
@@ -343,3 +365,51 @@ def test_a_lost_scheduler_fails_the_map_saying_what_was_done():
     with pytest.raises(ClusterError, match="stopped answering: 8 of 10 items were done"):
         job.run()
     assert job.state == "failed"
+
+
+def test_every_outcome_is_a_typed_event_and_an_unknown_one_is_refused():
+    # One class per outcome, each carrying only its own fields: a chunk's result is a ChunkResult, not Any.
+    done = Done(0, ran(square, Chunk(0, [2, 3])))
+    assert done.result.values == [4, 9] and done.result.worker == "tcp://fake:1"
+    with pytest.raises(AttributeError):
+        done.handle = 1  # type: ignore[misc]  # frozen: a report is not changed on its way to the loop
+
+    class Strange(ChunkEvent):  # an outcome the loop was not taught
+        pass
+
+    port = FakePort(square, script=lambda c, attempt: Strange if c.start == 2 else None)
+    with pytest.raises(TypeError, match="unknown map event"):
+        job_of(port, range(6)).run()
+
+
+def test_results_and_durations_come_back_per_chunk_and_read_per_item():
+    # A worker times a chunk's quick items per slice, (items, seconds each), not one float per item; the
+    # record keeps each chunk's values as they came and files them by index only when asked.
+    def sliced(chunk: Chunk, attempt: int) -> Any:
+        values = [x * x for x in chunk.items]
+        result = ChunkResult(values, [(1, 0.5), (len(values) - 1, 0.25)], None, None, "tcp://fake:1", 0.0)
+        return functools.partial(Done, result=result)
+
+    port = FakePort(square, script=sliced)
+    job = job_of(port, range(10), chunksize=5)
+    assert job.run().result_list() == [x * x for x in range(10)]
+    assert job.durations == {0: 0.5, 1: 0.25, 2: 0.25, 3: 0.25, 4: 0.25, 5: 0.5, 6: 0.25, 7: 0.25, 8: 0.25, 9: 0.25}
+    assert job.durations_below(6) == {i: d for i, d in job.durations.items() if i < 6}
+    assert sum(busy for *_, busy in job.chunk_log) == 2 * (0.5 + 4 * 0.25)
+    assert job.results == {x: x * x for x in range(10)}  # every value by index, once read
+    assert job.take_results() == [x * x for x in range(10)] and job.results == {}
+
+
+def test_a_sweeps_tap_and_origin_are_arguments_of_the_map_its_record_reads():
+    # No thread-local around making the map: what its record names travels with the job itself.
+    from jupyter_cluster.tracking.record import job_context
+    from jupyter_cluster.tracking.tags import ItemTag, ItemTap
+
+    tap = ItemTap(range(4), ItemTag("run-tap", "x"))
+    origin = {"notebook": "far.ipynb", "cell": {"n": 3}, "kernel_id": "k-1"}
+    job = job_of(FakePort(square), tap, tap=tap, origin=origin)
+    assert job.run().result_list() == [0, 1, 4, 9]
+    context = job_context(job)
+    assert (context["run"], context["notebook"], context["kernel_id"]) == ("run-tap", "far.ipynb", "k-1")
+    plain = job_context(job_of(FakePort(square), range(2)))
+    assert plain["run"] != "run-tap" and "kernel_id" not in plain

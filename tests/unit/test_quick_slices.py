@@ -11,8 +11,10 @@ import time
 
 import cloudpickle
 
+from jupyter_cluster.engine.protocol import MapRun
 from jupyter_cluster.engine.worker import run as worker_run
 from jupyter_cluster.engine.worker import slices
+from jupyter_cluster.engine.worker.items import ItemsRun
 
 
 def inc(x):
@@ -32,10 +34,9 @@ def add(a, b):
     return a + b
 
 
-def _chunk(fn, items, star=False, **options):
-    options.setdefault("capture", True)
-    token = f"slices-{fn.__name__}-{id(items)}"
-    return worker_run.run_chunk(token, cloudpickle.dumps(fn), None, items, star, options)
+def _chunk(fn, items, star=False, capture=True, budget=None):
+    run = MapRun(f"slices-{fn.__name__}-{id(items)}", cloudpickle.dumps(fn), star, 0, None, capture)
+    return worker_run.run_chunk(run, items, budget=budget)
 
 
 def test_quick_items_cost_about_what_map_costs():
@@ -62,53 +63,39 @@ def test_errors_outputs_and_durations_stay_per_item(monkeypatch):
     monkeypatch.setattr(sys, "stderr", sys.stderr)
     monkeypatch.setattr(worker_run._STATE, "streams_installed", False)
     items = list(range(5_000))
-    values, durations, outputs, errors, _worker, _started = _chunk(picky, items)
+    values, timings, outputs, errors, _worker, _started = _chunk(picky, items)
     failing = [x for x in items if x % 1000 == 500]
     assert sorted(errors) == failing
     assert all(type(errors[p][0]) is ValueError and errors[p][0].args == (p,) for p in failing)
     assert values == [None if x in failing else x * 2 for x in items]
-    assert len(durations) == len(items) and all(d >= 0 for d in durations)
+    # Every item is timed, in runs of (items, seconds each): one per slice, not one float per item.
+    assert sum(n for n, _ in timings) == len(items) and all(d >= 0 for _, d in timings)
+    assert len(timings) < len(items) / 50
     expected = {x: f"bad {x}\n" for x in failing} | {x: f"odd {x}\n" for x in items if x % 1000 == 900}
     assert outputs == expected
 
 
 def test_starred_items_in_slices_without_capture():
     items = [(x, 1) for x in range(1_000)]
-    values, durations, outputs, errors, *_ = _chunk(add, items, star=True, capture=False)
+    values, timings, outputs, errors, *_ = _chunk(add, items, star=True, capture=False)
     assert values == [x + 1 for x in range(1_000)] and outputs is None and errors is None
 
 
 def test_the_budget_and_a_stop_still_end_a_chunk_of_quick_items():
     items = list(range(50_000_000))  # far more than fits in the budget
     t0 = time.perf_counter()
-    values, durations, *_ = _chunk(inc, items, budget=0.05)
+    values, timings, *_ = _chunk(inc, items, budget=0.05)
     assert time.perf_counter() - t0 < 10
-    assert slices.FIRST_ITEMS < len(values) < len(items) and len(durations) == len(values)
+    assert slices.FIRST_ITEMS < len(values) < len(items) and sum(n for n, _ in timings) == len(values)
     assert values[: len(values)] == list(range(1, len(values) + 1))
 
     stop = threading.Event()
-    values: list = []
-    durations: list = []
+    run = ItemsRun(inc, items, stop=stop, capture=False, error_info=worker_run.error_info)
     timer = threading.Timer(0.05, stop.set)
     timer.start()
     try:
-        slices.run_slices(
-            inc,
-            items,
-            False,
-            1e-7,
-            None,
-            threading.local(),
-            lambda: False,
-            float("inf"),
-            float("inf"),
-            stop,
-            values,
-            durations,
-            {},
-            {},
-            worker_run.error_info,
-        )
+        slices.run_slices(run, 1e-7)
     finally:
         timer.cancel()
+    values = run.values
     assert 0 < len(values) < len(items) and values[-1] == len(values)

@@ -64,7 +64,7 @@ async def _attach(comm=None, lease=None, secret=None, wait=ATTACH_WAIT_SECONDS):
 async def _batch(comm=None, lease=None, secret=None, run=None, items=None, budget=None, wait=None):
     """Queue a batch on ``lease`` and answer with its result (or "gone" if the lease ended first).
 
-    ``run`` is ``(token, blob, star, options)`` of the map (``blob`` None once
+    ``run`` is the map's :class:`.protocol.MapRun` as a msgpack array (``blob`` None once
     this worker process has the map's function); ``items`` and the answer's
     ``result`` travel as :func:`pack` made them.  With ``wait`` (seconds), a
     lease that has not started here yet is waited for: the batch is kept

@@ -26,7 +26,7 @@ from __future__ import annotations
 import queue
 import time
 
-from ..protocol import Batch, Packed, Run, Status, unpack
+from ..protocol import Batch, MapRun, Status, unpack
 from . import registry
 from .groups import took_stop
 from .handlers import install
@@ -142,7 +142,7 @@ def _run_entry(entry: Batch, big: dict | None, loop, lease_id: str) -> int:
     while it runs (the map was stopped) gives the lease's thread back to Dask at once, even from
     a blocking C call such as ``time.sleep(30)``, so the next map does not queue behind it.
     """
-    run = Run._make(entry.run.value if isinstance(entry.run, Packed) else entry.run)  # a list off the wire
+    run = MapRun.of(entry.run)  # a list off the wire
     if run.blob is None and run.token not in _STATE.cache and not (big and "__fn__" in big):
         loop.call_soon_threadsafe(_set, entry.reply, Status.NEED_FN)  # evicted from the cache: the client resends it
         return 0
@@ -151,10 +151,7 @@ def _run_entry(entry: Batch, big: dict | None, loop, lease_id: str) -> int:
     except Exception as exc:  # noqa: BLE001 - items this worker cannot unpickle: the batch fails as a whole
         loop.call_soon_threadsafe(_fail, entry.reply, exc)
         return 0
-    opts = {**run.options, "group": lease_id}
-    if entry.budget is not None:
-        opts["budget"] = entry.budget
-    result = run_chunk(run.token, run.blob, big, items, run.star, opts)
+    result = run_chunk(run, items, big, budget=entry.budget, group=lease_id)
     loop.call_soon_threadsafe(_set, entry.reply, result)
     return 1
 

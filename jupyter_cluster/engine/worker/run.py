@@ -27,29 +27,29 @@ from typing import Any
 import cloudpickle
 
 from ...cell.function import ITEM_NAME, RESULT_NAME, CellFunction
-from ...telemetry.tags import TAG_NAME, item_state
-from ..protocol import Items
+from ...telemetry.tags import item_state
+from ..protocol import Items, MapRun
 from . import groups, slices
 from .groups import GroupStopped, _async_raise, _group, run_in_group
+from .items import MAX_OUTPUT_CHARS, ItemsRun  # noqa: F401  (MAX_OUTPUT_CHARS: its old home)
 
 _CANCEL_CHECK_S = 0.05
-#: Most characters of printed output kept per item (the rest is counted and dropped).
-MAX_OUTPUT_CHARS = 1_000_000
 
 
 class PreparedCell:
     """A compiled cell with its captured values, as cached on a worker."""
 
-    def __init__(self, code, values: dict[str, Any], persistent: bool):
+    def __init__(self, code, values: dict[str, Any], persistent: bool, tag: Any = None):
         self.code = code
         self.values = values
         self.persistent = persistent
+        self.tag = tag  # the run's ItemTag (CellFunction.tag): each item runs inside it
 
     @classmethod
     def of(cls, cell: CellFunction) -> PreparedCell:
         """Prepare ``cell`` on this worker: compiled, its modules imported, its small values unpickled."""
         values = cell.load_values()
-        return cls(cell.compile(), values, cell.persistent)
+        return cls(cell.compile(), values, cell.persistent, getattr(cell, "tag", None))
 
     def bind(self, big: dict[str, Any] | None) -> Callable[[Any], Any]:
         """A per-item callable; ``big`` holds the large values sent once per worker."""
@@ -76,7 +76,7 @@ class PreparedCell:
         base.update(captured)
         base.setdefault("__name__", "__main__")
 
-        tag = captured.get(TAG_NAME)
+        tag = self.tag
         if tag is not None:  # a %%parallel sweep: report() in the item's cell names its run and item
 
             def run_tagged(item):
@@ -118,42 +118,6 @@ _STATE = _WorkerState()
 def worker_namespace() -> dict[str, Any]:
     """The worker process's persistent namespace (filled by ``--all-workers`` cells)."""
     return _STATE.namespace
-
-
-class _Capture:
-    """One item's captured output; the buffer is made on the first write.
-
-    Most items print nothing, and a ``StringIO`` per item was half of the
-    worker's cost per no-op item.
-    """
-
-    __slots__ = ("buf", "size")
-
-    def __init__(self):
-        self.buf = None
-        self.size = 0
-
-    def write(self, s: str) -> int:
-        if self.buf is None:
-            self.buf = io.StringIO()
-        n = len(s)
-        if self.size < MAX_OUTPUT_CHARS:
-            room = MAX_OUTPUT_CHARS - self.size
-            self.buf.write(
-                s
-                if n <= room
-                else s[:room] + f"\n[jupyter_cluster: output beyond {MAX_OUTPUT_CHARS:,} characters dropped]\n"
-            )
-        self.size += n
-        return n
-
-    def clear(self) -> None:
-        """Forget what was written (a retried item keeps only its last attempt's output)."""
-        self.buf = None
-        self.size = 0
-
-    def getvalue(self) -> str:
-        return self.buf.getvalue() if self.buf is not None else ""
 
 
 class ThreadStream(io.TextIOBase):
@@ -216,8 +180,8 @@ def load(token: str, blob: bytes | None, big: dict[str, Any] | None):
 
 
 # -- errors as data ----------------------------------------------------------------------
-#: The files whose frames run items (this one, and the stop groups' helper thread): left out of tracebacks.
-_OWN_FILES = frozenset({__file__, groups.__file__})
+#: The files whose frames run items (this one, the slices, the stop groups' helper thread): left out of tracebacks.
+_OWN_FILES = frozenset({__file__, groups.__file__, slices.__file__})
 
 
 def _cell_tb(tb):
@@ -364,112 +328,100 @@ def _worker_address() -> str | None:
 
 
 def run_chunk(
-    token: str, blob: bytes | None, big: dict[str, Any] | None, items: list, star: bool, options: dict
+    run: MapRun,
+    items: list,
+    big: dict[str, Any] | None = None,
+    *,
+    budget: float | None = None,
+    group: str | None = None,
 ) -> tuple:
-    """Run one chunk of items on a worker.
+    """Run one chunk of items on a worker: the one place a :class:`..protocol.MapRun` is unpacked.
 
     Parameters
     ----------
-    token : str
-        Cache key of the function (the map's id).
-    blob : bytes or None
-        cloudpickle of the function or :class:`CellFunction`; None when it
-        travels in ``big["__fn__"]`` because it is large.
-    big : dict or None
-        Large values, sent once per worker (Dask resolves them to local data).
+    run : MapRun
+        The map's function (its cache key ``token``, its pickle ``blob``:
+        None when this worker process has it or it travels in
+        ``big["__fn__"]`` because it is large), ``star`` (call
+        ``fn(*item)``), ``retries``, ``timeout`` and ``capture``.
     items : list
         The chunk's items (argument tuples when ``star``).
-    star : bool
-        Call ``fn(*item)`` instead of ``fn(item)``.
-    options : dict
-        ``retries`` (int), ``timeout`` (float or None), ``capture`` (bool),
-        ``budget`` (float or None: stop after the item that takes the chunk
-        past this many seconds; the engine sends the items left over again).
+    big : dict or None
+        Large values, sent once per worker (Dask resolves them to local data).
+    budget : float or None
+        Stop after the item that takes the chunk past this many seconds;
+        the engine sends the items left over again.
+    group : str or None
+        The stop group the items run in (a lease's id: the map's stop ends
+        them at once, :mod:`.groups`); a ``Pool`` task's function names its own.
 
     Returns
     -------
     tuple
         A :class:`..protocol.ChunkResult`'s fields as a plain tuple (the
-        client reads it with ``ChunkResult._make``): ``(values, durations,
-        outputs, errors, worker, started)``; ``outputs`` maps position ->
-        printed text, ``errors`` maps position -> :func:`error_info` (None
-        when empty); ``started`` is the chunk's ``time.time()`` start.
+        client reads it with ``ChunkResult._make``): ``(values, timings,
+        outputs, errors, worker, started)``; ``timings`` is runs of ``(items,
+        seconds each)`` in item order (:mod:`.items`), ``outputs`` maps
+        position -> printed text, ``errors`` maps position -> :func:`error_info`
+        (None when empty); ``started`` is the chunk's ``time.time()`` start.
         Fewer values than items means the chunk stopped early (its budget ran
         out, or its task was cancelled).
     """
     started = time.time()
-    retries = options.get("retries", 0)
-    timeout = options.get("timeout")
-    capture = options.get("capture", True)
-    budget = options.get("budget")
     worker = _worker_address()
     big = dict(big) if big else None
     try:
-        fn = load(token, blob, big)
+        fn = load(run.token, run.blob, big)
     except BaseException as exc:  # noqa: BLE001 - a setup failure is reported for every item
         info = error_info(exc)
-        return ([None] * len(items), [0.0] * len(items), None, {i: info for i in range(len(items))}, worker, started)
-    if capture:
+        return ([None] * len(items), [(len(items), 0.0)], None, {i: info for i in range(len(items))}, worker, started)
+    if run.capture:
         install_thread_streams(_STATE)
-    cancelled = _cancel_checker()
-    runner = _TimedRunner(timeout) if timeout else None
-    perf = time.perf_counter
-    values: list = []
-    durations: list = []
-    outputs: dict[int, str] = {}
-    errors: dict[int, tuple] = {}
-    t_begin = perf()
-    next_check = t_begin + _CANCEL_CHECK_S
-    deadline = t_begin + budget if budget else float("inf")
+    now = time.perf_counter()
     # A Pool's task: terminate() stops it; any other lease batch: the map's stop (jc_close) does (run_in_group).
-    group = getattr(fn, "stop_group", None) or options.get("group")
-    stop = _group(group).stopped if group is not None else None
-    loop_args = (fn, items, star, retries, capture, runner, cancelled, next_check, deadline, stop)
+    group = getattr(fn, "stop_group", None) or group
+    chunk = ItemsRun(
+        fn,
+        items,
+        star=run.star,
+        retries=run.retries,
+        runner=_TimedRunner(run.timeout) if run.timeout else None,
+        cancelled=_cancel_checker(),
+        stop=_group(group).stopped if group is not None else None,
+        deadline=now + budget if budget else float("inf"),
+        next_check=now + _CANCEL_CHECK_S,
+        capture=run.capture,
+        error_info=error_info,
+    )
+    complete = True
     if group is None:
-        _run_items(*loop_args, values, durations, outputs, errors)
+        _run_items(chunk)
     else:
         try:
-            run_in_group(group, _run_items, *loop_args, values, durations, outputs, errors)
+            run_in_group(group, _run_items, chunk)
         except GroupStopped:
             groups.mark_stopped()  # the lease running this chunk ends (see groups.took_stop)
-            # The helper may still be adding the item it was in: keep what was complete.
-            n = min(len(values), len(durations))
-            values, durations = values[:n], durations[:n]
-            errors = {p: e for p, e in list(errors.items()) if p < n}
-            outputs = {p: t for p, t in list(outputs.items()) if p < n}
-    _check_results(values, errors, getattr(fn, "check_result", None))
-    return (values, durations, outputs or None, errors or None, worker, started)  # protocol.ChunkResult's fields
+            complete = False  # the helper may still be adding the item it was in: keep what was complete
+    _check_results(chunk.values, chunk.errors, getattr(fn, "check_result", None))
+    return chunk.result(worker, started, complete)  # protocol.ChunkResult's fields
 
 
-def _run_items(
-    fn: Callable,
-    items: list,
-    star: bool,
-    retries: int,
-    capture: bool,
-    runner: _TimedRunner | None,
-    cancelled: Callable[[], bool],
-    next_check: float,
-    deadline: float,
-    stop: threading.Event | None,
-    values: list,
-    durations: list,
-    outputs: dict,
-    errors: dict,
-) -> None:
-    """:func:`run_chunk`'s loop over its items (appends to ``values``, ``durations``, ``outputs``, ``errors``)."""
+def _run_items(chunk: ItemsRun) -> None:
+    """:func:`run_chunk`'s loop over its items: one at a time, then (quick ones) in slices (:mod:`.slices`)."""
     local = _STATE.local  # per thread: run_in_group runs this in a helper thread
     perf = time.perf_counter
+    fn, items, star, retries, runner = chunk.fn, chunk.items, chunk.star, chunk.retries, chunk.runner
+    values, timings, errors, outputs, stop = chunk.values, chunk.timings, chunk.errors, chunk.outputs, chunk.stop
     # Quick items run in slices once the first ones are timed (see .slices); not with retries or timeouts.
     quick_from = slices.FIRST_ITEMS if not retries and runner is None and isinstance(items, (list, tuple)) else 0
     if len(items) <= 2 * quick_from:
         quick_from = 0
+    local.buf = outputs  # for the whole chunk: a write is filed under the item running then
     try:
         for pos, item in enumerate(items):
             if stop is not None and stop.is_set():  # Pool.terminate(): the rest of the chunk is not run
                 break
             args = item if star else (item,)
-            buf = _Capture() if capture else None
             t0 = perf()
             stopped = False
             for attempt in range(retries + 1):
@@ -477,23 +429,19 @@ def _run_items(
                     # A retry storm (retries=10**9 on an item that always
                     # raises) must still stop when the map is cancelled, and
                     # its output must stay bounded: only the last attempt's is kept.
-                    if perf() >= next_check:
-                        next_check = perf() + _CANCEL_CHECK_S
-                        if cancelled():
+                    if perf() >= chunk.next_check:
+                        chunk.next_check = perf() + _CANCEL_CHECK_S
+                        if chunk.cancelled():
                             stopped = True
                             break
-                    if buf is not None:
-                        buf.clear()
-                        buf.write(f"--- retry {attempt} of {retries} ---\n")
+                    if outputs is not None:
+                        outputs.restart()
+                        outputs.write(f"--- retry {attempt} of {retries} ---\n")
                 try:
                     if runner is not None:
-                        value = runner.run(fn, args, buf)
+                        value = runner.run(fn, args, outputs.of(pos) if outputs is not None else None)
                     else:
-                        local.buf = buf
-                        try:
-                            value = fn(*args)
-                        finally:
-                            local.buf = None
+                        value = fn(*args)
                 except BaseException as exc:  # noqa: BLE001 - every item failure is data
                     if attempt < retries and not isinstance(exc, ItemTimeout):
                         continue
@@ -504,23 +452,20 @@ def _run_items(
                 break
             t1 = perf()
             values.append(value)
-            durations.append(t1 - t0)
-            if buf is not None:
-                text = buf.getvalue()
-                if text:
-                    outputs[pos] = text
-            if t1 >= deadline:
+            timings.append((1, t1 - t0))
+            if t1 >= chunk.deadline:
                 break
-            if t1 >= next_check:
-                next_check = t1 + _CANCEL_CHECK_S
-                if cancelled():
+            if t1 >= chunk.next_check:
+                chunk.next_check = t1 + _CANCEL_CHECK_S
+                if chunk.cancelled():
                     break
-            if pos + 1 == quick_from and sum(durations) < slices.QUICK_ITEM_SECONDS * quick_from:
-                make = _Capture if capture else None
-                args = (local, cancelled, next_check, deadline, stop, values, durations, outputs, errors, error_info)
-                slices.run_slices(fn, items, star, sum(durations) / quick_from, make, *args)
-                break
+            if pos + 1 == quick_from:
+                spent = sum(d for _, d in timings)
+                if spent < slices.QUICK_ITEM_SECONDS * quick_from:
+                    slices.run_slices(chunk, spent / quick_from)
+                    break
     finally:
+        local.buf = None
         if runner is not None:
             runner.close()
 
@@ -538,7 +483,7 @@ def _check_results(values: list, errors: dict, check: Callable[[Any], BaseExcept
     rules and error, ``MaybeEncodingError``), says what is wrong with a value.
     """
     sendable = _SENDABLE
-    if all(type(v) in sendable for v in values):
+    if sendable.issuperset(map(type, values)):  # in C: 10^5 results cost a few ms, not a Python loop
         return
     if check is not None:
         for pos, value in enumerate(values):
@@ -564,8 +509,6 @@ def _check_results(values: list, errors: dict, check: Callable[[Any], BaseExcept
             values[pos] = None
 
 
-def run_items(packed: Items, token: str, blob: bytes | None, big: dict | None, star: bool, options: dict) -> tuple:
-    """The task path's task: :func:`run_chunk` on the items of ``packed``."""
-    if packed.budget is not None:
-        options = {**options, "budget": packed.budget}
-    return run_chunk(token, blob, big, packed.items, star, options)
+def run_items(packed: Items, run: MapRun, big: dict | None = None) -> tuple:
+    """The task path's task: :func:`run_chunk` on the items (and time budget) of ``packed``."""
+    return run_chunk(MapRun.of(run), packed.items, big, budget=packed.budget)
