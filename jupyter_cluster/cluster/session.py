@@ -322,11 +322,18 @@ def _taken_names() -> set[str]:
 
 def _unique_name(prefix: str) -> str:
     # A cluster another process is starting has no record yet, but its credentials are written.
-    taken = _taken_names() | names_with_credentials()
+    taken = _taken_names() | names_with_credentials() | registry.reserved_names()
     i = 1
-    while f"{prefix}-{i}" in taken:
+    while True:
+        name = f"{prefix}-{i}"
         i += 1
-    return f"{prefix}-{i}"
+        if name in taken:
+            continue
+        try:
+            registry.reserve(name)  # another process may take it between the look and here: then the next
+        except ClusterError:
+            continue
+        return name
 
 
 def _connect_client(started: StartedCluster, name: str):
@@ -437,8 +444,16 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
             raise ClusterError(
                 f"a cluster named {name!r} already exists; choose another --name or attach with %cluster connect {name}."
             )
+        registry.reserve(name)  # atomic: of two starts of one name at one moment, one is refused here
     else:
         name = _unique_name(backend)
+    try:
+        return _start_reserved(name, backend, impl, wait, options)
+    finally:
+        registry.release(name)  # the record is written (or the start failed): the name needs no reservation
+
+
+def _start_reserved(name: str, backend: str, impl: Any, wait: bool, options: dict[str, Any]) -> ClusterHandle:
     options = {k: v for k, v in options.items() if v is not None}
     if "name" in impl.options:
         options["name"] = name
@@ -531,14 +546,19 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
     started = via_gateway or get_backend("address").start(address=address, security=security)
     if record is not None:  # the cluster's own name and dashboard, as the registry has them
         started.dashboard_link = started.dashboard_link or record.dashboard_link
+    reserved = name is None
     name = name or _unique_name("remote")
-    client = _connect_client(started, name)
-    _detach_when_lost(client, name, address, target if record is not None else address)
-    handle = ClusterHandle(name, "address", started, client)
-    handle.attached_record = record
-    if record is not None:  # the panel follows this kernel's notebook to the cluster from now on
-        registry.write_attachment(record.name, record.address)
-    return _adopt(handle, attached=True)
+    try:
+        client = _connect_client(started, name)
+        _detach_when_lost(client, name, address, target if record is not None else address)
+        handle = ClusterHandle(name, "address", started, client)
+        handle.attached_record = record
+        if record is not None:  # the panel follows this kernel's notebook to the cluster from now on
+            registry.write_attachment(record.name, record.address)
+        return _adopt(handle, attached=True)
+    finally:
+        if reserved:  # its record is written now (or the connection failed)
+            registry.release(name)
 
 
 def _detach_when_lost(client: Any, name: str, address: str, target: str) -> None:
