@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from jupyter_cluster.state import registry
 
 # Each process waits for the same instant, then starts ``local-1``; it prints what it got and,
@@ -70,6 +72,7 @@ def test_two_processes_reserving_the_same_names_at_once_get_each_exactly_once():
     assert not any(n.startswith("race-") for n in registry.reserved_names())  # both processes have exited
 
 
+@pytest.mark.slow  # two cluster starts in two fresh interpreters: about 15-25 s on 2 busy cores
 def test_two_processes_starting_local_1_at_once_one_is_refused_in_one_sentence():
     outs = _race(RACE, "6")
     started = [o for o in outs if o.startswith("STARTED")]

@@ -24,7 +24,7 @@ import pytest
 from ..conftest import wait_for
 from .pages import lab_page, open_panel, shot
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
 NAME = "ui-slurm"
 PANEL = "#jupyter-cluster-panel"
