@@ -63,6 +63,28 @@ READ_JS = f"""() => {{
 }}"""
 
 
+# Pixels of the first panel line chart's canvases within a small distance of colour ``hex``.
+PIXELS_JS = f"""(hex) => {{
+  const rgb = [1, 3, 5].map(i => parseInt(hex.slice(i, i + 2), 16));
+  const chart = document.querySelector('{PANEL} .jc-metrics-line');
+  let n = 0;
+  for (const canvas of chart.querySelectorAll('canvas')) {{
+    if (!canvas.width || !canvas.height) continue;
+    const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+    for (let i = 0; i < data.length; i += 4) {{
+      if (data[i + 3] < 200) continue;
+      if (Math.abs(data[i] - rgb[0]) + Math.abs(data[i + 1] - rgb[1]) + Math.abs(data[i + 2] - rgb[2]) < 30) n++;
+    }}
+  }}
+  return n;
+}}"""
+
+
+def _drawn_in(page, colors: list[str]) -> int:
+    """How many pixels of the panel's first line chart are in the first of its series' ``colors``."""
+    return page.evaluate(PIXELS_JS, colors[0])
+
+
 def _switch(page, theme: str, light: bool, before: dict) -> dict:
     """Run JupyterLab's Settings → Theme command; wait until the sweep and every panel chart are drawn again."""
     page.evaluate(f"window.jupyterapp.commands.execute('apputils:change-theme', {{ theme: {theme!r} }})")
@@ -129,7 +151,13 @@ def test_switching_theme_with_the_sweep_and_the_panels_charts_shown_redraws_them
             shot(page, artifacts, "theme-sweep-light.png", SWEEP + " >> nth=0")
             shot(page, artifacts, "theme-panel-light.png", PANEL)
 
+            first = page.locator(f"{PANEL} .jc-metrics-line").first.get_attribute("data-colors").split("|")
+            assert _drawn_in(page, first) > 20, first  # the canvas shows the light palette's line
+
             seen = _switch(page, "JupyterLab Dark", False, seen)
+            now = page.locator(f"{PANEL} .jc-metrics-line").first.get_attribute("data-colors").split("|")
+            # the same series, drawn anew on the canvas in the dark palette's colour, not the light one's
+            assert _drawn_in(page, now) > 20 and _drawn_in(page, first) < 10, (first, now)
             assert seen["panelColors"] and set(seen["panelColors"]) <= dark, seen
             assert seen["sweepColors"] and set(seen["sweepColors"]) <= dark, seen
             assert all(seen["panelCanvases"]), seen  # drawn anew, not left as empty boxes
