@@ -26,17 +26,16 @@ from ..errors import ClusterError
 from ..state import registry
 from ..state.credentials import saved_security
 from ..telemetry.topic_names import CONTROL_TOPIC
+from ..wire.envelopes import CONTROL_OPS, ControlRequest, control_reply, control_request
 
-OPS = ("scale", "adapt", "stop")
+OPS = CONTROL_OPS  # ("scale", "adapt", "stop"): the ops are typed in wire/envelopes.py
 
 logger = logging.getLogger(__name__)
 
 
-def make_request(cluster: str, op: str, **args: Any) -> dict[str, Any]:
+def make_request(cluster: str, op: str, **args: Any) -> ControlRequest:
     """A request message for ``op`` on ``cluster``."""
-    if op not in OPS:
-        raise ValueError(f"unknown control operation {op!r}")
-    return {"op": op, "cluster": cluster, "id": uuid.uuid4().hex, **args}
+    return control_request(cluster, op, uuid.uuid4().hex, **args)
 
 
 def _apply(handle: Any, msg: dict[str, Any]) -> None:
@@ -70,7 +69,7 @@ def listen(handle: Any, on_stop: Callable[[], None] | None = None) -> None:
 
     def reply(msg_id: str, error: str | None) -> None:
         try:
-            client.log_event(CONTROL_TOPIC, {"op": "reply", "id": msg_id, "ok": error is None, "error": error})
+            client.log_event(CONTROL_TOPIC, control_reply(msg_id, error))
         except Exception:  # the client closed under us (stop): the requester sees the record vanish
             pass
 

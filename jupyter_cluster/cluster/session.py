@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures.thread  # noqa: F401  (its exit hook must be registered before ours)
+import contextlib
 import html
 import logging
 import os
@@ -274,12 +275,15 @@ def _taken_names() -> set[str]:
 
 
 def _unique_name(prefix: str) -> str:
-    # A cluster another process is starting has no record yet, but its credentials are written.
-    taken = _taken_names() | names_with_credentials()
-    i = 1
-    while f"{prefix}-{i}" in taken:
+    # A cluster another process is starting has no record yet, but its credentials or reservation exist.
+    taken = _taken_names() | names_with_credentials() | registry.reserved_names()
+    i = 0
+    while True:
         i += 1
-    return f"{prefix}-{i}"
+        if f"{prefix}-{i}" not in taken:
+            with contextlib.suppress(ClusterError):  # another process took it since the look: the next one
+                registry.reserve(f"{prefix}-{i}")
+                return f"{prefix}-{i}"
 
 
 def _register(handle: ClusterHandle, attached: bool) -> None:
@@ -372,8 +376,16 @@ def start(name: str | None = None, backend: str | None = None, wait: bool = True
             raise ClusterError(
                 f"a cluster named {name!r} already exists; choose another --name or attach with %cluster connect {name}."
             )
+        registry.reserve(name)  # atomic: of two starts of one name at one moment, one is refused here
     else:
         name = _unique_name(backend)
+    try:
+        return _start_reserved(name, backend, impl, wait, options)
+    finally:
+        registry.release(name)  # the record is written (or the start failed): the name needs no reservation
+
+
+def _start_reserved(name: str, backend: str, impl: Any, wait: bool, options: dict[str, Any]) -> ClusterHandle:
     options = {k: v for k, v in options.items() if v is not None}
     if "name" in impl.options:
         options["name"] = name
@@ -463,14 +475,18 @@ def connect(target: str, security: Any = None) -> ClusterHandle:
     started = via_backend or get_backend("address").start(address=address, security=security)
     if record is not None:  # the cluster's own name and dashboard, as the registry has them
         started.dashboard_link = started.dashboard_link or record.dashboard_link
-    name = name or _unique_name("remote")
-    client = connect_client(started, name)
-    detach_when_lost(client, name, address, target if record is not None else address)
-    handle = ClusterHandle(name, "address", started, client)
-    handle.attached_record = record
-    if record is not None:  # the panel follows this kernel's notebook to the cluster from now on
-        registry.write_attachment(record.name, record.address)
-    return _adopt(handle, attached=True)
+    reserved, name = name is None, name or _unique_name("remote")  # a picked name is reserved till its record
+    try:
+        client = connect_client(started, name)
+        detach_when_lost(client, name, address, target if record is not None else address)
+        handle = ClusterHandle(name, "address", started, client)
+        handle.attached_record = record
+        if record is not None:  # the panel follows this kernel's notebook to the cluster from now on
+            registry.write_attachment(record.name, record.address)
+        return _adopt(handle, attached=True)
+    finally:
+        if reserved:  # its record is written now (or the connection failed)
+            registry.release(name)
 
 
 def _attach_by_name(target: str, record: registry.ClusterRecord | None) -> StartedCluster | None:

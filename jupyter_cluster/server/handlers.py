@@ -48,6 +48,7 @@ from jupyter_server.utils import url_path_join
 from .. import config
 from ..backends import available
 from ..errors import ClusterError
+from ..wire import envelopes as env
 from ..wire import requests as req
 from ..wire.models import kernel_id_or_none
 from . import dashboard, detached
@@ -186,6 +187,7 @@ FILTERS = req.Fields(
 
 
 #: the events socket's messages from the panel: the fields each takes (their values are checked where read)
+#: (wire/envelopes.py's WatchMessage and IntervalMessage: tests/wire/test_envelopes.py checks they agree)
 SOCKET_MESSAGES = {
     "watch": req.Fields("a watch message", {"type": str, "cluster": lambda v: v, "topics": lambda v: v}),
     "interval": req.Fields("an interval message", {"type": str, "ms": lambda v: v}),
@@ -339,7 +341,7 @@ class ConfigHandler(BaseHandler):
 class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
     """Pushes what changed, at most once per interval.
 
-    Messages from the server::
+    The envelopes are typed in :mod:`jupyter_cluster.wire.envelopes`.  Messages from the server::
 
         {"type": "clusters", "clusters": [...]}
         {"type": "jobs", "running": [...], "recent": [...]}
@@ -412,10 +414,10 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
             else:
                 raise ValueError(f"unknown message type {kind!r}")
         except RecursionError:
-            self._send({"type": "error", "message": "bad message: JSON nested too deeply."})
+            self._send(env.error_message("bad message: JSON nested too deeply."))
             return
         except (ValueError, KeyError, TypeError, ClusterError) as exc:
-            self._send({"type": "error", "message": f"bad message: {exc}"})
+            self._send(env.error_message(f"bad message: {exc}"))
             return
         self.wake.set()
 
@@ -424,7 +426,7 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
         if task is not None:
             task.cancel()
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: env.ServerMessage) -> None:
         self.write_message(json.dumps(msg))
 
     async def _pump(self) -> None:
@@ -451,20 +453,20 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
         if self.run_states is not None:
             for run_id, rec in runs.items():
                 if run_id not in self.run_states:
-                    self._send({"type": "run", "event": "added", "run": rec})
+                    self._send(env.run_message("added", rec))
                 elif self.run_states[run_id] == "running" and rec.get("state") != "running":
-                    self._send({"type": "run", "event": "finished", "run": rec})
+                    self._send(env.run_message("finished", rec))
         self.run_states = states
 
     async def _push(self) -> None:
         m = self.manager
         if self.sent.get("clusters") != m.version:
             self.sent["clusters"] = m.version
-            self._send({"type": "clusters", "clusters": m.clusters()})
+            self._send(env.clusters_message(m.clusters()))
         jv = m.jobs_version()
         if self.sent.get("jobs") != jv:
             self.sent["jobs"] = jv
-            self._send({"type": "jobs", **m.jobs()})
+            self._send(env.jobs_message(m.jobs()))
             self._push_runs()
         name = self.cluster
         if not name or name not in m.connections:
@@ -483,23 +485,23 @@ class EventsSocket(JupyterHandler, tornado.websocket.WebSocketHandler):
                 # the full list once per watch; then only what changed noticeably (nothing while idle)
                 self.sent["cluster"] = name
                 self.feed = WorkerFeed()
-                self._send({"type": "cluster", "name": name, "model": self.feed.full(model)})
+                self._send(env.cluster_message(name, self.feed.full(model)))
             else:
                 diff = self.feed.diff(model)
                 if diff is not None:
-                    self._send({"type": "workers", "name": name, **diff})
+                    self._send(env.workers_message(name, diff))
         topics = m.topics(name)
         key = [(t["topic"], t["version"]) for t in topics]
         if key != self.sent.get("topics"):
             self.sent["topics"] = key
-            self._send({"type": "topics", "cluster": name, "topics": topics})
+            self._send(env.topics_message(name, topics))
         for topic in self.topics:
             version = m.topic_version(name, topic)
             if version is None or self.versions.get(topic) == version:
                 continue
             data = m.metrics(name, topic)
             self.versions[topic] = data["version"]
-            self._send({"type": "metrics", "cluster": name, "topic": topic, "data": data})
+            self._send(env.metrics_message(name, topic, data))
 
 
 def setup_handlers(web_app: Any, manager: ClusterManager) -> None:

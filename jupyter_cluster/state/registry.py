@@ -289,6 +289,107 @@ def live_records(cleanup: bool = True) -> list[ClusterRecord]:
     return records
 
 
+# -- reservations: a name taken from the moment a process picks it -----------------------------
+RESERVED = ".reserved"
+
+
+def _reservation_path(name: str) -> str:
+    return _record_path(name)[: -len(".json")] + RESERVED
+
+
+def _reservation_owner_alive(path: str) -> bool:
+    """Whether the process that wrote the reservation at ``path`` still runs (a half-written one counts as alive)."""
+    try:
+        st = os.lstat(path)
+        with open(path) as f:
+            data = json.load(f)
+        pid, started = int(data["pid"]), float(data["started"])
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, KeyError, TypeError):
+        # being written this instant (created empty, then filled), or not ours: never taken over
+        # unless it is older than any start's first write
+        try:
+            return time.time() - os.lstat(path).st_mtime < 10
+        except OSError:
+            return False
+    if st.st_uid != os.getuid():
+        return True  # another user's file: not ours to judge, the name stays taken
+    return _process_start_time(pid) == started != 0.0
+
+
+def reserve(name: str) -> None:
+    """Take the name ``name`` for a cluster this process is about to start, or refuse it.
+
+    The check and the claim are one step: ``<name>.reserved`` is created with
+    ``O_CREAT | O_EXCL``, so of two processes (or threads) starting a cluster of
+    the same name at the same moment exactly one gets it.  The reservation
+    names its process; one left by a process that died is taken over.  It is
+    kept until the cluster's record is written (or the start failed), then
+    :func:`release` removes it.
+
+    Raises
+    ------
+    ClusterError
+        When a live cluster has that name or another process is starting one.
+    """
+    path = _reservation_path(name)
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except FileExistsError:
+            if _reservation_owner_alive(path):
+                raise ClusterError(
+                    f"a cluster named {name!r} is being started by another process; choose another --name "
+                    f"or attach with %cluster connect {name} once it runs."
+                ) from None
+            try:
+                os.remove(path)  # its process died before it released the name
+            except FileNotFoundError:
+                pass
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump({"pid": os.getpid(), "started": _process_start_time(os.getpid())}, f)
+        # A process that reserved the name before us may have written its record and released it since.
+        if read(name) is not None:
+            release(name)
+            raise ClusterError(
+                f"a cluster named {name!r} already exists; choose another --name or attach with %cluster connect {name}."
+            )
+        return
+    raise ClusterError(f"the name {name!r} could not be reserved in {registry_dir()}; choose another --name.")
+
+
+def release(name: str) -> None:
+    """Give back the reservation of ``name`` made by this process (:func:`reserve`); none left is no error."""
+    path = _reservation_path(name)
+    try:
+        with open(path) as f:
+            pid = json.load(f).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return
+    if pid == os.getpid():
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
+
+def reserved_names() -> set[str]:
+    """Names that a live process has reserved for a cluster it is starting."""
+    try:
+        entries = os.listdir(registry_dir())
+    except OSError:
+        return set()
+    names = set()
+    for entry in entries:
+        if entry.endswith(RESERVED) and not entry.startswith("."):
+            name = entry[: -len(RESERVED)]
+            if valid_name(name) and _reservation_owner_alive(os.path.join(registry_dir(), entry)):
+                names.add(name)
+    return names
+
+
 # -- attachments: a process that uses a registered cluster it did not start ------------------
 ATTACHED = ".attached"
 

@@ -89,9 +89,26 @@ def fmt_num(v: float | None) -> str:
     return f"{float(f'{v:.4g}'):g}"
 
 
+#: a number in a key: an optional sign (after no letter, digit, ``_`` or ``.``), digits, decimals, exponent
+_NUMBER_IN_KEY = re.compile(r"(?<![A-Za-z0-9_.])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
 def natural_key(s: str) -> list[Any]:
-    """Sort key for series and metric names: digit runs as numbers (``trial=2`` before ``trial=10``), case ignored."""
-    return [(0, int(p), "") if p.isdecimal() else (1, 0, p.lower()) for p in re.split(r"(\d+)", s) if p]
+    """Sort key for series keys, configs and names: numbers by value, text case-insensitively.
+
+    Decimals and exponents are numbers too (``lr=0.001 < lr=0.003 < lr=0.01 < lr=1e-1``,
+    ``trial=2 < trial=10``).  The same rule as ``labextension/src/charts/data.ts`` ``naturalCompare()``.
+    """
+    out: list[Any] = []
+    last = 0
+    for m in _NUMBER_IN_KEY.finditer(s):
+        if m.start() > last:
+            out.append((1, 0.0, s[last : m.start()].lower()))
+        out.append((0, float(m.group()), ""))
+        last = m.end()
+    if last < len(s):
+        out.append((1, 0.0, s[last:].lower()))
+    return out
 
 
 def _color_order(s: str) -> tuple[list[Any], str]:

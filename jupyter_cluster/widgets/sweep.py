@@ -82,7 +82,7 @@ def series_of(row: Mapping[str, Any], keys: Iterable[str]) -> str | None:
 
     Its key is the row's item key, or its identity fields all equal config values of the row.
     """
-    keys = sorted(keys)
+    keys = sorted(keys, key=lambda k: (natural_key(k), k))
     if row.get("key") and row["key"] in keys:
         return str(row["key"])
     config = row.get("config") or {}

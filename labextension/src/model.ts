@@ -7,7 +7,7 @@
  * summary, IJob is one message of the `jupyter-cluster:jobs` topic.
  */
 import type { IMetricsModel } from './charts/charts';
-import { withoutSeries } from './charts/data';
+import { naturalCompare, withoutSeries } from './charts/data';
 import { IWorkersDiff, applyWorkersDiff } from './panel/workers';
 
 export type Owner = 'kernel' | 'panel' | 'process' | string;
@@ -506,7 +506,7 @@ export function seriesKeys(model: IMetricsModel): string[] {
   for (const bySeries of Object.values(model.vectors)) {
     Object.keys(bySeries).forEach(k => keys.add(k));
   }
-  return [...keys].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+  return [...keys].sort(naturalCompare);
 }
 
 /** The model without the hidden series (values left with no series are dropped). */

@@ -21,6 +21,7 @@ import requests
 
 from ..conftest import wait_for
 from ..jupyter_process import JupyterProcess
+from ..wire.test_envelopes import check_envelope
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -796,6 +797,10 @@ def test_websocket_pushes_clusters_workers_and_metrics(server, api, panel_cluste
         assert pushed["cluster"] == "panel-t"
         ws.send(json.dumps({"type": "nonsense"}))
         assert "unknown message type" in receive_until("error")["message"]
+        # every envelope the server pushed has exactly the fields of its type (wire/envelopes.py)
+        assert {"clusters", "jobs", "cluster", "topics", "metrics", "error"} <= set(seen), sorted(seen)
+        for msg in seen.values():
+            check_envelope(msg)
     finally:
         ws.close()
 

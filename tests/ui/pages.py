@@ -61,6 +61,9 @@ def lab_page(
     ``last_shot`` (the state a failure left) and the context closed.
     """
     context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
+    watcher = getattr(context, "_jc_page_errors", None)  # tests/ui/conftest.py's page_errors fixture
+    if watcher is not None:
+        watcher.expect(*expected_errors)
     page = context.new_page()
     console_errors: list[str] = []
     page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)

@@ -205,7 +205,8 @@ EVENTS_PATH = "/jupyter-cluster/api/events"
 def test_sweep_tabs_share_the_panels_events_socket(lab, browser):
     # runs the server has not heard of: their tabs open and wait for the server's "run" message
     runs = ["ui-no-such-run-1", "ui-no-such-run-2"]
-    with lab_page(browser, lab, "lab") as page:
+    # their first reads are 404s (Chromium logs each): the tabs then wait for the socket
+    with lab_page(browser, lab, "lab", expected_errors=("/api/runs/ui-no-such-run-",)) as page:
         sockets = []
         page.on("websocket", lambda ws: sockets.append(ws) if EVENTS_PATH in ws.url else None)
         page.reload(timeout=90_000)  # every socket the page opens, from its start, is seen

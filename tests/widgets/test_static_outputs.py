@@ -382,3 +382,15 @@ def test_a_heatmap_names_its_entries_axis_and_titles_its_colour_bar():
     assert bar == ["histogram"]  # the colour bar's title
     texts = [t.text for t in ET.fromstring(sr.heatmap_svg("tokens_per_expert", "all", vs, 0.0, 1.0)).iter(f"{SVG}text")]
     assert "expert" in texts and "tokens_per…" in texts
+
+
+def test_keys_with_decimals_sort_by_value_in_legends_and_colour_slots():
+    # lr=0.01 came before lr=0.003 (digit runs "01" < "003"); the same cases are checked by charts-glance.spec.ts
+    with open(os.path.join(ROOT, "labextension/src/__tests__/fixtures/colours.json"), encoding="utf-8") as f:
+        fx = json.load(f)
+    for case in fx["natural"]["cases"]:
+        assert sorted(case["keys"], key=sr.natural_key) == case["sorted"]
+    colours = sr.assign_colors(["lr=0.01", "lr=0.003", "lr=0.001"])
+    assert [colours[k] for k in ("lr=0.001", "lr=0.003", "lr=0.01")] == sr.PALETTE[:3]
+    keys = ["lr=0.01", "lr=0.003"]
+    assert sweep.topic_series({"scalars": {"loss": {k: [] for k in keys}}}) == ["lr=0.003", "lr=0.01"]

@@ -23,8 +23,11 @@ from jupyter_cluster import mapping
 from jupyter_cluster.engine import direct as engine_dask
 from jupyter_cluster.errors import ClusterError
 from jupyter_cluster.server.jobs import JobsStore
+from jupyter_cluster.server.workers import WorkerFeed
 from jupyter_cluster.state import registry
 from jupyter_cluster.telemetry import TopicStore
+from jupyter_cluster.tracking.table import group_runs
+from jupyter_cluster.wire import envelopes as env
 from jupyter_cluster.wire import models
 
 from ..conftest import ROOT, wait_for
@@ -107,9 +110,11 @@ def payloads() -> dict:
         # a second notebook attached to it (its own record, hidden from the list)
         ["9d3e7b21-0000-4000-8000-000000000002"],
     )
+    detail = models.cluster_detail(model, summary)
     return {
+        "envelopes": envelope_payloads(summary, detail, jobs, topic),
         "clusterSummary": summary,
-        "clusterModel": models.cluster_detail(model, summary),
+        "clusterModel": detail,
         "job": job,
         "jobs": jobs.snapshot(),
         "topics": [models.topic_summary(topic)],
@@ -119,6 +124,36 @@ def payloads() -> dict:
         "counts": {text: _accepted(lambda n: models.validate_count(n, "workers"), int(text)) for text in COUNTS},
         "maxWorkers": models.MAX_WORKERS,
     }
+
+
+def envelope_payloads(summary, detail, jobs: JobsStore, topic: TopicStore) -> dict:
+    """One events-socket envelope of each type, as the server builds them (wire/envelopes.py), and the panel's two."""
+    feed = WorkerFeed()
+    feed.full(detail)
+    # a worker changed, one gone and the totals changed: a diff with every field, summary included
+    later = {**detail, "workers": [{**detail["workers"][0], "memory": 900_000_000}], "n_workers": 1}
+    diff = feed.diff(later)
+    snapshot = jobs.snapshot()
+    # a finished job: a running one's duration counts to now
+    run = {
+        **next(iter(group_runs(jobs.snapshot()["recent"]).values())),
+        "cluster": "demo",
+        "history": None,
+        "metrics": ["reward"],
+    }
+    run.pop("items", None)
+    server = [
+        env.clusters_message([summary]),
+        env.jobs_message({**snapshot, "history": []}),
+        env.cluster_message("demo", detail),
+        env.workers_message("demo", diff),
+        env.topics_message("demo", [models.topic_summary(topic)]),
+        env.metrics_message("demo", "es", topic.model()),
+        env.run_message("added", run),
+        env.error_message("bad message: unknown message type 'nope'"),
+    ]
+    client = [env.watch_message("demo", ["es"]), env.interval_message(1000)]
+    return {"server": {m["type"]: m for m in server}, "client": {m["type"]: m for m in client}}
 
 
 NAMES = ["a", "a-1.b_c", "x" * 63, "x" * 64, "-a", ".a", "a b", "a/b", "ä", ""]

@@ -17,6 +17,7 @@ import {
   distinctEnough,
   hashKey
 } from '../charts/colors';
+import { naturalCompare } from '../charts/data';
 import type { IMetricsModel, Point } from '../charts/data';
 import { niceRange, niceStep, roundTickIndices, heatmapOption } from '../charts/heatmaps';
 import {
@@ -398,5 +399,28 @@ describe('heatmaps: round ticks, one colour bar per scale', () => {
     };
     expect(long.visualMap[0].text[0]).toBe('tokens_per…');
     expect(long.yAxis[0].name).toBe('expert');
+  });
+});
+
+describe('natural order of keys with decimals', () => {
+  // lr=0.01 sorted before lr=0.003 (digit runs "01" < "003"): legends and colour slots by string
+  const fx = JSON.parse(readFileSync(join(__dirname, 'fixtures/colours.json'), 'utf8')) as {
+    natural: { cases: { keys: string[]; sorted: string[] }[] };
+  };
+
+  it('orders numbers by value, decimals and exponents included (the cases static_render.py checks too)', () => {
+    expect(fx.natural.cases.length).toBeGreaterThan(3);
+    for (const c of fx.natural.cases) {
+      expect([...c.keys].sort(naturalCompare)).toEqual(c.sorted);
+      expect([...c.keys].reverse().sort(naturalCompare)).toEqual(c.sorted);
+    }
+    expect(naturalCompare('lr=0.1', 'lr=0.10')).toBe(0);
+  });
+
+  it('gives colour slots and legend entries in that order', () => {
+    const colors = assignColors(['lr=0.01', 'lr=0.003', 'lr=0.001']);
+    expect(['lr=0.001', 'lr=0.003', 'lr=0.01'].map(k => colors.get(k))).toEqual(LIGHT_PALETTE.slice(0, 3));
+    const chart = lineChart('loss', { 'lr=0.01': line(1), 'lr=0.003': line(2), 'lr=1e-4': line(3) });
+    expect(chart.keys).toEqual(['lr=1e-4', 'lr=0.003', 'lr=0.01']);
   });
 });

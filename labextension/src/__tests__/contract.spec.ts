@@ -10,6 +10,8 @@ import type { IMetricsModel } from '../charts/charts';
 import {
   IClusterModel,
   IClusterSummary,
+  ServerMessage,
+  watchMessage,
   IJob,
   IJobs,
   ITopicSummary,
@@ -26,6 +28,7 @@ import {
   clusterOfKernel
 } from '../model';
 import { onAxis } from '../charts/data';
+import type { ClientMessage } from '../panel/events';
 import wire from './fixtures/wire.json';
 
 const summary: IClusterSummary = wire.clusterSummary;
@@ -37,6 +40,27 @@ const topics: ITopicSummary[] = wire.topics;
 // metrics model is checked by its field names here and by its use below.
 const metricsFields: Required<Record<keyof IMetricsModel, unknown>> = wire.metrics;
 const metrics = metricsFields as IMetricsModel;
+
+// The events socket's envelopes (jupyter_cluster/wire/envelopes.py), one of each type: every field
+// model.ts's ServerMessage (and panel/events.ts's ClientMessage) names must be in the server's
+// envelope of that type, and every type on one side must exist on the other (the Jest test below).
+// JSON types a string field as string, not as its literal, so the fields are checked by name.
+type Fields<T> = Required<Record<keyof T, unknown>>;
+type ByType<M extends { type: string }> = { [K in M['type']]: Fields<Extract<M, { type: K }>> };
+const serverEnvelopes: ByType<ServerMessage> = wire.envelopes.server;
+const clientEnvelopes: ByType<ClientMessage> = wire.envelopes.client;
+// each type the panel handles, exactly (tsc refuses a type missing here or one model.ts has not)
+const SERVER_TYPES: Record<ServerMessage['type'], true> = {
+  clusters: true,
+  jobs: true,
+  cluster: true,
+  workers: true,
+  topics: true,
+  metrics: true,
+  run: true,
+  error: true
+};
+const CLIENT_TYPES: Record<ClientMessage['type'], true> = { watch: true, interval: true };
 
 describe('the Python builders and model.ts agree', () => {
   it('a cluster list, its detail view and its workers go through the reducer', () => {
@@ -100,5 +124,41 @@ describe('the Python builders and model.ts agree', () => {
     for (const [text, ok] of Object.entries(wire.counts)) {
       expect([text, 'value' in parseWorkers(text, 'workers', 0, wire.maxWorkers)]).toEqual([text, ok]);
     }
+  });
+
+  it('the events socket sends the envelope types the panel handles, and takes the two it sends', () => {
+    expect(Object.keys(wire.envelopes.server).sort()).toEqual(Object.keys(SERVER_TYPES).sort());
+    expect(Object.keys(wire.envelopes.client).sort()).toEqual(Object.keys(CLIENT_TYPES).sort());
+    for (const [type, msg] of Object.entries({ ...serverEnvelopes, ...clientEnvelopes })) {
+      expect(msg.type).toBe(type);
+    }
+    // what the panel sends has exactly the fields the server takes
+    const watch = watchMessage({ ...initialState(), selected: 'demo', topic: 'es' });
+    expect(Object.keys(watch).sort()).toEqual(Object.keys(wire.envelopes.client.watch).sort());
+    expect(watch).toEqual(wire.envelopes.client.watch);
+  });
+
+  it('each server envelope goes through the reducer as the panel reads it', () => {
+    const server = wire.envelopes.server as unknown as {
+      [K in ServerMessage['type']]: Extract<ServerMessage, { type: K }>;
+    };
+    let state = reduce(initialState(), server.clusters);
+    expect(state.selected).toBe('demo');
+    state = reduce(state, server.jobs);
+    expect(state.jobs.running.map(j => j.job)).toEqual(['job-1']);
+    expect(state.history).toEqual([]);
+    state = reduce(state, server.cluster);
+    expect(state.detail?.workers.map(w => w.name)).toEqual(['a', 'b']);
+    state = reduce(state, server.workers);
+    expect(state.detail?.workers.map(w => [w.name, w.memory])).toEqual([['a', 900_000_000]]);
+    expect(state.detail?.n_workers).toBe(1);
+    state = reduce(state, server.topics);
+    expect(state.topic).toBe('es');
+    state = reduce(state, server.metrics);
+    expect(state.metrics?.received).toBe(7);
+    expect(server.run.run.run).toBeTruthy();
+    expect(['added', 'finished']).toContain(server.run.event);
+    state = reduce(state, server.error);
+    expect(state.error).toContain("unknown message type 'nope'");
   });
 });

@@ -14,6 +14,11 @@ import { IWorkerSort, WorkerColumn, nextSort, sortWorkers, summarize, tasksText,
 export const ROW_HEIGHT = 22;
 /** rows in view before the list scrolls */
 const VIEW_ROWS = 10;
+/** the memory bar's least width beside its text, and the gap between them (base.css) */
+const MEMORY_BAR_MIN = 24 + 3;
+/** the grid's column gap and the row's padding, left and right (base.css) */
+const COLUMN_GAP = 4;
+const ROW_PADDING = 6;
 /** hosts listed in the summary */
 const HOSTS_SHOWN = 6;
 
@@ -145,6 +150,8 @@ export class WorkersView {
   private open = true;
   private batchFields: string[] = [];
   private frame = 0;
+  private fitFrame = 0;
+  private columns = '';
 
   constructor() {
     for (let i = 0; i < 10; i++) {
@@ -315,5 +322,49 @@ export class WorkersView {
     for (let i = start; i < end; i++) {
       this.rows[i - start].show(this.sorted[i], i * ROW_HEIGHT, this.batchFields);
     }
+    if (!this.fitFrame) {
+      this.fitFrame = requestAnimationFrame(() => {
+        this.fitFrame = 0;
+        this.fitColumns();
+      });
+    }
+  }
+
+  /**
+   * Each column as wide as its widest text in the header and the drawn rows
+   * (the memory column at least that, taking what is left); the list scrolls
+   * sideways when the sidebar is narrower.  One layout read per frame, one
+   * write when the widths changed.
+   */
+  private fitColumns(): void {
+    if (!this.open || !this.workers || !this.listNode.isConnected) {
+      return;
+    }
+    const widths: number[] = [];
+    const range = document.createRange();
+    for (const line of [this.header, ...this.rows.map(r => r.node)]) {
+      Array.from(line.children).forEach((cell, i) => {
+        const memory = cell.classList.contains('jc-memory');
+        const text = memory ? cell.querySelector('.jc-bar-text') : cell;
+        if (!text) {
+          return;
+        }
+        range.selectNodeContents(text);
+        const w = Math.ceil(range.getBoundingClientRect().width) + 1 + (memory ? MEMORY_BAR_MIN : 0);
+        widths[i] = Math.max(widths[i] ?? 0, w);
+      });
+    }
+    if (!widths.length || widths.every(w => w <= 1)) {
+      return; // not laid out (a folded section, a hidden panel): measured when drawn again
+    }
+    const memory = COLUMNS.findIndex(([c]) => c === 'memory');
+    const template = widths.map((w, i) => (i === memory ? `minmax(${w}px, 1fr)` : `${w}px`)).join(' ');
+    if (template === this.columns) {
+      return;
+    }
+    this.columns = template;
+    const total = widths.reduce((a, b) => a + b, 0) + COLUMN_GAP * (widths.length - 1) + ROW_PADDING;
+    this.listNode.style.setProperty('--jc-worker-columns', template);
+    this.listNode.style.setProperty('--jc-worker-width', `${total}px`);
   }
 }

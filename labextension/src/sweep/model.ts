@@ -506,7 +506,7 @@ function keyText(v: unknown): string {
  * The same rule as jupyter_cluster/widgets/sweep.py's series_of().
  */
 export function seriesOfRow(row: ITableRow, keys: string[]): string | null {
-  const sorted = [...keys].sort();
+  const sorted = [...keys].sort((a, b) => naturalCompare(a, b) || (a < b ? -1 : a > b ? 1 : 0));
   if (row.key && sorted.includes(row.key)) {
     return row.key;
   }
