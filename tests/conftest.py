@@ -33,6 +33,9 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "browser" in getattr(item, "fixturenames", ()):  # a test that drives Chromium is a browser test
+            item.add_marker(pytest.mark.browser)
     if config.getoption("--run-all"):
         return
     skipped = {m for m in OPT_IN if not config.getoption(f"--run-{m}")}
