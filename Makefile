@@ -7,7 +7,8 @@
 #   make lab LAB_ARGS="--port 9999"  options for `jupyter lab` (--allow-root is added when run as root)
 #   make test                        `make lint`, then the fast layers of the test suite (unit and real-cluster
 #                                    tests) in the development environment $(VENV) (extras test, examples,
-#                                    kubernetes); the slow, browser and netns tests are skipped (opt-in)
+#                                    kubernetes); the slow, browser and netns tests are skipped (opt-in); two
+#                                    pytest-xdist processes (TEST_WORKERS=2; TEST_WORKERS=0 for one)
 #   make test-all                    `make lint`, then every test, the slow, browser (Chromium) and netns (root)
 #                                    ones included: what .ci/run runs
 #   make lint                        ruff (lint + format check) on the Python, mypy on the package, import-linter's
@@ -92,13 +93,21 @@ lint: $(CORE) $(VENV)/.extra-test $(LABEXT)
 	$(PY) .ci/module_sizes.py
 	$(JLPM) lint
 
-# lint first: CI (.ci/run) runs `make as-installed`, then `make test-all`.  The slowest tests' times are
-# printed at the end (--durations), so a run says where its minutes went.
+# lint first: CI (.ci/run) runs `make setup`, then `make as-installed` beside `make test-all`.  The slowest
+# tests' times are printed at the end (--durations), so a run says where its minutes went.
+# Tests run in $(TEST_WORKERS) pytest-xdist processes: most of a test's time is spent waiting for the
+# clusters, kernels, servers and browsers it starts, so two at a time on two cores cut the wall time
+# (README).  --dist loadfile keeps a module's tests in one process, in order: a module-scoped cluster,
+# server or browser is started once, and the tests of one module (one test SLURM, one set of netns
+# hosts) never run beside each other.  Tests of different modules must tolerate each other, as they
+# tolerate other test sessions on the machine.  TEST_WORKERS=0: one process, as before.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
 test: lint $(CORE) $(call extra_stamps,$(VENV),$(TEST_EXTRAS)) $(LABEXT)
-	$(PY) -m pytest -ra --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -ra --durations=15 $(XDIST) $(PYTEST_ARGS)
 
 test-all: lint $(CORE) $(call extra_stamps,$(VENV),$(TEST_EXTRAS)) $(LABEXT)
-	$(PY) -m pytest -ra --durations=25 --run-all $(PYTEST_ARGS)
+	$(PY) -m pytest -ra --durations=25 --run-all $(XDIST) $(PYTEST_ARGS)
 
 # The product as users get it: the release builds, installed from the wheel without Node.js, driven
 # through real kernels by nbclient from $(VENV).

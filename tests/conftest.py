@@ -33,6 +33,9 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "browser" in getattr(item, "fixturenames", ()):  # a test that drives Chromium is a browser test
+            item.add_marker(pytest.mark.browser)
     if config.getoption("--run-all"):
         return
     skipped = {m for m in OPT_IN if not config.getoption(f"--run-{m}")}
@@ -82,11 +85,20 @@ def ip():
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A real 2-worker local cluster (processes), current for the module's tests."""
+def cluster(request):
+    """A real 2-worker local cluster (processes), current for the module's tests.
+
+    A module marked ``cluster_config(settings)`` starts it under those Dask settings (the fault tests'
+    ``distributed.scheduler.allowed-failures: 1``, so that a poison pill costs few worker restarts).
+    """
+    import dask
+    import distributed  # noqa: F401  (its config defaults must exist before dask.config.set)
+
     import jupyter_cluster as jc
 
-    handle = jc.start(workers=2, threads=1)
+    mark = request.node.get_closest_marker("cluster_config")
+    with dask.config.set(mark.args[0] if mark else {}):
+        handle = jc.start(workers=2, threads=1)
     yield handle
     if not handle.closed:
         handle.close()

@@ -247,6 +247,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow  # ~50 s on a quiet 2-core machine: torch ranks probed by a second OS user
 def test_another_os_user_cannot_use_the_spmd_rendezvous(tmp_path):
     """Issue 25.6: while an %%spmd cell runs, nothing the ranks' workers listen on lets the user
     ``nobody`` read the rendezvous keys (the gloo peers' addresses) or write keys the ranks trust, and

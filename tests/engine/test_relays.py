@@ -20,7 +20,6 @@ import dask
 import distributed  # noqa: F401  (its config defaults must exist before dask.config.set below)
 import pytest
 
-import jupyter_cluster as jc
 from jupyter_cluster import mapping
 from jupyter_cluster.engine import cluster as engine_cluster
 from jupyter_cluster.engine import direct as engine_direct
@@ -37,13 +36,8 @@ def where(x):
     return (x, os.getpid())
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
-        handle = jc.start(workers=2, threads=1)
-    yield handle
-    if not handle.closed:
-        handle.close()
+# the module's cluster (tests/conftest.py): Dask gives up on a task after 2 worker deaths instead of 4
+pytestmark = pytest.mark.cluster_config({"distributed.scheduler.allowed-failures": 1})
 
 
 @pytest.fixture

@@ -198,5 +198,11 @@ def test_stop_button_during_cluster_start_leaves_nothing_running(kernel):
 
 
 def _registered(kc, name: str) -> bool:
-    out = _execute(kc, f"print('HELD', {name!r} in [h.name for h in jc.cluster.session.handles()])")
+    # imported here: an interrupt that landed in `%cluster start`'s own import of the session module left
+    # no `jc.cluster.session` attribute behind (seen under load), and nothing registered either
+    out = _execute(
+        kc,
+        "from jupyter_cluster.cluster import session as _session\n"
+        f"print('HELD', {name!r} in [h.name for h in _session.handles()])",
+    )
     return "HELD True" in out

@@ -98,7 +98,14 @@ def test_as_installed_check_runs_from_ci(tmp_path):
     assert lines[-1].rstrip() == f"{tmp_path}/dev/bin/python .ci/as_installed.py --workdir {tmp_path}/ai", lines
     with open(os.path.join(ROOT, ".ci/run")) as f:
         ci = [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
-    assert ci.index("make as-installed") < ci.index("make test-all") == len(ci) - 1, ci  # pytest's summary last
+    setup, as_installed, test_all = (
+        next(i for i, ln in enumerate(ci) if ln.startswith(f"make {goal}"))
+        for goal in ("setup", "as-installed", "test-all")
+    )
+    # the environment first, then the as-installed check in the background beside every test ...
+    assert setup < as_installed < test_all and ci[as_installed].endswith("&"), ci
+    # ... and pytest's closing line printed again last, after the check's output
+    assert "pytest's closing line" in ci[-3] and ci[-2].startswith("grep") and "test-all.log" in ci[-2], ci
 
 
 @pytest.mark.parametrize("target", ["test", "test-all"])

@@ -15,8 +15,6 @@ import subprocess
 import sys
 import time
 
-import dask
-import distributed  # noqa: F401  (its config defaults must exist before dask.config.set below)
 import pytest
 
 import jupyter_cluster as jc
@@ -39,13 +37,8 @@ def poison(x):
     return x
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
-        handle = jc.start(workers=2, threads=1)
-    yield handle
-    if not handle.closed:
-        handle.close()
+# the module's cluster (tests/conftest.py): Dask gives up on a task after 2 worker deaths instead of 4
+pytestmark = pytest.mark.cluster_config({"distributed.scheduler.allowed-failures": 1})
 
 
 def worker_pids(client) -> dict[str, int]:
