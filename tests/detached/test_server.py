@@ -80,9 +80,14 @@ def test_rest_lists_detached_jobs_and_kept_clusters_across_a_server_restart(tmp_
         assert run["cell"]["first_line"].startswith("%%parallel x in range(12) --detach srv-job"), run
         assert run["name"].startswith("sweeps.ipynb · In ["), run
         assert [r["run"] for r in _get(server, "runs?notebook=sweeps.ipynb")["runs"]] == [run["run"]]
+
         # and jc.runs() in a kernel of that notebook lists it (a plain map over range(): one row), with its reports
-        table = jc.runs()
-        [row] = table[table["run"] == run["run"]].to_dict("records")
+        def runs_row() -> dict | None:  # its reports reach this kernel's topic store a little after the server's
+            table = jc.runs()
+            rows = table[table["run"] == run["run"]].to_dict("records")
+            return rows[0] if rows and "score.best" in rows[0] else None
+
+        row = wait_for(runs_row, 30, interval=0.5, message="the run's row in jc.runs(), with its reports")
         assert row["state"] == "finished" and row["notebook"] == str(tmp_path / "sweeps.ipynb"), row
         assert row["cell"] == run["cell"]["execution_count"] and row["score.best"] == 11.0, row
         curves = _get(server, f"runs/{run['run']}/curves")
