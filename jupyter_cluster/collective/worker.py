@@ -53,7 +53,6 @@ class _RankState:
         self.backend: str | None = None
         self.timeout: float | None = None
         self.namespace: dict[str, Any] = {"__name__": "__main__"}
-        self.ifnames: dict[str, str] = {}  # GLOO_/NCCL_SOCKET_IFNAME values this module set (not the user's)
         # The process group's store.  torch keeps only its C++ half: once the Python object is freed, every later
         # call (dist.new_group in a cell, say) fails with "Not implemented", so it is held here while the group lives.
         self.store: Any = None
@@ -255,6 +254,10 @@ def _interface_of(host: str) -> str | None:
     return None
 
 
+#: prefix of the variables that say which GLOO_/NCCL_SOCKET_IFNAME value this module set
+IFNAME_MARK = "JUPYTER_CLUSTER_SET_"
+
+
 def _bind_to_worker_interface(host: str) -> None:
     """Make gloo and nccl listen on the worker's own interface (loopback on a local cluster).
 
@@ -266,5 +269,8 @@ def _bind_to_worker_interface(host: str) -> None:
     if ifname is None:
         return
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        if var not in os.environ or os.environ[var] == _STATE.ifnames.get(var):
-            os.environ[var] = _STATE.ifnames[var] = ifname
+        # The mark travels with the value: a process that inherits both (a batch job submitted by a kernel
+        # whose in-process ranks bound to loopback) knows the value is ours, not the user's, and rebinds.
+        mark = IFNAME_MARK + var
+        if var not in os.environ or os.environ[var] == os.environ.get(mark):
+            os.environ[var] = os.environ[mark] = ifname

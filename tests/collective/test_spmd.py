@@ -285,10 +285,34 @@ def test_gloo_and_nccl_listen_on_the_workers_interface_unless_the_user_chose(mon
     assert spmd_worker._interface_of("192.0.2.1") is None  # TEST-NET-1: no interface has it, nothing is set
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "users-choice")
-    monkeypatch.setattr(spmd_worker._STATE, "ifnames", {})
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(spmd_worker.IFNAME_MARK + var, raising=False)
     spmd_worker._bind_to_worker_interface("127.0.0.1")
     assert os.environ["GLOO_SOCKET_IFNAME"] == loopback
     assert os.environ["NCCL_SOCKET_IFNAME"] == "users-choice"
+
+
+def test_an_inherited_interface_this_package_chose_is_rebound_in_a_new_process(monkeypatch):
+    """A kernel whose in-process ranks bound gloo to loopback passes GLOO_SOCKET_IFNAME=lo on to the batch
+    jobs it submits (sbatch exports the environment); a rank there must bind to its own interface, not
+    keep loopback as if the user had chosen it (gloo's peers were refused on the test SLURM's nodes)."""
+    import subprocess
+    import sys
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv(spmd_worker.IFNAME_MARK + "GLOO_SOCKET_IFNAME", raising=False)
+    spmd_worker._bind_to_worker_interface("127.0.0.1")  # as in-process ranks do in the kernel
+    inherited = {k: v for k, v in os.environ.items() if "SOCKET_IFNAME" in k}
+    child = (
+        "import os, jupyter_cluster.collective.worker as w\n"
+        "w._interface_of = lambda host: 'eth-of-the-node'\n"  # a node whose worker listens elsewhere
+        "w._bind_to_worker_interface('10.0.0.5')\n"
+        "print(os.environ['GLOO_SOCKET_IFNAME'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child], env={**os.environ, **inherited}, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip() == "eth-of-the-node", (out.stdout, out.stderr)
 
 
 def test_report_inside_gives_a_series_per_rank(shell, cluster):
