@@ -39,8 +39,9 @@ logger = logging.getLogger(__name__)
 #: the entry-point group backends are registered under (``[project.entry-points."jupyter_cluster.backends"]``)
 GROUP = "jupyter_cluster.backends"
 
-#: this package's own entry points, as ``pyproject.toml`` registers them: used only where the installed
-#: metadata has none of them (a development install made before the group existed); a test keeps the two equal
+#: this package's own entry points, as ``pyproject.toml`` registers them, in the order they are listed: used
+#: where the installed metadata has none of them (a development install made before the group existed); a
+#: test keeps the two equal
 _SHIPPED = {
     "local": "jupyter_cluster.backends.local:LocalBackend",
     "address": "jupyter_cluster.backends.address:AddressBackend",
@@ -201,7 +202,10 @@ def _registered(path: tuple[str, ...]) -> dict[str, str]:
     found = {ep.name: ep.value for ep in entry_points(group=GROUP)}
     if not any(value.startswith("jupyter_cluster.") for value in found.values()):
         found.update(_SHIPPED)  # metadata older than the group: this package's own, as pyproject has them
-    shipped = {k: v for k, v in found.items() if v.startswith("jupyter_cluster.")}
+    # the installed metadata lists entry points by name; the built-ins keep pyproject's order (local first)
+    order = {name: i for i, name in enumerate(_SHIPPED)}
+    own = [k for k, v in found.items() if v.startswith("jupyter_cluster.")]
+    shipped = {k: found[k] for k in sorted(own, key=lambda k: (order.get(k, len(order)), k))}
     # another package's backend cannot replace a built-in one under its name
     return shipped | {k: found[k] for k in sorted(found) if k not in shipped}
 

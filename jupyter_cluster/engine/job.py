@@ -43,7 +43,7 @@ once.  A chunk that was running when more workers died than Dask's
 ("suspects", :mod:`.faults`); an item that again kills that many workers fails with
 :class:`~jupyter_cluster.errors.WorkerLostError` naming it.  A scheduler that
 goes away raises :class:`~jupyter_cluster.errors.ClusterError` within
-seconds; a slow one is waited for (:class:`.cluster.SchedulerWatch`).  ``KeyboardInterrupt`` while waiting cancels outstanding work
+seconds; a slow one is waited for (:class:`.scheduler_watch.SchedulerWatch`).  ``KeyboardInterrupt`` while waiting cancels outstanding work
 (workers stop between items) and keeps the results computed so far in the
 :class:`MapJob` (``job.results``), also reachable as :func:`last_job`.
 """

@@ -16,17 +16,16 @@ from typing import Any, Protocol
 from ..errors import ClusterError
 from .cluster import (
     Scattered,
-    SchedulerWatch,
     allowed_failures,
     cached_threads,
     client_of,
     client_running,
-    scheduler_lost_error,
     workers_now,
 )
 from .demand import adaptive
 from .dispatch import Dispatcher
 from .paths import MapSpec, open_dispatcher, task_dispatcher
+from .scheduler_watch import SchedulerWatch, scheduler_lost_error
 
 
 class ClusterPort(Protocol):
@@ -58,7 +57,7 @@ class ClusterPort(Protocol):
         ...
 
     def lost(self) -> bool:
-        """Whether the scheduler is gone for good (:class:`.cluster.SchedulerWatch`)."""
+        """Whether the scheduler is gone for good (:class:`.scheduler_watch.SchedulerWatch`)."""
         ...
 
     def lost_error(self, lost: str, redo: str) -> ClusterError:

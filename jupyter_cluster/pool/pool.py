@@ -31,16 +31,14 @@ import cloudpickle
 from .._core.context import in_kernel
 from ..cluster import session
 from ..engine.cluster import (
-    SchedulerWatch,
     cancel_futures,
     client_running,
     finished_values,
     run_on_every_worker,
-    scheduler_lost_error,
     submit_call,
     task_key,
-    translate_error,
 )
+from ..engine.scheduler_watch import SchedulerWatch, scheduler_lost_error, translate_error
 from ..engine.worker import stop_group
 from ..mapping import MapJob, imap  # the one front door of every map (MapJob: its type only)
 from .results import (

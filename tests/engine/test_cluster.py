@@ -20,6 +20,7 @@ from distributed import Client
 
 from jupyter_cluster import mapping
 from jupyter_cluster.engine import cluster as engine_cluster
+from jupyter_cluster.engine import scheduler_watch
 from jupyter_cluster.engine.worker import EnginePlugin
 from jupyter_cluster.errors import ClusterError
 
@@ -110,15 +111,15 @@ def test_a_scheduler_whose_process_is_gone_is_lost_after_the_grace(own_scheduler
     try:
         client.wait_for_workers(1, timeout=60)
         assert mapping.map(nap, [3], [0.0], client=client, progress=False) == [9]
-        watch = engine_cluster.SchedulerWatch(client)
-        assert engine_cluster.scheduler_accepts(address)
+        watch = scheduler_watch.SchedulerWatch(client)
+        assert scheduler_watch.scheduler_accepts(address)
         assert not watch.lost()
         sched.kill()
         sched.wait(timeout=30)
         killed = time.monotonic()
         wait_for(watch.lost, timeout=30, message="the watch to say the scheduler is lost")
         assert time.monotonic() - killed < 10
-        assert not engine_cluster.scheduler_accepts(address)
+        assert not scheduler_watch.scheduler_accepts(address)
         with pytest.raises(ClusterError, match="stopped answering"):
             mapping.map(nap, range(4), [0.0] * 4, client=client, progress=False)
     finally:
