@@ -9,17 +9,26 @@ sidebar draw (:meth:`TopicStore.model`).  The kernel keeps one store per topic
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 import threading
-from array import array
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from .. import config
 from ..wire.models import MetricsModel, VectorSeries, metrics_model
+from .series import (
+    TIME_POINTS,
+    Column,
+    Coverage,
+    VectorColumn,
+    downsample,
+    downsample_rows,
+    json_number,
+    restored_column,
+    thin,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,106 +46,6 @@ def series_key(series: dict[str, Any]) -> str:
     return ", ".join(f"{k}={series[k]}" for k in sorted(series))
 
 
-class _Coverage:
-    """Which sequence numbers of one producer have arrived (merged intervals)."""
-
-    __slots__ = ("intervals", "covered", "high")
-
-    def __init__(self) -> None:
-        self.intervals: list[tuple[int, int]] = []
-        self.covered = 0
-        self.high = 0
-
-    def claim(self, start: int, end: int) -> list[tuple[int, int]]:
-        """Mark ``[start, end)`` as arrived; return the parts that had not."""
-        new: list[tuple[int, int]] = []
-        cur = start
-        for a, b in self.intervals:
-            if b <= cur:
-                continue
-            if a >= end:
-                break
-            if a > cur:
-                new.append((cur, a))
-            cur = max(cur, b)
-            if cur >= end:
-                break
-        if cur < end:
-            new.append((cur, end))
-        if new:
-            merged: list[tuple[int, int]] = []
-            for a, b in sorted(self.intervals + [(start, end)]):
-                if merged and a <= merged[-1][1]:
-                    merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-                else:
-                    merged.append((a, b))
-            self.intervals = merged
-            self.covered += sum(b - a for a, b in new)
-        self.high = max(self.high, end)
-        return new
-
-
-class _Column:
-    """One scalar value of one series: steps and values, kept sorted by step."""
-
-    __slots__ = ("steps", "values", "count", "cut", "version", "cache")
-
-    def __init__(self) -> None:
-        self.steps = array("d")
-        self.values = array("d")
-        self.count = 0  # points ever added (x for reports without a step)
-        self.cut = 0  # points evicted from the start by the history cap
-        self.version = 0
-        self.cache: tuple | None = None
-
-    def add(self, step: float, value: float, limit: int) -> None:
-        if not self.steps or step >= self.steps[-1]:
-            self.steps.append(step)
-            self.values.append(value)
-        else:  # reports of one series from two workers may interleave
-            i = bisect.bisect_right(self.steps, step)
-            self.steps.insert(i, step)
-            self.values.insert(i, value)
-        self.count += 1
-        self.version += 1
-        if len(self.steps) > limit:
-            cut = max(1, limit // 10)  # a tenth at once: deleting from an array's start moves the rest
-            del self.steps[:cut]
-            del self.values[:cut]
-            self.cut += cut
-
-
-class _VectorColumn:
-    """One vector value of one series: a row per step."""
-
-    __slots__ = ("steps", "rows", "count", "cut", "version", "cache")
-
-    def __init__(self, limit: int) -> None:
-        self.steps: deque[float] = deque(maxlen=limit)
-        self.rows: deque[list[float]] = deque(maxlen=limit)
-        self.count = 0
-        self.cut = 0  # rows evicted from the start by the history cap
-        self.version = 0
-        self.cache: tuple | None = None
-
-    def add(self, step: float, row: list[float]) -> None:
-        if len(self.steps) == self.steps.maxlen:  # the deque drops its oldest row (also when sorting it in)
-            self.cut += 1
-        if self.steps and step < self.steps[-1]:
-            items = sorted(zip(list(self.steps) + [step], list(self.rows) + [row]), key=lambda p: p[0])
-            self.steps.clear()
-            self.rows.clear()
-            for s, r in items:
-                self.steps.append(s)
-                self.rows.append(r)
-        else:
-            self.steps.append(step)
-            self.rows.append(row)
-        self.count += 1
-        self.version += 1
-
-
-#: runs a topic keeps item summaries of (oldest dropped first), and items per run
 MAX_RUNS = 500
 MAX_RUN_ITEMS = 5000
 #: points of an item's curve per metric (thinned to every 2nd, 4th, ... point beyond), and in all per topic
@@ -207,8 +116,8 @@ class _ItemStats:
         best = {k: (self.low.get(k) if lower_is_better(k) else self.high.get(k)) for k in self.last}
         out = {
             "config": dict(self.config),
-            "final": {k: _json_number(v) for k, (_, v) in self.last.items()},
-            "best": {k: (None if b is None else _json_number(b)) for k, b in best.items()},
+            "final": {k: json_number(v) for k, (_, v) in self.last.items()},
+            "best": {k: (None if b is None else json_number(b)) for k, b in best.items()},
             "steps": self.steps,
         }
         if curves:
@@ -217,7 +126,7 @@ class _ItemStats:
 
     def curve_points(self) -> dict[str, list[list[float | None]]]:
         """Metric -> [step, value] points, by step."""
-        return {k: sorted([s, _json_number(v)] for s, v in zip(c[2], c[3])) for k, c in self.curves.items()}
+        return {k: sorted([s, json_number(v)] for s, v in zip(c[2], c[3])) for k, c in self.curves.items()}
 
     @classmethod
     def restore(cls, data: dict[str, Any]) -> _ItemStats:
@@ -246,89 +155,6 @@ def _run_tag(rec: dict) -> tuple[str, str] | None:
     return run, item if isinstance(item, str) and len(item) <= 256 else ""
 
 
-def _json_number(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
-def _downsample(steps: array, values: array, cap: int) -> list[list]:
-    """At most ~``cap`` points that keep each bucket's minimum and maximum (peaks survive)."""
-    n = len(steps)
-    if n <= cap:
-        return [[s, _json_number(v)] for s, v in zip(steps, values)]
-    buckets = max(1, cap // 2)
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy comes with pandas in practice
-        stride = -(-n // cap)
-        picks = list(range(0, n, stride))
-        if picks[-1] != n - 1:
-            picks.append(n - 1)
-        return [[steps[i], _json_number(values[i])] for i in picks]
-    s = np.frombuffer(steps, dtype=np.float64)
-    v = np.frombuffer(values, dtype=np.float64)
-    k = -(-n // buckets)
-    pad = buckets * k - n
-    lo = np.where(np.isnan(v), np.inf, v)
-    hi = np.where(np.isnan(v), -np.inf, v)
-    lo = np.concatenate([lo, np.full(pad, np.inf)]).reshape(buckets, k)
-    hi = np.concatenate([hi, np.full(pad, -np.inf)]).reshape(buckets, k)
-    base = np.arange(buckets) * k
-    idx = np.unique(np.concatenate([lo.argmin(axis=1) + base, hi.argmax(axis=1) + base, [n - 1]]))
-    idx = idx[idx < n]
-    return [[a, (b if math.isfinite(b) else None)] for a, b in zip(s[idx].tolist(), v[idx].tolist())]
-
-
-#: [step, time] pairs per series in a chart model (the time axes interpolate between them)
-TIME_POINTS = 1000
-
-
-def _thin(steps: array, times: array, cap: int) -> list[list[float]]:
-    """At most ~``cap`` evenly spaced [step, time] pairs, the first and last always kept."""
-    n = len(steps)
-    stride = max(1, -(-n // cap))
-    idx = list(range(0, n, stride))
-    if n and idx[-1] != n - 1:
-        idx.append(n - 1)
-    return [[steps[i], times[i]] for i in idx]
-
-
-def _restored_column(points: list[list[Any]]) -> _Column:
-    """A scalar column from a model's [step, value] points (None: not a number).
-
-    The points come from a snapshot file's JSON, so nothing is known of their
-    types until ``float`` has checked them (a damaged file raises there).
-    """
-    col = _Column()
-    for step, value in points:
-        col.add(float(step), math.nan if value is None else float(value), 1 << 62)
-    col.version = 1
-    return col
-
-
-def _downsample_rows(steps: deque, rows: deque, cap: int) -> VectorSeries:
-    """At most ``cap`` rows: consecutive rows are averaged in equal buckets."""
-    n = len(steps)
-    if n <= cap:
-        return {"steps": list(steps), "rows": [[_json_number(x) for x in r] for r in rows]}
-    k = -(-n // cap)
-    out_steps: list[float] = []
-    out_rows: list[list] = []
-    steps_l, rows_l = list(steps), list(rows)
-    for i in range(0, n, k):
-        chunk = rows_l[i : i + k]
-        width = max(len(r) for r in chunk)
-        sums = [0.0] * width
-        counts = [0] * width
-        for r in chunk:
-            for j, x in enumerate(r):
-                if math.isfinite(x):
-                    sums[j] += x
-                    counts[j] += 1
-        out_steps.append(steps_l[i])
-        out_rows.append([(sums[j] / counts[j]) if counts[j] else None for j in range(width)])
-    return {"steps": out_steps, "rows": out_rows}
-
-
 class TopicStore:
     """Everything this process has received on one metrics topic (bounded).
 
@@ -354,13 +180,13 @@ class TopicStore:
         self._lock = threading.RLock()
         self._rows: deque[tuple] = deque(maxlen=self.history)
         self.series: dict[str, dict] = {}
-        self.scalars: dict[str, dict[str, _Column]] = {}
-        self.vectors: dict[str, dict[str, _VectorColumn]] = {}
-        self._coverage: dict[str, _Coverage] = {}
+        self.scalars: dict[str, dict[str, Column]] = {}
+        self.vectors: dict[str, dict[str, VectorColumn]] = {}
+        self._coverage: dict[str, Coverage] = {}
         self._counts: dict[str, int] = {}
         self._columns: dict[tuple[str, str], Any] = {}
         #: series key -> step and report time (the charts' time axes)
-        self._times: dict[str, _Column] = {}
+        self._times: dict[str, Column] = {}
         self._last_series: tuple[dict, str] | None = None
         #: run -> item key ("" for the run itself) -> its config, final/best values and curves
         self._runs: dict[str, dict[str, _ItemStats]] = {}
@@ -377,7 +203,7 @@ class TopicStore:
         """Add a batch of ``records`` numbered ``seq, seq+1, ...`` by ``source``; return how many were new."""
         added: list[dict] = []
         with self._lock:
-            cov = self._coverage.setdefault(source, _Coverage())
+            cov = self._coverage.setdefault(source, Coverage())
             for a, b in cov.claim(seq, seq + len(records)):
                 for rec in records[a - seq : b - seq]:
                     self._ingest(rec, worker)
@@ -427,19 +253,19 @@ class TopicStore:
                     vals = dict(vals)
                 vals[name] = v
                 if col is None:
-                    col = columns[(name, key)] = self.vectors.setdefault(name, {})[key] = _VectorColumn(
+                    col = columns[(name, key)] = self.vectors.setdefault(name, {})[key] = VectorColumn(
                         self.vector_history
                     )
                 col.add(x, v)
             else:
                 if col is None:
-                    col = columns[(name, key)] = self.scalars.setdefault(name, {})[key] = _Column()
+                    col = columns[(name, key)] = self.scalars.setdefault(name, {})[key] = Column()
                 col.add(x, float(v), self.history)
         t = rec.get("time")
         if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
             tcol = self._times.get(key)
             if tcol is None:
-                tcol = self._times[key] = _Column()
+                tcol = self._times[key] = Column()
             tcol.add(x, float(t), self.history)
         if "run" in rec:
             self._run_item(rec, x, vals)
@@ -553,7 +379,7 @@ class TopicStore:
                 out = scalars[name] = {}
                 for key, col in cols.items():
                     if col.cache is None or col.cache[:2] != (col.version, cap):
-                        col.cache = (col.version, cap, _downsample(col.steps, col.values, cap))
+                        col.cache = (col.version, cap, downsample(col.steps, col.values, cap))
                     out[key] = col.cache[2]
             vectors: dict[str, dict[str, VectorSeries]] = {}
             for name, vcols in self.vectors.items():
@@ -562,14 +388,14 @@ class TopicStore:
                 vout = vectors[name] = {}
                 for key, vcol in vcols.items():
                     if vcol.cache is None or vcol.cache[:2] != (vcol.version, cap):
-                        vcol.cache = (vcol.version, cap, _downsample_rows(vcol.steps, vcol.rows, cap))
+                        vcol.cache = (vcol.version, cap, downsample_rows(vcol.steps, vcol.rows, cap))
                     vout[key] = vcol.cache[2]
             times: dict[str, list[list[float]]] = {}
             # shared by the series like a chart's points, at most TIME_POINTS each (interpolated between)
             tcap = max(20, min(TIME_POINTS, max_points // (4 * max(1, len(self._times)))))
             for key, tcol in self._times.items():
                 if tcol.cache is None or tcol.cache[:2] != (tcol.version, tcap):
-                    tcol.cache = (tcol.version, tcap, _thin(tcol.steps, tcol.values, tcap))
+                    tcol.cache = (tcol.version, tcap, thin(tcol.steps, tcol.values, tcap))
                 times[key] = tcol.cache[2]
             return metrics_model(
                 self.topic,
@@ -615,20 +441,20 @@ class TopicStore:
             store.series = {str(k): dict(v) for k, v in (snap.get("series") or {}).items()}
             for name, by_series in (model.get("scalars") or {}).items():
                 for key, points in by_series.items():
-                    col = _restored_column(points)
+                    col = restored_column(points)
                     store.scalars.setdefault(name, {})[key] = store._columns[(name, key)] = col
                     store._counts[key] = max(store._counts.get(key, 0), col.count)
             for name, by_series in (model.get("vectors") or {}).items():
                 for key, vs in by_series.items():
-                    vcol = _VectorColumn(store.vector_history)
+                    vcol = VectorColumn(store.vector_history)
                     for step, row in zip(vs["steps"], vs["rows"]):
                         vcol.add(float(step), [math.nan if x is None else float(x) for x in row])
                     store.vectors.setdefault(name, {})[key] = store._columns[(name, key)] = vcol
                     store._counts[key] = max(store._counts.get(key, 0), vcol.count)
             for key, pairs in (model.get("times") or {}).items():
-                store._times[key] = _restored_column(pairs)
+                store._times[key] = restored_column(pairs)
             for src, intervals in (snap.get("coverage") or {}).items():
-                cov = _Coverage()
+                cov = Coverage()
                 cov.intervals = [(int(a), int(b)) for a, b in intervals]
                 cov.covered = sum(b - a for a, b in cov.intervals)
                 cov.high = max(int((snap.get("high") or {}).get(src, 0)), max((b for _, b in cov.intervals), default=0))
