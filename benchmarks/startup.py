@@ -125,7 +125,7 @@ def _phases() -> tuple[list[tuple[str, float]], float]:
         "distributed.client": lambda m: after(m.Client, "register_plugin", "a worker plugin registered"),
         "jupyter_cluster.cluster.session": lambda m: (
             marks.append(("distributed and the session imported", time.perf_counter())),
-            after(m, "_connect_client", "client connected"),
+            after(m, "connect_client", "client connected"),
             after(m, "_adopt", "registry record written, control listener"),
         ),
     }
