@@ -13,12 +13,7 @@ import pytest
 
 import jupyter_cluster.multiprocessing as jmp
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _current_cluster(cluster):
-    yield cluster
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("cluster")]  # the module's cluster, current
 
 
 def echo_twice(conn):

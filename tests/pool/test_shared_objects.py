@@ -17,7 +17,7 @@ import pytest
 
 import jupyter_cluster as jc
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("cluster")]  # the module's cluster, current
 
 
 def put_square(i, q):
@@ -37,11 +37,6 @@ def put_from_child(q, text):
 def ready_then_wait(i, ready, go):
     ready.put(i)
     return go.get(timeout=60) + i
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _current_cluster(cluster):
-    yield cluster
 
 
 def test_a_queue_works_in_pool_apply_map_and_starmap():
