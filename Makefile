@@ -62,6 +62,9 @@ setup: $(CORE) $(call extra_stamps,$(VENV),$(TEST_EXTRAS)) $(LABEXT)
 $(sort $(CORE) $(LAB_CORE)): pyproject.toml
 	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
 	$(@D)/bin/python -m pip install --quiet --upgrade pip
+	# `jupyter-builder develop` (below) leaves an install.json in the built extension; the wheel ships
+	# labextension/install.json there, and a second copy fails the next reinstall (hatch: "a second file")
+	rm -f jupyter_cluster/labextension/install.json
 	$(@D)/bin/python -m pip install --quiet -e . $(BUILDER)
 	PATH="$(abspath $(@D))/bin:$$PATH" $(@D)/bin/jupyter-builder develop --overwrite .
 	touch $@
