@@ -55,7 +55,12 @@ def _identify_owner(entry: Any) -> None:
 
 def _owner_alive(entry: Any) -> bool:
     """Whether the process that wrote a registry entry still runs (the same pid and start time)."""
-    return _process_start_time(entry.owner_pid) == entry.owner_started != 0.0
+    return _process_alive(entry.owner_pid, entry.owner_started)
+
+
+def _process_alive(pid: int, started: float) -> bool:
+    """Whether process ``pid`` is the one that started at ``started`` and still runs (a reused pid is not)."""
+    return _process_start_time(pid) == started != 0.0
 
 
 @dataclass
@@ -315,7 +320,7 @@ def _reservation_owner_alive(path: str) -> bool:
             return False
     if st.st_uid != os.getuid():
         return True  # another user's file: not ours to judge, the name stays taken
-    return _process_start_time(pid) == started != 0.0
+    return _process_alive(pid, started)
 
 
 def reserve(name: str) -> None:
