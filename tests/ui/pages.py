@@ -109,3 +109,13 @@ def notebook_ready(page: Any) -> None:
     picker = page.locator(".jp-Dialog .jp-mod-accept")
     if picker.count():  # a kernel picker despite autoStartDefaultKernel: take the default
         picker.click()
+
+
+def drag_sidebar_to(page: Any, x: float) -> None:
+    """Drag the handle between the left sidebar and the main area to ``x``."""
+    handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle").first
+    box = handle.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(x, box["y"] + box["height"] / 2, steps=5)
+    page.mouse.up()

@@ -19,7 +19,7 @@ import re
 import nbformat
 import pytest
 
-from .pages import RUN_ALL_WHEN_READY_JS, lab_page, notebook_ready, open_panel, shot
+from .pages import RUN_ALL_WHEN_READY_JS, drag_sidebar_to, lab_page, notebook_ready, open_panel, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -110,16 +110,6 @@ def _write_notebook(path: str) -> None:
     nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, path)
-
-
-def _drag_sidebar_to(page, x: float) -> None:
-    """Drag the handle between the left sidebar and the main area to ``x``."""
-    handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle").first
-    box = handle.bounding_box()
-    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    page.mouse.down()
-    page.mouse.move(x, box["y"] + box["height"] / 2, steps=5)
-    page.mouse.up()
 
 
 def _chart_fits(page, width_range: tuple[float, float]) -> int:
@@ -311,10 +301,10 @@ def test_panel_starts_a_cluster_and_shows_workers_jobs_and_metrics(lab, browser,
 
         # -- the charts follow the sidebar's width: narrow -> wide -> narrow ---------------
         narrow = _chart_fits(page, (150, 320))
-        _drag_sidebar_to(page, 760)
+        drag_sidebar_to(page, 760)
         wide = _chart_fits(page, (550, 760))
         shot(page, artifacts, "panel-wide.png")
-        _drag_sidebar_to(page, 300)
+        drag_sidebar_to(page, 300)
         again = _chart_fits(page, (150, 300))
         assert wide > narrow + 250 and again < wide - 250, (narrow, wide, again)
         shot(page, artifacts, "panel-narrow.png", "#jupyter-cluster-panel")

@@ -22,7 +22,7 @@ import textwrap
 import pytest
 
 from ..conftest import wait_for
-from .pages import lab_page, open_panel, shot
+from .pages import drag_sidebar_to, lab_page, open_panel, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -109,15 +109,6 @@ def _problems(rows: list[dict]) -> list[str]:
     return out
 
 
-def _drag_sidebar_to(page, x: float) -> None:
-    handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle").first
-    box = handle.bounding_box()
-    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    page.mouse.down()
-    page.mouse.move(x, box["y"] + box["height"] / 2, steps=5)
-    page.mouse.up()
-
-
 def test_a_slurm_clusters_worker_table_has_no_overlapping_or_cut_cells_at_two_widths(lab, browser, artifacts, tmp_path):
     stop = tmp_path / "stop"
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
@@ -143,7 +134,7 @@ def test_a_slurm_clusters_worker_table_has_no_overlapping_or_cut_cells_at_two_wi
             widths = {}
             for label, x in (("default", None), ("wide", 900)):
                 if x is not None:
-                    _drag_sidebar_to(page, x)
+                    drag_sidebar_to(page, x)
                     page.wait_for_timeout(600)
                 widths[label] = page.locator(PANEL).bounding_box()["width"]
                 page.locator(f"{PANEL} .jc-worker-list").scroll_into_view_if_needed()
