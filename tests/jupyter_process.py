@@ -76,7 +76,6 @@ class JupyterProcess:
             "-m",
             module,
             "--no-browser",
-            f"--ServerApp.port={self.port}",
             "--ServerApp.port_retries=0",
             "--ServerApp.ip=127.0.0.1",
             f"--ServerApp.token={self.token}",
@@ -107,21 +106,42 @@ class JupyterProcess:
         env.setdefault("JUPYTERLAB_WORKSPACES_DIR", os.path.join(self.root_dir, ".lab-workspaces"))
         if self.app == "lab":
             self._quiet_lab_settings(env["JUPYTERLAB_SETTINGS_DIR"])
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.root_dir)
         deadline = time.monotonic() + timeout
+        # The free port is chosen before the server binds it: on a busy machine (xdist workers,
+        # Dask workers' ephemeral ports) another process can take it in between.  The server then
+        # exits at once saying so; try again on a new port, a few times.
+        for _attempt in range(5):
+            self._log = open(self.log_path, "wb")
+            self.proc = subprocess.Popen(
+                [*cmd, f"--ServerApp.port={self.port}"],
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.root_dir,
+            )
+            if self._wait_for_answer(deadline):
+                return self
+            self._log.close()
+            self.port = free_port()
+        raise RuntimeError(f"jupyter {self.app} found no free port in 5 tries:\n{self.log_tail()}")
+
+    def _wait_for_answer(self, deadline: float) -> bool:
+        """True once the server answers; False if it exited because its port was taken."""
+        assert self.proc is not None
         while True:
             if self.proc.poll() is not None:
+                if "because port" in self.log_tail():  # "could not be started because port N is not available"
+                    return False
                 raise RuntimeError(f"jupyter {self.app} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 r = requests.get(f"{self.url}api/status", headers=self.headers, timeout=2)
                 if r.status_code == 200:
-                    return self
+                    return True
             except requests.RequestException:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"jupyter {self.app} did not answer within {timeout} s:\n{self.log_tail()}")
+                raise RuntimeError(f"jupyter {self.app} did not answer in time:\n{self.log_tail()}")
             time.sleep(0.2)
 
     @staticmethod
