@@ -8,7 +8,8 @@ import { INotebookTracker, NotebookActions, NotebookPanel } from '@jupyterlab/no
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 
 import { requestAPI } from './api';
-import { IClusterSummary, IJob, connectCode } from './model';
+import { connectCode } from './model';
+import type { IClusterSummary, IJob } from './messages';
 import { ClusterPanel, DEFAULT_SETTINGS, IPanelSettings, clusterIcon } from './panel';
 import { followsRenames, renameCode } from './notebook/rename';
 import { jobCell } from './panel/jobs';

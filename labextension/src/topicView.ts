@@ -11,7 +11,7 @@ import { Widget } from '@lumino/widgets';
 
 import { requestAPI } from './api';
 import { IMetricsModel, MetricsCharts } from './charts/charts';
-import { ServerMessage } from './model';
+import type { ServerMessage } from './messages';
 import { EventsClient } from './panel/events';
 
 export class TopicView extends Widget {

@@ -1,10 +1,10 @@
-"""The wire contract between the Python builders (:mod:`jupyter_cluster.wire.models`) and the panel (``model.ts``).
+"""The wire contract between the Python builders (:mod:`jupyter_cluster.wire.models`) and the panel (``messages.ts``).
 
 The payloads are made by the real builders and stores, written to
 ``labextension/src/__tests__/fixtures/wire.json``, then type-checked against
-``model.ts`` (tsc) and fed to the panel's reducers (Jest, ``contract.spec.ts``).
+``messages.ts`` (tsc) and fed to the panel's reducers (Jest, ``contract.spec.ts``).
 A field renamed in Python changes the fixture and fails tsc or Jest; one renamed
-in ``model.ts`` no longer matches the fixture and fails them too.
+in ``messages.ts`` no longer matches the fixture and fails them too.
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ def _tool(name: str) -> str:
 
 
 def test_typescript_reads_the_builders_payloads():
-    """Write the fixture, then tsc type-checks it against model.ts and Jest feeds it to the reducers."""
+    """Write the fixture, then tsc type-checks it against messages.ts and Jest feeds it to the reducers."""
     text = json.dumps(payloads(), indent=2, sort_keys=True) + "\n"
     os.makedirs(os.path.dirname(FIXTURE), exist_ok=True)
     old = open(FIXTURE).read() if os.path.exists(FIXTURE) else None
@@ -272,7 +272,7 @@ def test_typescript_reads_the_builders_payloads():
     tsc = subprocess.run(
         [_tool("tsc"), "--noEmit", "-p", "tsconfig.test.json"], cwd=ROOT, capture_output=True, text=True, env=env
     )
-    assert tsc.returncode == 0, "model.ts and the Python builders disagree:\n" + tsc.stdout + tsc.stderr
+    assert tsc.returncode == 0, "messages.ts and the Python builders disagree:\n" + tsc.stdout + tsc.stderr
     jest = subprocess.run(
         [_tool("jest"), "--ci", "contract"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=240
     )

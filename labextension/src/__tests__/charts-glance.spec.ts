@@ -17,7 +17,7 @@ import {
   distinctEnough,
   hashKey
 } from '../charts/colors';
-import { naturalCompare } from '../charts/data';
+import { naturalCompare } from '../common/text';
 import type { IMetricsModel, Point } from '../charts/data';
 import { niceRange, niceStep, roundTickIndices, heatmapOption } from '../charts/heatmaps';
 import {

@@ -9,7 +9,6 @@ import {
   diffVectors,
   ema,
   formatDuration,
-  formatNumber,
   formatX,
   matchSeries,
   metricsCode,
@@ -24,6 +23,7 @@ import {
   vectorAxisName,
   withoutSeries
 } from '../charts/data';
+import { formatNumber } from '../common/text';
 
 describe('formatting', () => {
   it('rounds tooltip numbers and keeps integer steps integers', () => {

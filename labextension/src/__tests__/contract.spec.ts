@@ -1,6 +1,6 @@
 /**
  * The wire contract: payloads written by the Python builders (jupyter_cluster/wire/models.py,
- * tests/wire/test_models.py -> fixtures/wire.json) against the interfaces of model.ts.
+ * tests/wire/test_models.py -> fixtures/wire.json) against the interfaces of messages.ts.
  *
  * The assignments below are checked by tsc (`jlpm lint`, and tests/wire/test_models.py): a
  * field renamed on either side leaves a required property missing.  The tests then
@@ -8,13 +8,7 @@
  */
 import type { IMetricsModel } from '../charts/charts';
 import {
-  IClusterModel,
-  IClusterSummary,
-  ServerMessage,
   watchMessage,
-  IJob,
-  IJobs,
-  ITopicSummary,
   failureDetails,
   initialState,
   jobProgress,
@@ -27,6 +21,7 @@ import {
   validName,
   clusterOfKernel
 } from '../model';
+import type { IClusterModel, IClusterSummary, ServerMessage, IJob, IJobs, ITopicSummary } from '../messages';
 import { onAxis } from '../charts/data';
 import type { ClientMessage } from '../panel/events';
 import wire from './fixtures/wire.json';
@@ -42,14 +37,14 @@ const metricsFields: Required<Record<keyof IMetricsModel, unknown>> = wire.metri
 const metrics = metricsFields as IMetricsModel;
 
 // The events socket's envelopes (jupyter_cluster/wire/envelopes.py), one of each type: every field
-// model.ts's ServerMessage (and panel/events.ts's ClientMessage) names must be in the server's
+// messages.ts's ServerMessage (and panel/events.ts's ClientMessage) names must be in the server's
 // envelope of that type, and every type on one side must exist on the other (the Jest test below).
 // JSON types a string field as string, not as its literal, so the fields are checked by name.
 type Fields<T> = Required<Record<keyof T, unknown>>;
 type ByType<M extends { type: string }> = { [K in M['type']]: Fields<Extract<M, { type: K }>> };
 const serverEnvelopes: ByType<ServerMessage> = wire.envelopes.server;
 const clientEnvelopes: ByType<ClientMessage> = wire.envelopes.client;
-// each type the panel handles, exactly (tsc refuses a type missing here or one model.ts has not)
+// each type the panel handles, exactly (tsc refuses a type missing here or one messages.ts has not)
 const SERVER_TYPES: Record<ServerMessage['type'], true> = {
   clusters: true,
   jobs: true,
@@ -62,7 +57,7 @@ const SERVER_TYPES: Record<ServerMessage['type'], true> = {
 };
 const CLIENT_TYPES: Record<ClientMessage['type'], true> = { watch: true, interval: true };
 
-describe('the Python builders and model.ts agree', () => {
+describe('the Python builders and messages.ts agree', () => {
   it('a cluster list, its detail view and its workers go through the reducer', () => {
     let state = reduce(initialState(), { type: 'clusters', clusters: [summary] });
     expect(state.selected).toBe('demo');

@@ -2,17 +2,8 @@
  * A cluster is its id, not its name: a reused name never makes another
  * notebook's cluster "this notebook's", nor opens its kept history.
  */
-import {
-  IClusterSummary,
-  IHistoryCluster,
-  IJob,
-  clusterOfKernel,
-  initialState,
-  keptOf,
-  reduce,
-  rememberIds,
-  setActiveKernel
-} from '../model';
+import { clusterOfKernel, initialState, keptOf, reduce, rememberIds, setActiveKernel } from '../model';
+import type { IClusterSummary, IHistoryCluster, IJob } from '../messages';
 import { keptText } from '../panel/clusters';
 
 function cluster(name: string, extra: Partial<IClusterSummary> = {}): IClusterSummary {

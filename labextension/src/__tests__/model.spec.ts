@@ -4,10 +4,6 @@
  */
 import type { IMetricsModel } from '../charts/charts';
 import {
-  IClusterModel,
-  IClusterSummary,
-  IHistoryCluster,
-  IJob,
   IPanelState,
   clearFinished,
   connectCode,
@@ -34,6 +30,7 @@ import {
   visibleJobs,
   watchMessage
 } from '../model';
+import type { IClusterModel, IClusterSummary, IHistoryCluster, IJob } from '../messages';
 
 function cluster(name: string, extra: Partial<IClusterSummary> = {}): IClusterSummary {
   return {

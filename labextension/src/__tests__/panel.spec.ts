@@ -6,18 +6,8 @@
 import { readFileSync } from 'fs';
 
 import { contrastRatio } from '../charts/colors';
-import {
-  IClusterModel,
-  IClusterSummary,
-  IJob,
-  IPanelState,
-  IWorker,
-  ServerMessage,
-  initialState,
-  reduce,
-  select,
-  setActiveKernel
-} from '../model';
+import { IPanelState, initialState, reduce, select, setActiveKernel } from '../model';
+import type { IClusterModel, IClusterSummary, IJob, IWorker, ServerMessage } from '../messages';
 import { checkNewCluster, newClusterFields, newClusterRequest } from '../panel/newCluster';
 import { orderClusters, orderJobs, scopedJobs, scrollToShow } from '../panel/order';
 import { batchText } from '../panel/workersView';

@@ -8,7 +8,8 @@ import { booleanWord, filterExample, filterHelp, parseFilter, sameValue } from '
 import { aggregate, groupBy, meanText } from '../sweep/groups';
 import { columnNotation } from '../sweep/notation';
 import { axisSwitches, parallelOption, switchedKinds } from '../sweep/parallel';
-import { ISweepRow, filterProblems, filterRows, groupKeys, groupRows } from '../sweep/model';
+import { filterProblems, filterRows, groupKeys, groupRows } from '../sweep/model';
+import type { ISweepRow } from '../sweep/rows';
 
 /** The issue's sweep: lr × aux × seed (30 rows), loss falling with lr, acc rising. */
 function sweepRows(): ISweepRow[] {

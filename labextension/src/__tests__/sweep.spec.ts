@@ -9,7 +9,6 @@ import { THEME_BACKGROUNDS, assignColors, contrastRatio } from '../charts/colors
 import type { Point } from '../charts/data';
 import {
   ISweep,
-  ISweepRow,
   columns,
   compareValues,
   curvesOption,
@@ -25,6 +24,7 @@ import {
   sweepColors,
   sweepFromTable
 } from '../sweep/model';
+import type { ISweepRow } from '../sweep/rows';
 import type { ITableRow } from '../sweep/model';
 import { parallelColours, parallelOption } from '../sweep/parallel';
 

@@ -28,7 +28,6 @@ import {
   emptyModel,
   matchSeries,
   metricsCode,
-  naturalCompare,
   onAxis,
   seriesLabel,
   sharedRange,
@@ -38,9 +37,9 @@ import {
   X_AXIS_NAMES,
   withoutSeries
 } from './data';
+import { naturalCompare } from '../common/text';
 import { ChartControls, IChartsState, axesToggle, controlStyle, showAxesToggle, toggledAxes } from './controls';
-import { el, isDark } from './dom';
-export { isDark } from './dom';
+import { el, isDark } from '../common/dom';
 export type { IChartsState } from './controls';
 import { COMPACT_WIDTH, heatmapLayout, heatmapOption } from './heatmaps';
 import type { ILineView, ITopK, YScale } from './lines';

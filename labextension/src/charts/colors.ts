@@ -14,7 +14,7 @@
  * palettes have the same hues in the same order, the dark one lighter so that
  * every line reads on a dark background.
  */
-import { naturalCompare } from './data';
+import { naturalCompare } from '../common/text';
 
 /**
  * The light theme's 12 colours (blue, olive, red, magenta, pine, orange, umber, teal, green, plum, rose, violet): chosen to be as far

@@ -6,7 +6,7 @@
  */
 import type { XAxisMode } from './data';
 import { X_AXIS_NAMES } from './data';
-import { el } from './dom';
+import { el } from '../common/dom';
 import type { ITopK, YScale } from './lines';
 import type { IOverlayPick, OverlayAxes } from './overlay';
 

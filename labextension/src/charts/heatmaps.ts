@@ -9,16 +9,8 @@
  * the step axis is labelled at round steps (0, 50, 100, not 0, 17, 34).
  */
 import type { IVectorSeries } from './data';
-import {
-  absMax,
-  diffVectors,
-  escapeHTML,
-  formatNumber,
-  naturalCompare,
-  seriesLabel,
-  sharedRange,
-  vectorAxisName
-} from './data';
+import { absMax, diffVectors, seriesLabel, sharedRange, vectorAxisName } from './data';
+import { escapeHTML, formatNumber, naturalCompare } from '../common/text';
 
 /** Below this chart width the layout is compact (the sidebar's default is 250 px). */
 export const COMPACT_WIDTH = 420;

@@ -14,7 +14,8 @@
  *   the real values on a symlog axis.
  */
 import type { Point, XAxisMode } from './data';
-import { ema, escapeHTML, formatNumber, formatX, naturalCompare, seriesLabel, xAxisOption } from './data';
+import { ema, formatX, seriesLabel, xAxisOption } from './data';
+import { escapeHTML, formatNumber, naturalCompare } from '../common/text';
 import { overlayLegend } from './overlay';
 
 /** How the y axis maps values. */

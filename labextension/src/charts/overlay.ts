@@ -20,7 +20,8 @@
  * metric solid, the second dashed, the third dotted).
  */
 import type { IMetricsModel, Point, XAxisMode } from './data';
-import { ema, escapeHTML, formatNumber, formatX, naturalCompare, pointsOnAxis, seriesLabel, xAxisOption } from './data';
+import { ema, formatX, pointsOnAxis, seriesLabel, xAxisOption } from './data';
+import { escapeHTML, formatNumber, naturalCompare } from '../common/text';
 
 /**
  * One chosen metric: a scalar value of a topic, one of its series or all of

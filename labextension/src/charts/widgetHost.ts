@@ -6,7 +6,7 @@
  * restores and keeps the user's choices in the `view_state` trait (so a
  * re-rendered output keeps them), and follows JupyterLab's theme.
  */
-import { isDark } from './dom';
+import { isDark } from '../common/dom';
 
 /** The part of anywidget's model API the widgets use. */
 export interface IWidgetModel {

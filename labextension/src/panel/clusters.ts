@@ -5,8 +5,9 @@
  * starting or stopping elsewhere never moves the card under the pointer and
  * a click target is never replaced while it is clicked.
  */
-import { el } from '../charts/dom';
-import { IClusterSummary, IHistoryCluster, formatBytes, ownerText } from '../model';
+import { el } from '../common/dom';
+import { formatBytes, ownerText } from '../model';
+import type { IClusterSummary, IHistoryCluster } from '../messages';
 import { orderClusters, placeChildren, scrollToShow, setText } from './order';
 
 export function button(label: string, className: string, title: string, onClick: () => void): HTMLButtonElement {

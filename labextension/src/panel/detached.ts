@@ -6,7 +6,7 @@
  * is shown.  The text is made by the pure functions below (Jest-tested).
  */
 import { postAPI, requestAPI } from '../api';
-import { el } from '../charts/dom';
+import { el } from '../common/dom';
 import { button, formatDuration } from './clusters';
 
 /** A detached job, as `server.detached` lists it. */

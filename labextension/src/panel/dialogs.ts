@@ -6,7 +6,7 @@
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
-import { el } from '../charts/dom';
+import { el } from '../common/dom';
 import { FormValues, IField } from './newCluster';
 
 /**

@@ -7,7 +7,7 @@
  * server pumps the whole cluster and job lists down every socket.
  */
 import { eventsURL } from '../api';
-import type { ServerMessage } from '../model';
+import type { ServerMessage } from '../messages';
 
 export interface IEventsOptions {
   /** each message from the server */

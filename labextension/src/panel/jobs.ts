@@ -3,8 +3,9 @@
  * by cluster and kernel; rows keyed by job id and updated in place, so an
  * expanded job with failures stays where it is while others arrive.
  */
-import { el } from '../charts/dom';
-import { IJob, IPanelState, failureDetails, groupJobs, isActiveJob, jobProgress } from '../model';
+import { el } from '../common/dom';
+import { IPanelState, failureDetails, groupJobs, isActiveJob, jobProgress } from '../model';
+import type { IJob } from '../messages';
 import { button } from './clusters';
 import { orderJobs, placeChildren, setAttr, setText } from './order';
 

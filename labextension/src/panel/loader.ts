@@ -8,7 +8,8 @@
  */
 import { requestAPI } from '../api';
 import type { IMetricsModel } from '../charts/charts';
-import { IPanelState, ITopicSummary, ServerMessage, isStopped } from '../model';
+import { IPanelState, isStopped } from '../model';
+import type { ITopicSummary, ServerMessage } from '../messages';
 
 type Entry<T> = { value: T } | 'loading' | 'failed';
 

@@ -9,7 +9,7 @@
  */
 import { IMetricsModel, MetricsCharts } from '../charts/charts';
 import { seriesLabel } from '../charts/data';
-import { el } from '../charts/dom';
+import { el } from '../common/dom';
 import { IPanelState, seriesKeys } from '../model';
 import { button } from './clusters';
 import { setText } from './order';

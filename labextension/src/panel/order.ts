@@ -5,7 +5,8 @@
  * a card or job is added or removed.
  */
 import { isActiveJob } from '../model';
-import type { IClusterSummary, IJob, IPanelState } from '../model';
+import type { IPanelState } from '../model';
+import type { IClusterSummary, IJob } from '../messages';
 
 /** Live clusters oldest first (ties by name), the pinned one (if any) at the top. */
 export function orderClusters(clusters: IClusterSummary[], pinned: string | null): IClusterSummary[] {

@@ -13,12 +13,9 @@ import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { postAPI, requestAPI } from '../api';
-import { el } from '../charts/dom';
+import { el } from '../common/dom';
 import {
-  IClusterSummary,
-  IJob,
   IPanelState,
-  ServerMessage,
   clearFinished,
   initialState,
   isStopped,
@@ -33,6 +30,7 @@ import {
   toggleSeries,
   watchMessage
 } from '../model';
+import type { IClusterSummary, IJob, ServerMessage } from '../messages';
 import { ClusterList, HistoryList, IClusterActions, button } from './clusters';
 import { ask } from './dialogs';
 import { FormValues, INewCluster, checkNewCluster, newClusterFields, newClusterRequest } from './newCluster';

@@ -3,14 +3,7 @@
  * numeric sorting, the summary (threads, CPU and memory distribution, hosts)
  * and the window of rows a virtualised list draws.  Unit-tested with Jest.
  */
-import type { IClusterModel, IWorker } from '../model';
-
-/** The body of a `workers` message: rows that changed, addresses that left, cluster fields that changed. */
-export interface IWorkersDiff {
-  changed: IWorker[];
-  removed: string[];
-  summary?: Partial<IClusterModel>;
-}
+import type { IClusterModel, IWorker, IWorkersDiff } from '../messages';
 
 /**
  * The cluster model with a diff applied: changed rows replace theirs in

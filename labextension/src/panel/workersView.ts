@@ -5,8 +5,9 @@
  * the DOM holds the rows in view plus a few, reused as the list scrolls.
  * Nothing is written to the DOM unless a value shown changed.
  */
-import { el } from '../charts/dom';
-import { IClusterModel, IWorker, formatBytes, memoryFraction } from '../model';
+import { el } from '../common/dom';
+import { formatBytes, memoryFraction } from '../model';
+import type { IClusterModel, IWorker } from '../messages';
 import { setAttr, setText } from './order';
 import { IWorkerSort, WorkerColumn, nextSort, sortWorkers, summarize, tasksText, visibleRange } from './workers';
 

@@ -19,7 +19,7 @@ import { Widget } from '@lumino/widgets';
 
 import { requestAPI } from '../api';
 import type { IMetricsModel } from '../charts/data';
-import type { IRunRecord } from '../model';
+import type { IRunRecord } from '../messages';
 import type { IEventsFeed } from '../panel/events';
 import type { ITableRow, ItemCurves } from './model';
 import { rowsComplete, sweepFromTable } from './model';
@@ -32,9 +32,6 @@ const POLL_SECONDS = 3;
 /** Reads in a row that may find no run or no rows before the view stops asking (about a minute), while
  *  the events socket is closed: while it is open, the server's "run" message says when to read again. */
 const MAX_MISSES = 20;
-
-// the run record lives in model.ts, with the events message that carries one
-export type { IRunRecord } from '../model';
 
 interface IRunDetail {
   run: IRunRecord;

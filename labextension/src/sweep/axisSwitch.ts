@@ -5,7 +5,7 @@
  * allow (axisChoices(): no log with a value <= 0, only categories for text).
  */
 import { controlStyle } from '../charts/controls';
-import { el } from '../charts/dom';
+import { el } from '../common/dom';
 import type { AxisKind } from './axes';
 import type { IAxisSwitch } from './parallel';
 

@@ -6,7 +6,7 @@
  * those words), numbers match numerically (`lr=1e-3` is `lr=0.001`).  An
  * unknown key is named, never a silently empty table.
  */
-import type { ConfigValue } from './model';
+import type { ConfigValue } from './rows';
 
 export const OPERATORS = ['=', '!=', '>', '>=', '<', '<='] as const;
 export type Operator = (typeof OPERATORS)[number];

@@ -3,9 +3,9 @@
  * combination, with each metric's mean ± standard deviation, n and best over
  * its runs (the usual "average over seeds per (lr, aux)"), expanding to them.
  */
-import { naturalCompare } from '../charts/data';
+import { naturalCompare } from '../common/text';
 import { lowerIsBetter } from './direction';
-import type { ConfigValue, ISweepRow } from './model';
+import type { ConfigValue, ISweepRow } from './rows';
 
 export interface IAggregate {
   mean: number | null;

@@ -3,7 +3,7 @@
  * (lr = 1e-4 … 1e-2) writes all of them with one (1e-4, 3e-4, 1e-3, 1e-2),
  * never 1e-4 beside 0.001; other columns keep the plain form.
  */
-import { formatNumber } from '../charts/data';
+import { formatNumber } from '../common/text';
 
 /** `v` with an exponent, at most 4 significant digits: 0.001 -> "1e-3", 0.00025 -> "2.5e-4". */
 export function exponential(v: number): string {

@@ -2,9 +2,10 @@
  * The parallel-coordinates view of a sweep (as TensorBoard's HParams): its
  * axes (log, categories or linear, axes.ts), its line colours and ticked rows.
  */
-import { formatNumber, naturalCompare } from '../charts/data';
+import { formatNumber, naturalCompare } from '../common/text';
 import { AxisKind, axisChoices, axisKind } from './axes';
-import { ISweepRow, cellText, configKeys } from './model';
+import { cellText, configKeys } from './model';
+import type { ISweepRow } from './rows';
 
 /** A parallel axis of the parallel-coordinates view: numbers on a value axis, anything else as categories. */
 export function parallelAxis(

@@ -3,7 +3,7 @@
  * trait (the sweep table's rows and curves, see model.ts) with SweepView.
  * Bundled by `jlpm build:widget` into jupyter_cluster/widgets/static/sweep.js.
  */
-import { isDark } from '../charts/dom';
+import { isDark } from '../common/dom';
 import { IRenderProps, bindWidget } from '../charts/widgetHost';
 import type { ISweep } from './model';
 import type { ISweepViewState } from './view';

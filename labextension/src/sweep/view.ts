@@ -27,8 +27,9 @@ import {
 import { CanvasRenderer } from 'echarts/renderers';
 
 import { controlStyle } from '../charts/controls';
-import { el } from '../charts/dom';
-import type { ConfigValue, IColumn, ISweep, ISweepRow } from './model';
+import { el } from '../common/dom';
+import type { IColumn, ISweep } from './model';
+import type { ConfigValue, ISweepRow } from './rows';
 import {
   cellText,
   cellValue,
