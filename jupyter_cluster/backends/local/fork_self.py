@@ -12,8 +12,9 @@ on the first result's path (measured on 2 shared cores: see
 Only where a fork is safe and the server would hold nothing of a notebook:
 the main thread of a process with no other thread (a lock held by another
 thread would stay held in every worker), not an IPython process, distributed
-imported, a ``/proc`` file system to find the loaded libraries in, and
-``jupyter-cluster.local.fork-script`` true.  The forked server is then made
+imported but none of its clients, clusters or connection pools made yet (a
+script's first start), a ``/proc`` file system to find the loaded libraries
+in, and ``jupyter-cluster.local.fork-script`` true.  The forked server is then made
 to look like the spawned one to its workers:
 
 - its copy of the "alive" pipe's write end is closed, so that it ends with
@@ -64,7 +65,23 @@ def possible() -> bool:
         and threading.active_count() == 1
         and "distributed" in sys.modules
         and "IPython" not in sys.modules
+        and _no_dask_objects()
     )
+
+
+def _no_dask_objects() -> bool:
+    """No client, cluster or connection pool of distributed exists in this process yet.
+
+    A worker forked from a process that had one would hold it too: a default
+    client that ``worker_client()`` found instead of its worker's (seen: a
+    map's nested submit waited forever, in a pytest process that had run
+    clusters before), a pool's connections.  A script's first start has none.
+    """
+    from distributed.client import Client
+    from distributed.core import ConnectionPool
+    from distributed.deploy.spec import SpecCluster
+
+    return not (len(Client._instances) or len(ConnectionPool._instances) or len(SpecCluster._instances))
 
 
 def start(env: dict[str, str], preload: list[str]) -> int:
