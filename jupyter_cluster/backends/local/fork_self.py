@@ -50,7 +50,7 @@ import os
 import socket
 import sys
 import threading
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ... import config
 
@@ -96,13 +96,17 @@ def start(env: dict[str, str], preload: list[str]) -> int:
     meanwhile).
     """
     import importlib
-    from multiprocessing import connection, forkserver, resource_tracker, util
+    from multiprocessing import connection, forkserver, resource_tracker
+    from multiprocessing import util as mp_util
 
+    # multiprocessing's own helpers and its server object's attributes (private: typed loosely)
+    conn: Any = connection
+    util: Any = mp_util
+    server: Any = getattr(forkserver, "_forkserver")  # noqa: B009
     for name in preload:  # imported already in a script that got here; a worker needs them
         importlib.import_module(name)
-    server = forkserver._forkserver  # type: ignore[attr-defined]
     resource_tracker.ensure_running()  # as ensure_running does first: the workers share this one
-    address = connection.arbitrary_address("AF_UNIX")
+    address = conn.arbitrary_address("AF_UNIX")
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(address)
         if not util.is_abstract_socket_namespace(address):
@@ -110,7 +114,7 @@ def start(env: dict[str, str], preload: list[str]) -> int:
         listener.listen()
         alive_r, alive_w = os.pipe()
         try:
-            util._flush_std_streams()  # type: ignore[attr-defined] - else both processes write the buffer
+            util._flush_std_streams()  # else both processes write what is buffered
             pid = os.fork()
             if pid == 0:
                 os.close(alive_w)
@@ -165,19 +169,19 @@ def _native_settings(env: dict[str, str]) -> None:
         return
     for path in libraries:
         name = os.path.basename(path)
-        calls = []
+        calls: list[tuple[str, tuple[int, ...]]] = []  # the first symbol the library has is called
         if "openblas" in name and threads:
-            calls = [(symbol, int(threads)) for symbol in _OPENBLAS_SET_THREADS]
+            calls = [(symbol, (int(threads),)) for symbol in _OPENBLAS_SET_THREADS]
         elif name.startswith("libmkl_rt") and mkl_threads:
-            calls = [("MKL_Set_Num_Threads", int(mkl_threads))]
+            calls = [("MKL_Set_Num_Threads", (int(mkl_threads),))]
         elif name.startswith("libc.so") and trim:
             calls = [("mallopt", (_M_TRIM_THRESHOLD, int(trim)))]
-        for symbol, value in calls:
+        for symbol, args in calls:
             try:
                 function = getattr(ctypes.CDLL(path), symbol)
             except (OSError, AttributeError):
                 continue
-            function(*value) if isinstance(value, tuple) else function(value)
+            function(*args)
             break
 
 
