@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import cloudpickle
 
-from jupyter_cluster.engine.protocol import ChunkResult, MapRun, PackedResult, unpack
+from jupyter_cluster.engine.protocol import ChunkResult, MapRun, PackedResult, pack, unpack
 from jupyter_cluster.engine.worker import run as worker_run
 from jupyter_cluster.pool import worker as pool_worker
 
@@ -77,8 +77,9 @@ def test_a_leases_chunk_comes_back_packed_and_an_unsendable_value_is_still_its_i
     def closure_at_700(x):  # a local function cannot be sent back by a multiprocessing pool
         return (lambda: x) if x == 700 else x
 
-    packed = _run(pool_worker._PoolTask(closure_at_700, "pool-bad", None, (), False), items, "bad", packed=True)
-    result = ChunkResult._make(unpack(packed.data))
+    checked = _run(pool_worker._PoolTask(closure_at_700, "pool-bad", None, (), False), items, "bad", packed=True)
+    assert not isinstance(checked, PackedResult)  # checked value by value; the handler packs it
+    result = ChunkResult._make(unpack(pack(checked)))
     assert result.values[699] == 699 and result.values[700] is None
     assert set(result.errors) == {700}
     assert result.errors[700][1] == "MaybeEncodingError", result.errors[700][1]
