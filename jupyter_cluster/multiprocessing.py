@@ -35,32 +35,14 @@ from multiprocessing import (
 )
 from typing import Any
 
-
-def _begin_fork_server() -> None:
-    """A script's local cluster: its fork server imports distributed while this module's imports do.
-
-    Only in the process a user runs (not in a Dask worker or a multiprocessing child, which import
-    this module to unpickle a ``Process`` or a primitive): a script's first ``Pool`` result then
-    waits for one import of distributed, not two in a row.
-    """
-    import sys
-
-    if "distributed" in sys.modules or _std.parent_process() is not None:
-        return
-    from .backends.local.forkserver import idle_core, start_early
-
-    if idle_core():  # else the two imports would share one busy CPU: the start begins the server
-        start_early(None, {}, check_guard=False)  # the import line is at the script's top level
-
-
-_begin_fork_server()
-
-# After the fork server has begun: these import distributed.
-from .pool import Pool  # noqa: E402
-from .primitives.channels import JoinableQueue, Pipe, Queue, SimpleQueue  # noqa: E402
-from .primitives.manager import ArrayProxy, SyncManager, ValueProxy  # noqa: E402
-from .primitives.process import Process, active_children, current_process  # noqa: E402
-from .primitives.sync import Barrier, BoundedSemaphore, Condition, Event, Lock, RLock, Semaphore  # noqa: E402
+# A script's local cluster gets its fork server by forking the script once distributed is imported
+# (backends/local/fork_self.py), not from an interpreter begun at this import: that one imported
+# distributed a second time, beside this process's own import, on the first result's path.
+from .pool import Pool
+from .primitives.channels import JoinableQueue, Pipe, Queue, SimpleQueue
+from .primitives.manager import ArrayProxy, SyncManager, ValueProxy
+from .primitives.process import Process, active_children, current_process
+from .primitives.sync import Barrier, BoundedSemaphore, Condition, Event, Lock, RLock, Semaphore
 
 __all__ = [
     "Array",

@@ -11,9 +11,15 @@ import signal
 import sys
 import time
 
+import dask.config
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The clusters this process starts keep the spawned fork server a kernel's get: forked from pytest
+# (backends/local/fork_self.py), their workers would hold every module pytest imported, and the tests
+# of what a worker process holds would test pytest.  The scripts the tests run fork themselves.
+dask.config.set({"jupyter-cluster.local.fork-script": False})
 
 
 #: Markers whose tests run only when asked for (distributed's ``--runslow`` is the model): ``make test`` is

@@ -23,7 +23,7 @@ from typing import Any
 from .. import config
 from .._core import background as _background
 from ..backends import StartedCluster, backend_classes, get_backend
-from ..engine.cluster import warm_engine, workers_now
+from ..engine.cluster import workers_now
 from ..engine.direct import release_leases
 from ..errors import ClusterError
 from ..state import registry
@@ -31,6 +31,7 @@ from ..state.credentials import names_with_credentials, saved_security
 from ..telemetry.kernel import KernelSink
 from ..telemetry.producer import set_kernel_sink
 from ..wire.models import ClusterModel, cluster_model, validate_name, validate_size
+from . import warm_up
 from .client import connect_client, detach_when_lost
 from .control import listen, stop_remote
 from .display import render_html
@@ -423,19 +424,9 @@ def _start_reserved(name: str, backend: str, impl: Any, wait: bool, options: dic
             # cell, not in the first map.  Local workers are always reachable; elsewhere the check may
             # print a fallback notice, which belongs to the map that needs it, not to some later cell.
             # Every worker asked for (the start waited for one): each gets its warm-up and connections.
-            expected = len(getattr(started.cluster, "worker_spec", None) or {}) or None
-            handle._warm_up = threading.Thread(
-                target=_warm_engine, args=(client, expected), daemon=True, name="jupyter-cluster-warm"
-            )
-            handle._warm_up.start()
+            # None when a call waits for this cluster now (a script's Pool()): see warm_up.py.
+            handle._warm_up = warm_up.begin(client, len(getattr(started.cluster, "worker_spec", None) or {}) or None)
     return _adopt(handle, attached=False)
-
-
-def _warm_engine(client: Any, expected: int | None = None) -> None:
-    try:
-        warm_engine(client, expected)  # measured: see benchmarks/LOG.md, first_item.py, session 6
-    except Exception as exc:  # noqa: BLE001 - a cluster stopped at once, say; the first map asks again and reports
-        client._jc_warm_error = f"{type(exc).__name__}: {exc}"  # kept for diagnostics only
 
 
 def connect(target: str, security: Any = None) -> ClusterHandle:
@@ -536,7 +527,8 @@ def current(start_default: bool = False, announce: Callable[[str], None] | None 
             "%cluster stop forgets it, then %cluster start makes a new one."
         )
     if handle is None and start_default:
-        handle = start()
+        with warm_up.for_a_waiting_call():  # the call that asked is the first use: no warm-up beside it
+            handle = start()
         if announce is not None:
             announce(
                 f"Started cluster {handle.name!r} ({handle.backend}, {handle.nthreads} worker threads) at {handle.address}; stop it with %cluster stop."

@@ -145,6 +145,12 @@ class ChunkResult(NamedTuple):
     started: float  # time.time() at the chunk's start
 
 
+class PackedResult(NamedTuple):
+    """A chunk's result that :func:`.worker.run.run_chunk` packed (``packed=True``): sent on as it is."""
+
+    data: Any  # what pack() made of the ChunkResult's fields
+
+
 class ItemError(NamedTuple):
     """One failed item, as :func:`.worker.run.error_info` makes it (a plain tuple on the wire: read with ``_make``)."""
 
@@ -207,6 +213,19 @@ def pack(value: Any) -> Any:
     (:class:`Packed`), which Dask sends without copying.  Pickled like Dask
     pickles (cloudpickle for what plain pickle cannot take).
     """
+    return _pack(value, plain_only=False)
+
+
+def pack_plain(value: Any) -> Any:
+    """:func:`pack`'s result when plain pickle takes ``value``, else None (nothing else is tried).
+
+    A chunk's result packed so (:func:`.worker.run.run_chunk`, ``packed=True``)
+    needs no check that its values can be sent back: plain pickle took them all.
+    """
+    return _pack(value, plain_only=True)
+
+
+def _pack(value: Any, plain_only: bool) -> Any:
     from distributed.protocol import to_serialize
 
     buffers: list = []
@@ -215,6 +234,8 @@ def pack(value: Any) -> Any:
         # list raises and catches an exception inside (4 µs of a 0.4 µs pickle; 256 batches a round).
         blob = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
     except Exception:  # noqa: BLE001 - what plain pickle cannot take, Dask's dumps (cloudpickle) may
+        if plain_only:
+            return None
         blob = None
     if blob is None or b"__main__" in blob or cloudpickle.list_registry_pickle_by_value():
         from distributed.protocol import pickle as dask_pickle

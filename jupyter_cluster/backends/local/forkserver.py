@@ -4,7 +4,9 @@ Standard library and dask.config only: :func:`start_early` begins the server
 before this process imports distributed (``jupyter_cluster.start``,
 ``%load_ext``), so that the server's import of distributed and this process's
 run side by side on two cores.  The server starts with Dask's pre-spawn
-environment; this process's own is left as the user has it.
+environment; this process's own is left as the user has it.  A script that
+has imported distributed by the time its cluster starts (and runs one thread)
+gets a fork of itself as the server instead (:mod:`.fork_self`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ... import config
+from . import fork_self
 from .sigint import sigint_blocked_for_children
 
 
@@ -81,25 +84,6 @@ def distributed_setting(key: str) -> Any:
 
     merged = dask.config.merge(_distributed_defaults(), dask.config.config)
     return dask.config.get(key, None, config=merged)
-
-
-def idle_core() -> bool:
-    """Whether this machine has a core to spare now: the 1-minute load is below this process's CPUs less one.
-
-    A fork server begun early imports distributed beside this process's own
-    import: on two cores with one idle that halves the wait, but on a busy
-    machine the two imports share the same CPU time and this process's import,
-    the one the start waits for first, takes longer (measured on a 2-core
-    machine at load 9-12: 0.8-1.2 s became 1.5-2.6 s, more than the start
-    gained).  Begun with the start instead, the server imports while the
-    scheduler and the nannies are made.
-    """
-    try:
-        load = os.getloadavg()[0]
-        cores = len(os.sched_getaffinity(0))
-    except (OSError, AttributeError):  # no load average or affinity here: assume a core is free
-        return True
-    return load <= cores - 1
 
 
 def start_early(backend: str | None, options: dict, check_guard: bool = True) -> None:
@@ -181,6 +165,7 @@ def start_forkserver() -> threading.Thread:
     """
     global _forkserver_thread
     import multiprocessing
+    from multiprocessing import forkserver
 
     with _forkserver_lock:
         utils = sys.modules.get("distributed.utils")
@@ -211,8 +196,20 @@ def start_forkserver() -> threading.Thread:
 
     with _forkserver_lock:
         _forkserver_thread = threading.Thread(target=run, name="jupyter-cluster-forkserver", daemon=True)
-        _forkserver_thread.start()
-        return _forkserver_thread
+        if not (fork_self.possible() and getattr(forkserver._forkserver, "_forkserver_pid", None) is None):
+            _forkserver_thread.start()
+            return _forkserver_thread
+    # A script with distributed imported and no other thread (none can want the lock): the server is
+    # a fork of it, made here in milliseconds, outside the lock (a fork would hold it in every worker).
+    with sigint_blocked_for_children():
+        fork_self.start(env, WORKER_MODULES)
+    _forked_environ(env)
+    return _forkserver_thread  # never started: the server runs already
+
+
+def _forked_environ(env: dict[str, str]) -> None:
+    global _forkserver_environ
+    _forkserver_environ = env
 
 
 #: the name Dask's nanny gives its worker process (``distributed.nanny.WorkerProcess.start``)

@@ -19,6 +19,7 @@ from ..protocol import (
     Batch,
     Op,
     Packed,
+    PackedResult,
     RelayEntry,
     Status,
     answer,
@@ -116,7 +117,7 @@ async def _batch(comm=None, lease=None, secret=None, run=None, items=None, budge
         worker = current_worker()
         if worker is not None:
             await flush_to_scheduler(worker)
-    return answer(Status.OK, result=pack(result))
+    return answer(Status.OK, result=result.data if isinstance(result, PackedResult) else pack(result))
 
 
 def _bounce_early(lease: str) -> None:

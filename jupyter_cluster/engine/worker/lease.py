@@ -151,7 +151,8 @@ def _run_entry(entry: Batch, big: dict | None, loop, lease_id: str) -> int:
     except Exception as exc:  # noqa: BLE001 - items this worker cannot unpickle: the batch fails as a whole
         loop.call_soon_threadsafe(_fail, entry.reply, exc)
         return 0
-    result = run_chunk(run, items, big, budget=entry.budget, group=lease_id)
+    # Packed here, in the lease's thread: the handler sends it on (and the worker's event loop stays free).
+    result = run_chunk(run, items, big, budget=entry.budget, group=lease_id, packed=True)
     loop.call_soon_threadsafe(_set, entry.reply, result)
     return 1
 
