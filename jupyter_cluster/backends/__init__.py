@@ -177,6 +177,19 @@ class Backend:
         do: local workers die with their owner, an attached cluster is not ours.
         """
 
+    def default_workers(self) -> int | None:
+        """The workers a start without ``--workers`` begins with, as a form shows it first; None if not known here."""
+        return None
+
+    def dashboard_login(self, address: str) -> dict[str, str]:
+        """The login headers the Jupyter server's dashboard proxy sends to this backend's dashboard at ``address``.
+
+        Read in the server's process (its dask.config, as the user who runs the
+        server), never from a request.  Raises :class:`~jupyter_cluster.errors.ClusterError`
+        (one sentence) where no login may be sent there.  Most backends' dashboards need none.
+        """
+        return {}
+
     def check_options(self, options: dict[str, Any]) -> None:
         unknown = sorted(k for k, v in options.items() if k not in self.options and v is not None)
         if unknown:
@@ -257,6 +270,15 @@ def describer(backend: str) -> Callable[[dict[str, Any], dict[str, Any], Any], A
     except ClusterError:
         return None
     return None if cls.describe is Backend.describe else cls().describe
+
+
+def dashboard_login(backend: str, address: str) -> dict[str, str]:
+    """The :meth:`Backend.dashboard_login` of the backend called ``backend`` (none where it is not known here)."""
+    try:
+        impl = get_backend(backend)
+    except ClusterError:
+        return {}
+    return impl.dashboard_login(address)
 
 
 def cleanup_orphan(record: ClusterRecord) -> None:
