@@ -104,6 +104,22 @@ def cluster(request):
         handle.close()
 
 
+@pytest.fixture(scope="module")
+def cpython_cases_cluster(cluster):
+    """The module's 2-worker cluster, current for CPython's own multiprocessing cases bound to our names.
+
+    The cases are ``unittest`` classes, which take no fixture arguments: their module asks for this one with
+    ``pytestmark = pytest.mark.usefixtures("cpython_cases_cluster")`` (``tests/pool``, ``tests/multiprocessing``).
+    Some cases leave empty files named like ``test.support.os_helper.TESTFN`` (``@test_<pid>_tmp...``, the pid a
+    worker's) in the working directory, the checkout: they are removed afterwards.
+    """
+    before = set(os.listdir("."))
+    yield cluster
+    for name in set(os.listdir(".")) - before:
+        if name.startswith("@test_") and os.path.isfile(name):
+            os.remove(name)
+
+
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):
     """Poll ``predicate`` until it is truthy; fail the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
