@@ -57,7 +57,7 @@ LONGEST_FIRST = (
     "tests/multiprocessing/test_cpython.py",  # 80, 40 in the fast layer
     "tests/server/test_server.py",  # 75
     "tests/ui/test_detached_panel.py",  # 60 (opt-in)
-    "tests/packaging/test_benchmarks_smoke.py",  # 55
+    "tests/packaging/test_benchmarks_smoke.py",  # 55, 15 in the fast layer
     "tests/backends/test_gateway.py",  # 50 (opt-in)
     "tests/detached/test_host.py",  # 50 (opt-in)
     "tests/ui/test_sweep_table.py",  # 50 (opt-in)
