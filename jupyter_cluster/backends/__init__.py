@@ -11,8 +11,10 @@ A backend owns everything that is particular to it: the options it takes
 (:attr:`Backend.cli_options`, from which ``%cluster start``'s parser is built),
 how another kernel attaches to one of its clusters by name (:meth:`Backend.attach`),
 what the sidebar and the widget show of it (:meth:`Backend.describe`), the
-clusters a remote service holds (:meth:`Backend.list_remote`) and what is done when
-its owner died (:meth:`Backend.cleanup_orphan`).  Nothing outside this package
+clusters a remote service holds (:meth:`Backend.list_remote`), what is done when
+its owner died (:meth:`Backend.cleanup_orphan`), the size a form shows first
+(:meth:`Backend.default_workers`) and the login the Jupyter server's dashboard
+proxy sends (:meth:`Backend.dashboard_login`).  Nothing outside this package
 imports a particular backend.
 """
 
