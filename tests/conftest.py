@@ -38,7 +38,62 @@ def pytest_addoption(parser):
         group.addoption(f"--run-{marker}", action="store_true", help=f"also run the tests marked {marker} ({what})")
 
 
+#: The test modules that take longest, longest first (seconds of two pytest-xdist processes on the 2-core machine,
+#: 2026-12-05: the fast layer's and the opt-in tests' together).  `make test` hands whole modules to its two
+#: processes in this order (``--dist loadfile --no-loadscope-reorder``), then the others, most tests first
+#: (pytest-xdist's own order): a long module begun last would keep one process running alone at the end.
+LONGEST_FIRST = (
+    "tests/packaging/test_notebooks.py",  # 290 (opt-in)
+    "tests/ui/test_panel_follow.py",  # 230 (opt-in)
+    "tests/ui/test_panel_scale.py",  # 220 (opt-in)
+    "tests/cluster/test_quiet_exit.py",  # 210, 100 of them in the fast layer
+    "tests/ui/test_panel.py",  # 200 (opt-in)
+    "tests/backends/test_slurm.py",  # 200 (opt-in)
+    "tests/backends/test_ssh.py",  # 150 (opt-in)
+    "tests/ui/test_reopen.py",  # 130 (opt-in)
+    "tests/ui/test_identity.py",  # 120 (opt-in)
+    "tests/server/test_history.py",  # 110
+    "tests/cluster/test_scripts.py",  # 100
+    "tests/ui/test_sweep_colours.py",  # 90 (opt-in)
+    "tests/cluster/test_security.py",  # 90, 20 in the fast layer
+    "tests/collective/test_spmd.py",  # 90, 60 in the fast layer
+    "tests/engine/test_demand.py",  # 90, 35 in the fast layer
+    "tests/cluster/test_startup.py",  # 90
+    "tests/engine/test_memory.py",  # 85
+    "tests/multiprocessing/test_cpython.py",  # 80, 40 in the fast layer
+    "tests/server/test_server.py",  # 75
+    "tests/ui/test_detached_panel.py",  # 60 (opt-in)
+    "tests/packaging/test_benchmarks_smoke.py",  # 55, 15 in the fast layer
+    "tests/backends/test_gateway.py",  # 50 (opt-in)
+    "tests/detached/test_host.py",  # 50 (opt-in)
+    "tests/ui/test_sweep_table.py",  # 50 (opt-in)
+    "tests/detached/test_server.py",  # 45 (opt-in)
+    "tests/engine/test_direct.py",  # 45
+    "tests/ui/test_charts.py",  # 45 (opt-in)
+    "tests/server/test_runs.py",  # 45
+    "tests/widgets/test_static_outputs.py",  # 40
+    "tests/engine/test_cluster.py",  # 40
+)
+
+
+def _longest_first(items) -> None:
+    """Order ``items`` module by module as :data:`LONGEST_FIRST` says; a module's own tests keep their order."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    count: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        count[module] = count.get(module, 0) + 1
+    first_seen = {m: i for i, m in enumerate(count)}
+
+    def key(item):
+        module = item.nodeid.split("::", 1)[0]
+        return (rank.get(module, len(rank)), -count[module], first_seen[module])
+
+    items.sort(key=key)  # stable: a module's items stay in order
+
+
 def pytest_collection_modifyitems(config, items):
+    _longest_first(items)
     for item in items:
         if "browser" in getattr(item, "fixturenames", ()):  # a test that drives Chromium is a browser test
             item.add_marker(pytest.mark.browser)
@@ -108,6 +163,22 @@ def cluster(request):
     yield handle
     if not handle.closed:
         handle.close()
+
+
+@pytest.fixture(scope="module")
+def cpython_cases_cluster(cluster):
+    """The module's 2-worker cluster, current for CPython's own multiprocessing cases bound to our names.
+
+    The cases are ``unittest`` classes, which take no fixture arguments: their module asks for this one with
+    ``pytestmark = pytest.mark.usefixtures("cpython_cases_cluster")`` (``tests/pool``, ``tests/multiprocessing``).
+    Some cases leave empty files named like ``test.support.os_helper.TESTFN`` (``@test_<pid>_tmp...``, the pid a
+    worker's) in the working directory, the checkout: they are removed afterwards.
+    """
+    before = set(os.listdir("."))
+    yield cluster
+    for name in set(os.listdir(".")) - before:
+        if name.startswith("@test_") and os.path.isfile(name):
+            os.remove(name)
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):

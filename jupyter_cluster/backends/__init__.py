@@ -11,8 +11,10 @@ A backend owns everything that is particular to it: the options it takes
 (:attr:`Backend.cli_options`, from which ``%cluster start``'s parser is built),
 how another kernel attaches to one of its clusters by name (:meth:`Backend.attach`),
 what the sidebar and the widget show of it (:meth:`Backend.describe`), the
-clusters a remote service holds (:meth:`Backend.list_remote`) and what is done when
-its owner died (:meth:`Backend.cleanup_orphan`).  Nothing outside this package
+clusters a remote service holds (:meth:`Backend.list_remote`), what is done when
+its owner died (:meth:`Backend.cleanup_orphan`), the size a form shows first
+(:meth:`Backend.default_workers`) and the login the Jupyter server's dashboard
+proxy sends (:meth:`Backend.dashboard_login`).  Nothing outside this package
 imports a particular backend.
 """
 
@@ -177,6 +179,19 @@ class Backend:
         do: local workers die with their owner, an attached cluster is not ours.
         """
 
+    def default_workers(self) -> int | None:
+        """The workers a start without ``--workers`` begins with, as a form shows it first; None if not known here."""
+        return None
+
+    def dashboard_login(self, address: str) -> dict[str, str]:
+        """The login headers the Jupyter server's dashboard proxy sends to this backend's dashboard at ``address``.
+
+        Read in the server's process (its dask.config, as the user who runs the
+        server), never from a request.  Raises :class:`~jupyter_cluster.errors.ClusterError`
+        (one sentence) where no login may be sent there.  Most backends' dashboards need none.
+        """
+        return {}
+
     def check_options(self, options: dict[str, Any]) -> None:
         unknown = sorted(k for k, v in options.items() if k not in self.options and v is not None)
         if unknown:
@@ -257,6 +272,15 @@ def describer(backend: str) -> Callable[[dict[str, Any], dict[str, Any], Any], A
     except ClusterError:
         return None
     return None if cls.describe is Backend.describe else cls().describe
+
+
+def dashboard_login(backend: str, address: str) -> dict[str, str]:
+    """The :meth:`Backend.dashboard_login` of the backend called ``backend`` (none where it is not known here)."""
+    try:
+        impl = get_backend(backend)
+    except ClusterError:
+        return {}
+    return impl.dashboard_login(address)
 
 
 def cleanup_orphan(record: ClusterRecord) -> None:

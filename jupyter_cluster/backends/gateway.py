@@ -275,6 +275,30 @@ class GatewayBackend(Backend):
         except ClusterError as exc:
             return RemoteClusters(where, error=str(exc))
 
+    def dashboard_login(self, address: str) -> dict[str, str]:
+        """The gateway's login (``gateway.auth``) for its dashboards at ``address``, as the Jupyter server proxies them.
+
+        Basic (password) and JupyterHub-token logins are sent up front; the
+        password is refused for plain http:// to another machine, as a start
+        refuses it.  Other methods (Kerberos answers a challenge) send none: a
+        gateway whose dashboards need them answers 401.
+        """
+        try:
+            from dask_gateway.auth import BasicAuth, JupyterHubAuth, get_auth
+        except ImportError:  # no dask-gateway in the server's environment: nothing to add
+            return {}
+        try:
+            auth = get_auth()
+        except (TypeError, ValueError, ImportError) as exc:
+            raise ClusterError(
+                f"the gateway login (gateway.auth) could not be set up: {str(exc).rstrip('.')}."
+            ) from None
+        _check_password_transport(address, auth)
+        if isinstance(auth, (BasicAuth, JupyterHubAuth)):
+            headers, _ = auth.pre_request(None)
+            return dict(headers)
+        return {}
+
     def cleanup_orphan(self, record: ClusterRecord) -> None:
         """Shut down the gateway cluster of a dead owner (a record of a kernel that only attached stops nothing)."""
         info = record.extra.get("gateway") if isinstance(record.extra, dict) and not record.attached else None

@@ -105,11 +105,11 @@ def make_handler():
             if socket_is_ours(sock):
                 return f"http://dashboard/{path}" + (f"?{query}" if query else ""), _resolver(sock), {}
             target = gateway_dashboard.gateway_target(extra) if record is not None else None
-            if target is None:
+            if record is None or target is None:
                 raise tornado.web.HTTPError(404, f"cluster {name!r} has no dashboard served through this server")
             try:
                 url = gateway_dashboard.upstream_url(*target, path, query)
-                return url, None, gateway_dashboard.auth_headers(target[0])
+                return url, None, gateway_dashboard.auth_headers(target[0], record.backend)
             except gateway_dashboard.Refused as exc:
                 raise tornado.web.HTTPError(400, str(exc)) from None
 

@@ -4,9 +4,10 @@ A dask-gateway serves each cluster's dashboard on its own proxy under
 ``<gateway address>/clusters/<cluster>/``.  The Jupyter server forwards
 browsers there (:mod:`jupyter_cluster.server.dashboard`, the same route as a
 local cluster's socket: ``<base_url>jupyter-cluster/dashboard/<name>/<path>``)
-behind Jupyter's authentication, and adds the gateway's own login
-(``gateway.auth`` in dask.config, read here in the server's process, as the user
-who runs the server; never taken from the request).
+behind Jupyter's authentication, and adds the gateway's own login (the
+backend's :meth:`~jupyter_cluster.backends.Backend.dashboard_login`: ``gateway.auth``
+in dask.config, read in the server's process, as the user who runs the server;
+never taken from the request).
 
 No open proxy: the only upstream is the gateway address and cluster name this
 machine's registry recorded for the registered cluster ``<name>``, and ``<path>``
@@ -80,30 +81,18 @@ def dashboard_prefixes(url: str) -> tuple[str, ...]:
     return (f"{parts.scheme}://{parts.netloc}{path}", path)
 
 
-def auth_headers(address: str) -> dict[str, str]:
-    """The gateway's login headers for a request to ``address``, from ``gateway.auth`` in dask.config.
+def auth_headers(address: str, backend: str = "gateway") -> dict[str, str]:
+    """The login headers for a request to the dashboards at ``address``: the ``backend``'s own (``gateway.auth``).
 
-    Basic (password) and JupyterHub-token logins are sent up front; the
-    password is refused for plain http:// to another machine, as the kernel
-    side refuses it.  Other methods (Kerberos answers a challenge) send none:
-    a gateway whose dashboards need them answers 401.
+    The backend decides (:meth:`~jupyter_cluster.backends.Backend.dashboard_login`):
+    a dask-gateway sends its basic (password) or JupyterHub-token login up
+    front, and refuses the password for plain http:// to another machine, as
+    the kernel side refuses it.  Raises :class:`Refused` with its sentence.
     """
-    try:
-        from dask_gateway.auth import BasicAuth, JupyterHubAuth, get_auth
-    except ImportError:  # no dask-gateway in the server's environment: nothing to add
-        return {}
-    from ..backends.gateway import _check_password_transport
+    from ..backends import dashboard_login
     from ..errors import ClusterError
 
     try:
-        auth = get_auth()
-    except (TypeError, ValueError, ImportError) as exc:
-        raise Refused(f"the gateway login (gateway.auth) could not be set up: {str(exc).rstrip('.')}.") from None
-    try:
-        _check_password_transport(address, auth)
+        return dashboard_login(backend, address)
     except ClusterError as exc:
         raise Refused(str(exc)) from None
-    if isinstance(auth, (BasicAuth, JupyterHubAuth)):
-        headers, _ = auth.pre_request(None)
-        return dict(headers)
-    return {}

@@ -98,11 +98,15 @@ class ClusterManager(ClusterHistory):
         Seconds between registry scans and scheduler polls.
     base_url : str
         The Jupyter server's base URL (dashboard links go through it).
+    poll_timeout : float
+        Seconds a scan waits for one scheduler's poll (a connect attempt to a scheduler that
+        accepts and never answers goes on in the background; the next scan waits for it again).
     """
 
-    def __init__(self, interval: float = 0.5, base_url: str = "/"):
+    def __init__(self, interval: float = 0.5, base_url: str = "/", poll_timeout: float = 15.0):
         super().__init__()
         self.interval = interval
+        self.poll_timeout = poll_timeout
         self.base_url = base_url
         self.version = 0  # bumped whenever the cluster list changes
         self._last_list: Any = None
@@ -171,7 +175,7 @@ class ClusterManager(ClusterHistory):
                     self._keep_live(snap)
                 self._waiting = None
             conns = list(self.connections.values())
-            await asyncio.gather(*(self._tick(c) for c in conns))
+            await asyncio.gather(*(self._tick(c, self.poll_timeout) for c in conns))
             for c in conns:
                 c.jobs.mark_lost(_pid_alive)
             listing = self.clusters()
@@ -180,9 +184,9 @@ class ClusterManager(ClusterHistory):
                 self.version += 1
 
     @staticmethod
-    async def _tick(conn: Connection) -> None:
+    async def _tick(conn: Connection, timeout: float) -> None:
         try:
-            await asyncio.wait_for(conn.tick(), 15)
+            await asyncio.wait_for(conn.tick(), timeout)
         except Exception as exc:
             conn.error = str(exc) or type(exc).__name__
             logger.debug("jupyter-cluster: %s: %s", conn.name, conn.error)

@@ -15,15 +15,22 @@ from typing import Any
 import ipywidgets as w
 
 from .. import backends, config
-from ..backends.local import default_workers
 from ..cluster import session
 from ..errors import ClusterError
 from . import static_render
 from .cluster import ClusterWidget
 
 
-def _default_workers() -> int:
-    return int(config.get("local.workers") or default_workers())
+def _default_workers(backend: str) -> int:
+    """The workers the form shows first: ``backend``'s default, else a local cluster's (its only size rule here)."""
+    for name in (backend, "local"):
+        try:
+            workers = backends.get_backend(name).default_workers()
+        except ClusterError:  # a backend that does not load here
+            continue
+        if workers is not None:
+            return int(workers)
+    return 1
 
 
 class Launcher(static_render.StaticOutput, w.VBox):
@@ -46,7 +53,7 @@ class Launcher(static_render.StaticOutput, w.VBox):
         )
         self.name = w.Text(value="", placeholder="automatic", description="name", style=label)
         self.workers = w.BoundedIntText(
-            value=_default_workers(), min=0, max=100_000, description="workers", style=label
+            value=_default_workers(self.backend.value), min=0, max=100_000, description="workers", style=label
         )
         self.threads = w.BoundedIntText(
             value=int(config.get("local.threads") or 1), min=1, max=1024, description="threads", style=label

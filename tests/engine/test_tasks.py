@@ -41,6 +41,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.netns  # the fallback's swap itself is driven without a network in tests/unit/test_job_loop.py
 def test_unreachable_workers_fall_back_to_plain_tasks_with_one_line(tmp_path):
     """Two network namespaces: the cluster's (scheduler on its veth, workers on its loopback) and the notebook's.
 

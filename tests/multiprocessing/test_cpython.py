@@ -12,7 +12,6 @@ same list is in docs/pool.md).
 from __future__ import annotations
 
 import multiprocessing
-import os
 import unittest
 
 import pytest
@@ -24,7 +23,8 @@ _mp_tests = pytest.importorskip(
     reason="this Python was installed without its test package (e.g. Debian's python3 without libpython3-testsuite)",
 )
 
-pytestmark = pytest.mark.timeout(60)
+# the cases' objects use the current cluster: the module's 2-worker one (tests/conftest.py)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("cpython_cases_cluster")]
 
 #: Expected failures: case name -> reason.  Filled from runs of this module (see docs/pool.md).
 EXPECTED_FAILURES: dict[str, str] = {
@@ -42,20 +42,6 @@ EXPECTED_FAILURES: dict[str, str] = {
     "_TestCondition.test_notify_all": "reads the Condition's private _sleeping_count semaphore",
     "_TestCondition.test_notify_n": "reads the Condition's private _sleeping_count semaphore",
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _current_cluster(cluster):
-    """The cases' objects use the current cluster: the module's 2-worker one.
-
-    Some cases leave empty files named like ``test.support.os_helper.TESTFN`` (``@test_<pid>_tmp...``,
-    the pid a worker's) in the working directory, the checkout: they are removed afterwards.
-    """
-    before = set(os.listdir("."))
-    yield cluster
-    for name in set(os.listdir(".")) - before:
-        if name.startswith("@test_") and os.path.isfile(name):
-            os.remove(name)
 
 
 class JupyterClusterMixin(_mp_tests.BaseMixin):

@@ -97,6 +97,9 @@ def test_scale_sim_quick_runs_end_to_end(tmp_path):
 STARTUP_CASES = ("jc", "jc spawn", "jc after load_ext", "kernel", "dask", "mp fork", "mp spawn")
 
 
+# 12-47 s (seven child interpreters, a kernel among them); what each case starts is tested in the fast layer
+# (tests/cluster/test_startup.py, test_scripts.py, the kernel tests): here only that the script runs
+@pytest.mark.slow
 def test_startup_runs_every_case_and_prints_its_table():
     proc = subprocess.run(
         [

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -125,6 +126,16 @@ def test_make_test_is_the_fast_layer_and_test_all_everything(tmp_path):
     (fast,) = [ln for ln in _dry("test", f"VENV={tmp_path}/venv") if "-m pytest" in ln]
     (full,) = [ln for ln in _dry("test-all", f"VENV={tmp_path}/venv") if "-m pytest" in ln]
     assert "--run-all" not in fast and "--run-all" in full, (fast, full)
+
+
+@pytest.mark.parametrize("target", ["test", "test-all"])
+def test_make_test_hands_out_the_longest_modules_first_and_says_how_long_it_took(tmp_path, target):
+    (line,) = [ln for ln in _dry(target, f"VENV={tmp_path}/venv") if "-m pytest" in ln]
+    # tests/conftest.py's order (LONGEST_FIRST), not pytest-xdist's (most tests first)
+    assert "--dist loadfile --no-loadscope-reorder" in line, line
+    # the wall time last, and pytest's exit status kept
+    assert f'echo "make {target}: ' in line and line.rstrip().endswith("exit $status"), line
+    assert 0 <= time.time() - int(line.split("$(date +%s) - ", 1)[1].split(" ", 1)[0]) < 600, line
 
 
 def test_opt_in_layers_are_skipped_unless_asked(tmp_path):

@@ -30,19 +30,14 @@ _mp_tests = pytest.importorskip(
 )
 
 # A case that hangs (terminate() not freeing the workers' threads) must fail, not stall CI.
-pytestmark = pytest.mark.timeout(120)
+# The cases' ``Pool(n)`` use the current cluster: the module's 2-worker one (tests/conftest.py)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("cpython_cases_cluster")]
 
 #: Cases left out, with the reason: they read what only multiprocessing's Pool has.
 EXCLUDED = {
     "test_make_pool": "reads Pool._pool, multiprocessing's private list of its worker processes "
     "(a cluster's pool owns no processes); its ValueError checks run in test_pool_conformance.py",
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _current_cluster(cluster):
-    """The cases' ``Pool(n)`` use the current cluster: the module's 2-worker one."""
-    yield cluster
 
 
 class JupyterClusterMixin(_mp_tests.BaseMixin):

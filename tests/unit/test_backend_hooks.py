@@ -141,6 +141,45 @@ def test_no_remote_list_where_none_is_configured():
         )
 
 
+def test_the_launcher_shows_the_default_size_its_backend_gives():
+    """The widget asks the backend (``Backend.default_workers``), not the local backend's module."""
+    import dask
+
+    from jupyter_cluster.widgets.launcher import Launcher
+
+    assert backends.Backend().default_workers() is None and backends.get_backend("slurm").default_workers() is None
+    with dask.config.set({"jupyter-cluster.local.workers": 3}):
+        assert backends.get_backend("local").default_workers() == 3
+        launcher = Launcher()
+        assert launcher.workers.value == 3
+        launcher.close()
+    with dask.config.set({"jupyter-cluster.local.workers": None}):
+        assert backends.get_backend("local").default_workers() == len(os.sched_getaffinity(0))
+
+
+def test_the_gateway_backend_gives_the_dashboard_proxy_its_login_never_a_password_over_plain_http():
+    """The Jupyter server's dashboard proxy asks the record's backend (``Backend.dashboard_login``) for its login."""
+    import base64
+
+    import dask
+
+    pytest.importorskip("dask_gateway")
+    from jupyter_cluster.server.gateway_dashboard import Refused, auth_headers
+
+    basic = {"gateway.auth.type": "basic", "gateway.auth.kwargs": {"username": "alice", "password": "pw"}}
+    with dask.config.set(basic):
+        expected = {"Authorization": "Basic " + base64.b64encode(b"alice:pw").decode()}
+        assert backends.dashboard_login("gateway", "http://127.0.0.1:8000") == expected
+        assert auth_headers("https://192.0.2.1:8000", "gateway") == expected
+        with pytest.raises(ClusterError, match="plain http:// to another machine"):
+            backends.dashboard_login("gateway", "http://192.0.2.1:8000")
+        with pytest.raises(Refused, match="plain http:// to another machine"):
+            auth_headers("http://192.0.2.1:8000", "gateway")
+        # a backend with no login of its own (or none known here) sends none
+        assert backends.dashboard_login("local", "http://192.0.2.1:8000") == {}
+        assert backends.dashboard_login("nosuch", "http://192.0.2.1:8000") == {}
+
+
 def test_the_backends_install_the_registrys_clean_up_hook():
     """The registry (state) asks the dead owner's backend through the hook the backends' package installs."""
     assert orphans._hook is backends.cleanup_orphan

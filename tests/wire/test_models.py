@@ -258,14 +258,29 @@ def _tool(name: str) -> str:
     return os.path.join(ROOT, "node_modules", ".bin", name)
 
 
-def test_typescript_reads_the_builders_payloads():
-    """Write the fixture, then tsc type-checks it against messages.ts and Jest feeds it to the reducers."""
+def _write_fixture() -> tuple[str | None, str]:
+    """Write the builders' payloads as the fixture the TypeScript tests read; (what it held, what it holds)."""
     text = json.dumps(payloads(), indent=2, sort_keys=True) + "\n"
     os.makedirs(os.path.dirname(FIXTURE), exist_ok=True)
     old = open(FIXTURE).read() if os.path.exists(FIXTURE) else None
     if old != text:
         with open(FIXTURE, "w") as f:
             f.write(text)
+    return old, text
+
+
+def test_the_fixture_the_typescript_reads_holds_the_builders_payloads():
+    """The fast layer's half: the TypeScript side reads the fixture in ``make lint`` (tsc, tsconfig.test.json)
+    and in Jest's contract.spec.ts (tests/packaging/test_labextension.py), so it must be today's payloads."""
+    old, text = _write_fixture()
+    assert old == text, "the Python builders' payloads changed: wire.json was rewritten; commit it with the change"
+
+
+# The same tsc and Jest run in the fast layer, from `make lint` and tests/packaging/test_labextension.py
+@pytest.mark.slow
+def test_typescript_reads_the_builders_payloads():
+    """Write the fixture, then tsc type-checks it against messages.ts and Jest feeds it to the reducers."""
+    old, text = _write_fixture()
     if not (os.path.exists(_tool("tsc")) and os.path.exists(_tool("jest")) and shutil.which("node")):
         pytest.fail("node_modules has no tsc/jest; run `make setup` (jlpm install) first.")
     env = dict(os.environ, PATH=os.path.dirname(shutil.which("node")) + os.pathsep + os.environ.get("PATH", ""))

@@ -178,6 +178,10 @@ class LocalBackend(Backend):
         if processes is not False and gpus in (None, False) and use_forkserver():
             start_forkserver()
 
+    def default_workers(self) -> int:
+        """``local.workers`` in the configuration, else one per CPU this process may run on."""
+        return int(config.get("local.workers") or default_workers())
+
     @staticmethod
     def max_workers() -> int:
         """The most worker processes this machine can run (see :func:`max_local_workers`)."""
@@ -210,11 +214,7 @@ class LocalBackend(Backend):
             )
         if devices is not None and processes is False:
             raise ClusterError("--gpus needs worker processes (each pinned to its GPU); leave out processes=False.")
-        workers = (
-            workers
-            if workers is not None
-            else (len(devices) if devices is not None else (config.get("local.workers") or default_workers()))
-        )
+        workers = workers if workers is not None else (len(devices) if devices is not None else self.default_workers())
         threads = threads if threads is not None else config.get("local.threads")
         memory_limit = memory_limit if memory_limit is not None else config.get("local.memory-limit")
         host = host or config.get("local.host")
@@ -326,7 +326,7 @@ class LocalBackend(Backend):
     ) -> StartedCluster:
         cleanup = []
         extra: dict[str, Any] = {}
-        dashboard_link = cluster.dashboard_link
+        fields: dict[str, Any] = {}  # the cluster's own dashboard link unless its dashboard is off TCP
         if security is not None:
             cleanup.append(lambda: forget_security(cred_name, identity))
             # a cluster dropped without stop; the collector may get to it after a newer cluster took its name
@@ -339,15 +339,9 @@ class LocalBackend(Backend):
                 cleanup.append(lambda: remove_dashboard_socket(sock))
                 weakref.finalize(cluster, remove_dashboard_socket, sock)
                 extra["dashboard_socket"] = sock
-                dashboard_link = link(parent_server_base_url(), cred_name)
-        return StartedCluster(
-            address=cluster.scheduler_address,
-            dashboard_link=dashboard_link,
-            cluster=cluster,
-            security=security,
-            worker_plugins=to_register,
-            cleanup=cleanup,
-            extra=extra,
+                fields["dashboard_link"] = link(parent_server_base_url(), cred_name)
+        return StartedCluster.of(
+            cluster, security=security, worker_plugins=to_register, cleanup=cleanup, extra=extra, **fields
         )
 
     @staticmethod
