@@ -181,3 +181,48 @@ def test_items_still_find_their_worker_and_secede_from_the_batchs_helper_thread(
     assert set(mapping.map(where_am_i, range(2), timeout=30, client=cluster, progress=False)) <= addresses
     assert mapping.map(nested, range(4), client=cluster, progress=False) == [0, 1, 2, 3]
     assert mapping.map(abs, [-1, -2], client=cluster, progress=False) == [1, 2]  # the pool is whole again
+
+
+def seceded_pair(k):
+    """Item 0 waits for a nested task (secede, rejoin) and is done; item 1 then waits for a task on item 0's worker."""
+    from distributed import Variable, get_worker, worker_client
+
+    here = get_worker().address
+    with worker_client() as client:
+        first = Variable("jc-test-stalls-first-worker", client=client)
+        if k == 0:
+            assert client.submit(abs, -1, pure=False).result(timeout=30) == 1
+            first.set(here)
+            return here
+        there = first.get(timeout=30)
+        time.sleep(0.5)  # item 0 rejoined and returned: its lease is idle in this map, its batch answered
+        assert client.submit(abs, -2, pure=False, workers=[there], allow_other_workers=False).result(timeout=30) == 2
+        return here
+
+
+def test_a_task_on_the_worker_of_an_item_that_seceded_and_returned_runs(cluster):
+    """The CI hang (~1 run in 10 alone): Dask counts a lease whose item seceded as long-running for good,
+    so it started a nested task of another item "on its free thread", which the rejoined lease held.
+
+    Old: the task waited in the worker's pool queue behind the idle lease, the item for it, the map
+    for the item: for ever (here 30 s, then the item's TimeoutError).
+    """
+    t0 = time.monotonic()
+    where = mapping.map(seceded_pair, [0, 1], client=cluster, progress=False)
+    assert time.monotonic() - t0 < 25
+    assert len(where) == 2
+    assert mapping.map(abs, [-1, -2], client=cluster, progress=False) == [1, 2]
+
+
+def test_work_after_a_map_whose_items_seceded_is_not_queued_behind_its_lease():
+    """Old: the map's lease, idle in the client's pool (engine.linger, 60 s), held the 1-thread worker's
+    only seat while Dask counted its task long-running: a task submitted next waited 60 s for it."""
+    handle = jc.start(workers=1, threads=1)
+    try:
+        assert mapping.map(nested, [1, 2], client=handle, progress=False) == [1, 2]
+        t0 = time.monotonic()
+        assert handle.client.submit(abs, -3, pure=False).result(timeout=30) == 3
+        assert time.monotonic() - t0 < 15
+        assert mapping.map(abs, [-1, -2], client=handle, progress=False) == [1, 2]
+    finally:
+        handle.close()

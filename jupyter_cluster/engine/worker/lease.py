@@ -29,9 +29,13 @@ import time
 from ..protocol import Batch, MapRun, Status, unpack
 from . import registry
 from .groups import took_stop
+from .pool_seat import out_of_pool
 from .handlers import install
 from .registry import _REGISTRY, _WAKE, _ask_room, _Lease, _matches, _set
 from .run import _STATE, run_chunk
+
+#: A lease whose items seceded ends once it has been idle this long, in seconds (see :func:`lease`).
+SECEDED_IDLE_SECONDS = 1.0
 
 
 def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
@@ -88,6 +92,11 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
                 entry = me.mailbox.get(timeout=registry.IDLE_CHECK_SECONDS)
             except queue.Empty:
                 if cancelled():
+                    return runs
+                if out_of_pool() and time.monotonic() - me.last_end >= SECEDED_IDLE_SECONDS:
+                    # Its items seceded (worker_client()): Dask counts it long-running, its thread as free,
+                    # and it holds no seat in the pool (pool_seat).  Idle, it ends, so that the client's
+                    # next map places a lease that holds a thread as leases do.
                     return runs
                 if state.ready or state.constrained:  # the plugin's hook was missed: ask again
                     _ask_room(worker)

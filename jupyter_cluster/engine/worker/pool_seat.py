@@ -84,6 +84,11 @@ def lend(helper: threading.Thread) -> Seat | None:
     return Seat(executor, lent=True)
 
 
+def out_of_pool() -> bool:
+    """In a task thread: whether its task seceded (it ends after its task, as a seceded thread does)."""
+    return getattr(_tpe().thread_state, "proceed", True) is False
+
+
 def sit(seat: Seat | None) -> None:
     """In the helper, before the call: the pool's per-thread state, as its own threads have it."""
     if seat is not None:
