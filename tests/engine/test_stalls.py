@@ -22,6 +22,7 @@ import pytest
 import jupyter_cluster as jc
 from jupyter_cluster import mapping
 from jupyter_cluster.engine import paused as engine_paused
+from jupyter_cluster.engine import threads_watch
 from jupyter_cluster.engine.planner import PROBE_ITEMS
 from jupyter_cluster.errors import ClusterError
 
@@ -224,5 +225,30 @@ def test_work_after_a_map_whose_items_seceded_is_not_queued_behind_its_lease():
         assert handle.client.submit(abs, -3, pure=False).result(timeout=30) == 3
         assert time.monotonic() - t0 < 15
         assert mapping.map(abs, [-1, -2], client=handle, progress=False) == [1, 2]
+    finally:
+        handle.close()
+
+
+def waits_for_its_task_on_its_thread(x):
+    from distributed import get_client
+
+    return get_client().submit(abs, -x, pure=False).result()  # no worker_client(): its thread stays taken
+
+
+def test_a_map_whose_items_wait_for_tasks_that_wait_for_their_threads_says_so(monkeypatch):
+    """Old: no word, the map waited for ever (1 thread, held by the item that waits for its task)."""
+    monkeypatch.setattr(threads_watch, "NOTICE_SECONDS", 2.0)
+    monkeypatch.setattr(threads_watch, "LOOK_EVERY_SECONDS", 0.5)
+    handle = jc.start(workers=1, threads=1)
+    try:
+        stamped = _Stamped(sys.stderr, "wait for a thread")
+        monkeypatch.setattr(sys, "stderr", stamped)
+        job = mapping.MapJob(waits_for_its_task_on_its_thread, ([1],), client=handle, progress=False)
+        t0 = time.monotonic()
+        while stamped.at is None and not job.finished and time.monotonic() < t0 + 40:
+            job._step()
+        assert stamped.at is not None and stamped.at - t0 < 25, "no word of the task waiting for a thread"
+        assert not job.finished
+        job.cancel()
     finally:
         handle.close()

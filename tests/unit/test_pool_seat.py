@@ -89,3 +89,24 @@ def test_a_call_that_does_not_secede_gives_the_seat_back(pool):
     assert held.result(timeout=10) == "lease ended"
     assert other.result(timeout=10) == "other"
     assert len(pool._threads) == 1
+
+
+def test_the_threads_watch_counts_tasks_waiting_for_a_thread():
+    from jupyter_cluster.engine.threads_watch import ThreadsWatch, waiting_for_threads
+    from jupyter_cluster.engine.worker.registry import UNSTARTED_METRIC
+
+    workers = {
+        "a": {"metrics": {"task_counts": {"ready": 1, "executing": 1}, UNSTARTED_METRIC: 0}},
+        "b": {"metrics": {"task_counts": {"executing": 2}, UNSTARTED_METRIC: 1}},
+        "c": {"metrics": {"task_counts": {"long-running": 1}}},
+        "d": {},
+    }
+    assert waiting_for_threads(workers) == {"a": 1, "b": 1}
+    watch = ThreadsWatch(lambda: workers)
+    watch.check(3, True, now=0.0)
+    watch.check(3, True, now=30.0)
+    assert not watch.told  # long items look the same for a while
+    watch.check(3, False, now=100.0)
+    assert not watch.told  # nothing in flight: not this watch's case
+    watch.check(3, True, now=100.0)
+    assert watch.told

@@ -1,7 +1,9 @@
 """The lease task: one ordinary Dask task per worker thread a map uses, running batches from its mailbox.
 
 It does not secede: the thread stays "executing" in Dask's accounting, so
-other work on the cluster never gets a thread a lease holds.  Between maps a
+other work on the cluster never gets a thread a lease holds (unless its
+items secede, ``worker_client()``: the lease then holds no seat in Dask's
+pool, :mod:`.pool_seat`, and ends once idle).  Between maps a
 lease is *idle* and waits in its client's pool for the next map
 (``engine.linger``); it gives its thread up as soon as a task needs it
 (:func:`.registry._make_room`).  A lease of a running map always has its next
@@ -29,8 +31,8 @@ import time
 from ..protocol import Batch, MapRun, Status, unpack
 from . import registry
 from .groups import took_stop
-from .pool_seat import out_of_pool
 from .handlers import install
+from .pool_seat import out_of_pool
 from .registry import _REGISTRY, _WAKE, _ask_room, _Lease, _matches, _set
 from .run import _STATE, run_chunk
 
