@@ -11,7 +11,8 @@ fixed in :mod:`.worker.pool_seat`) shows in the engine's own metric
 (:data:`.worker.registry.UNSTARTED_METRIC`).  Legitimately long items look
 the same for a while, so the watch says nothing before
 :data:`NOTICE_SECONDS` without a finished item, then says it once and lets
-the map wait (the user interrupts it).
+the map wait (the user interrupts it).  Maps on leases only: on the task
+path the map's own queued tasks wait for threads by design.
 """
 
 from __future__ import annotations

@@ -79,8 +79,9 @@ def lend(helper: threading.Thread) -> Seat | None:
         # lease): there is no seat to lend, and taking one back afterwards would count a thread that
         # ends with its task, leaving the pool a thread short for good.  The helper is out as it is.
         return Seat(executor, lent=False)
-    executor._threads.add(helper)
-    executor._threads.discard(threading.current_thread())
+    with _tpe().threads_lock:  # as secede() changes the pool's threads: its count of them stays right
+        executor._threads.add(helper)
+        executor._threads.discard(threading.current_thread())
     return Seat(executor, lent=True)
 
 
