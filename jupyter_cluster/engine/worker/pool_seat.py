@@ -18,8 +18,8 @@ worker), so it starts other work on the thread it believes free.  A
 rejoined lease took that seat back and held it for the rest of its life
 (batch after batch, then idle for ``engine.linger``): the work Dask started
 "on it" waited in the pool's queue, and a nested task an item of the same
-map waited for (``worker_client()``) hung the map for ever (issue: the
-1-thread workers' ``test_items_still_find_their_worker...``, ~1 run in 10).
+map waited for (``worker_client()``) hung the map for ever (a CI timeout of
+``tests/engine/test_stalls.py``'s nested map on 1-thread workers).
 """
 
 from __future__ import annotations
