@@ -79,6 +79,7 @@ from .planner import MAX_CHUNK_ITEMS
 from .port import ClusterPort, LivePort
 from .protocol import ChunkResult, MapRun, RemoteItemError  # noqa: F401  (RemoteItemError: re-exported by mapping)
 from .record import JobRecord
+from .threads_watch import ThreadsWatch
 from .window import InputWindow
 
 #: Stands for "no result yet" in the per-item lookup (None may be a result).
@@ -163,6 +164,7 @@ class MapJob(JobRecord):
         self._next_check = 0.0
         where = f"cluster {self.cluster!r}" if isinstance(self.cluster, str) else "the cluster"
         self._paused = PausedWatch(self._port.workers, where, self.resources)
+        self._threads_watch = ThreadsWatch(self._port.workers)
         self._no_workers = NoWorkersNotice(self._port.threads, self._port.adaptive, where)
         #: Sends the chunks: the direct path's or the task path's, picked on the first step (.paths).
         self._dispatcher: Dispatcher | None = None
@@ -291,6 +293,9 @@ class MapJob(JobRecord):
                 self._check_connection()
                 self._no_workers.check(now)
                 self._paused.check(self.done + self.failed, not self._inflight, now)
+                # On the task path the map's own queued tasks wait for threads: that is its way.
+                leases = getattr(self._dispatcher, "name", None) == "direct"
+                self._threads_watch.check(self.done + self.failed, bool(self._inflight) and leases, now)
                 if self._window.pin is not None:
                     self._check_pinned_workers()
             self._observers.maybe_progress()

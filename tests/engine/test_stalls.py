@@ -22,6 +22,7 @@ import pytest
 import jupyter_cluster as jc
 from jupyter_cluster import mapping
 from jupyter_cluster.engine import paused as engine_paused
+from jupyter_cluster.engine import threads_watch
 from jupyter_cluster.engine.planner import PROBE_ITEMS
 from jupyter_cluster.errors import ClusterError
 
@@ -181,3 +182,73 @@ def test_items_still_find_their_worker_and_secede_from_the_batchs_helper_thread(
     assert set(mapping.map(where_am_i, range(2), timeout=30, client=cluster, progress=False)) <= addresses
     assert mapping.map(nested, range(4), client=cluster, progress=False) == [0, 1, 2, 3]
     assert mapping.map(abs, [-1, -2], client=cluster, progress=False) == [1, 2]  # the pool is whole again
+
+
+def seceded_pair(k):
+    """Item 0 waits for a nested task (secede, rejoin) and is done; item 1 then waits for a task on item 0's worker."""
+    from distributed import Variable, get_worker, worker_client
+
+    here = get_worker().address
+    with worker_client() as client:
+        first = Variable("jc-test-stalls-first-worker", client=client)
+        if k == 0:
+            assert client.submit(abs, -1, pure=False).result(timeout=30) == 1
+            first.set(here)
+            return here
+        there = first.get(timeout=30)
+        time.sleep(0.5)  # item 0 rejoined and returned: its lease is idle in this map, its batch answered
+        assert client.submit(abs, -2, pure=False, workers=[there], allow_other_workers=False).result(timeout=30) == 2
+        return here
+
+
+def test_a_task_on_the_worker_of_an_item_that_seceded_and_returned_runs(cluster):
+    """The CI hang (~1 run in 10 alone): Dask counts a lease whose item seceded as long-running for good,
+    so it started a nested task of another item "on its free thread", which the rejoined lease held.
+
+    Old: the task waited in the worker's pool queue behind the idle lease, the item for it, the map
+    for the item: for ever (here 30 s, then the item's TimeoutError).
+    """
+    t0 = time.monotonic()
+    where = mapping.map(seceded_pair, [0, 1], client=cluster, progress=False)
+    assert time.monotonic() - t0 < 25
+    assert len(where) == 2
+    assert mapping.map(abs, [-1, -2], client=cluster, progress=False) == [1, 2]
+
+
+def test_work_after_a_map_whose_items_seceded_is_not_queued_behind_its_lease():
+    """Old: the map's lease, idle in the client's pool (engine.linger, 60 s), held the 1-thread worker's
+    only seat while Dask counted its task long-running: a task submitted next waited 60 s for it."""
+    handle = jc.start(workers=1, threads=1)
+    try:
+        assert mapping.map(nested, [1, 2], client=handle, progress=False) == [1, 2]
+        t0 = time.monotonic()
+        assert handle.client.submit(abs, -3, pure=False).result(timeout=30) == 3
+        assert time.monotonic() - t0 < 15
+        assert mapping.map(abs, [-1, -2], client=handle, progress=False) == [1, 2]
+    finally:
+        handle.close()
+
+
+def waits_for_its_task_on_its_thread(x):
+    from distributed import get_client
+
+    return get_client().submit(abs, -x, pure=False).result()  # no worker_client(): its thread stays taken
+
+
+def test_a_map_whose_items_wait_for_tasks_that_wait_for_their_threads_says_so(monkeypatch):
+    """Old: no word, the map waited for ever (1 thread, held by the item that waits for its task)."""
+    monkeypatch.setattr(threads_watch, "NOTICE_SECONDS", 2.0)
+    monkeypatch.setattr(threads_watch, "LOOK_EVERY_SECONDS", 0.5)
+    handle = jc.start(workers=1, threads=1)
+    try:
+        stamped = _Stamped(sys.stderr, "wait for a thread")
+        monkeypatch.setattr(sys, "stderr", stamped)
+        job = mapping.MapJob(waits_for_its_task_on_its_thread, ([1],), client=handle, progress=False)
+        t0 = time.monotonic()
+        while stamped.at is None and not job.finished and time.monotonic() < t0 + 40:
+            job._step()
+        assert stamped.at is not None and stamped.at - t0 < 25, "no word of the task waiting for a thread"
+        assert not job.finished
+        job.cancel()
+    finally:
+        handle.close()

@@ -104,19 +104,19 @@ class _GroupRunner:
             job = self.jobs.get()
             if job is None:
                 return
-            call, args, state, ctx, executor, done, box, seceded = job
+            call, args, state, ctx, seat, done, box = job
             # get_worker(), get_client() and the task's key work in the call as in its task thread
             # (distributed keeps the worker in a context variable: the task thread's context runs the
             # call), and so do secede() and rejoin() (worker_client()): the helper holds its seat.
             thread_state.__dict__.update(state)
-            pool_seat.sit(executor)
+            pool_seat.sit(seat)
             try:
                 box.append((True, ctx.run(call, *args)))
             except BaseException as exc:  # noqa: BLE001 - handed to the task thread
                 box.append((False, exc))
             finally:
                 thread_state.__dict__.clear()
-                seceded.append(pool_seat.stand(executor))
+                pool_seat.stand(seat)
                 done.set()
 
 
@@ -138,21 +138,20 @@ def run_in_group(name: str, call: Callable, *args: Any) -> Any:
         runner = local.group_runner = _GroupRunner()
     done: threading.Event = threading.Event()
     box: list = []
-    seceded: list = []
     with _GROUPS_LOCK:
         group.running[runner.thread] = done
-    executor = None
+    seat = None
     try:
         if group.stopped.is_set():  # stopped between the check above and the registration
             raise GroupStopped(f"stop group {name} was stopped")
-        executor = pool_seat.lend(runner.thread)
+        seat = pool_seat.lend(runner.thread)
         ctx = contextvars.copy_context()
-        runner.jobs.put((call, args, dict(thread_state.__dict__), ctx, executor, done, box, seceded))
+        runner.jobs.put((call, args, dict(thread_state.__dict__), ctx, seat, done, box))
         done.wait()
     finally:
         with _GROUPS_LOCK:
             group.running.pop(runner.thread, None)
-        pool_seat.take_back(executor, runner.thread, bool(seceded and seceded[0]))
+        pool_seat.take_back(seat, runner.thread)
     if group.stopped.is_set():
         # Woken by stop_group, or stopped as the call ended: GroupStopped may still land in the helper
         # (raised asynchronously), so it is not used again; it ends after its call, and a new one is made.

@@ -1,7 +1,9 @@
 """The lease task: one ordinary Dask task per worker thread a map uses, running batches from its mailbox.
 
 It does not secede: the thread stays "executing" in Dask's accounting, so
-other work on the cluster never gets a thread a lease holds.  Between maps a
+other work on the cluster never gets a thread a lease holds (unless its
+items secede, ``worker_client()``: the lease then holds no seat in Dask's
+pool, :mod:`.pool_seat`, and ends once idle).  Between maps a
 lease is *idle* and waits in its client's pool for the next map
 (``engine.linger``); it gives its thread up as soon as a task needs it
 (:func:`.registry._make_room`).  A lease of a running map always has its next
@@ -30,8 +32,12 @@ from ..protocol import Batch, MapRun, Status, unpack
 from . import registry
 from .groups import took_stop
 from .handlers import install
+from .pool_seat import out_of_pool
 from .registry import _REGISTRY, _WAKE, _ask_room, _Lease, _matches, _set
 from .run import _STATE, run_chunk
+
+#: A lease whose items seceded ends once it has been idle this long, in seconds (see :func:`lease`).
+SECEDED_IDLE_SECONDS = 1.0
 
 
 def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
@@ -88,6 +94,11 @@ def lease(lease_id: str, secret: str, big: dict | None = None) -> int:
                 entry = me.mailbox.get(timeout=registry.IDLE_CHECK_SECONDS)
             except queue.Empty:
                 if cancelled():
+                    return runs
+                if out_of_pool() and time.monotonic() - me.last_end >= SECEDED_IDLE_SECONDS:
+                    # Its items seceded (worker_client()): Dask counts it long-running, its thread as free,
+                    # and it holds no seat in the pool (pool_seat).  Idle, it ends, so that the client's
+                    # next map places a lease that holds a thread as leases do.
                     return runs
                 if state.ready or state.constrained:  # the plugin's hook was missed: ask again
                     _ask_room(worker)

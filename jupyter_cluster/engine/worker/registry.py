@@ -35,6 +35,9 @@ EARLY_WAIT_SECONDS = 0.5
 #: that says how many of a worker's leases are working: the server shows the others as idle.
 BUSY_METRIC = "jc_busy_leases"
 
+#: The custom worker metric that says how many tasks Dask started there wait in its thread pool's queue.
+UNSTARTED_METRIC = "jc_unstarted_tasks"
+
 #: Put in a lease's mailbox to make it look at once whether it should end (yield its thread, or cancelled).
 _WAKE = "wake"
 
@@ -103,9 +106,21 @@ def _working(ls: _Lease, recent: float | None = None) -> bool:
     return ls.busy or not ls.mailbox.empty() or (recent is not None and ls.last_end > recent)
 
 
+def unstarted_tasks(worker) -> int:
+    """Tasks of ``worker`` that Dask started and its thread pool has not: they wait for a thread (a metric).
+
+    Nothing waits there while Dask's count of free threads is right; a map
+    that stalls with some says so (:class:`..threads_watch.ThreadsWatch`).
+    """
+    queued = getattr(worker.executors.get("default"), "_work_queue", None)
+    return queued.qsize() if queued is not None else 0
+
+
 def report_busy(worker) -> None:
-    """Have ``worker``'s heartbeats carry :func:`busy_leases` as :data:`BUSY_METRIC` (once per worker)."""
+    """Have ``worker``'s heartbeats carry :func:`busy_leases` as :data:`BUSY_METRIC` (once per worker),
+    and :func:`unstarted_tasks` as :data:`UNSTARTED_METRIC`."""
     worker.metrics.setdefault(BUSY_METRIC, busy_leases)
+    worker.metrics.setdefault(UNSTARTED_METRIC, unstarted_tasks)
 
 
 def _matches(lease: _Lease | None, secret: Any) -> bool:
