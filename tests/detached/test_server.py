@@ -38,7 +38,7 @@ def test_rest_lists_detached_jobs_and_kept_clusters_across_a_server_restart(tmp_
     try:
         handle = jc.start(keep=True, workers=2, idle_timeout=300, name="srv-k")
         # the submitting kernel's notebook (as a Jupyter server names it) and cell: the host has neither
-        monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "sweeps.ipynb"))
+        monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "srv-sweeps.ipynb"))
         ip.run_cell(
             "%%parallel x in range(12) --detach srv-job --chunksize 1\n"
             "import time, jupyter_cluster\ntime.sleep(0.3)\njupyter_cluster.report(step=x, score=float(x))\n-x",
@@ -77,10 +77,10 @@ def test_rest_lists_detached_jobs_and_kept_clusters_across_a_server_restart(tmp_
         )
         assert run["state"] == "finished" and run["cluster"] == "srv-k" and run["metrics"] == ["score"], run
         # its notebook and cell are the submitting kernel's, so the panel links to them as for any run
-        assert run["notebook"] == "sweeps.ipynb" and run["cell"]["cell_id"] == "detached-cell-1", run
+        assert run["notebook"] == "srv-sweeps.ipynb" and run["cell"]["cell_id"] == "detached-cell-1", run
         assert run["cell"]["first_line"].startswith("%%parallel x in range(12) --detach srv-job"), run
-        assert run["name"].startswith("sweeps.ipynb · In ["), run
-        assert [r["run"] for r in _get(server, "runs?notebook=sweeps.ipynb")["runs"]] == [run["run"]]
+        assert run["name"].startswith("srv-sweeps.ipynb · In ["), run
+        assert [r["run"] for r in _get(server, "runs?notebook=srv-sweeps.ipynb")["runs"]] == [run["run"]]
 
         # and jc.runs() in a kernel of that notebook lists it (a plain map over range(): one row), with its reports
         def runs_row() -> dict | None:  # its reports reach this kernel's topic store a little after the server's
@@ -94,7 +94,7 @@ def test_rest_lists_detached_jobs_and_kept_clusters_across_a_server_restart(tmp_
             return {**rows[0], "score.best": best}
 
         row = wait_for(runs_row, 30, interval=0.5, message="the run's row in jc.runs(), with its reports")
-        assert row["state"] == "finished" and row["notebook"] == str(tmp_path / "sweeps.ipynb"), row
+        assert row["state"] == "finished" and row["notebook"] == str(tmp_path / "srv-sweeps.ipynb"), row
         assert row["cell"] == run["cell"]["execution_count"] and row["score.best"] == 11.0, row
         curves = _get(server, f"runs/{run['run']}/curves")
         assert "score" in json.dumps(curves), curves

@@ -122,9 +122,9 @@ def test_two_notebooks_keep_their_jobs_and_runs_while_a_third_floods(setup):
     server = setup
     kcs = []
     try:
-        a, _ = notebook_kernel(server, "a.ipynb")
-        b, kernel_b = notebook_kernel(server, "sub/b.ipynb")
-        flood, _ = notebook_kernel(server, "flood.ipynb")
+        a, _ = notebook_kernel(server, "runs-a.ipynb")
+        b, kernel_b = notebook_kernel(server, "sub/runs-b.ipynb")
+        flood, _ = notebook_kernel(server, "runs-flood.ipynb")
         kcs = [a, b, flood]
         kernel_ok(a, SWEEP_A)
         kernel_ok(b, "import jupyter_cluster as jc\njc.map(abs, [-1, -2, -3])")
@@ -132,31 +132,31 @@ def test_two_notebooks_keep_their_jobs_and_runs_while_a_third_floods(setup):
         def mine(nb):
             return [j for j in api(server, "jobs", notebook=nb, cluster="runs-c")["recent"]]
 
-        a_jobs = wait_for(lambda: mine("a.ipynb"), 30, message="a.ipynb's job on the server")
-        b_jobs = wait_for(lambda: mine("sub/b.ipynb"), 30, message="b.ipynb's job on the server")
+        a_jobs = wait_for(lambda: mine("runs-a.ipynb"), 30, message="runs-a.ipynb's job on the server")
+        b_jobs = wait_for(lambda: mine("sub/runs-b.ipynb"), 30, message="b.ipynb's job on the server")
         out = kernel_ok(
             flood,
             "import jupyter_cluster as jc\nfor i in range(40):\n    jc.map(abs, [i])\nfrom jupyter_cluster.tracking.record import kept_jobs\nprint(kept_jobs()[-1]['job'])",
         )
         last = out.strip().splitlines()[-1]
         wait_for(
-            lambda: last in {j["job"] for j in api(server, "jobs", notebook="flood.ipynb")["recent"]},
+            lambda: last in {j["job"] for j in api(server, "jobs", notebook="runs-flood.ipynb")["recent"]},
             30,
             message="the flood's last job on the server",
         )
 
         # the quiet notebooks' jobs are all still there, with their context
-        [ja] = mine("a.ipynb")
+        [ja] = mine("runs-a.ipynb")
         assert ja == a_jobs[0] or ja["job"] == a_jobs[0]["job"]
         assert ja["failed"] == 1 and "ValueError: item one fails" in ja["failures"][0]["error"]
-        assert ja["notebook"] == "a.ipynb" and ja["cell"]["first_line"].startswith("%%parallel x in range(3)")
+        assert ja["notebook"] == "runs-a.ipynb" and ja["cell"]["first_line"].startswith("%%parallel x in range(3)")
         assert ja["kind"] == "map" and ja["item_count"] == 3 and "items" not in ja  # the job list leaves items out
-        assert ja["name"] == f"a.ipynb · In [{ja['cell']['execution_count']}] · %%parallel x in range(3)"
+        assert ja["name"] == f"runs-a.ipynb · In [{ja['cell']['execution_count']}] · %%parallel x in range(3)"
         assert ja["duration"] > 0
-        assert [j["job"] for j in mine("sub/b.ipynb")] == [b_jobs[0]["job"]]
+        assert [j["job"] for j in mine("sub/runs-b.ipynb")] == [b_jobs[0]["job"]]
         assert b_jobs[0]["kernel_id"] == kernel_b
         # the flood kept only what its own budget holds
-        flooded = api(server, "jobs", notebook="flood.ipynb")["recent"]
+        flooded = api(server, "jobs", notebook="runs-flood.ipynb")["recent"]
         assert 2 <= len(flooded) < 40
         assert sum(len(str(j)) for j in flooded) < 2 * OWNER_BYTES
         # the unfiltered list has every notebook's jobs
@@ -164,8 +164,8 @@ def test_two_notebooks_keep_their_jobs_and_runs_while_a_third_floods(setup):
         assert ja["job"] in listed and b_jobs[0]["job"] in listed
 
         # runs: a.ipynb's one run, its sweep table the same as jc.runs() in its kernel
-        [run] = api(server, "runs", notebook="a.ipynb")["runs"]
-        assert run["name"].startswith("a.ipynb · In [") and run["metrics"] == ["score"]
+        [run] = api(server, "runs", notebook="runs-a.ipynb")["runs"]
+        assert run["name"].startswith("runs-a.ipynb · In [") and run["metrics"] == ["score"]
         assert (run["total"], run["done"], run["failed"], run["cluster"]) == (3, 2, 1, "runs-c")
         detail = api(server, f"runs/{run['run']}")
         rows = detail["rows"]
@@ -178,7 +178,7 @@ def test_two_notebooks_keep_their_jobs_and_runs_while_a_third_floods(setup):
         out = kernel_ok(
             a,
             "import json, jupyter_cluster as jc\n"
-            "df = jc.runs(notebook='a.ipynb')\n"
+            "df = jc.runs(notebook='runs-a.ipynb')\n"
             "print(json.dumps(df[['item', 'state', 'x', 'double', 'score', 'score.best']].astype(object).values.tolist()))",
         )
         import json
@@ -187,7 +187,7 @@ def test_two_notebooks_keep_their_jobs_and_runs_while_a_third_floods(setup):
             [r["item"], r["state"], r["config"]["x"], r["config"]["double"], r["final"]["score"], r["best"]["score"]]
             for r in rows
         ]
-        assert api(server, "runs", notebook="sub/b.ipynb")["runs"][0]["notebook"] == "sub/b.ipynb"
+        assert api(server, "runs", notebook="sub/runs-b.ipynb")["runs"][0]["notebook"] == "sub/runs-b.ipynb"
         r = requests.get(server.api("runs/nope"), headers=server.headers, timeout=30)
         assert r.status_code == 404 and "no run 'nope'" in r.json()["message"]
         r = requests.get(server.api("jobs"), headers=server.headers, params={"kernel": "../x"}, timeout=30)
@@ -199,7 +199,12 @@ def test_two_notebooks_keep_their_jobs_and_runs_while_a_third_floods(setup):
 
 def test_runs_and_jobs_refuse_unauthenticated_requests(setup):
     server = setup
-    for path, params in (("runs", {}), ("runs/abc", {}), ("runs/abc/curves", {}), ("jobs", {"notebook": "a.ipynb"})):
+    for path, params in (
+        ("runs", {}),
+        ("runs/abc", {}),
+        ("runs/abc/curves", {}),
+        ("jobs", {"notebook": "runs-a.ipynb"}),
+    ):
         r = requests.get(server.api(path), params=params, timeout=30)
         assert r.status_code == 403, (path, r.status_code)
         r = requests.get(server.api(path), params=params, headers={"Authorization": "token wrong"}, timeout=30)
