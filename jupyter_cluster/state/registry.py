@@ -323,6 +323,15 @@ def _reservation_owner_alive(path: str) -> bool:
     return _process_alive(pid, started)
 
 
+def _holder(path: str) -> str:
+    """`` (pid N)`` for the process that wrote the reservation at ``path``, so a user can find it; else ``""``."""
+    try:
+        with open(path) as f:
+            return f" (pid {int(json.load(f)['pid'])})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
 def reserve(name: str) -> None:
     """Take the name ``name`` for a cluster this process is about to start, or refuse it.
 
@@ -345,8 +354,8 @@ def reserve(name: str) -> None:
         except FileExistsError:
             if _reservation_owner_alive(path):
                 raise ClusterError(
-                    f"a cluster named {name!r} is being started by another process; choose another --name "
-                    f"or attach with %cluster connect {name} once it runs."
+                    f"a cluster named {name!r} is being started by another process{_holder(path)}; choose another "
+                    f"--name or attach with %cluster connect {name} once it runs."
                 ) from None
             try:
                 os.remove(path)  # its process died before it released the name

@@ -49,8 +49,12 @@ time.sleep(1.0)
 """
 
 
-def _race(code: str, *args: str, timeout: float = 120) -> list[str]:
+def _race(code: str, *args: str, runtime_dir: str | None = None, timeout: float = 120) -> list[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), os.getcwd()) if p)}
+    if runtime_dir is not None:
+        # A registry of their own: a default-named start by another process of this test session
+        # (a kernel, a script) may hold ``local-1`` at that instant and would refuse both.
+        env["JUPYTER_RUNTIME_DIR"] = runtime_dir
     at = time.time() + 4.0  # both interpreters have imported by then, on a loaded machine
     procs = [
         subprocess.Popen([sys.executable, "-c", code, str(at), *args], env=env, stdout=subprocess.PIPE, text=True)
@@ -73,13 +77,14 @@ def test_two_processes_reserving_the_same_names_at_once_get_each_exactly_once():
 
 
 @pytest.mark.slow  # two cluster starts in two fresh interpreters: about 15-25 s on 2 busy cores
-def test_two_processes_starting_local_1_at_once_one_is_refused_in_one_sentence():
-    outs = _race(RACE, "6")
+def test_two_processes_starting_local_1_at_once_one_is_refused_in_one_sentence(tmp_path, monkeypatch):
+    outs = _race(RACE, "6", runtime_dir=str(tmp_path))
     started = [o for o in outs if o.startswith("STARTED")]
     refused = [o for o in outs if o.startswith("REFUSED")]
     assert started == ["STARTED local-1"] and len(refused) == 1, outs
     message = refused[0].removeprefix("REFUSED ")
     assert "'local-1'" in message and "--name" in message and message.count(". ") == 0, message
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))  # look where the two processes registered
     assert registry.read("local-1") is None  # the winner stopped it; nothing is left behind
     assert "local-1" not in registry.reserved_names()
 
