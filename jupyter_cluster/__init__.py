@@ -16,10 +16,14 @@ from __future__ import annotations
 import importlib as _importlib
 import sys as _sys
 
-from . import config  # noqa: F401  (registers dask.config defaults)
-from ._core.context import in_worker_process as _in_dask_worker_process
-from ._core.lazy import attach as _attach
-from .errors import CellError, ClusterError, SerializationError
+from ._core import tls_defaults as _tls_defaults
+
+_tls_defaults.begin()  # tornado's default TLS context, made while the rest is imported (see the module)
+
+from . import config  # noqa: E402, F401  (registers dask.config defaults)
+from ._core.context import in_worker_process as _in_dask_worker_process  # noqa: E402
+from ._core.lazy import attach as _attach  # noqa: E402
+from .errors import CellError, ClusterError, SerializationError  # noqa: E402
 
 #: Public name -> module that defines it.
 _PUBLIC = {

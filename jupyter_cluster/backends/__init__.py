@@ -227,7 +227,9 @@ def _registered(path: tuple[str, ...]) -> dict[str, str]:
 
 def backend_class(name: str) -> type[Backend]:
     """The class of the backend called ``name`` (its module imported)."""
-    spec = available().get(name)
+    # A built-in name needs no look at the installed metadata (tens of ms on a script's first start):
+    # no other package's backend may take it.
+    spec = _SHIPPED.get(name) or available().get(name)
     if spec is None:
         raise ClusterError(f"unknown backend {name!r}; choose one of: {', '.join(sorted(available()))}.")
     module_name, _, class_name = spec.partition(":")

@@ -153,7 +153,10 @@ class MapJob(JobRecord):
 
         star = len(iterables) > 1
         source = iter(iterables[0]) if len(iterables) == 1 else zip(*iterables)
-        self._window = InputWindow(source, _known_length(iterables), list(pin_workers) if pin_workers else None)
+        # One list: chunks are sliced from it (type(), not isinstance: a subclass may change slicing)
+        sequence = iterables[0] if len(iterables) == 1 and type(iterables[0]) is list and not pin_workers else None
+        pin = list(pin_workers) if pin_workers else None
+        self._window = InputWindow(source, _known_length(iterables), pin, sequence)
         self._inflight: dict[Any, Chunk] = {}  # dispatcher's handle -> chunk, for the chunks sent and not yet back
         self._faults = Faults(self._port.allowed_failures)
         self._resubmit: deque[Chunk] = deque()

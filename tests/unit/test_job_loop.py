@@ -413,3 +413,41 @@ def test_a_sweeps_tap_and_origin_are_arguments_of_the_map_its_record_reads():
     assert (context["run"], context["notebook"], context["kernel_id"]) == ("run-tap", "far.ipynb", "k-1")
     plain = job_context(job_of(FakePort(square), range(2)))
     assert plain["run"] != "run-tap" and "kernel_id" not in plain
+
+
+def test_a_list_is_sliced_in_place_and_behaves_as_any_other_input():
+    # One list: chunks are cut from it with no read-ahead copy; order, retries, a poison item's split and
+    # a budget's sent-back items come out as for an iterator (the other tests use ranges).
+    items = list(range(10))
+    job = job_of(FakePort(square), items, retain=False)
+    assert job._window.sequence is items and job._window.buffer == []
+    assert list(job) == [x * x for x in range(10)] and [c.start for c in job._port.direct.sent] == [0, 2, 4, 6, 8]
+    assert job.items_read == 10 and job._window.sequence is None  # the map let go of the caller's list
+
+    poison = FakePort(square, script=lambda c, attempt: Died if 5 in c.items else None, allowed=1)
+    out = job_of(poison, list(range(8)), errors="collect").run().result_list()
+    assert isinstance(out[5], WorkerLostError) and [v for i, v in enumerate(out) if i != 5] == [
+        x * x for x in range(8) if x != 5
+    ]
+
+    def cut(chunk: Chunk, attempt: int) -> Any:
+        upto = max(1, len(chunk.items) // 2)
+        return functools.partial(Done, result=ran(cube, chunk, upto)) if chunk.budget and not attempt else None
+
+    budget = job_of(FakePort(cube, script=cut), list(range(40)), chunksize="auto")
+    assert budget.run().result_list() == [x**3 for x in range(40)] and budget.chunks_cut >= 1
+
+    interrupted = FakePort(square)
+    interrupted.interrupt_at = 1
+    job = job_of(interrupted, list(range(20)))
+    with pytest.raises(KeyboardInterrupt):
+        job.run()
+    assert job.state == "cancelled" and job.results == {i: i * i for i in range(8)}
+
+
+def test_items_appended_to_a_list_while_it_is_mapped_are_not_read():
+    items = list(range(6))
+    job = job_of(FakePort(square), items)
+    assert next(job) == 0
+    items.extend([100, 200])  # the map's length was taken when it started
+    assert list(job) == [x * x for x in range(1, 6)] and job.total == 6

@@ -25,6 +25,7 @@ import weakref
 from typing import Any
 
 from ... import config
+from ..._core import tls_defaults
 from ...engine.cluster import ENGINE_AT_SPAWN
 from ...engine.worker import EnginePlugin
 from ...errors import ClusterError
@@ -206,6 +207,8 @@ class LocalBackend(Backend):
 
         _keep_nannies()
         _slower_ticks()
+        if sys.platform.startswith("linux"):
+            tls_defaults.install()  # the scheduler here accepts TLS: tornado's default context, made at import
         devices = select_gpus(gpus) if gpus not in (None, False) else None
         if devices is not None and workers is not None and workers != len(devices):
             raise ClusterError(

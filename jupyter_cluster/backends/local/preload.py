@@ -23,9 +23,6 @@ from distributed.versions import get_versions
 get_versions()
 
 if sys.platform.startswith("linux"):
-    try:
-        from tornado.netutil import _client_ssl_defaults
+    from jupyter_cluster._core import tls_defaults
 
-        _client_ssl_defaults()
-    except Exception:  # noqa: BLE001 - a tornado without it: each worker makes its own, as before
-        pass
+    tls_defaults.install()  # made in a thread since the package's import (a script's own process)
