@@ -77,6 +77,7 @@ class DirectDispatcher:
 
     name = "direct"
     unit = "batch"
+    holds_threads = True
 
     def __init__(self, client: Client, leases: Leases, check: Callable[[], None]):
         self.client = client

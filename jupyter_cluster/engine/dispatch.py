@@ -142,6 +142,9 @@ class Dispatcher(Protocol):
     name: str
     #: What one sent chunk is called in messages (``"batch"``, ``"task"``).
     unit: str
+    #: Whether the chunks run on worker threads the map holds between chunks (leases): a task that
+    #: waits for a thread may wait behind them (:class:`.threads_watch.ThreadsWatch` looks for it).
+    holds_threads: bool
 
     def threads(self) -> int:
         """Worker threads the map's chunks are spread over (sizes its chunks)."""

@@ -297,8 +297,8 @@ class MapJob(JobRecord):
                 self._no_workers.check(now)
                 self._paused.check(self.done + self.failed, not self._inflight, now)
                 # On the task path the map's own queued tasks wait for threads: that is its way.
-                leases = getattr(self._dispatcher, "name", None) == "direct"
-                self._threads_watch.check(self.done + self.failed, bool(self._inflight) and leases, now)
+                held = bool(self._inflight) and self._dispatcher.holds_threads
+                self._threads_watch.check(self.done + self.failed, held, now)
                 if self._window.pin is not None:
                     self._check_pinned_workers()
             self._observers.maybe_progress()

@@ -55,6 +55,7 @@ class TaskDispatcher:
 
     name = "tasks"
     unit = "task"
+    holds_threads = False
 
     def __init__(self, spec: MapSpec):
         client = self.client = spec.client

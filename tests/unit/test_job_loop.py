@@ -61,6 +61,7 @@ class FakeDispatcher:
     """A :class:`~jupyter_cluster.engine.dispatch.Dispatcher` whose chunks are answered at the next poll."""
 
     unit = "batch"
+    holds_threads = False
 
     def __init__(self, port: FakePort, name: str):
         self.port, self.name = port, name
