@@ -76,6 +76,7 @@ if __name__ == "__main__":
             "direct": getattr(client, "_jc_direct", None),
             "registered": sorted(handle.cluster.scheduler.worker_plugins),
             "dashboard_imported": "distributed.dashboard.scheduler" in sys.modules,
+            "init_poll": [n.process._init_msg_interval for n in handle.cluster.workers.values()],
         }))
     finally:
         handle.close()
@@ -94,6 +95,8 @@ def test_a_map_right_after_start_runs_on_leases_and_the_next_one_reuses_them():
     # the workers started with the engine's handlers: nothing was broadcast to them for it
     assert "jupyter-cluster-engine" not in got["registered"], got["registered"]
     assert not got["dashboard_imported"], "the dashboard was imported while maps ran"
+    # each forked worker's nanny looked for its registration every 5 ms, not Dask's 50
+    assert got["init_poll"] == [0.005, 0.005], got["init_poll"]
 
 
 DASHBOARD = """

@@ -115,6 +115,10 @@ class QuietWorker(WorkerPlugin):
                 await asyncio.wait_for(idle.wait(), HEARTBEAT_GRACE)
 
 
+#: How often a forked worker's nanny looks whether the worker has registered, in seconds.
+INIT_POLL_SECONDS = 0.005
+
+
 class ForkedNanny(Nanny):
     """The nanny of a worker forked from the fork server: the notebook's own environment stays as it was.
 
@@ -130,6 +134,20 @@ class ForkedNanny(Nanny):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pre_spawn_env = {}
+
+    # Dask's nanny learns that its worker has registered by polling a queue every 50 ms
+    # (``WorkerProcess._init_msg_interval``): 25 ms on average of a script's first result.  A
+    # forked worker is up in tens of ms, so this nanny's process polls every 5 ms (a
+    # ``get_nowait()``: microseconds each).
+    @property
+    def process(self) -> Any:
+        return self.__dict__.get("_process")
+
+    @process.setter
+    def process(self, value: Any) -> None:
+        if value is not None:
+            value._init_msg_interval = INIT_POLL_SECONDS
+        self.__dict__["_process"] = value
 
 
 class KernelMemoryNotOwn(WorkerPlugin):
