@@ -17,11 +17,12 @@ import importlib as _importlib
 import sys as _sys
 
 from ._core import tls_defaults as _tls_defaults
+from ._core.context import in_worker_process as _in_dask_worker_process
 
-_tls_defaults.begin()  # tornado's default TLS context, made while the rest is imported (see the module)
+if not _in_dask_worker_process():  # a worker makes it when it needs it (a forked one inherits it)
+    _tls_defaults.begin()  # tornado's default TLS context, made while the rest is imported (see the module)
 
 from . import config  # noqa: E402, F401  (registers dask.config defaults)
-from ._core.context import in_worker_process as _in_dask_worker_process  # noqa: E402
 from ._core.lazy import attach as _attach  # noqa: E402
 from .errors import CellError, ClusterError, SerializationError  # noqa: E402
 
