@@ -12,6 +12,7 @@ from typing import Any
 
 from ..state import registry
 from ..telemetry.producer import drain
+from ..telemetry.topic_store import PANEL_MODEL, all_stores
 from ..tracking.record import kept_jobs
 from ..wire.models import cluster_summary
 
@@ -24,10 +25,12 @@ def leave_final_word(handle: Any, gone: bool) -> None:
     The Jupyter server follows a cluster a few seconds after its record appears
     (registry scan, connect, subscribe): one started, used and stopped faster
     than that would leave no trace in its history, jobs or runs.  The cluster's
-    summary and this process's messages of its jobs and runs
-    (:func:`jupyter_cluster.tracking.record.kept_jobs`) go into a 0600 file beside the
+    summary, this process's messages of its jobs and runs
+    (:func:`jupyter_cluster.tracking.record.kept_jobs`) and this process's copy of
+    the metrics topics those runs reported to go into a 0600 file beside the
     record (:func:`jupyter_cluster.state.registry.write_final`), which the server
-    takes up at its next scan.  Nothing here may stop the cluster's stop.
+    takes up at its next scan (a topic its own subscription had not read yet
+    when the cluster stopped, too).  Nothing here may stop the cluster's stop.
     """
     if not gone:
         drain(handle.client)
@@ -58,8 +61,25 @@ def leave_final_word(handle: Any, gone: bool) -> None:
                 "saved": time.time(),
                 "summary": summary,
                 "jobs": jobs,
-                "topics": [],
+                "topics": _topics_of(runs),
             },
         )
     except Exception:  # a full disk, a registry folder gone: the stop goes on
         logger.debug("could not leave the final word of %s", handle.name, exc_info=True)
+
+
+def _topics_of(runs: set[Any]) -> list[dict[str, Any]]:
+    """Snapshots (:meth:`.TopicStore.snapshot`) of this process's topics that hold items of ``runs``.
+
+    A topic keeps every series it was sent (other clusters' too, where this
+    process used the same topic with them), but only these runs' items.
+    """
+    out = []
+    for store in all_stores():
+        items = store.run_items(runs)
+        if not items:
+            continue
+        snap = store.snapshot(**PANEL_MODEL)
+        snap["runs"] = {run: v for run, v in snap["runs"].items() if run in runs}
+        out.append(snap)
+    return out

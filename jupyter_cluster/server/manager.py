@@ -25,13 +25,14 @@ from typing import Any
 from .. import backends, config
 from ..errors import ClusterError
 from ..state import registry
+from ..telemetry.topic_store import PANEL_MODEL
 from ..tracking.table import group_runs, merge_curves, merge_metrics
 from ..tracking.table import table as run_table
 from ..wire.models import ClusterDetail, ClusterSummary, TopicSummary, topic_summary, validate_count, validate_name
 from .connection import Connection, SchedulerLost
 from .history import KeptCluster
 from .jobs import LIST_PER_OWNER
-from .snapshots import LIVE_SAVE_INTERVAL, PANEL_MODEL, ClusterHistory
+from .snapshots import LIVE_SAVE_INTERVAL, ClusterHistory
 
 logger = logging.getLogger(__name__)
 

@@ -21,13 +21,12 @@ import time
 from typing import Any
 
 from ..state import registry
+from ..telemetry.topic_store import PANEL_MODEL
 from .connection import Connection
 from .history import HistoryFolder, KeptCluster, check_live, live_snapshot, restore_live, same_cluster
 
 logger = logging.getLogger(__name__)
 
-#: downsampling of a topic for the sidebar (narrower than a notebook cell)
-PANEL_MODEL = {"max_points": 4000, "max_cells": 40_000, "per_series_points": 1000}
 
 #: seconds between writes of running clusters' jobs and metrics (only those that changed), so that
 #: a server restart, or a crash, loses at most this much of them
@@ -147,6 +146,9 @@ class ClusterHistory:
             if conn is not None and same_cluster(snap, conn.record):
                 for job in snap.get("jobs") or []:  # each an object (check_live); JobsStore.add drops a bad one
                     conn.jobs.add(dict(job, cluster=name))
+                # a topic the subscription had not read yet when the cluster stopped (a short-lived
+                # cluster on a loaded machine): the owner's copy; one it follows already stays
+                restore_live(conn, {"topics": snap.get("topics") or []})
             else:
                 waiting = (self._waiting or {}).get(name)
                 if waiting is not None and waiting.get("record") == snap.get("record"):

@@ -497,6 +497,9 @@ class TopicStore:
             return "\n".join(lines)
 
 
+#: downsampling of a topic for the sidebar and for what the server keeps of it (narrower than a notebook cell)
+PANEL_MODEL = {"max_points": 4000, "max_cells": 40_000, "per_series_points": 1000}
+
 _stores: dict[str, TopicStore] = {}
 _stores_lock = threading.Lock()
 

@@ -13,9 +13,8 @@ import pytest
 
 from jupyter_cluster.server.connection import Connection
 from jupyter_cluster.server.history import HistoryFolder, KeptCluster
-from jupyter_cluster.server.snapshots import PANEL_MODEL
 from jupyter_cluster.state import registry
-from jupyter_cluster.telemetry.topic_store import TopicStore
+from jupyter_cluster.telemetry.topic_store import PANEL_MODEL, TopicStore
 
 
 def _write(path, text: str) -> None:
@@ -810,3 +809,48 @@ def test_final_words_no_owner_wrote_go_and_others_are_not_read_again_at_every_sc
         loop.close()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert sum(damaged in w for w in warnings) == 1, warnings
+
+
+def test_a_final_word_gives_a_followed_cluster_the_topics_its_subscription_had_not_read(tmp_path, monkeypatch):
+    """A cluster stopped while the server was still subscribing: its kept runs had rows but no metrics.
+
+    On a loaded machine the server had read the jobs' backlog and not yet the
+    metrics' when a Run All notebook stopped its cluster (the sweep table in
+    the main area then showed no curves).  The owner's final word carries its
+    own copy of the runs' topics; the server takes a topic it lacks from it and
+    keeps the one it follows.
+    """
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    from jupyter_cluster.server.manager import ClusterManager
+
+    manager = ClusterManager()
+    conn = _stopped_connection("fw")
+    manager.connections["fw"] = conn
+    owners = {}
+    for topic in ("sweep", "es"):  # "es": the connection follows it already
+        owners[topic] = store = TopicStore(topic)
+        records = [
+            {"step": s, "time": 1.0, "series": {}, "values": {"loss": 1.0 / (s + 1)}, "run": "run-1", "item": f"i{i}"}
+            for i in range(3)
+            for s in range(5)
+        ]
+        store.add("owner", 0, records)
+    record = conn.record
+    data = {
+        "format": 1,
+        "key": "fw",
+        "record": {"address": record.address, "owner_pid": record.owner_pid, "started": record.started},
+        "saved": time.time(),
+        "summary": {},
+        "jobs": [{"job": "j9", "run": "run-1", "state": "finished", "total": 3, "done": 3, "failed": 0}],
+        "topics": [s.snapshot(**PANEL_MODEL) for s in owners.values()],
+    }
+    followed = conn.metrics["es"]
+    path = registry.write_final("fw", data)
+    manager._take_final(path, json.loads(json.dumps(data)), {})  # as read from the file, the record gone
+    items = conn.metrics["sweep"].run_items({"run-1"})["run-1"]
+    assert sorted(items) == ["i0", "i1", "i2"] and items["i0"]["final"] == {"loss": 0.2}
+    assert conn.metrics["es"] is followed  # what the subscription read stays
+    assert "j9" in conn.jobs.jobs and not os.path.exists(path)
+    kept = KeptCluster.from_connection("fw.stopped-1", conn, PANEL_MODEL)
+    assert kept.metrics["sweep"].run_items({"run-1"})["run-1"]["i2"]["final"] == {"loss": 0.2}
