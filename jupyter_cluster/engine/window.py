@@ -67,8 +67,6 @@ class InputWindow:
         """Items left to send (None while the end of the input is unknown)."""
         if self.total is not None:
             return self.total - self.next_index + self.returned_n
-        if self.sequence is not None:
-            return self._end - self.next_index + self.returned_n
         if self.exhausted:
             return len(self.buffer) - self.head + self.returned_n
         return None

@@ -35,7 +35,8 @@ from distributed.versions import get_versions
 
 get_versions()
 
-_parse_config_file = dask.config._load_config_file
+# private: a Dask without it parses as it did
+_parse_config_file: Any = getattr(dask.config, "_load_config_file", None)
 _parsed: dict[tuple[str, int, int], Any] = {}
 
 
